@@ -1,0 +1,76 @@
+// Shapes, blocks and the block math shared by the service and the algorithms.
+//
+// Every parameter is handled as a 2-D matrix: an N-d shape [d0, d1, ..., dk] is viewed as
+// d0 × (d1·…·dk), row-major. A Block is a rectangle of that 2-D view. Pure functions,
+// thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace orthoserve {
+
+struct Matrix2d {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t numel() const { return rows * cols; }
+  bool operator==(const Matrix2d& o) const { return rows == o.rows && cols == o.cols; }
+};
+
+// Views `shape` (at least 2 dims, each > 0) as rows × prod(rest). INVALID_ARGUMENT when a dim
+// is zero or negative, when there are fewer than 2 dims, or when the element count overflows
+// int64; `what` names the field in the message (for example "matrix \"w1\" shape").
+absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what);
+
+// A rectangle [row_offset, row_offset + rows) × [col_offset, col_offset + cols) of a matrix.
+// Empty blocks (rows or cols == 0) are allowed: a rank may hold nothing of a matrix.
+struct Block {
+  int64_t row_offset = 0;
+  int64_t col_offset = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t numel() const { return rows * cols; }
+  bool empty() const { return rows == 0 || cols == 0; }
+  bool operator==(const Block& o) const {
+    return row_offset == o.row_offset && col_offset == o.col_offset && rows == o.rows && cols == o.cols;
+  }
+};
+
+// The whole matrix as one block.
+inline Block WholeBlock(Matrix2d m) { return Block{0, 0, m.rows, m.cols}; }
+
+std::string BlockString(const Block& block);
+
+// INVALID_ARGUMENT unless `block` has non-negative extents and lies inside `matrix`.
+absl::Status CheckBlockInside(const Block& block, Matrix2d matrix, const std::string& what);
+
+// INVALID_ARGUMENT unless the non-empty `blocks` cover `matrix` exactly once (no overlap, no gap).
+// The message names the two overlapping blocks (by index) or a cell left uncovered.
+absl::Status CheckTiling(Matrix2d matrix, absl::Span<const Block> blocks, const std::string& what);
+
+// torch.chunk sizes of `n` items over `world` parts: ceil(n / world) each, the last parts
+// shorter or empty. Sums to n. Requires world >= 1.
+std::vector<int64_t> ChunkSizes(int64_t n, int world);
+
+// Start offsets of ChunkSizes(n, world); entry `world` is n.
+std::vector<int64_t> ChunkOffsets(int64_t n, int world);
+
+// The fleet rank that trainer rank `trainer_rank` of a W-rank group streams to, in a fleet of
+// `fleet_world` ranks: floor(r · S / W).
+inline int FleetRankOfTrainer(int trainer_rank, int trainer_world, int fleet_world) {
+  return static_cast<int>(static_cast<int64_t>(trainer_rank) * fleet_world / trainer_world);
+}
+
+// Copies `block` out of a row-major matrix with `ld` elements per row into the dense
+// block-sized buffer `dst`, elements of `elem_size` bytes.
+void CopyBlockOut(const void* matrix, int64_t ld, const Block& block, size_t elem_size, void* dst);
+
+// Copies the dense block buffer `src` into `block` of a row-major matrix with `ld` per row.
+void CopyBlockIn(const void* src, const Block& block, size_t elem_size, void* matrix, int64_t ld);
+
+}  // namespace orthoserve

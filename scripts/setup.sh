@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs everything orthoserve needs on Debian 12 and builds it into build/.
+#
+#   ./scripts/setup.sh            # apt packages, Python venv (.venv), configure + build
+#
+# Environment: ORTHOSERVE_BUILD_DIR (default build), ORTHOSERVE_WITH_CUDA (AUTO|ON|OFF,
+# default AUTO), ORTHOSERVE_SKIP_APT=1 to skip the package step, ORTHOSERVE_SKIP_VENV=1 to skip
+# the Python environment, ORTHOSERVE_JOBS (default: number of cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=${ORTHOSERVE_BUILD_DIR:-build}
+jobs=${ORTHOSERVE_JOBS:-$(nproc)}
+
+# System packages (Debian 12 "bookworm"). Keep this list in step with the Dockerfile.
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  prometheus-cpp-dev libopenblas-dev libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus yamllint
+  python3 python3-venv python3-dev
+)
+
+if [[ "${ORTHOSERVE_SKIP_APT:-0}" != 1 ]]; then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+if [[ "${ORTHOSERVE_SKIP_VENV:-0}" != 1 && -x scripts/setup_python.sh ]]; then
+  scripts/setup_python.sh
+fi
+
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DORTHOSERVE_WITH_CUDA="${ORTHOSERVE_WITH_CUDA:-AUTO}"
+cmake --build "$build_dir" -j "$jobs"

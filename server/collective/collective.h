@@ -1,0 +1,59 @@
+// Collective: one rank's handle on a fixed group of `world` ranks (the fleet) that exchange
+// data in lock-step.
+//
+// Contract. Every rank of the group calls the same operations in the same order with matching
+// arguments (byte counts agree pairwise; the root agrees); mismatched calls are a programming
+// error that may hang until the timeout. Each call blocks until this rank's part is complete
+// and returns OK, DEADLINE_EXCEEDED when the timeout passes first, or UNAVAILABLE when a peer
+// is gone or the transport failed (with the library's message). After a non-OK return the
+// collective is broken: every later call returns UNAVAILABLE, and the owner re-forms the group.
+// Buffers are host memory unless an implementation says otherwise (the NCCL implementation also
+// accepts device pointers of its own GPU). A Collective is used by one thread at a time.
+//
+// Sums are bit-identical on every rank and deterministic for a given world: implementations add
+// rank contributions in rank order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace orthoserve {
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // "gloo", "nccl" or "local" (world 1, no transport).
+  virtual std::string name() const = 0;
+
+  // Personalized exchange. `send` holds world segments back to back, segment p (send_bytes[p]
+  // bytes) going to rank p; `recv` receives world segments, segment p (recv_bytes[p] bytes)
+  // from rank p. send_bytes[q] on rank p must equal recv_bytes[p] on rank q. The segment to
+  // self is copied locally. Zero-byte segments are allowed.
+  virtual absl::Status AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
+                                 absl::Span<const size_t> recv_bytes, absl::Duration timeout) = 0;
+
+  // Every rank contributes `send_bytes` bytes; `recv` receives the contributions of ranks
+  // 0..world-1 back to back, recv_bytes[p] from rank p (recv_bytes[rank()] == send_bytes).
+  virtual absl::Status AllGatherv(const void* send, size_t send_bytes, void* recv,
+                                  absl::Span<const size_t> recv_bytes, absl::Duration timeout) = 0;
+
+  // Element-wise sum over all ranks, in place; every rank passes the same count.
+  virtual absl::Status AllReduceSum(absl::Span<float> values, absl::Duration timeout) = 0;
+  virtual absl::Status AllReduceSum(absl::Span<double> values, absl::Duration timeout) = 0;
+
+  // Copies `bytes` bytes from `root`'s buffer into every other rank's buffer.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) = 0;
+
+  // Returns once every rank has entered the barrier.
+  virtual absl::Status Barrier(absl::Duration timeout) = 0;
+};
+
+}  // namespace orthoserve

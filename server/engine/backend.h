@@ -1,0 +1,113 @@
+// Backend: one compute device (a CPU thread pool or one GPU) that runs Newton–Schulz.
+//
+// Contract. A backend implements DESIGN §2 steps 1–4 for fully resolved tasks: transpose as
+// told, normalize in fp32 with eps in its mode, run the given schedule at the given precision,
+// transpose back, multiply by `scale`, and write the result in the output dtype. Everything
+// above that — defaults, coefficient tables, split_qkv, N-d views, which shape the scale comes
+// from — is resolved by engine/newton_schulz.h, so every backend computes the same function.
+//
+// Products (A = X·Xᵀ, A·A, B·X) at each precision:
+//  - kHighest: fp32 operands and accumulation.
+//  - kHigh: as kHighest on CPU; TF32 tensor cores allowed on GPU.
+//  - kMedium: X is rounded to bf16 after normalization. A = bf16(X·Xᵀ);
+//    B = bf16(b·A + c·(A·A)); X = bf16(a·X + B·X), each product accumulated in fp32 and its
+//    fused output rounded once (Emerging-Optimizers' addmm form). When c = 0 the step is
+//    X = bf16(a·X + b·(A·X)) and A·A is skipped. The result is widened to fp32 before scaling.
+// Symmetric products may compute one triangle and mirror it; the results must not depend on the
+// batch a task arrives in, nor on which other tasks share it.
+//
+// Memory: task pointers are host memory owned by the caller, valid for the duration of the
+// call; `in` and `out` of one task must not overlap. Thread-safety: Run and RunSharded may be
+// called concurrently from several threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "common/ns_options.h"
+#include "common/shape.h"
+
+namespace orthoserve {
+
+// Per-matrix parameters, fully resolved (no defaults left).
+struct NsKernelArgs {
+  std::vector<CoefficientTriple> schedule;  // One (a, b, c) per step; may be empty (steps = 0).
+  Precision precision = Precision::kMedium;
+  double eps = 1e-7;
+  EpsMode eps_mode = EpsMode::kMax;
+  bool transpose = false;  // Work on Xᵀ (rows × cols input becomes cols × rows).
+  double scale = 1.0;      // Final multiplier: scale factor × extra scale.
+};
+
+// One matrix: out = scale · NS(in).
+struct NsTask {
+  Matrix2d shape;            // rows × cols of `in` and `out`.
+  DType in_dtype = DType::kF32;
+  const void* in = nullptr;  // rows·cols elements, row-major.
+  DType out_dtype = DType::kF32;
+  void* out = nullptr;       // rows·cols elements, row-major.
+  const NsKernelArgs* args = nullptr;
+};
+
+// One participant's part of a matrix sharded along `partition_dim` (TP_DISTRIBUTED).
+struct NsShard {
+  Matrix2d shape;  // This shard's rows × cols in the matrix's own orientation.
+  DType in_dtype = DType::kF32;
+  const void* in = nullptr;
+  DType out_dtype = DType::kF32;
+  void* out = nullptr;
+};
+
+// Sums values element-wise over every participant of a sharded NS. On success every
+// participant holds bit-identical sums. Errors (a failed or timed-out collective) abort the
+// task. Called with host memory.
+class SumReducer {
+ public:
+  virtual ~SumReducer() = default;
+  virtual absl::Status AllReduceSum(absl::Span<float> values) = 0;
+  virtual absl::Status AllReduceSum(absl::Span<double> values) = 0;
+};
+
+// A matrix sharded along one dim over several participants, each holding `shards` (blocks that
+// are contiguous slices along `partition_dim` spanning the other dim whole). NS runs with the
+// sharded dim as the long one: partition_dim 0 works on Gᵀ, 1 on G (args.transpose is
+// ignored). The Frobenius norm comes from an all-reduced sum of squares; each step the Gram
+// Σ XᵢXᵢᵀ is all-reduced and only the local shards are updated. In kMedium each shard's Gram is
+// rounded to bf16 before it enters the sum and the sum is rounded to bf16 after it, as trainers
+// do. A participant with no shards still joins every reduction (with zeros).
+struct NsShardedTask {
+  std::vector<NsShard> shards;
+  int partition_dim = 0;         // 0 or 1.
+  int64_t gram_size = 0;         // Side of the Gram: cols for partition_dim 0, rows for 1.
+  const NsKernelArgs* args = nullptr;
+};
+
+// Static facts about a backend, for GetServerInfo and metrics.
+struct BackendInfo {
+  std::string name;         // "cpu" or "cuda".
+  std::string device;       // For example "OpenBLAS, 2 threads" or "NVIDIA H200 (device 0)".
+  int64_t memory_budget_bytes = 0;  // 0 when the backend has no budget of its own.
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendInfo Info() const = 0;
+
+  // Runs every task and returns one status per task, in order. A task's error does not stop
+  // the others. Codes: INVALID_ARGUMENT (a task that cannot be run: null pointers, empty
+  // shape), RESOURCE_EXHAUSTED (over the backend's memory budget), INTERNAL (a library or
+  // device failure, with its message).
+  virtual std::vector<absl::Status> Run(absl::Span<const NsTask> tasks) = 0;
+
+  // Runs one sharded task; `reducer` connects the participants. Errors as Run, plus whatever
+  // the reducer returns.
+  virtual absl::Status RunSharded(const NsShardedTask& task, SumReducer& reducer) = 0;
+};
+
+}  // namespace orthoserve

@@ -1,0 +1,192 @@
+// Implementation of server/engine/newton_schulz.h.
+#include "server/engine/newton_schulz.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace orthoserve {
+namespace {
+
+// The rows of part `part` (0 = Q, 1 = K, 2 = V) of every query group, gathered in group order.
+// `src` is rows × cols of `elem` bytes with rows divisible by q+k+v.
+std::vector<char> GatherQkvPart(const void* src, int64_t rows, int64_t cols, size_t elem,
+                                const std::vector<int64_t>& split, int part) {
+  const int64_t group = split[0] + split[1] + split[2];
+  const int64_t groups = rows / group;
+  const int64_t first = part == 0 ? 0 : (part == 1 ? split[0] : split[0] + split[1]);
+  const size_t row_bytes = static_cast<size_t>(cols) * elem;
+  const size_t part_bytes = static_cast<size_t>(split[part]) * row_bytes;
+  std::vector<char> out(static_cast<size_t>(groups) * part_bytes);
+  const char* in = static_cast<const char*>(src);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::memcpy(out.data() + g * part_bytes, in + (g * group + first) * row_bytes, part_bytes);
+  }
+  return out;
+}
+
+// Inverse of GatherQkvPart: writes the gathered part back into its interleaved rows of `dst`.
+void ScatterQkvPart(const std::vector<char>& part_data, int64_t rows, int64_t cols, size_t elem,
+                    const std::vector<int64_t>& split, int part, void* dst) {
+  const int64_t group = split[0] + split[1] + split[2];
+  const int64_t groups = rows / group;
+  const int64_t first = part == 0 ? 0 : (part == 1 ? split[0] : split[0] + split[1]);
+  const size_t row_bytes = static_cast<size_t>(cols) * elem;
+  const size_t part_bytes = static_cast<size_t>(split[part]) * row_bytes;
+  char* out = static_cast<char*>(dst);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::memcpy(out + (g * group + first) * row_bytes, part_data.data() + g * part_bytes, part_bytes);
+  }
+}
+
+// Rows of part `part` in a matrix of `rows` rows (rows divisible by q+k+v).
+int64_t QkvPartRows(int64_t rows, const std::vector<int64_t>& split, int part) {
+  return rows / (split[0] + split[1] + split[2]) * split[part];
+}
+
+absl::Status CheckJob(const MatrixJob& job) {
+  const std::string what = absl::StrCat("matrix \"", job.name, "\"");
+  if (job.options == nullptr || job.in == nullptr || job.out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": missing options, input or output buffer"));
+  }
+  if (job.shape.rows <= 0 || job.shape.cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape ", job.shape.rows, "x", job.shape.cols, " must be positive"));
+  }
+  RETURN_IF_ERROR(ValidateNsOptions(*job.options, absl::StrCat(what, " options")));
+  RETURN_IF_ERROR(ValidateNsOptionsForShape(*job.options, job.shape, absl::StrCat(what, " options")));
+  if (!job.options->split_qkv.empty()) {
+    RETURN_IF_ERROR(ValidateNsOptionsForShape(*job.options, job.scale_shape, absl::StrCat(what, " options")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+NsKernelArgs ResolveKernelArgs(const NsOptions& options, Matrix2d shape, Matrix2d scale_shape) {
+  NsKernelArgs args;
+  args.schedule = CoefficientSchedule(options);
+  args.precision = options.precision;
+  args.eps = options.eps;
+  args.eps_mode = options.eps_mode;
+  args.transpose = ResolveTranspose(options.transpose, shape.rows, shape.cols);
+  args.scale = ScaleFactor(scale_shape.rows, scale_shape.cols, options.scale_mode, options.extra_scale);
+  return args;
+}
+
+std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const MatrixJob> jobs) {
+  std::vector<absl::Status> results(jobs.size());
+
+  // Every job becomes one backend task, or three (Q, K, V) under split_qkv. The staging
+  // buffers and argument blocks live until the backend returns.
+  struct Staged {
+    size_t job;
+    int part;  // -1: the whole job; 0..2: Q, K, V.
+    std::vector<char> in;
+    std::vector<char> out;
+  };
+  std::vector<Staged> staged;
+  std::vector<NsKernelArgs> args;
+  std::vector<NsTask> tasks;
+  std::vector<size_t> task_job;
+  staged.reserve(jobs.size() * 3);
+  args.reserve(jobs.size() * 3);
+
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const MatrixJob& job = jobs[j];
+    results[j] = CheckJob(job);
+    if (!results[j].ok()) continue;
+    const NsOptions& o = *job.options;
+    if (o.split_qkv.empty()) {
+      args.push_back(ResolveKernelArgs(o, job.shape, job.scale_shape));
+      tasks.push_back(NsTask{job.shape, job.in_dtype, job.in, job.out_dtype, job.out, nullptr});
+      task_job.push_back(j);
+      staged.push_back(Staged{j, -1, {}, {}});
+      continue;
+    }
+    for (int part = 0; part < 3; ++part) {
+      Matrix2d shape{QkvPartRows(job.shape.rows, o.split_qkv, part), job.shape.cols};
+      Matrix2d scale_shape{QkvPartRows(job.scale_shape.rows, o.split_qkv, part), job.scale_shape.cols};
+      Staged s{j, part, GatherQkvPart(job.in, job.shape.rows, job.shape.cols, ElementSize(job.in_dtype), o.split_qkv, part),
+               std::vector<char>(static_cast<size_t>(shape.numel()) * ElementSize(job.out_dtype))};
+      staged.push_back(std::move(s));
+      args.push_back(ResolveKernelArgs(o, shape, scale_shape));
+      tasks.push_back(NsTask{shape, job.in_dtype, nullptr, job.out_dtype, nullptr, nullptr});
+      task_job.push_back(j);
+    }
+  }
+  // Pointers into `staged` and `args` are taken only now that both have stopped growing.
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    tasks[t].args = &args[t];
+    if (staged[t].part >= 0) {
+      tasks[t].in = staged[t].in.data();
+      tasks[t].out = staged[t].out.data();
+    }
+  }
+
+  std::vector<absl::Status> task_results = backend.Run(tasks);
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const size_t j = task_job[t];
+    if (!task_results[t].ok()) {
+      if (results[j].ok()) results[j] = Annotate(task_results[t], absl::StrCat("matrix \"", jobs[j].name, "\""));
+      continue;
+    }
+    if (staged[t].part >= 0) {
+      const MatrixJob& job = jobs[j];
+      ScatterQkvPart(staged[t].out, job.shape.rows, job.shape.cols, ElementSize(job.out_dtype), job.options->split_qkv,
+                     staged[t].part, job.out);
+    }
+  }
+  return results;
+}
+
+absl::Status OrthogonalizeOne(Backend& backend, const MatrixJob& job) {
+  return Orthogonalize(backend, absl::MakeConstSpan(&job, 1))[0];
+}
+
+absl::Status OrthogonalizeSharded(Backend& backend, const std::string& name, Matrix2d global, int partition_dim,
+                                  const NsOptions& options, absl::Span<const NsShard> shards, SumReducer& reducer) {
+  const std::string what = absl::StrCat("matrix \"", name, "\"");
+  if (partition_dim != 0 && partition_dim != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": partition_dim = ", partition_dim, " must be 0 or 1"));
+  }
+  RETURN_IF_ERROR(ValidateNsOptions(options, absl::StrCat(what, " options")));
+  RETURN_IF_ERROR(ValidateNsOptionsForShape(options, global, absl::StrCat(what, " options")));
+  for (const NsShard& s : shards) {
+    RETURN_IF_ERROR(ValidateNsOptionsForShape(options, s.shape, absl::StrCat(what, " shard options")));
+  }
+
+  // TP_DISTRIBUTED forces the orientation: the sharded dim is the long one.
+  NsOptions forced = options;
+  forced.transpose = partition_dim == 0 ? TransposeMode::kOn : TransposeMode::kOff;
+
+  if (options.split_qkv.empty()) {
+    NsKernelArgs args = ResolveKernelArgs(forced, global, global);
+    NsShardedTask task{std::vector<NsShard>(shards.begin(), shards.end()), partition_dim,
+                       partition_dim == 0 ? global.cols : global.rows, &args};
+    return Annotate(backend.RunSharded(task, reducer), what);
+  }
+
+  for (int part = 0; part < 3; ++part) {
+    Matrix2d part_global{QkvPartRows(global.rows, options.split_qkv, part), global.cols};
+    NsKernelArgs args = ResolveKernelArgs(forced, part_global, part_global);
+    std::vector<std::vector<char>> ins, outs;
+    std::vector<NsShard> part_shards;
+    for (const NsShard& s : shards) {
+      Matrix2d shape{QkvPartRows(s.shape.rows, options.split_qkv, part), s.shape.cols};
+      ins.push_back(GatherQkvPart(s.in, s.shape.rows, s.shape.cols, ElementSize(s.in_dtype), options.split_qkv, part));
+      outs.emplace_back(static_cast<size_t>(shape.numel()) * ElementSize(s.out_dtype));
+      part_shards.push_back(NsShard{shape, s.in_dtype, ins.back().data(), s.out_dtype, outs.back().data()});
+    }
+    NsShardedTask task{part_shards, partition_dim, partition_dim == 0 ? part_global.cols : part_global.rows, &args};
+    RETURN_IF_ERROR(Annotate(backend.RunSharded(task, reducer), absl::StrCat(what, " split_qkv part ", part)));
+    for (size_t i = 0; i < shards.size(); ++i) {
+      ScatterQkvPart(outs[i], shards[i].shape.rows, shards[i].shape.cols, ElementSize(shards[i].out_dtype),
+                     options.split_qkv, part, shards[i].out);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace orthoserve

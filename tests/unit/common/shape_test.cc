@@ -1,0 +1,82 @@
+// Shapes, torch.chunk splits and block tiling of common/shape.h.
+#include "common/shape.h"
+
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using ::orthoserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ViewAs2d, CollapsesTrailingDims) {
+  auto m = ViewAs2d({4, 3, 2, 5}, "w");
+  ASSERT_OK(m);
+  EXPECT_EQ(m->rows, 4);
+  EXPECT_EQ(m->cols, 30);
+}
+
+TEST(ViewAs2d, RejectsBadShapes) {
+  EXPECT_THAT(ViewAs2d({5}, "matrix \"b\" shape"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"b\" shape")));
+  EXPECT_THAT(ViewAs2d({3, 0}, "w"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dim 1 = 0")));
+  EXPECT_THAT(ViewAs2d({-2, 3}, "w"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("positive")));
+  const int64_t big = std::numeric_limits<int64_t>::max() / 2;
+  EXPECT_THAT(ViewAs2d({big, 4}, "w"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int64")));
+  EXPECT_THAT(ViewAs2d({2, big, 4}, "w"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int64")));
+}
+
+TEST(ChunkSizes, MatchesTorchChunk) {
+  EXPECT_THAT(ChunkSizes(7, 4), ElementsAre(2, 2, 2, 1));
+  EXPECT_THAT(ChunkSizes(5, 4), ElementsAre(2, 2, 1, 0));
+  EXPECT_THAT(ChunkSizes(2, 4), ElementsAre(1, 1, 0, 0));
+  EXPECT_THAT(ChunkSizes(9, 3), ElementsAre(3, 3, 3));
+  EXPECT_THAT(ChunkSizes(10, 4), ElementsAre(3, 3, 3, 1));
+  EXPECT_THAT(ChunkOffsets(10, 4), ElementsAre(0, 3, 6, 9, 10));
+}
+
+TEST(FleetRank, ContiguousAndEven) {
+  // W = 4 trainers on S = 3 fleet ranks: 0,0,1,2.
+  EXPECT_EQ(FleetRankOfTrainer(0, 4, 3), 0);
+  EXPECT_EQ(FleetRankOfTrainer(1, 4, 3), 0);
+  EXPECT_EQ(FleetRankOfTrainer(2, 4, 3), 1);
+  EXPECT_EQ(FleetRankOfTrainer(3, 4, 3), 2);
+  EXPECT_EQ(FleetRankOfTrainer(0, 1, 5), 0);
+}
+
+TEST(CheckTiling, AcceptsExactCover) {
+  Matrix2d m{4, 6};
+  std::vector<Block> blocks = {{0, 0, 2, 6}, {2, 0, 2, 3}, {2, 3, 2, 3}, {0, 0, 0, 0}};
+  EXPECT_OK(CheckTiling(m, blocks, "matrix \"w\""));
+}
+
+TEST(CheckTiling, RejectsOverlapGapAndOutside) {
+  Matrix2d m{4, 6};
+  EXPECT_THAT(CheckTiling(m, std::vector<Block>{{0, 0, 3, 6}, {2, 0, 2, 6}}, "matrix \"w\""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps")));
+  EXPECT_THAT(CheckTiling(m, std::vector<Block>{{0, 0, 2, 6}, {3, 0, 1, 6}}, "matrix \"w\""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gap")));
+  EXPECT_THAT(CheckTiling(m, std::vector<Block>{{0, 0, 4, 7}}, "matrix \"w\""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not lie inside")));
+}
+
+TEST(CopyBlock, OutAndInRoundTrip) {
+  std::vector<float> full(4 * 5);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  Block b{1, 2, 2, 3};
+  std::vector<float> part(6);
+  CopyBlockOut(full.data(), 5, b, sizeof(float), part.data());
+  EXPECT_THAT(part, ElementsAre(7, 8, 9, 12, 13, 14));
+  std::vector<float> back(20, -1);
+  CopyBlockIn(part.data(), b, sizeof(float), back.data(), 5);
+  EXPECT_EQ(back[7], 7);
+  EXPECT_EQ(back[14], 14);
+  EXPECT_EQ(back[0], -1);
+}
+
+}  // namespace
+}  // namespace orthoserve
