@@ -1,0 +1,36 @@
+// Moving matrices between the caller's buffers (fp32/bf16/fp16, either orientation) and the
+// backend's fp32 working layout, and the Frobenius normalization of DESIGN §2 step 2.
+// Pure functions of their arguments; thread-safe for distinct outputs.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/ns_options.h"
+
+namespace orthoserve {
+
+// Writes the working matrix of a rows × cols input: `in` itself (rows × cols) when !transpose,
+// its transpose (cols × rows) when transpose. `scratch` holds rows·cols floats (used when
+// transposing); `x` receives rows·cols floats.
+void LoadWorking(DType dtype, const void* in, int64_t rows, int64_t cols, bool transpose, float* scratch, float* x);
+
+// Writes out = scale · (the working matrix `x` transposed back when `transpose`), rounded once
+// to fp32 from the exact product (double) and then narrowed to `dtype`. `x` is rows × cols when
+// !transpose, cols × rows when transpose; `scratch` holds rows·cols floats.
+void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, double scale, float* scratch,
+                  DType dtype, void* out);
+
+// Σ x², accumulated in double (exact products, rounding only in the additions).
+double SumOfSquares(const float* x, int64_t count);
+
+// The fp32 divisor of the normalization for a squared norm `sum_squares`: max(‖X‖_F, eps) for
+// kMax, ‖X‖_F + eps for kAdd, computed in double and rounded once to fp32.
+float NormDivisor(double sum_squares, double eps, EpsMode mode);
+
+// x /= divisor in fp32 (one rounding per element), then, when `round_bf16`, rounds to bf16. A
+// zero divisor (an all-zero matrix with eps = 0) leaves the zeros as they are instead of making
+// NaN.
+void NormalizeInPlace(float* x, int64_t count, float divisor, bool round_bf16);
+
+}  // namespace orthoserve
