@@ -1,0 +1,100 @@
+// GlooCollective: the Collective of CPU fleets, over Gloo's TCP transport (one connection per
+// pair of ranks, full mesh, rendezvous through our Store).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/collective/collective.h"
+#include "server/collective/store.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace orthoserve {
+
+// Follows the Collective contract (collective.h). All operations are built on one primitive:
+// every rank posts its point-to-point sends and receives (Gloo unbound buffers) and waits for
+// all of them under one deadline. Zero-byte segments are never put on the wire: both ends know
+// the count is zero, so they skip it (no message, no matching needed); a call whose segments
+// are all empty returns without synchronizing. AllReduceSum is a reduce-scatter (each rank
+// owns a contiguous slice of the elements, receives every rank's copy of it and adds them in
+// rank order 0, 1, ..., world-1) followed by an all-gather of the summed slices: every element
+// is added by exactly one rank in rank order, so the result is deterministic and bit-identical
+// on every rank, while each rank moves about 2·(world-1)/world of the data, as a ring would.
+// Broadcast sends from the root straight to each rank; Barrier exchanges a one-byte token with
+// every rank. Gloo's exceptions never cross this API (gloo_status.h maps them: timeouts to
+// DEADLINE_EXCEEDED, everything else to UNAVAILABLE). On any error the connections are closed,
+// which fails the peers' pending calls promptly with UNAVAILABLE. One thread at a time.
+class GlooCollective final : public Collective {
+ public:
+  struct Options {
+    int rank = 0;                         // This rank, in [0, world).
+    int world = 1;                        // Number of ranks in the group.
+    Store* store = nullptr;               // Rendezvous store; not owned; used only inside Create.
+    std::string prefix;                   // Scopes the store keys ("<prefix>/gloo/<rank>"), e.g. "gen-3".
+    std::string hostname = "127.0.0.1";   // Address (or name) to bind and advertise to peers.
+    std::string interface;                // Network interface to bind, e.g. "eth0"; overrides hostname.
+    absl::Duration timeout = absl::Seconds(30);  // Bound on each rendezvous step (store wait, connect).
+  };
+
+  // Joins the group: publishes this rank's listening addresses under the prefix and connects
+  // to every other rank. Blocks until all `world` ranks have called Create with the same
+  // store, prefix and world. INVALID_ARGUMENT for bad options (naming the field),
+  // DEADLINE_EXCEEDED when peers do not appear in time (naming the missing store keys),
+  // UNAVAILABLE when binding or connecting fails. Reusing a prefix whose keys were set by an
+  // earlier group connects to stale addresses: use a fresh prefix per group generation.
+  static absl::StatusOr<std::unique_ptr<GlooCollective>> Create(const Options& options);
+
+  ~GlooCollective() override;
+  GlooCollective(const GlooCollective&) = delete;
+  GlooCollective& operator=(const GlooCollective&) = delete;
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  std::string name() const override { return "gloo"; }
+
+  absl::Status AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
+                         absl::Span<const size_t> recv_bytes, absl::Duration timeout) override;
+  absl::Status AllGatherv(const void* send, size_t send_bytes, void* recv, absl::Span<const size_t> recv_bytes,
+                          absl::Duration timeout) override;
+  absl::Status AllReduceSum(absl::Span<float> values, absl::Duration timeout) override;
+  absl::Status AllReduceSum(absl::Span<double> values, absl::Duration timeout) override;
+  absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override;
+  absl::Status Barrier(absl::Duration timeout) override;
+
+ private:
+  // One point-to-point transfer: `bytes` bytes at `offset` of the send or receive buffer.
+  struct Transfer {
+    int peer;
+    size_t offset;
+    size_t bytes;
+  };
+
+  GlooCollective(int rank, int world, std::shared_ptr<gloo::Context> context);
+
+  // OK, or UNAVAILABLE when an earlier call failed.
+  absl::Status CheckUsable() const;
+  // Breaks the collective with `status` (closing every connection) and returns it.
+  absl::Status Fail(absl::Status status);
+  // Posts `recvs` into `recv` (recv_size bytes) and `sends` from `send` (send_size bytes) and
+  // waits for all of them until `deadline`. Every rank calls it the same number of times per
+  // operation (each call takes the next tag), whatever its transfers.
+  absl::Status Exchange(const char* op, const void* send, size_t send_size, absl::Span<const Transfer> sends,
+                        void* recv, size_t recv_size, absl::Span<const Transfer> recvs, absl::Time deadline);
+  template <typename T>
+  absl::Status AllReduceSumImpl(absl::Span<T> values, absl::Duration timeout);
+
+  const int rank_;
+  const int world_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t next_tag_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace orthoserve

@@ -1,0 +1,70 @@
+// InMemoryStore: map + mutex + condition variable.
+#include "server/collective/in_memory_store.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace orthoserve {
+
+absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value) {
+  absl::MutexLock lock(&mu_);
+  values_[key] = std::string(value);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> InMemoryStore::Get(absl::string_view key, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    auto it = values_.find(key);
+    if (it != values_.end()) return it->second;
+    // WaitWithDeadline returns true on timeout; the loop then checks the key one last time.
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+      it = values_.find(key);
+      if (it != values_.end()) return it->second;
+      return absl::DeadlineExceededError(
+          absl::StrCat("store key '", key, "' was not set within ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+absl::StatusOr<int64_t> InMemoryStore::Add(absl::string_view key, int64_t delta) {
+  absl::MutexLock lock(&mu_);
+  int64_t value = 0;
+  auto it = values_.find(key);
+  if (it != values_.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store key '", key, "' holds '", it->second, "', not an integer counter"));
+  }
+  value += delta;
+  values_[key] = absl::StrCat(value);
+  changed_.SignalAll();
+  return value;
+}
+
+std::vector<std::string> InMemoryStore::MissingLocked(const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    if (!values_.contains(key)) missing.push_back(key);
+  }
+  return missing;
+}
+
+absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    if (MissingLocked(keys).empty()) return absl::OkStatus();
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+      const std::vector<std::string> missing = MissingLocked(keys);
+      if (missing.empty()) return absl::OkStatus();
+      return absl::DeadlineExceededError(absl::StrCat("store keys not set within ", absl::FormatDuration(timeout),
+                                                      ": '", absl::StrJoin(missing, "', '"), "'"));
+    }
+  }
+}
+
+}  // namespace orthoserve

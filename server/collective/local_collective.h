@@ -1,0 +1,47 @@
+// LocalCollective: the world-1 Collective of a one-process fleet. There is no transport; every
+// operation is a local copy (or nothing), so it never times out.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/collective/collective.h"
+
+namespace orthoserve {
+
+// Rank 0 of a group of one. Follows the Collective contract: malformed arguments give
+// INVALID_ARGUMENT and break the collective (later calls: UNAVAILABLE). Not thread-safe (one
+// thread at a time, as every Collective).
+class LocalCollective final : public Collective {
+ public:
+  LocalCollective() = default;
+
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  std::string name() const override { return "local"; }
+
+  // Copies send_bytes[0] bytes from `send` to `recv`.
+  absl::Status AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
+                         absl::Span<const size_t> recv_bytes, absl::Duration timeout) override;
+  // Copies `send_bytes` bytes from `send` to `recv` (nothing when they are the same buffer).
+  absl::Status AllGatherv(const void* send, size_t send_bytes, void* recv, absl::Span<const size_t> recv_bytes,
+                          absl::Duration timeout) override;
+  // The sum over one rank is the input: leaves `values` unchanged.
+  absl::Status AllReduceSum(absl::Span<float> values, absl::Duration timeout) override;
+  absl::Status AllReduceSum(absl::Span<double> values, absl::Duration timeout) override;
+  // `root` must be 0; leaves `data` unchanged.
+  absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override;
+  absl::Status Barrier(absl::Duration timeout) override;
+
+ private:
+  // OK, or UNAVAILABLE when an earlier call failed.
+  absl::Status CheckUsable() const;
+  // Records a failure (breaking the collective) and returns it.
+  absl::Status Fail(absl::Status status);
+
+  absl::Status broken_;
+};
+
+}  // namespace orthoserve

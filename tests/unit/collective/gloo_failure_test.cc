@@ -1,0 +1,190 @@
+// GlooCollective failures: timeouts, a vanished peer, bad arguments, the broken-after-error
+// rule and rendezvous errors. Every wait here is bounded by short timeouts.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/collective/gloo/gloo_collective.h"
+#include "server/collective/in_memory_store.h"
+#include "tests/util/rank_threads.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using ::orthoserve::testing::MakeGlooGroup;
+using ::orthoserve::testing::RunRanks;
+using ::orthoserve::testing::StatusIs;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+std::vector<std::unique_ptr<Collective>> Group(int world) {
+  absl::StatusOr<std::vector<std::unique_ptr<Collective>>> group = MakeGlooGroup(world, absl::Seconds(10));
+  EXPECT_OK(group);
+  return group.ok() ? *std::move(group) : std::vector<std::unique_ptr<Collective>>();
+}
+
+absl::StatusCode CodeOf(const absl::Status& status) { return status.code(); }
+
+TEST(GlooFailureTest, MissingRankTimesOutWithinTheTimeoutThenTheGroupIsBroken) {
+  constexpr int kWorld = 3;
+  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
+  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
+  const absl::Duration timeout = absl::Milliseconds(400);
+  std::vector<absl::Status> first(kWorld), after(kWorld);
+  std::vector<absl::Duration> took(kWorld);
+  RunRanks(kWorld, [&](int rank) {
+    if (rank == 2) return;  // never calls
+    const absl::Time start = absl::Now();
+    std::vector<size_t> counts(kWorld, 64);
+    std::vector<uint8_t> send(64 * kWorld, 1), recv(64 * kWorld);
+    first[rank] = group[rank]->AllToAllv(send.data(), counts, recv.data(), counts, timeout);
+    took[rank] = absl::Now() - start;
+    after[rank] = group[rank]->Barrier(absl::Seconds(5));
+  });
+  int deadline_exceeded = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(first[rank], AnyOf(StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("Timed out")),
+                                   StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo AllToAllv"))));
+    deadline_exceeded += CodeOf(first[rank]) == absl::StatusCode::kDeadlineExceeded;
+    EXPECT_LT(took[rank], timeout + absl::Milliseconds(600)) << "rank " << rank;
+    EXPECT_THAT(after[rank], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("broken")));
+  }
+  // Whoever waits longest for rank 2 hits its own deadline first.
+  EXPECT_GE(deadline_exceeded, 1);
+  // Rank 2's peers have closed their connections: it fails fast instead of waiting 5 s.
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(group[2]->Barrier(absl::Seconds(5)),
+              AnyOf(StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo Barrier")),
+                    StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("gloo Barrier"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(GlooFailureTest, VanishedPeerGivesUnavailableFast) {
+  constexpr int kWorld = 3;
+  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
+  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
+  group[1].reset();  // rank 1's process is gone: its sockets close
+  std::vector<absl::Status> result(kWorld);
+  std::vector<absl::Duration> took(kWorld);
+  RunRanks(kWorld, [&](int rank) {
+    if (rank == 1) return;
+    const absl::Time start = absl::Now();
+    std::vector<float> values(1000, 1.0f);
+    result[rank] = group[rank]->AllReduceSum(absl::MakeSpan(values), absl::Seconds(10));
+    took[rank] = absl::Now() - start;
+  });
+  for (int rank : {0, 2}) {
+    EXPECT_THAT(result[rank], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo AllReduceSum")))
+        << "rank " << rank;
+    EXPECT_LT(took[rank], absl::Seconds(3)) << "rank " << rank;
+    EXPECT_THAT(group[rank]->Barrier(absl::Seconds(1)), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("broken")));
+  }
+}
+
+TEST(GlooFailureTest, BadArgumentsAreInvalidArgumentAndBreakTheGroup) {
+  constexpr int kWorld = 2;
+  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
+  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
+  std::vector<absl::Status> result(kWorld), after(kWorld);
+  RunRanks(kWorld, [&](int rank) {
+    uint8_t byte = 0;
+    if (rank == 0) {
+      result[rank] = group[rank]->Broadcast(&byte, 1, /*root=*/kWorld, absl::Seconds(5));
+    } else {
+      const size_t wrong[] = {1, 1, 1};
+      uint8_t buf[3] = {};
+      result[rank] = group[rank]->AllToAllv(buf, wrong, buf, wrong, absl::Seconds(5));
+    }
+    after[rank] = group[rank]->AllGatherv(&byte, 1, nullptr, {}, absl::Seconds(5));
+  });
+  EXPECT_THAT(result[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("root 2")));
+  EXPECT_THAT(result[1], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world = 2")));
+  EXPECT_THAT(after[0], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("root 2")));
+  EXPECT_THAT(after[1], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("world = 2")));
+}
+
+TEST(GlooFailureTest, LocalErrorOnOneRankFailsItsPeerPromptly) {
+  constexpr int kWorld = 2;
+  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
+  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
+  absl::Status peer;
+  absl::Duration took;
+  RunRanks(kWorld, [&](int rank) {
+    if (rank == 0) {
+      uint8_t byte = 0;
+      EXPECT_THAT(group[0]->Broadcast(&byte, 1, -1, absl::Seconds(5)),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("root -1")));
+    } else {
+      const absl::Time start = absl::Now();
+      peer = group[1]->Barrier(absl::Seconds(10));
+      took = absl::Now() - start;
+    }
+  });
+  EXPECT_THAT(peer, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo Barrier")));
+  EXPECT_LT(took, absl::Seconds(3));
+}
+
+TEST(GlooFailureTest, CreateRejectsBadOptions) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  options.world = 2;
+  options.rank = 2;
+  EXPECT_THAT(GlooCollective::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2")));
+  options.rank = 0;
+  options.world = 0;
+  EXPECT_THAT(GlooCollective::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world")));
+  options.world = 1;
+  options.store = nullptr;
+  EXPECT_THAT(GlooCollective::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("store")));
+  options.store = &store;
+  options.timeout = absl::ZeroDuration();
+  EXPECT_THAT(GlooCollective::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("timeout")));
+  options.timeout = absl::Seconds(1);
+  options.hostname = "";
+  EXPECT_THAT(GlooCollective::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hostname")));
+}
+
+TEST(GlooFailureTest, RendezvousTimesOutNamingTheMissingRanksKey) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  options.world = 2;
+  options.rank = 0;
+  options.prefix = "gen-7";
+  options.timeout = absl::Milliseconds(200);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(GlooCollective::Create(options),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("gen-7/gloo/1")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // This rank's own address was published under the generation prefix.
+  EXPECT_OK(store.Get("gen-7/gloo/0", absl::Milliseconds(1)));
+}
+
+TEST(GlooFailureTest, UnknownInterfaceIsUnavailable) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  options.interface = "no-such-nic0";
+  EXPECT_THAT(GlooCollective::Create(options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo rendezvous of rank 0 of 1")));
+}
+
+TEST(GlooFailureTest, WorldOneWorksWithoutPeers) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  absl::StatusOr<std::unique_ptr<GlooCollective>> solo = GlooCollective::Create(options);
+  ASSERT_OK(solo);
+  std::vector<double> v = {1.25, -3.5};
+  ASSERT_OK((*solo)->AllReduceSum(absl::MakeSpan(v), absl::Seconds(1)));
+  EXPECT_EQ(v, (std::vector<double>{1.25, -3.5}));
+  EXPECT_OK((*solo)->Barrier(absl::Seconds(1)));
+}
+
+}  // namespace
+}  // namespace orthoserve
