@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Writes the orthoserve Grafana dashboard (orthoserve.json) from the panel list below.
+
+Run `python3 deploy/grafana/build_dashboard.py` after editing; scripts/check_deploy.sh fails when
+orthoserve.json is not what this script produces. Standard library only.
+"""
+import json
+import pathlib
+import sys
+
+SEL = 'namespace=~"$namespace", cell=~"$cell"'
+RI = "$__rate_interval"
+
+
+def target(expr, legend, ref):
+    return {"datasource": {"type": "prometheus", "uid": "${datasource}"}, "expr": expr,
+            "legendFormat": legend, "refId": ref}
+
+
+def timeseries(title, exprs, unit, x, y, w=12, h=8, description="", stack=False):
+    return {
+        "type": "timeseries", "title": title, "description": description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "fieldConfig": {"defaults": {"unit": unit, "custom": {
+            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10 if stack else 0,
+            "stacking": {"mode": "normal" if stack else "none", "group": "A"}}}, "overrides": []},
+        "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["mean", "max"]},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "targets": [target(e, l, chr(ord("A") + i)) for i, (e, l) in enumerate(exprs)],
+    }
+
+
+def stat(title, expr, legend, unit, x, y, w=4, h=4, description="", mappings=None, thresholds=None):
+    return {
+        "type": "stat", "title": title, "description": description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "fieldConfig": {"defaults": {
+            "unit": unit, "mappings": mappings or [],
+            "thresholds": thresholds or {"mode": "absolute", "steps": [{"color": "green", "value": None}]}},
+            "overrides": []},
+        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                    "colorMode": "background", "graphMode": "none", "textMode": "auto"},
+        "targets": [target(expr, legend, "A")],
+    }
+
+
+def row(title, y):
+    return {"type": "row", "title": title, "collapsed": False, "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
+            "panels": []}
+
+
+def quantiles(metric, by, legend_prefix):
+    return [(f'histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{SEL}}}[{RI}])))',
+             f"{legend_prefix} p{int(q * 100)}") for q in (0.5, 0.9, 0.99)]
+
+
+def panels():
+    out = []
+    y = 0
+    out.append(row("Fleet", y)); y += 1
+    red_green = {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]}
+    out.append(stat("Ranks ready", f'min by (cell) (orthoserve_fleet_ready{{{SEL}}})', "{{cell}}", "none", 0, y,
+                    description="1 when every rank of the cell reports a formed fleet.",
+                    mappings=[{"type": "value", "options": {"0": {"text": "NOT READY"}, "1": {"text": "READY"}}}],
+                    thresholds=red_green))
+    out.append(stat("Fleet members", f'min by (cell) (orthoserve_fleet_members_ready{{{SEL}}})', "{{cell}} ready",
+                    "none", 4, y))
+    out.append(stat("Fleet size", f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}}", "none", 8, y))
+    out.append(stat("Requests/s", f'sum(rate(orthoserve_requests_total{{{SEL}}}[{RI}]))', "", "reqps", 12, y))
+    out.append(stat("NS FLOP/s", f'sum(rate(orthoserve_ns_flops_total{{{SEL}}}[{RI}]))', "", "flops", 16, y))
+    out.append(stat("Build", f'count by (version, backend, device) (orthoserve_build_info{{{SEL}}})',
+                    "{{version}} {{backend}} {{device}}", "none", 20, y))
+    y += 4
+    out.append(timeseries("Fleet membership", [
+        (f'min by (cell) (orthoserve_fleet_members_ready{{{SEL}}})', "{{cell}} members ready"),
+        (f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}} size"),
+        (f'sum by (cell) (orthoserve_fleet_ready{{{SEL}}})', "{{cell}} ranks ready")], "none", 0, y,
+        description="A gap between size and members ready means a rank is missing (see the alert rules)."))
+    out.append(timeseries("Rendezvous timeouts and aborted steps", [
+        (f'sum by (cell) (increase(orthoserve_rendezvous_timeouts_total{{{SEL}}}[{RI}]))', "{{cell}} rendezvous timeouts"),
+        (f'sum by (cell, reason) (increase(orthoserve_steps_aborted_total{{{SEL}}}[{RI}]))',
+         "{{cell}} aborted: {{reason}}")], "none", 12, y))
+    y += 8
+
+    out.append(row("Traffic", y)); y += 1
+    out.append(timeseries("Requests by method", [
+        (f'sum by (method) (rate(orthoserve_requests_total{{{SEL}}}[{RI}]))', "{{method}}")], "reqps", 0, y))
+    out.append(timeseries("Errors by code", [
+        (f'sum by (method, code) (rate(orthoserve_requests_total{{{SEL}, code!="OK"}}[{RI}]))', "{{method}} {{code}}"),
+        (f'sum by (algorithm, code) (rate(orthoserve_matrices_total{{{SEL}, code!="OK"}}[{RI}]))',
+         "matrices {{algorithm}} {{code}}")], "reqps", 12, y, stack=True,
+        description="Requests and matrices that did not end OK, by gRPC code."))
+    y += 8
+    out.append(timeseries("Matrices/s by algorithm and dtype", [
+        (f'sum by (algorithm, dtype) (rate(orthoserve_matrices_total{{{SEL}}}[{RI}]))', "{{algorithm}} {{dtype}}")],
+        "ops", 0, y))
+    out.append(timeseries("Bytes in and out", [
+        (f'sum by (method) (rate(orthoserve_received_bytes_total{{{SEL}}}[{RI}]))', "in {{method}}"),
+        (f'-sum by (method) (rate(orthoserve_sent_bytes_total{{{SEL}}}[{RI}]))', "out {{method}}")], "Bps", 12, y,
+        description="Received above the axis, sent below."))
+    y += 8
+    out.append(timeseries("NS FLOP/s by rank", [
+        (f'sum by (pod) (rate(orthoserve_ns_flops_total{{{SEL}}}[{RI}]))', "{{pod}}")], "flops", 0, y))
+    out.append(timeseries("Request latency", quantiles("orthoserve_request_duration_seconds", "method", "{{method}}"),
+                          "s", 12, y))
+    y += 8
+
+    out.append(row("Stages", y)); y += 1
+    out.append(timeseries("Stage latency p50", [
+        (f'histogram_quantile(0.5, sum by (stage, le) (rate(orthoserve_stage_duration_seconds_bucket{{{SEL}}}[{RI}])))',
+         "{{stage}}")], "s", 0, y, w=8, description="receive, queue, rendezvous, collective, compute, send"))
+    out.append(timeseries("Stage latency p90", [
+        (f'histogram_quantile(0.9, sum by (stage, le) (rate(orthoserve_stage_duration_seconds_bucket{{{SEL}}}[{RI}])))',
+         "{{stage}}")], "s", 8, y, w=8))
+    out.append(timeseries("Stage latency p99", [
+        (f'histogram_quantile(0.99, sum by (stage, le) (rate(orthoserve_stage_duration_seconds_bucket{{{SEL}}}[{RI}])))',
+         "{{stage}}")], "s", 16, y, w=8))
+    y += 8
+    out.append(timeseries("Mean time per stage", [
+        (f'sum by (stage) (rate(orthoserve_stage_duration_seconds_sum{{{SEL}}}[{RI}])) / '
+         f'sum by (stage) (rate(orthoserve_stage_duration_seconds_count{{{SEL}}}[{RI}]))', "{{stage}}")],
+        "s", 0, y, stack=True))
+    out.append(timeseries("Collective duration by op", quantiles("orthoserve_collective_duration_seconds", "op", "{{op}}"),
+                          "s", 12, y))
+    y += 8
+
+    out.append(row("Load and memory", y)); y += 1
+    out.append(timeseries("Queue depth", [
+        (f'sum by (pod) (orthoserve_queue_depth{{{SEL}}})', "{{pod}}")], "none", 0, y, w=8))
+    out.append(timeseries("In-flight requests", [
+        (f'sum by (pod) (orthoserve_inflight_requests{{{SEL}}})', "{{pod}}")], "none", 8, y, w=8))
+    out.append(timeseries("In-flight bytes", [
+        (f'sum by (pod) (orthoserve_inflight_bytes{{{SEL}}})', "{{pod}}")], "bytes", 16, y, w=8))
+    y += 8
+    out.append(timeseries("Device memory", [
+        (f'sum by (pod, kind) (orthoserve_device_memory_bytes{{{SEL}}})', "{{pod}} {{kind}}")], "bytes", 0, y, w=24))
+    return out
+
+
+def variable(name, label, query):
+    return {"name": name, "label": label, "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": {"query": query, "refId": name}, "definition": query, "refresh": 2, "includeAll": True,
+            "multi": True, "allValue": ".*", "current": {}, "sort": 1}
+
+
+def dashboard():
+    return {
+        "uid": "orthoserve", "title": "orthoserve", "tags": ["orthoserve"], "editable": True,
+        "schemaVersion": 39, "version": 1, "graphTooltip": 1, "refresh": "30s",
+        "time": {"from": "now-3h", "to": "now"}, "timezone": "",
+        "description": "orthoserve fleets: readiness, traffic, errors by code, latency by stage, collectives, load.",
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0},
+            variable("namespace", "Namespace", "label_values(orthoserve_build_info, namespace)"),
+            variable("cell", "Cell", 'label_values(orthoserve_build_info{namespace=~"$namespace"}, cell)'),
+        ]},
+        "annotations": {"list": []},
+        "panels": [dict(p, id=i + 1) for i, p in enumerate(panels())],
+    }
+
+
+def render():
+    return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    path = pathlib.Path(__file__).with_name("orthoserve.json")
+    if sys.argv[1:] == ["--check"]:
+        if path.read_text() != render():
+            sys.exit(f"{path} is out of date: run python3 {__file__}")
+    else:
+        path.write_text(render())

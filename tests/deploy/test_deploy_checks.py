@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Tests for tests/deploy/deploy_checks.py: each check passes on the real files and fails on a
+broken copy, so a check that cannot fail is caught here. Run by scripts/check_deploy.sh with the
+.venv-deploy Python (PyYAML); RENDER_DIR names the folder with the rendered kustomizations.
+"""
+import copy
+import os
+import pathlib
+import sys
+import tempfile
+import unittest
+
+import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import deploy_checks as dc  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RENDER_DIR = pathlib.Path(os.environ.get("RENDER_DIR", ""))
+
+
+class TempDir(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = pathlib.Path(self._tmp.name)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def write(self, name, text):
+        p = self.tmp / name
+        p.write_text(text)
+        return str(p)
+
+
+class PromqlNamesTest(unittest.TestCase):
+    def test_finds_selected_metrics_only(self):
+        expr = ('histogram_quantile(0.99, sum by (stage, le) (rate(orthoserve_stage_duration_seconds_bucket'
+                '{namespace=~"$namespace", cell=~"a|b"}[$__rate_interval]))) / ignoring (kind) '
+                'orthoserve_x{kind="used"} offset 5m > bool 3 and on (pod) up')
+        self.assertEqual(dc.promql_metric_names(expr),
+                         {"orthoserve_stage_duration_seconds_bucket", "orthoserve_x", "up"})
+
+    def test_recording_rule_names_and_aggregations_after(self):
+        self.assertEqual(dc.promql_metric_names('sum(cell:foo:ratio) without (pod) - rate(bar_total[1h:5m])'),
+                         {"cell:foo:ratio", "bar_total"})
+
+    def test_label_values_in_strings_are_not_names(self):
+        self.assertEqual(dc.promql_metric_names('orthoserve_a{code="orthoserve_not_a_metric"}'), {"orthoserve_a"})
+
+
+SCRAPE = """# HELP orthoserve_requests_total Requests.
+# TYPE orthoserve_requests_total counter
+# TYPE orthoserve_stage_duration_seconds histogram
+orthoserve_stage_duration_seconds_bucket{stage="queue",le="0.1"} 0
+# TYPE orthoserve_fleet_ready gauge
+orthoserve_fleet_ready 1
+"""
+
+
+class MetricNamesTest(TempDir):
+    def board(self, expr):
+        return self.write("d.json", '{"panels": [{"title": "t", "targets": [{"expr": %s}]}]}' % repr(expr).replace(
+            "'", '"'))
+
+    def test_known_names_pass(self):
+        scrape = self.write("scrape.txt", SCRAPE)
+        board = self.board("sum(rate(orthoserve_stage_duration_seconds_count[5m])) + orthoserve_fleet_ready")
+        dc.check_metric_names(scrape, [board], [])
+
+    def test_unknown_name_fails_naming_panel_and_metric(self):
+        scrape = self.write("scrape.txt", SCRAPE)
+        board = self.board("rate(orthoserve_requests[5m])")
+        with self.assertRaisesRegex(dc.CheckError, r"panel 't'.*orthoserve_requests is not exported"):
+            dc.check_metric_names(scrape, [board], [])
+
+    def test_histogram_base_name_is_not_a_series(self):
+        scrape = self.write("scrape.txt", SCRAPE)
+        with self.assertRaisesRegex(dc.CheckError, "orthoserve_stage_duration_seconds is not exported"):
+            dc.check_metric_names(scrape, [self.board("orthoserve_stage_duration_seconds")], [])
+
+    def test_rules_may_use_their_own_recorded_names(self):
+        scrape = self.write("scrape.txt", SCRAPE)
+        rules = self.write("r.yaml", yaml.safe_dump({"groups": [{"name": "g", "rules": [
+            {"record": "cell:x:rate", "expr": "sum(rate(orthoserve_requests_total[5m]))"},
+            {"alert": "A", "expr": "cell:x:rate > 1"},
+            {"alert": "B", "expr": "orthoserve_missing > 1"}]}]}))
+        with self.assertRaisesRegex(dc.CheckError, "r.yaml: B: metric orthoserve_missing") as cm:
+            dc.check_metric_names(scrape, [], [rules])
+        self.assertNotIn("cell:x:rate", str(cm.exception))
+
+    def test_real_dashboard_and_rules_against_a_scrape_missing_one_family(self):
+        # Every family the real files use, minus orthoserve_queue_depth: exactly that one is reported.
+        names = set()
+        for _, e in dc.dashboard_exprs(ROOT / "deploy/grafana/orthoserve.json"):
+            names |= dc.promql_metric_names(e)
+        exprs, recorded = dc.rules_exprs(ROOT / "deploy/prometheus/orthoserve-rules.yaml")
+        for _, e in exprs:
+            names |= dc.promql_metric_names(e)
+        lines = [f"# TYPE {n} gauge" for n in sorted(names - recorded - {"up", "orthoserve_queue_depth"})]
+        scrape = self.write("scrape.txt", "\n".join(lines) + "\n")
+        with self.assertRaises(dc.CheckError) as cm:
+            dc.check_metric_names(scrape, [str(ROOT / "deploy/grafana/orthoserve.json")],
+                                  [str(ROOT / "deploy/prometheus/orthoserve-rules.yaml")])
+        self.assertIn("orthoserve_queue_depth", str(cm.exception))
+        self.assertEqual({ln.rsplit("metric ", 1)[1].split()[0] for ln in str(cm.exception).splitlines()},
+                         {"orthoserve_queue_depth"})
+
+
+@unittest.skipUnless((RENDER_DIR / "examples_cells.yaml").exists(), "needs RENDER_DIR from check_deploy.sh")
+class RenderedTest(TempDir):
+    def load(self):
+        return dc.load_objects(RENDER_DIR / "examples_cells.yaml")
+
+    def check(self, objs):
+        dc.check_rendered(self.write("r.yaml", yaml.safe_dump_all(objs)))
+
+    def sts(self, objs, name="orthoserve-a"):
+        return next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == name)
+
+    def test_real_render_passes(self):
+        self.check(self.load())
+
+    def test_rename_without_replacements_fails(self):
+        objs = self.load()
+        env = dc.container(self.sts(objs))["env"]
+        next(e for e in env if e["name"] == "FLEET_SERVICE")["value"] = "orthoserve-fleet"
+        with self.assertRaisesRegex(dc.CheckError, "FLEET_SERVICE is 'orthoserve-fleet'"):
+            self.check(objs)
+
+    def test_world_must_equal_replicas(self):
+        objs = self.load()
+        self.sts(objs)["spec"]["replicas"] = 3
+        with self.assertRaisesRegex(dc.CheckError, "replicas 3 differs from ORTHOSERVE_WORLD 4"):
+            self.check(objs)
+
+    def test_grace_period_must_cover_the_drain(self):
+        objs = self.load()
+        self.sts(objs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+        with self.assertRaisesRegex(dc.CheckError, r"terminationGracePeriodSeconds 30 < drain 30s \+ preStop 5s"):
+            self.check(objs)
+
+    def test_headless_service_must_publish_not_ready(self):
+        objs = self.load()
+        svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "orthoserve-fleet-b")
+        del svc["spec"]["publishNotReadyAddresses"]
+        with self.assertRaisesRegex(dc.CheckError, "orthoserve-b: Service orthoserve-fleet-b needs publishNotReady"):
+            self.check(objs)
+
+    def test_network_policy_must_not_open_the_fleet_port(self):
+        objs = self.load()
+        pol = next(o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "orthoserve-a")
+        pol["spec"]["ingress"][0]["ports"].append({"port": 50061, "protocol": "TCP"})
+        with self.assertRaisesRegex(dc.CheckError, "opens the fleet port to pods outside the fleet"):
+            self.check(objs)
+
+    def test_network_policy_from_another_cell_fails(self):
+        objs = self.load()
+        pol = next(o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "orthoserve-a")
+        pol["spec"]["ingress"][1]["from"][0]["podSelector"]["matchLabels"]["orthoserve.io/cell"] = "b"
+        with self.assertRaisesRegex(dc.CheckError, "NetworkPolicy orthoserve-a opens the fleet port"):
+            self.check(objs)
+
+    def test_servicemonitor_selecting_both_cells_fails(self):
+        objs = self.load()
+        mon = next(o for o in objs if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == "orthoserve-a")
+        del mon["spec"]["selector"]["matchLabels"]["orthoserve.io/cell"]
+        with self.assertRaisesRegex(dc.CheckError, "ServiceMonitor orthoserve-a also selects orthoserve-b"):
+            self.check(objs)
+
+    def test_cuda_without_gpu_limit_fails(self):
+        objs = dc.load_objects(RENDER_DIR / "overlays_gpu.yaml")
+        dc.check_rendered(self.write("ok.yaml", yaml.safe_dump_all(objs)))
+        del dc.container(self.sts(objs, "orthoserve"))["resources"]["limits"]["nvidia.com/gpu"]
+        with self.assertRaisesRegex(dc.CheckError, "nvidia.com/gpu: 1"):
+            self.check(objs)
+
+    def test_pod_env_expands_references(self):
+        env = dc.pod_env(self.load(), self.sts(self.load(), "orthoserve-b"), 1, "ml")
+        self.assertEqual(env["ORTHOSERVE_COORDINATOR"], "orthoserve-b-0.orthoserve-fleet-b.ml.svc:50061")
+        self.assertEqual(env["ORTHOSERVE_ADVERTISE_ADDRESS"], "orthoserve-b-1.orthoserve-fleet-b.ml.svc:50051")
+        self.assertEqual(env["ORTHOSERVE_POD_INDEX"], "1")
+
+    def test_split_rejects_unknown_custom_resources_and_bad_servicemonitors(self):
+        objs = self.load()
+        bad = copy.deepcopy(objs) + [{"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}]
+        with self.assertRaisesRegex(dc.CheckError, "Widget .* custom resource this check does not know"):
+            dc.split_rendered(self.write("r.yaml", yaml.safe_dump_all(bad)), self.tmp / "b", self.tmp / "c")
+        mon = next(o for o in objs if o["kind"] == "ServiceMonitor")
+        mon["spec"]["endpoints"][0]["intervall"] = "15s"
+        with self.assertRaisesRegex(dc.CheckError, r"unknown fields \['intervall'\]"):
+            dc.split_rendered(self.write("r.yaml", yaml.safe_dump_all(objs)), self.tmp / "b", self.tmp / "c")
+
+
+class DockerfileReadmeTest(TempDir):
+    README = "# x\n\n```sh\n./scripts/setup.sh && ./build/bin/orthoserve --listen 127.0.0.1:50051\n```\n"
+
+    def dockerfile(self):
+        return (ROOT / "Dockerfile").read_text()
+
+    def check(self, dockerfile, readme=README):
+        d = self.write("Dockerfile", dockerfile)
+        dc.check_dockerfile_args(d)
+        dc.check_dockerfile_readme(d, self.write("README.md", readme))
+
+    def test_real_dockerfile_passes(self):
+        self.check(self.dockerfile())
+
+    def test_other_build_dir_fails(self):
+        text = self.dockerfile().replace("RUN ORTHOSERVE_SKIP_VENV=1 ORTHOSERVE_WITH_CUDA=OFF ./scripts/setup.sh",
+                                         "RUN ORTHOSERVE_BUILD_DIR=out ORTHOSERVE_SKIP_VENV=1 ./scripts/setup.sh")
+        with self.assertRaisesRegex(dc.CheckError, "stage build-cpu sets ORTHOSERVE_BUILD_DIR='out'"):
+            self.check(text)
+
+    def test_readme_option_missing_in_dockerfile_fails(self):
+        readme = self.README.replace("./scripts/setup.sh &&", "ORTHOSERVE_EXTRA=1 ./scripts/setup.sh &&")
+        with self.assertRaisesRegex(dc.CheckError, "sets ORTHOSERVE_EXTRA=None, the README ORTHOSERVE_EXTRA='1'"):
+            self.check(self.dockerfile(), readme)
+
+    def test_own_cmake_in_build_stage_fails(self):
+        text = self.dockerfile().replace("RUN ORTHOSERVE_SKIP_VENV=1 ORTHOSERVE_WITH_CUDA=ON ./scripts/setup.sh",
+                                         "RUN ORTHOSERVE_SKIP_VENV=1 ORTHOSERVE_WITH_CUDA=ON ./scripts/setup.sh"
+                                         " && cmake --build build --target extra")
+        with self.assertRaisesRegex(dc.CheckError, "stage build-gpu runs `cmake --build build --target extra`"):
+            self.check(text)
+
+    def test_unpinned_base_fails(self):
+        text = self.dockerfile().replace("ARG DEBIAN_IMAGE=debian:bookworm-", "ARG DEBIAN_IMAGE=debian:latest #")
+        with self.assertRaisesRegex(dc.CheckError, "DEBIAN_IMAGE=debian:latest is not pinned"):
+            self.check(text)
+
+    def test_root_user_and_missing_healthcheck_fail(self):
+        text = self.dockerfile().replace("USER ${ORTHOSERVE_UID}:${ORTHOSERVE_UID}\n", "", 1)
+        with self.assertRaisesRegex(dc.CheckError, "stage cpu runs as root"):
+            self.check(text)
+        text = self.dockerfile().replace('CMD ["orthoctl", "health"', 'CMD ["true"', 1)
+        with self.assertRaisesRegex(dc.CheckError, "stage cpu has no HEALTHCHECK"):
+            self.check(text)
+
+    def test_readme_without_setup_fails(self):
+        with self.assertRaisesRegex(dc.CheckError, "does not run ./scripts/setup.sh"):
+            self.check(self.dockerfile(), "```sh\ncmake -B build && ./build/bin/orthoserve\n```\n")
+
+
+class PrometheusRuleTest(TempDir):
+    def test_in_step_and_drift_detected(self):
+        rules = ROOT / "deploy/prometheus/orthoserve-rules.yaml"
+        generated = ROOT / "deploy/k8s/examples/monitoring/prometheusrule.yaml"
+        dc.check_prometheusrule(str(rules), str(generated), write=False)
+        drifted = self.write("rules.yaml", rules.read_text().replace("> 0.05", "> 0.5"))
+        with self.assertRaisesRegex(dc.CheckError, "is not the PrometheusRule form"):
+            dc.check_prometheusrule(drifted, str(generated), write=False)
+
+
+if __name__ == "__main__":
+    unittest.main(buffer=True)
