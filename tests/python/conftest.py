@@ -1,0 +1,127 @@
+"""Shared fixtures of the Python suite: real orthoserve server processes on free loopback ports.
+
+The server binary is $ORTHOSERVE_BUILD_DIR/bin/orthoserve (default build/bin/orthoserve), built by
+scripts/setup.sh. Tests that need a server fail (they do not skip) when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import typing
+
+import pytest
+
+# Emerging-Optimizers 0.3.0 (the test oracle) imports typing.override, new in Python 3.12; Debian 12 has 3.11.
+# typing_extensions.override is the same decorator (it only sets __override__).
+if not hasattr(typing, "override"):
+    import typing_extensions
+
+    typing.override = typing_extensions.override
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+
+def build_dir() -> pathlib.Path:
+    d = pathlib.Path(os.environ.get("ORTHOSERVE_BUILD_DIR", "build"))
+    return d if d.is_absolute() else REPO / d
+
+
+def server_binary() -> pathlib.Path:
+    return build_dir() / "bin" / "orthoserve"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One orthoserve process; `address` is its public HOST:PORT."""
+
+    def __init__(self, args, address: str, log_path: pathlib.Path):
+        self.address = address
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        import orthoserve
+
+        deadline = time.monotonic() + timeout
+        client = orthoserve.Client(self.address)
+        last = None
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"orthoserve exited with {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    if client.info(refresh=True, timeout=1.0).ready:
+                        return
+                except orthoserve.OrthoserveError as e:
+                    last = e
+                time.sleep(0.1)
+        finally:
+            client.close()
+        raise RuntimeError(f"orthoserve at {self.address} not ready after {timeout} s ({last}):\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def require_binary() -> pathlib.Path:
+    binary = server_binary()
+    if not binary.exists():
+        pytest.fail(f"the server binary {binary} is missing: build it first (scripts/setup.sh, or "
+                    f"ninja -C {build_dir()} orthoserve)")
+    return binary
+
+
+def start_server(tmp_dir: pathlib.Path, extra_args=(), name: str = "server") -> ServerProcess:
+    binary = require_binary()
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    server = ServerProcess([str(binary), "--listen", address, "--backend", "cpu", *extra_args], address,
+                           tmp_dir / f"{name}-{port}.log")
+    try:
+        server.wait_ready()
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A one-rank CPU server (S = 1) for the whole session."""
+    s = start_server(tmp_path_factory.mktemp("server"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture()
+def client(server):
+    import orthoserve
+
+    with orthoserve.Client(server.address, timeout=60) as c:
+        yield c
