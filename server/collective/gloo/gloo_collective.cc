@@ -1,6 +1,8 @@
 // GlooCollective: every operation as posted point-to-point transfers over Gloo unbound buffers.
 #include "server/collective/gloo/gloo_collective.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -40,6 +42,25 @@ std::chrono::milliseconds WaitBudget(absl::Time deadline) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
 }
 
+// Gloo's TCP transport writes to its sockets with writev(2), without MSG_NOSIGNAL, from the
+// caller's thread and from its event-loop thread. When a peer has gone, that write raises
+// SIGPIPE, whose default action kills the whole process — a vanished rank must instead be an
+// UNAVAILABLE status. So the first Create sets SIGPIPE to "ignore" (writes then fail with
+// EPIPE, which Gloo reports) unless the program has installed its own disposition.
+void IgnoreSigpipeUnlessHandled() {
+  static const bool done = [] {
+    struct sigaction current = {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore = {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Options& options) {
@@ -59,6 +80,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Opt
     return absl::InvalidArgumentError("GlooCollective: set hostname or interface to bind");
   }
 
+  IgnoreSigpipeUnlessHandled();
   PrefixStore scoped(options.store, options.prefix.empty() ? "gloo" : absl::StrCat(options.prefix, "/gloo"));
   gloo_internal::GlooStoreAdapter adapter(&scoped, options.timeout);
   std::shared_ptr<gloo::rendezvous::Context> context;
@@ -89,9 +111,10 @@ absl::Status GlooCollective::CheckUsable() const {
 
 absl::Status GlooCollective::Fail(absl::Status status) {
   if (broken_.ok()) broken_ = status;
-  // Closing the pairs stops the transport from touching our buffers again and makes the peers'
-  // pending transfers fail now rather than at their own timeout. Errors here change nothing.
-  (void)CallGloo("gloo close", [&] { context_->closeConnections(); });
+  // Dropping the context closes every pair (once the buffers of the failed call, which share
+  // the transport context, are gone), so the transport no longer touches our memory and the
+  // peers' pending transfers fail now rather than at their own timeout.
+  (void)CallGloo("gloo close", [&] { context_.reset(); });
   return status;
 }
 

@@ -49,6 +49,9 @@ class GlooCollective final : public Collective {
   // DEADLINE_EXCEEDED when peers do not appear in time (naming the missing store keys),
   // UNAVAILABLE when binding or connecting fails. Reusing a prefix whose keys were set by an
   // earlier group connects to stale addresses: use a fresh prefix per group generation.
+  // Process-wide side effect: SIGPIPE is set to ignored if it still has its default action
+  // (Gloo writes to sockets without MSG_NOSIGNAL; a vanished peer would otherwise kill the
+  // process instead of giving UNAVAILABLE). A disposition the program installed is kept.
   static absl::StatusOr<std::unique_ptr<GlooCollective>> Create(const Options& options);
 
   ~GlooCollective() override;
