@@ -1,0 +1,168 @@
+// CpuBackend's own contract: Create's checks, Info, per-task INVALID_ARGUMENT, the reductions a
+// sharded participant makes (even with no shards), and MEDIUM's bf16 results.
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/cpu/cpu_backend.h"
+#include "server/engine/newton_schulz.h"
+#include "tests/unit/engine/engine_test_util.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CpuBackendTest, CreateRejectsBadThreadCounts) {
+  for (int threads : {0, -1, 257}) {
+    CpuBackend::Options o;
+    o.threads = threads;
+    EXPECT_THAT(CpuBackend::Create(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("threads")));
+  }
+}
+
+TEST(CpuBackendTest, InfoNamesTheBackendAndThreads) {
+  BackendInfo info = CpuBackendWithThreads(2).Info();
+  EXPECT_EQ(info.name, "cpu");
+  EXPECT_THAT(info.device, HasSubstr("OpenBLAS"));
+  EXPECT_THAT(info.device, HasSubstr("2 threads"));
+}
+
+TEST(CpuBackendTest, BadTasksFailAloneWithInvalidArgument) {
+  NsKernelArgs args;
+  args.schedule = {{3.0, -3.0, 1.0}};
+  args.precision = Precision::kHighest;
+  std::vector<float> in(12, 1.0f), out(12, 0.0f), good_out(12, 0.0f);
+  std::vector<NsTask> tasks = {
+      NsTask{{3, 4}, DType::kF32, nullptr, DType::kF32, out.data(), &args},
+      NsTask{{3, 4}, DType::kF32, in.data(), DType::kF32, good_out.data(), &args},
+      NsTask{{0, 4}, DType::kF32, in.data(), DType::kF32, out.data(), &args},
+      NsTask{{3, -4}, DType::kF32, in.data(), DType::kF32, out.data(), &args},
+      NsTask{{3, 4}, DType::kF32, in.data(), DType::kF32, out.data(), nullptr},
+  };
+  std::vector<absl::Status> s = CpuBackendWithThreads(1).Run(tasks);
+  ASSERT_EQ(s.size(), tasks.size());
+  EXPECT_THAT(s[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null input or output")));
+  EXPECT_OK(s[1]);
+  EXPECT_THAT(s[2], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be positive")));
+  EXPECT_THAT(s[3], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be positive")));
+  EXPECT_THAT(s[4], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null kernel arguments")));
+  // The good task ran: a rank-one all-ones matrix normalized and stepped stays constant.
+  EXPECT_NE(good_out[0], 0.0f);
+  for (float v : good_out) EXPECT_EQ(v, good_out[0]);
+}
+
+TEST(CpuBackendTest, EngineNamesTheMatrixInErrors) {
+  NsOptions o;
+  MatrixJob job;
+  job.name = "layer3.w";
+  job.shape = job.scale_shape = {4, 4};
+  job.options = &o;
+  EXPECT_THAT(OrthogonalizeOne(CpuBackendWithThreads(1), job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer3.w")));
+}
+
+// Counts reductions and their sizes; a lone participant's sum is its own values.
+class CountingReducer : public SumReducer {
+ public:
+  absl::Status AllReduceSum(absl::Span<float> values) override {
+    float_sizes.push_back(values.size());
+    for (float v : values) nonzero += v != 0.0f;
+    return absl::OkStatus();
+  }
+  absl::Status AllReduceSum(absl::Span<double> values) override {
+    double_sizes.push_back(values.size());
+    return absl::OkStatus();
+  }
+  std::vector<size_t> float_sizes, double_sizes;
+  int nonzero = 0;
+};
+
+TEST(CpuBackendTest, ParticipantWithoutShardsJoinsEveryReductionWithZeros) {
+  NsKernelArgs args;
+  args.schedule = std::vector<CoefficientTriple>(5, {3.0, -3.0, 1.0});
+  NsShardedTask task{{}, 1, 7, &args};
+  CountingReducer reducer;
+  ASSERT_OK(CpuBackendWithThreads(1).RunSharded(task, reducer));
+  EXPECT_EQ(reducer.double_sizes, std::vector<size_t>({1}));
+  EXPECT_EQ(reducer.float_sizes, std::vector<size_t>(5, 49));
+  EXPECT_EQ(reducer.nonzero, 0);
+}
+
+TEST(CpuBackendTest, ReducerErrorsAbortTheTask) {
+  class Failing : public SumReducer {
+   public:
+    absl::Status AllReduceSum(absl::Span<float>) override { return absl::UnavailableError("peer 2 is gone"); }
+    absl::Status AllReduceSum(absl::Span<double>) override { return absl::OkStatus(); }
+  } reducer;
+  NsKernelArgs args;
+  args.schedule = {{3.0, -3.0, 1.0}};
+  std::vector<float> in(8, 1.0f), out(8, 0.0f);
+  NsShardedTask task{{NsShard{{2, 4}, DType::kF32, in.data(), DType::kF32, out.data()}}, 1, 2, &args};
+  EXPECT_THAT(CpuBackendWithThreads(1).RunSharded(task, reducer),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer 2")));
+}
+
+TEST(CpuBackendTest, MediumResultsAreBf16ValuesAndHighestAreNot) {
+  NsOptions o;
+  o.scale_mode = ScaleMode::kNone;
+  std::vector<double> g = RandomMatrix(16, 24, 70);
+  o.precision = Precision::kMedium;
+  NsRun medium = RunNs(CpuBackendWithThreads(1), g, 16, 24, o);
+  o.precision = Precision::kHighest;
+  NsRun highest = RunNs(CpuBackendWithThreads(1), g, 16, 24, o);
+  ASSERT_OK(medium.status);
+  ASSERT_OK(highest.status);
+  int highest_off_grid = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(medium.values[i], RefBf16(medium.values[i])) << i;
+    highest_off_grid += highest.values[i] != RefBf16(highest.values[i]);
+  }
+  EXPECT_GT(highest_off_grid, static_cast<int>(g.size()) / 2);
+}
+
+TEST(CpuBackendTest, MediumFollowsTheBf16LoopClosely) {
+  // The 1e-2 bound of the accuracy tests also holds for an fp32 result (fp32 and bf16 loops
+  // differ by about 6e-3 after 5 steps), so over one and two steps on small matrices — where
+  // fp32 accumulation order rarely moves a bf16 rounding and the steps have no time to amplify
+  // one that moved — MEDIUM must match the bf16-emulating reference far more tightly, which it
+  // cannot unless A, B and X are each rounded exactly where the contract says.
+  for (CoefficientType type : {CoefficientType::kQuintic, CoefficientType::kCubic5}) {
+    for (int steps : {1, 2}) {
+      for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{24, 40}, {40, 24}, {32, 32}}) {
+        for (uint32_t seed : {72u, 73u, 74u}) {
+          NsOptions medium;
+          medium.coefficients = CoefficientType::kCustom;
+          for (const RefTriple& t : RefSchedule(type, steps)) medium.custom_coefficients.push_back({t.a, t.b, t.c});
+          medium.steps = steps;
+          medium.precision = Precision::kMedium;
+          NsOptions highest = medium;
+          highest.precision = Precision::kHighest;
+          std::vector<double> g = RandomMatrix(rows, cols, seed);
+          NsRun run = RunNs(CpuBackendWithThreads(1), g, rows, cols, medium);
+          ASSERT_OK(run.status);
+          const std::vector<double> medium_ref = Reference(g, rows, cols, medium);
+          const std::string what = absl::StrCat(rows, "x", cols, " ", CoefficientTypeName(type), " steps ", steps);
+          EXPECT_LE(RelativeError(run.values, medium_ref), 2e-4) << what;
+          EXPECT_GE(RelativeError(Reference(g, rows, cols, highest), medium_ref), 1e-3) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, RefBf16AgreesWithTheWireConversion) {
+  // The reference's rounding is written independently; both must be round-to-nearest-even.
+  for (double v : RandomMatrix(1, 4096, 71)) {
+    const float f = static_cast<float>(v * 1e3);
+    EXPECT_EQ(RefBf16(f), static_cast<double>(RoundToBf16(f))) << f;
+  }
+  EXPECT_EQ(RefBf16(1.0 + 1.0 / 256), 1.0);                 // Tie, even stays.
+  EXPECT_EQ(RefBf16(1.0 + 3.0 / 256), 1.0 + 4.0 / 256);     // Tie, odd rounds up.
+}
+
+}  // namespace
+}  // namespace orthoserve::testing
