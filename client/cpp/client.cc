@@ -1,0 +1,227 @@
+// Implementation of client/cpp/client.h.
+#include "client/cpp/client.h"
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "client/cpp/chunking.h"
+#include "client/cpp/grpc_status.h"
+#include "client/cpp/health.h"
+#include "client/cpp/step_protocol.h"
+#include "common/status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace orthoserve::client {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", what, " file ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", what, " file ", path));
+  return text.str();
+}
+
+// INVALID_ARGUMENT for an empty list or duplicate names; each input's CheckInput otherwise.
+absl::Status CheckInputs(absl::Span<const MatrixInput> inputs) {
+  if (inputs.empty()) return absl::InvalidArgumentError("no matrices given; a call needs at least one");
+  absl::flat_hash_set<std::string> names;
+  for (const MatrixInput& input : inputs) {
+    RETURN_IF_ERROR(CheckInput(input).status());
+    if (!names.insert(input.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("matrix name \"", input.name, "\" is used twice; names must be unique"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  if (options.address.empty()) return absl::InvalidArgumentError("client address is empty; give HOST:PORT");
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("client timeout must be positive (or infinite)");
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("mutual TLS needs both a client certificate and its key");
+  }
+  const bool tls = !options.tls_ca_file.empty() || !options.tls_cert_file.empty();
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (tls) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls_ca_file.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.tls_ca_file, "TLS CA"));
+    }
+    if (!options.tls_cert_file.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFile(options.tls_cert_file, "TLS certificate"));
+      ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFile(options.tls_key_file, "TLS key"));
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else if (!options.tls_server_name.empty()) {
+    return absl::InvalidArgumentError("a TLS server name was given without TLS; also give a CA file");
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(options.max_send_message_bytes);
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(options.address, credentials, args);
+  if (channel == nullptr) return absl::InternalError(absl::StrCat("cannot create a channel to ", options.address));
+  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+}
+
+std::unique_ptr<Client> Client::CreateWithChannel(std::shared_ptr<grpc::Channel> channel,
+                                                  const ClientOptions& options) {
+  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
+    : options_(options), channel_(std::move(channel)), stub_(v1::Orthogonalizer::NewStub(channel_)) {}
+
+void Client::PrepareContext(grpc::ClientContext* context) const {
+  if (options_.timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+  if (!options_.bearer_token.empty()) context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
+}
+
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ServerInfo info;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)));
+  absl::MutexLock lock(&mu_);
+  limits_ = info.limits();
+  return info;
+}
+
+absl::Status Client::Health() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  ASSIGN_OR_RETURN(ServingStatus serving, CheckHealth(channel_, &context, ""));
+  if (serving == ServingStatus::kServing) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("server ", options_.address, " is ", ServingStatusName(serving)));
+}
+
+absl::Status Client::EnsureLimits() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (limits_.has_value() || !options_.discover_limits) return absl::OkStatus();
+  }
+  absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+  if (info.ok()) return absl::OkStatus();
+  if (info.status().code() == absl::StatusCode::kUnimplemented) {  // Keep the configured chunk size.
+    absl::MutexLock lock(&mu_);
+    limits_ = v1::Limits();
+    return absl::OkStatus();
+  }
+  return Annotate(info.status(), "asking the server for its limits (GetServerInfo)");
+}
+
+size_t Client::chunk_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return EffectiveChunkBytes(options_.chunk_bytes, limits_.value_or(v1::Limits()));
+}
+
+std::optional<v1::StepSummary> Client::last_summary() const {
+  absl::MutexLock lock(&mu_);
+  return last_summary_;
+}
+
+absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const MatrixInput> inputs) {
+  RETURN_IF_ERROR(CheckInputs(inputs));
+  v1::OrthogonalizeRequest request;
+  for (const MatrixInput& input : inputs) {
+    v1::Matrix* m = request.add_matrices();
+    *m->mutable_spec() = ToSpec(input);
+    m->set_data(input.data, input.bytes);
+  }
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::OrthogonalizeResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Orthogonalize(&context, request, &response)));
+  if (response.results_size() != static_cast<int>(inputs.size())) {
+    return absl::InternalError(absl::StrCat("server protocol error: ", response.results_size(), " results for ",
+                                            inputs.size(), " matrices"));
+  }
+  std::vector<MatrixOutput> outputs;
+  outputs.reserve(inputs.size());
+  for (int i = 0; i < response.results_size(); ++i) {
+    v1::MatrixResult* r = response.mutable_results(i);
+    if (r->index() != i || r->name() != inputs[i].name) {
+      return absl::InternalError(absl::StrCat("server protocol error: result ", i, " is for matrix ", r->index(),
+                                              " \"", r->name(), "\""));
+    }
+    std::string data = std::move(*r->mutable_data());
+    r->clear_data();
+    ASSIGN_OR_RETURN(MatrixOutput out, FromResult(*r));
+    if (data.size() != ExpectedBytes(out)) {
+      return absl::InternalError(absl::StrCat("server protocol error: result ", i, " \"", r->name(), "\" has ",
+                                              data.size(), " bytes, its block needs ", ExpectedBytes(out)));
+    }
+    out.data.assign(data.begin(), data.end());
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, absl::Span<const MatrixInput> inputs,
+                                                       const ResultCallback& on_result) {
+  RETURN_IF_ERROR(CheckInputs(inputs));
+  if (step.world < 1 || step.rank < 0 || step.rank >= step.world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step rank ", step.rank, " of world ", step.world, " is invalid; need 0 <= rank < world"));
+  }
+  RETURN_IF_ERROR(EnsureLimits());
+  const size_t chunk = chunk_bytes();
+  std::vector<std::string> names;
+  names.reserve(inputs.size());
+  for (const MatrixInput& input : inputs) names.push_back(input.name);
+
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream =
+      stub_->OrthogonalizeStream(&context);
+  // The writer only stops early when the stream breaks; its own status then adds nothing to the
+  // stream's status, which Finish reports.
+  std::thread writer([&] {
+    absl::Status written =
+        WriteStep(step, inputs, chunk, [&](const v1::StreamRequest& request) { return stream->Write(request); });
+    if (written.ok()) stream->WritesDone();
+  });
+
+  StepResultAssembler assembler(std::move(names));
+  absl::Status protocol_error;
+  v1::StreamResponse response;
+  while (stream->Read(&response)) {
+    absl::StatusOr<std::optional<int>> done = assembler.Add(response);
+    if (!done.ok()) {
+      protocol_error = done.status();
+      context.TryCancel();
+      break;
+    }
+    if (done->has_value() && on_result) on_result(assembler.output(**done));
+  }
+  while (stream->Read(&response)) {
+  }
+  writer.join();
+  const grpc::Status status = stream->Finish();
+  RETURN_IF_ERROR(protocol_error);
+  RETURN_IF_ERROR(FromGrpcStatus(status));
+  RETURN_IF_ERROR(assembler.CheckComplete());
+  {
+    absl::MutexLock lock(&mu_);
+    last_summary_ = assembler.summary();
+  }
+  return assembler.TakeOutputs();
+}
+
+}  // namespace orthoserve::client

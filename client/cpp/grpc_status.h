@@ -1,0 +1,18 @@
+// The one place where grpc::Status and absl::Status meet. The canonical codes are numerically
+// equal (google.rpc.Code), which grpc_status.cc checks at compile time.
+#pragma once
+
+#include "absl/status/status.h"
+#include "grpcpp/support/status.h"
+
+namespace orthoserve::client {
+
+// Same code and message; OK maps to OK.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// A google.rpc.Code number from the wire (MatrixResult.code) as an absl::Status; numbers outside
+// 0..16 become UNKNOWN with the number kept in the message.
+absl::Status StatusFromCode(int code, const std::string& message);
+
+}  // namespace orthoserve::client

@@ -1,0 +1,66 @@
+// Implementation of client/cpp/matrix.h.
+#include "client/cpp/matrix.h"
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/grpc_status.h"
+#include "common/status.h"
+#include "proto/convert/ns_options_proto.h"
+
+namespace orthoserve::client {
+
+absl::StatusOr<Block> CheckInput(const MatrixInput& input) {
+  const std::string what = absl::StrCat("matrix \"", input.name, "\"");
+  ASSIGN_OR_RETURN(Matrix2d m, ViewAs2d(input.shape, what + " shape"));
+  Block block = input.block.value_or(WholeBlock(m));
+  RETURN_IF_ERROR(CheckBlockInside(block, m, what + " block"));
+  const size_t expected = static_cast<size_t>(block.numel()) * ElementSize(input.dtype);
+  if (input.bytes != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", input.bytes, " data bytes given, but block ",
+                                                   BlockString(block), " of ", DTypeName(input.dtype), " needs ",
+                                                   expected));
+  }
+  if (expected > 0 && input.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": data is null"));
+  }
+  return block;
+}
+
+v1::MatrixSpec ToSpec(const MatrixInput& input) {
+  v1::MatrixSpec spec;
+  spec.set_name(input.name);
+  for (int64_t d : input.shape) spec.add_shape(d);
+  spec.set_dtype(DTypeToProto(input.dtype));
+  if (input.result_dtype.has_value()) spec.set_result_dtype(DTypeToProto(*input.result_dtype));
+  *spec.mutable_options() = NsOptionsToProto(input.options);
+  spec.set_algorithm(input.algorithm);
+  spec.set_partition_dim(input.partition_dim);
+  if (input.block.has_value()) *spec.mutable_block() = BlockToProto(*input.block);
+  return spec;
+}
+
+absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result) {
+  MatrixOutput out;
+  out.index = result.index();
+  out.name = result.name();
+  out.shape.assign(result.shape().begin(), result.shape().end());
+  out.block = BlockFromProto(result.block());
+  out.status = StatusFromCode(result.code(), result.message());
+  if (!out.status.ok()) return out;
+  const std::string what = absl::StrCat("server result for matrix ", result.index(), " \"", result.name(), "\"");
+  auto dtype = DTypeFromProto(result.dtype(), what + " dtype");
+  if (!dtype.ok()) return absl::InternalError(dtype.status().message());
+  out.dtype = *dtype;
+  auto m = ViewAs2d(out.shape, what + " shape");
+  if (!m.ok()) return absl::InternalError(m.status().message());
+  if (out.block == Block{}) out.block = WholeBlock(*m);
+  absl::Status inside = CheckBlockInside(out.block, *m, what + " block");
+  if (!inside.ok()) return absl::InternalError(inside.message());
+  return out;
+}
+
+size_t ExpectedBytes(const MatrixOutput& output) {
+  if (!output.status.ok()) return 0;
+  return static_cast<size_t>(output.block.numel()) * ElementSize(output.dtype);
+}
+
+}  // namespace orthoserve::client

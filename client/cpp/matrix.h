@@ -1,0 +1,72 @@
+// The C++ client's view of one matrix: what a caller sends (MatrixInput), what comes back
+// (MatrixOutput), the step header (StepOptions), and their translation to and from the wire.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/ns_options.h"
+#include "common/shape.h"
+#include "orthoserve/v1/orthogonalizer.pb.h"
+
+namespace orthoserve::client {
+
+// One matrix (or this rank's block of it) to orthogonalize. The caller owns `data`, which must
+// stay valid and unchanged until the call that takes the input returns.
+struct MatrixInput {
+  std::string name;                                        // Unique within a call; names it in errors.
+  std::vector<int64_t> shape;                              // Global shape, >= 2 dims, each > 0.
+  DType dtype = DType::kF32;                               // Dtype of `data`.
+  std::optional<DType> result_dtype;                       // Dtype of the result; default `dtype`.
+  NsOptions options;                                       // Newton–Schulz options (DESIGN §2).
+  v1::Algorithm algorithm = v1::ALGORITHM_UNSPECIFIED;     // Distributed algorithm; default AUTO.
+  int partition_dim = 0;                                   // TP modes: 0 (rows) or 1 (cols).
+  std::optional<Block> block;                              // This rank's block; unset: whole matrix.
+  const void* data = nullptr;                              // Block elements, row-major, `dtype`.
+  size_t bytes = 0;                                        // Must be block.numel() · ElementSize(dtype).
+};
+
+// The result of one matrix. On error `status` carries the server's code and message and `data`
+// is empty.
+struct MatrixOutput {
+  int index = 0;              // Position in the call's input list.
+  std::string name;
+  absl::Status status;        // Per-matrix outcome (MatrixResult.code/message).
+  DType dtype = DType::kF32;  // Dtype of `data` (meaningful when status is OK).
+  std::vector<int64_t> shape; // Global shape, as sent.
+  Block block;                // The block `data` holds, in the 2-D view.
+  std::vector<char> data;     // Block elements, row-major.
+};
+
+// The group fields of a stream step. A lone client keeps the defaults.
+struct StepOptions {
+  std::string job;    // Trainer job id; empty for a lone client.
+  std::string group;  // Group name within the job; empty for a lone client.
+  int64_t step = 0;   // Optimizer step number; every rank of a group sends the same one.
+  int rank = 0;       // This trainer's rank in the group, 0 <= rank < world.
+  int world = 1;      // Number of trainer ranks in the group.
+};
+
+// The block an input covers: its explicit block, or the whole 2-D view. INVALID_ARGUMENT (naming
+// the matrix) for a bad shape, a block outside the matrix, or `bytes` that do not match the block,
+// or null data for a non-empty block.
+absl::StatusOr<Block> CheckInput(const MatrixInput& input);
+
+// The wire spec of an input (does not validate; call CheckInput first).
+v1::MatrixSpec ToSpec(const MatrixInput& input);
+
+// Maps a wire MatrixResult (without its data) to a MatrixOutput with the per-matrix status.
+// An all-zero block means the whole matrix. INTERNAL when the server sent an OK result that is
+// unusable (no dtype, bad shape, block outside the shape).
+absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result);
+
+// Bytes the data of an OK output must have: block.numel() · ElementSize(dtype); 0 on error.
+size_t ExpectedBytes(const MatrixOutput& output);
+
+}  // namespace orthoserve::client

@@ -1,0 +1,48 @@
+// Implementation of client/cpp/orthoctl/connection_flags.h.
+#include "client/cpp/orthoctl/connection_flags.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace orthoserve::orthoctl {
+
+void AddConnectionFlags(FlagSet* flags, ConnectionFlagValues* v) {
+  flags->AddString("server", "HOST:PORT", "server address (default 127.0.0.1:50051)", &v->server);
+  flags->AddDouble("timeout", "SECONDS", "deadline of each call (default 60)", &v->timeout_seconds);
+  flags->AddString("token-file", "PATH", "file holding a bearer token, sent as \"authorization: Bearer ...\"",
+                   &v->token_file);
+  flags->AddString("tls-ca", "PATH", "PEM root certificates; enables TLS", &v->tls_ca);
+  flags->AddString("tls-cert", "PATH", "PEM client certificate for mutual TLS (with --tls-key)", &v->tls_cert);
+  flags->AddString("tls-key", "PATH", "PEM client private key for mutual TLS (with --tls-cert)", &v->tls_key);
+  flags->AddString("tls-server-name", "NAME", "name to check in the server certificate (default: the host)",
+                   &v->tls_server_name);
+}
+
+absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags(const ConnectionFlagValues& v) {
+  client::ClientOptions o;
+  o.address = v.server;
+  if (!(v.timeout_seconds > 0) || !std::isfinite(v.timeout_seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat("--timeout must be a positive number of seconds, got ",
+                                                   v.timeout_seconds));
+  }
+  o.timeout = absl::Seconds(v.timeout_seconds);
+  o.tls_ca_file = v.tls_ca;
+  o.tls_cert_file = v.tls_cert;
+  o.tls_key_file = v.tls_key;
+  o.tls_server_name = v.tls_server_name;
+  if (!v.token_file.empty()) {
+    std::ifstream in(v.token_file, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open --token-file ", v.token_file));
+    std::ostringstream text;
+    text << in.rdbuf();
+    o.bearer_token = std::string(absl::StripAsciiWhitespace(text.str()));
+    if (o.bearer_token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", v.token_file, " is empty"));
+  }
+  return o;
+}
+
+}  // namespace orthoserve::orthoctl

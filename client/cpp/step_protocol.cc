@@ -1,0 +1,117 @@
+// Implementation of client/cpp/step_protocol.h.
+#include "client/cpp/step_protocol.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/chunking.h"
+#include "common/status.h"
+
+namespace orthoserve::client {
+
+absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+                       const std::function<bool(const v1::StreamRequest&)>& write) {
+  const absl::Status broken = absl::UnavailableError("the stream closed before the step was sent");
+  v1::StreamRequest request;
+  v1::StepHeader* header = request.mutable_header();
+  header->set_job(step.job);
+  header->set_group(step.group);
+  header->set_step(step.step);
+  header->set_rank(step.rank);
+  header->set_world(step.world);
+  header->set_num_matrices(static_cast<int>(inputs.size()));
+  if (!write(request)) return broken;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    *request.mutable_spec() = ToSpec(inputs[i]);
+    if (!write(request)) return broken;
+    for (absl::string_view chunk : SplitChunks(inputs[i].data, inputs[i].bytes, chunk_bytes)) {
+      v1::DataChunk* c = request.mutable_chunk();
+      c->set_index(static_cast<int>(i));
+      c->set_data(chunk.data(), chunk.size());
+      if (!write(request)) return broken;
+    }
+  }
+  request.mutable_end();
+  if (!write(request)) return broken;
+  return absl::OkStatus();
+}
+
+StepResultAssembler::StepResultAssembler(std::vector<std::string> names)
+    : names_(std::move(names)),
+      outputs_(names_.size()),
+      states_(names_.size(), State::kWaiting),
+      expected_(names_.size(), 0) {}
+
+absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResponse& response) {
+  const int n = static_cast<int>(names_.size());
+  if (summary_.has_value()) {
+    return absl::InternalError("server protocol error: a message followed the StepSummary");
+  }
+  switch (response.kind_case()) {
+    case v1::StreamResponse::kResult: {
+      const v1::MatrixResult& r = response.result();
+      const int i = r.index();
+      if (i < 0 || i >= n) {
+        return absl::InternalError(absl::StrCat("server protocol error: result index ", i, " outside 0..", n - 1));
+      }
+      if (states_[i] != State::kWaiting) {
+        return absl::InternalError(absl::StrCat("server protocol error: second result for matrix ", i));
+      }
+      if (r.name() != names_[i]) {
+        return absl::InternalError(absl::StrCat("server protocol error: result ", i, " is named \"", r.name(),
+                                                "\", but matrix ", i, " is \"", names_[i], "\""));
+      }
+      if (!r.data().empty()) {
+        return absl::InternalError(absl::StrCat("server protocol error: stream result ", i, " carries inline data"));
+      }
+      ASSIGN_OR_RETURN(outputs_[i], FromResult(r));
+      expected_[i] = ExpectedBytes(outputs_[i]);
+      outputs_[i].data.reserve(expected_[i]);
+      states_[i] = expected_[i] == 0 ? State::kDone : State::kReceiving;
+      if (states_[i] == State::kDone) return std::optional<int>(i);
+      return std::optional<int>();
+    }
+    case v1::StreamResponse::kChunk: {
+      const v1::DataChunk& c = response.chunk();
+      const int i = c.index();
+      if (i < 0 || i >= n || states_[i] != State::kReceiving) {
+        return absl::InternalError(absl::StrCat("server protocol error: data chunk for matrix ", i,
+                                                ", which has no open result"));
+      }
+      std::vector<char>& data = outputs_[i].data;
+      if (data.size() + c.data().size() > expected_[i]) {
+        return absl::InternalError(absl::StrCat("server protocol error: matrix ", i, " \"", names_[i], "\" got ",
+                                                data.size() + c.data().size(), " bytes, more than the ",
+                                                expected_[i], " of its block"));
+      }
+      data.insert(data.end(), c.data().begin(), c.data().end());
+      if (data.size() < expected_[i]) return std::optional<int>();
+      states_[i] = State::kDone;
+      return std::optional<int>(i);
+    }
+    case v1::StreamResponse::kSummary:
+      summary_ = response.summary();
+      return std::optional<int>();
+    case v1::StreamResponse::KIND_NOT_SET:
+      break;
+  }
+  return absl::InternalError("server protocol error: an empty StreamResponse");
+}
+
+absl::Status StepResultAssembler::CheckComplete() const {
+  for (size_t i = 0; i < states_.size(); ++i) {
+    if (states_[i] == State::kWaiting) {
+      return absl::InternalError(absl::StrCat("server protocol error: the stream ended without a result for matrix ",
+                                              i, " \"", names_[i], "\""));
+    }
+    if (states_[i] == State::kReceiving) {
+      return absl::InternalError(absl::StrCat("server protocol error: the stream ended with matrix ", i, " \"",
+                                              names_[i], "\" at ", outputs_[i].data.size(), " of ", expected_[i],
+                                              " bytes"));
+    }
+  }
+  if (!summary_.has_value()) return absl::InternalError("server protocol error: the stream ended without a StepSummary");
+  return absl::OkStatus();
+}
+
+}  // namespace orthoserve::client

@@ -1,0 +1,63 @@
+// The client side of one OrthogonalizeStream step, without gRPC: the request messages a step
+// consists of (WriteStep) and the reassembly of the server's responses (StepResultAssembler).
+// client.cc drives both over a real stream; tests drive them directly.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/cpp/matrix.h"
+#include "orthoserve/v1/orthogonalizer.pb.h"
+
+namespace orthoserve::client {
+
+// Emits one step through `write`: a StepHeader, then for each input its MatrixSpec followed by
+// DataChunks of at most `chunk_bytes` carrying exactly its bytes, then StepEnd. The inputs must
+// have passed CheckInput. `write` returns false when the stream is broken; WriteStep then stops
+// and returns UNAVAILABLE (the stream's own status, read by the caller, says why). `write` may
+// reuse nothing of the message after it returns.
+absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+                       const std::function<bool(const v1::StreamRequest&)>& write);
+
+// Reassembles the StreamResponse messages of one step of `names.size()` matrices: a MatrixResult
+// opens a matrix, its DataChunks (by index, possibly interleaved with other matrices') fill it,
+// and one StepSummary closes the step. Not thread-safe; one instance per step.
+class StepResultAssembler {
+ public:
+  // `names[i]` is the name sent for matrix i; a result must carry the same name.
+  explicit StepResultAssembler(std::vector<std::string> names);
+
+  // Consumes one message. Returns the index of the matrix this message completed, if any (an error
+  // result or an empty block completes on its MatrixResult). INTERNAL, naming what was wrong, when
+  // the server breaks the protocol: an index out of range, a duplicate result, a name mismatch, a
+  // chunk for a matrix without an open result or beyond its bytes, a message after the summary,
+  // an empty message.
+  absl::StatusOr<std::optional<int>> Add(const v1::StreamResponse& response);
+
+  // The completed output of matrix `index` (valid after Add reported it complete).
+  const MatrixOutput& output(int index) const { return outputs_[index]; }
+
+  // OK when every matrix is complete and the summary arrived; INTERNAL naming the first missing
+  // piece otherwise. Call when the stream ended with an OK status.
+  absl::Status CheckComplete() const;
+
+  // The outputs in input order; leaves the assembler empty.
+  std::vector<MatrixOutput> TakeOutputs() { return std::move(outputs_); }
+
+  const std::optional<v1::StepSummary>& summary() const { return summary_; }
+
+ private:
+  enum class State { kWaiting, kReceiving, kDone };
+  std::vector<std::string> names_;
+  std::vector<MatrixOutput> outputs_;
+  std::vector<State> states_;
+  std::vector<size_t> expected_;
+  std::optional<v1::StepSummary> summary_;
+};
+
+}  // namespace orthoserve::client
