@@ -1,0 +1,185 @@
+// GPU Newton–Schulz benchmark: for each shape and precision, the device-side NS loop of the CUDA
+// backend (normalize + steps on a resident matrix, timed with CUDA events) and the end-to-end
+// CudaBackend::Run of a host matrix (upload, NS, download; wall clock). Medians of --iters runs
+// after --warmup. Prints one CSV line per case:
+//   shape,precision,device_ms,device_tflops,e2e_ms
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/ns_options.h"
+#include "server/engine/cuda/cuda_backend.h"
+#include "server/engine/cuda/kernels.h"
+#include "server/engine/cuda/ns_steps.h"
+#include "server/engine/newton_schulz.h"
+
+namespace orthoserve {
+namespace {
+
+#define BENCH_CHECK(expr)                                                                   \
+  do {                                                                                      \
+    if (!(expr)) {                                                                          \
+      std::fprintf(stderr, "ns_bench: %s failed at %s:%d\n", #expr, __FILE__, __LINE__);    \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (false)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Flags {
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 1024}, {4096, 4096}, {4096, 11008}, {8192, 8192}};
+  std::vector<std::string> precisions = {"medium", "highest"};
+  int iters = 10;
+  int warmup = 2;
+  int steps = 5;
+  bool e2e = true;
+};
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const std::string& name) -> std::string {
+      const std::string prefix = "--" + name + "=";
+      return arg.rfind(prefix, 0) == 0 ? arg.substr(prefix.size()) : std::string();
+    };
+    if (!value("shapes").empty()) {
+      f.shapes.clear();
+      for (absl::string_view s : absl::StrSplit(value("shapes"), ',')) {
+        std::vector<std::string> rc = absl::StrSplit(s, 'x');
+        int64_t r = 0, c = 0;
+        BENCH_CHECK(rc.size() == 2 && absl::SimpleAtoi(rc[0], &r) && absl::SimpleAtoi(rc[1], &c));
+        f.shapes.emplace_back(r, c);
+      }
+    } else if (!value("precisions").empty()) {
+      f.precisions = absl::StrSplit(value("precisions"), ',');
+    } else if (!value("iters").empty()) {
+      BENCH_CHECK(absl::SimpleAtoi(value("iters"), &f.iters) && f.iters > 0);
+    } else if (!value("warmup").empty()) {
+      BENCH_CHECK(absl::SimpleAtoi(value("warmup"), &f.warmup) && f.warmup >= 0);
+    } else if (!value("steps").empty()) {
+      BENCH_CHECK(absl::SimpleAtoi(value("steps"), &f.steps) && f.steps >= 0);
+    } else if (arg == "--no-e2e") {
+      f.e2e = false;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--shapes=RxC,...] [--precisions=medium,highest,high] [--iters=N] [--warmup=N] "
+                   "[--steps=N] [--no-e2e]\n",
+                   argv[0]);
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+// Device-only: normalize a resident fp32 matrix and run the steps, as the backend does.
+double DeviceMs(int64_t rows, int64_t cols, const NsOptions& options, const Flags& flags) {
+  const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
+  const cuda::GemmPrecision prec = cuda::ForPrecision(options.precision);
+  const bool is_x = args.transpose;
+  const int64_t m = is_x ? cols : rows, n = is_x ? rows : cols, numel = rows * cols;
+  std::vector<float> host(static_cast<size_t>(numel));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : host) v = normal(rng);
+  void *g = nullptr, *x0 = nullptr, *x1 = nullptr, *a = nullptr, *b = nullptr, *scratch = nullptr;
+  BENCH_CHECK(cudaMalloc(&g, numel * sizeof(float)) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&x0, numel * prec.element_size()) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&x1, numel * prec.element_size()) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&a, m * m * prec.element_size()) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&b, m * m * prec.element_size()) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&scratch, (cuda::kSumSquaresScratch + 1) * sizeof(double)) == cudaSuccess);
+  BENCH_CHECK(cudaMemcpy(g, host.data(), numel * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  cudaStream_t stream = nullptr;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  cublasHandle_t blas = nullptr;
+  BENCH_CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  BENCH_CHECK(cublasSetStream(blas, stream) == CUBLAS_STATUS_SUCCESS);
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess);
+  double* sums = static_cast<double*>(scratch);
+  const cuda::NsDevice dev{blas, stream, prec};
+  std::vector<double> ms;
+  for (int it = 0; it < flags.warmup + flags.iters; ++it) {
+    BENCH_CHECK(cudaEventRecord(start, stream) == cudaSuccess);
+    BENCH_CHECK(cuda::SumSquares(DType::kF32, g, numel, sums, sums + cuda::kSumSquaresScratch, stream) == cudaSuccess);
+    BENCH_CHECK(cuda::Normalize(DType::kF32, g, numel, sums + cuda::kSumSquaresScratch, static_cast<float>(args.eps),
+                                false, prec.dtype, x0, stream) == cudaSuccess);
+    BENCH_CHECK(cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{x0, is_x, m, n}, x1, a, b).ok());
+    BENCH_CHECK(cudaEventRecord(stop, stream) == cudaSuccess);
+    BENCH_CHECK(cudaEventSynchronize(stop) == cudaSuccess);
+    float elapsed = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&elapsed, start, stop) == cudaSuccess);
+    if (it >= flags.warmup) ms.push_back(elapsed);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasDestroy(blas);
+  cudaStreamDestroy(stream);
+  for (void* p : {g, x0, x1, a, b, scratch}) cudaFree(p);
+  return Median(ms);
+}
+
+// End to end through the backend: host fp32 in, host fp32 out.
+double EndToEndMs(CudaBackend& backend, int64_t rows, int64_t cols, const NsOptions& options, const Flags& flags) {
+  std::vector<float> in(static_cast<size_t>(rows * cols)), out(in.size());
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : in) v = normal(rng);
+  const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
+  const NsTask task{Matrix2d{rows, cols}, DType::kF32, in.data(), DType::kF32, out.data(), &args};
+  std::vector<double> ms;
+  for (int it = 0; it < flags.warmup + flags.iters; ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<absl::Status> s = backend.Run(absl::MakeConstSpan(&task, 1));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!s[0].ok()) {
+      std::fprintf(stderr, "ns_bench: %s\n", s[0].ToString().c_str());
+      std::exit(1);
+    }
+    if (it >= flags.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return Median(ms);
+}
+
+int Main(int argc, char** argv) {
+  const Flags flags = ParseFlags(argc, argv);
+  auto backend = CudaBackend::Create(CudaBackend::Options{});
+  if (!backend.ok()) {
+    std::fprintf(stderr, "ns_bench: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "ns_bench on %s\n", (*backend)->Info().device.c_str());
+  std::printf("shape,precision,device_ms,device_tflops,e2e_ms\n");
+  for (const auto& [rows, cols] : flags.shapes) {
+    for (const std::string& p : flags.precisions) {
+      NsOptions options;
+      options.steps = flags.steps;
+      BENCH_CHECK(ParsePrecision(p, &options.precision).ok());
+      const double dev_ms = DeviceMs(rows, cols, options, flags);
+      const double tflops = NsFlops(rows, cols, options) / (dev_ms * 1e-3) / 1e12;
+      const double e2e_ms = flags.e2e ? EndToEndMs(**backend, rows, cols, options, flags) : -1;
+      std::printf("%lldx%lld,%s,%.3f,%.1f,%.3f\n", static_cast<long long>(rows), static_cast<long long>(cols),
+                  p.c_str(), dev_ms, tflops, e2e_ms);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace orthoserve
+
+int main(int argc, char** argv) { return orthoserve::Main(argc, argv); }

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# GPU benchmark run for an H200 (or any CUDA) machine, in one go and in under 8 minutes:
+#   1. configure + build the CUDA targets (-DORTHOSERVE_WITH_CUDA=ON, sm_90),
+#   2. run the GPU tests (ctest -L gpu),
+#   3. time NS for 1024², 4096², 4096×11008 and 8192² in MEDIUM and HIGHEST with the C++ bench
+#      (device loop with CUDA events + end-to-end CudaBackend::Run) beside the same loop in
+#      PyTorch on the same GPU (skipped with a note when torch is not importable),
+#   4. if the orthoserve and orthoctl targets exist, an end-to-end loopback run through the server,
+# and writes a markdown report to $OUT/gpu_ns.md when $OUT is a directory, to $OUT when it names
+# a file, else to bench/results/gpu_ns.md.
+# Environment: BUILD_DIR (default build-gpu-bench), ITERS (10), JOBS (nproc), PYTHON (python3),
+# SKIP_E2E=1 to leave out step 4.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=${BUILD_DIR:-$ROOT/build-gpu-bench}
+ITERS=${ITERS:-10}
+JOBS=${JOBS:-$(nproc)}
+PYTHON=${PYTHON:-python3}
+SHAPES=1024x1024,4096x4096,4096x11008,8192x8192
+if [[ -n "${OUT:-}" && -d "${OUT}" ]]; then
+  REPORT=$OUT/gpu_ns.md
+elif [[ -n "${OUT:-}" ]]; then
+  REPORT=$OUT
+else
+  REPORT=$ROOT/bench/results/gpu_ns.md
+fi
+mkdir -p "$(dirname "$REPORT")"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+START=$SECONDS
+log() { echo "[run.sh $((SECONDS - START))s] $*" >&2; }
+
+NOTES=()
+GPU_NAME=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+[[ -z "$GPU_NAME" ]] && GPU_NAME="(nvidia-smi not available)"
+
+log "configure"
+if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 >"$WORK/configure.log" 2>&1; then
+  tail -30 "$WORK/configure.log" >&2
+  echo "configure failed" >&2
+  exit 1
+fi
+log "build"
+TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test)
+for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test; do
+  ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^$t:" && TARGETS+=("$t")
+done
+if ! ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1; then
+  tail -40 "$WORK/build.log" >&2
+  echo "build failed" >&2
+  exit 1
+fi
+
+log "gpu tests"
+if (cd "$BUILD" && timeout 300 ctest -L gpu --output-on-failure >"$WORK/ctest.log" 2>&1); then
+  TESTS="passed"
+else
+  TESTS="FAILED (see the log below)"
+fi
+CTEST_SUMMARY=$(grep -E "tests passed|tests failed|Test +#" "$WORK/ctest.log" | tail -8)
+SKIPS=$(cd "$BUILD" && for b in tests/gpu/*_gpu_test; do "$b" 2>/dev/null | grep -c "SKIPPED \]" || true; done | \
+        awk '{s += $1} END {print s + 0}')
+[[ "$SKIPS" != "0" ]] && NOTES+=("$SKIPS GPU test cases reported SKIPPED (tests needing 2+ GPUs skip on one).")
+
+log "C++ bench"
+if ! timeout 200 "$BUILD/bench/gpu/orthoserve_gpu_ns_bench" --shapes=$SHAPES --precisions=medium,highest \
+    --iters="$ITERS" >"$WORK/ours.csv" 2>"$WORK/ours.err"; then
+  NOTES+=("C++ bench failed or timed out: $(tail -1 "$WORK/ours.err")")
+fi
+
+log "torch bench"
+"$PYTHON" "$ROOT/bench/gpu/torch_ns.py" --shapes=$SHAPES --precisions=medium,highest --iters="$ITERS" \
+  >"$WORK/torch.csv" 2>"$WORK/torch.err"
+rc=$?
+if [[ $rc -eq 3 ]]; then
+  NOTES+=("PyTorch column skipped: $(tail -1 "$WORK/torch.err").")
+elif [[ $rc -ne 0 ]]; then
+  NOTES+=("PyTorch bench failed: $(tail -1 "$WORK/torch.err").")
+fi
+
+E2E=""
+if [[ "${SKIP_E2E:-0}" != "1" ]] && (( SECONDS - START < 300 )) && ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^orthoserve:" &&
+   ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^orthoctl:"; then
+  log "end-to-end: build server and client"
+  if timeout $((420 - (SECONDS - START))) ninja -C "$BUILD" -j"$JOBS" orthoserve orthoctl >"$WORK/e2e_build.log" 2>&1; then
+    SERVER=$(find "$BUILD" -type f -name orthoserve -perm -u+x | head -1)
+    CLIENT=$(find "$BUILD" -type f -name orthoctl -perm -u+x | head -1)
+    PORT=$((40000 + RANDOM % 20000))
+    "$SERVER" --backend=cuda --listen=127.0.0.1:$PORT --metrics_address=127.0.0.1:$((PORT + 1)) \
+      --fleet_listen=127.0.0.1:$((PORT + 2)) >"$WORK/server.log" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 1 50); do
+      "$CLIENT" health --server=127.0.0.1:$PORT >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    for prec in medium highest; do
+      if out=$(timeout 60 "$CLIENT" bench --server=127.0.0.1:$PORT --shape=4096,4096 --precision=$prec \
+               --iters=5 --warmup=1 2>&1); then
+        E2E+="| 4096x4096 | $prec | $(echo "$out" | grep -m1 latency | sed 's/|/\//g') |"$'\n'
+      else
+        NOTES+=("loopback bench ($prec) failed: $(echo "$out" | tail -1)")
+      fi
+    done
+    kill "$SERVER_PID" 2>/dev/null
+    wait "$SERVER_PID" 2>/dev/null
+  else
+    NOTES+=("end-to-end step skipped: building orthoserve/orthoctl failed or ran out of time.")
+  fi
+else
+  NOTES+=("end-to-end loopback step skipped: orthoserve/orthoctl targets not present (or no time left).")
+fi
+
+log "report"
+{
+  echo "# GPU Newton–Schulz benchmark"
+  echo
+  echo "- GPU: $GPU_NAME"
+  echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown); $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "- Loop: quintic, 5 steps, median of $ITERS after 2 warmup. 'ours device' = normalize + steps on a"
+  echo "  resident matrix (CUDA events); 'ours e2e' = CudaBackend::Run from host fp32 to host fp32 (wall"
+  echo "  clock, includes both copies); 'torch' = the same loop in PyTorch (bf16 for MEDIUM, fp32 without"
+  echo "  TF32 for HIGHEST). TFLOP/s count every product whole (NsFlops)."
+  echo "- GPU tests (ctest -L gpu): $TESTS"
+  echo
+  echo "| shape | precision | ours device ms | ours TFLOP/s | ours e2e ms | torch ms | torch TFLOP/s | torch / ours |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|"
+  tail -n +2 "$WORK/ours.csv" 2>/dev/null | while IFS=, read -r shape prec dms dtf ems; do
+    t=$(grep "^$shape,$prec," "$WORK/torch.csv" 2>/dev/null | head -1)
+    tms=$(echo "$t" | cut -d, -f3)
+    ttf=$(echo "$t" | cut -d, -f4)
+    ratio=$( [[ -n "$tms" ]] && awk -v a="$tms" -v b="$dms" 'BEGIN { printf "%.2fx", a / b }' || echo "-")
+    echo "| $shape | $prec | $dms | $dtf | $ems | ${tms:--} | ${ttf:--} | $ratio |"
+  done
+  if [[ -n "$E2E" ]]; then
+    echo
+    echo "End-to-end through orthoserve --backend=cuda on loopback (orthoctl bench, 1 fp32 matrix per step):"
+    echo
+    echo "| shape | precision | orthoctl bench |"
+    echo "|---|---|---|"
+    echo -n "$E2E"
+  fi
+  if (( ${#NOTES[@]} > 0 )); then
+    echo
+    echo "Notes:"
+    for n in "${NOTES[@]}"; do echo "- $n"; done
+  fi
+  echo
+  echo "<details><summary>ctest -L gpu</summary>"
+  echo
+  echo '```'
+  echo "$CTEST_SUMMARY"
+  grep -E "FAILED|Failure|Expected|Which is|error" "$WORK/ctest.log" | head -40
+  echo '```'
+  echo "</details>"
+} >"$REPORT"
+log "wrote $REPORT in $((SECONDS - START)) s"
+cat "$REPORT"
+[[ "$TESTS" == "passed" ]]
