@@ -1,0 +1,119 @@
+// Implementation of exchange.h: packing blocks per destination rank, the two all-to-allv calls,
+// assembling on the owner and unpacking the results.
+#include "server/distributed/exchange.h"
+
+#include <vector>
+
+#include "common/status.h"
+#include "server/distributed/assembled.h"
+
+namespace orthoserve::distributed_internal {
+namespace {
+
+// Bytes of the blocks of the set's matrices owned by `owner` and placed on `holder`, in the
+// input (in = true) or result dtype.
+size_t SegmentBytes(const BatchContext& ctx, absl::Span<const OwnedMatrix> set, int owner, int holder, bool in) {
+  size_t bytes = 0;
+  for (const OwnedMatrix& om : set) {
+    if (om.owner != owner) continue;
+    const MatrixPlan& mp = ctx.matrix(om.matrix);
+    for (int t : ctx.TrainersOn(om.matrix, holder)) {
+      bytes += in ? InBytes(mp, mp.blocks[t].block) : OutBytes(mp, mp.blocks[t].block);
+    }
+  }
+  return bytes;
+}
+
+size_t Total(const std::vector<size_t>& sizes) {
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  return total;
+}
+
+}  // namespace
+
+absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> set, const std::string& phase) {
+  const int me = ctx.rank();
+  const int world = ctx.world();
+  std::vector<size_t> send_in(world), recv_in(world), send_out(world), recv_out(world);
+  for (int p = 0; p < world; ++p) {
+    send_in[p] = SegmentBytes(ctx, set, p, me, true);    // My blocks, to owner p.
+    recv_in[p] = SegmentBytes(ctx, set, me, p, true);    // p's blocks of what I own.
+    send_out[p] = SegmentBytes(ctx, set, me, p, false);  // Results of what I own, to p.
+    recv_out[p] = SegmentBytes(ctx, set, p, me, false);  // Results of my blocks, from p.
+  }
+
+  // Pack: destination-major, then set order, then trainer rank.
+  std::vector<char> send(Total(send_in));
+  char* cursor = send.data();
+  for (int p = 0; p < world; ++p) {
+    for (const OwnedMatrix& om : set) {
+      if (om.owner != p) continue;
+      const MatrixPlan& mp = ctx.matrix(om.matrix);
+      for (int t : ctx.TrainersOn(om.matrix, me)) {
+        ctx.ReadBlock(om.matrix, t, cursor);
+        cursor += InBytes(mp, mp.blocks[t].block);
+      }
+    }
+  }
+  std::vector<char> recv(Total(recv_in));
+  RETURN_IF_ERROR(ctx.Collect(phase + " all-to-allv of the blocks", [&] {
+    return ctx.collective().AllToAllv(send.data(), send_in, recv.data(), recv_in, ctx.timeout());
+  }));
+  send = std::vector<char>();
+
+  // Assemble what this rank owns: source-major, then set order, then trainer rank.
+  std::vector<Assembled> owned;
+  std::vector<int> slot(ctx.plan().matrices.size(), -1);
+  for (const OwnedMatrix& om : set) {
+    if (om.owner != me) continue;
+    slot[om.matrix] = static_cast<int>(owned.size());
+    owned.push_back(MakeAssembled(ctx, om.matrix));
+  }
+  const char* in_cursor = recv.data();
+  for (int p = 0; p < world; ++p) {
+    for (const OwnedMatrix& om : set) {
+      if (om.owner != me) continue;
+      const MatrixPlan& mp = ctx.matrix(om.matrix);
+      for (int t : ctx.TrainersOn(om.matrix, p)) {
+        PutBlock(mp, mp.blocks[t].block, in_cursor, owned[slot[om.matrix]]);
+        in_cursor += InBytes(mp, mp.blocks[t].block);
+      }
+    }
+  }
+  recv = std::vector<char>();
+  OrthogonalizeAssembled(ctx, owned);
+
+  // Results back: the mirror of the packing above, in the result dtype.
+  std::vector<char> back(Total(send_out));
+  char* out_cursor = back.data();
+  for (int p = 0; p < world; ++p) {
+    for (const OwnedMatrix& om : set) {
+      if (om.owner != me) continue;
+      const MatrixPlan& mp = ctx.matrix(om.matrix);
+      for (int t : ctx.TrainersOn(om.matrix, p)) {
+        GetBlock(mp, mp.blocks[t].block, owned[slot[om.matrix]], out_cursor);
+        out_cursor += OutBytes(mp, mp.blocks[t].block);
+      }
+    }
+  }
+  owned.clear();
+  std::vector<char> results(Total(recv_out));
+  RETURN_IF_ERROR(ctx.Collect(phase + " all-to-allv of the results", [&] {
+    return ctx.collective().AllToAllv(back.data(), send_out, results.data(), recv_out, ctx.timeout());
+  }));
+  const char* result_cursor = results.data();
+  for (int p = 0; p < world; ++p) {
+    for (const OwnedMatrix& om : set) {
+      if (om.owner != p) continue;
+      const MatrixPlan& mp = ctx.matrix(om.matrix);
+      for (int t : ctx.TrainersOn(om.matrix, me)) {
+        ctx.WriteBlock(om.matrix, t, result_cursor);
+        result_cursor += OutBytes(mp, mp.blocks[t].block);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace orthoserve::distributed_internal

@@ -1,0 +1,48 @@
+// AssignOwners (batch.h): AUTO matrices to fleet ranks by estimated NS cost, largest first, each
+// to the least-loaded rank — the longest-processing-time rule, deterministic for a given plan.
+#include <algorithm>
+#include <vector>
+
+#include "server/distributed/batch.h"
+
+namespace orthoserve {
+namespace {
+
+// NsFlops of what the engine will compute for `m` (Q, K and V separately under split_qkv), plus
+// 2 per element for the normalization and scaling passes so that steps = 0 matrices still
+// spread. A matrix that will fail validation costs 0: it is skipped, and its options may not be
+// usable.
+double MatrixCost(const MatrixPlan& m) {
+  if (m.view.rows <= 0 || m.view.cols <= 0) return 0;
+  if (!ValidateNsOptions(m.options, "").ok() || !ValidateNsOptionsForShape(m.options, m.view, "").ok()) return 0;
+  double cost = 2.0 * static_cast<double>(m.view.numel());
+  if (m.options.split_qkv.empty()) return cost + NsFlops(m.view.rows, m.view.cols, m.options);
+  const std::vector<int64_t>& split = m.options.split_qkv;
+  const int64_t groups = m.view.rows / (split[0] + split[1] + split[2]);
+  for (int64_t part : split) cost += NsFlops(groups * part, m.view.cols, m.options);
+  return cost;
+}
+
+}  // namespace
+
+void AssignOwners(BatchPlan& plan) {
+  std::vector<size_t> order;
+  std::vector<double> cost(plan.matrices.size(), 0);
+  for (size_t i = 0; i < plan.matrices.size(); ++i) {
+    MatrixPlan& m = plan.matrices[i];
+    m.owner = -1;
+    if (m.algorithm != Algorithm::kAuto) continue;
+    cost[i] = MatrixCost(m);
+    order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  const int world = std::max(plan.fleet_world, 1);
+  std::vector<double> load(world, 0);
+  for (size_t i : order) {
+    const int rank = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    plan.matrices[i].owner = rank;
+    load[rank] += cost[i];
+  }
+}
+
+}  // namespace orthoserve

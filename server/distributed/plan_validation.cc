@@ -1,0 +1,169 @@
+// ValidatePlan (batch.h): per-matrix checks of a batch plan, a pure function of the plan so that
+// every fleet rank reaches the same verdicts.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "server/distributed/batch.h"
+
+namespace orthoserve {
+namespace {
+
+// "(6, 4, 3)": the shape as Python prints a tuple, as in the seed's row-count message.
+std::string ShapeTuple(const std::vector<int64_t>& shape) { return absl::StrCat("(", absl::StrJoin(shape, ", "), ")"); }
+
+bool ValidDType(DType dtype) { return static_cast<int>(dtype) >= 0 && static_cast<int>(dtype) <= 2; }
+
+bool ValidAlgorithm(Algorithm algorithm) {
+  return static_cast<int>(algorithm) >= static_cast<int>(Algorithm::kAuto) &&
+         static_cast<int>(algorithm) <= static_cast<int>(Algorithm::kTpBlockwise);
+}
+
+// ROW_SHARDED: trainer rank r holds torch.chunk row shard r of W, spanning every column.
+absl::Status CheckRowShardedLayout(const MatrixPlan& m, int world, const std::string& what) {
+  const std::vector<int64_t> sizes = ChunkSizes(m.view.rows, world);
+  const std::vector<int64_t> offsets = ChunkOffsets(m.view.rows, world);
+  for (int r = 0; r < world; ++r) {
+    const Block& b = m.blocks[r].block;
+    if (sizes[r] == 0 && b.empty()) continue;
+    if (b.rows != sizes[r]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " row_sharded blocks: rank ", r, " of ", world, " holds ",
+                                                     b.rows, " rows of a ", ShapeTuple(m.shape), " matrix, expected ",
+                                                     sizes[r]));
+    }
+    if (b.row_offset != offsets[r] || b.col_offset != 0 || b.cols != m.view.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " row_sharded blocks: rank ", r, " of ", world, " holds ", BlockString(b), " of a ",
+          ShapeTuple(m.shape), " matrix, expected its torch.chunk row shard ",
+          BlockString(Block{offsets[r], 0, sizes[r], m.view.cols})));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// TP_DUPLICATED / TP_DISTRIBUTED: trainer rank r holds torch.chunk shard r of W along
+// partition_dim, spanning the other dim.
+absl::Status CheckTpLayout(const MatrixPlan& m, int world, const std::string& what) {
+  const bool by_rows = m.partition_dim == 0;
+  const int64_t extent = by_rows ? m.view.rows : m.view.cols;
+  const std::vector<int64_t> sizes = ChunkSizes(extent, world);
+  const std::vector<int64_t> offsets = ChunkOffsets(extent, world);
+  for (int r = 0; r < world; ++r) {
+    const Block& b = m.blocks[r].block;
+    if (sizes[r] == 0 && b.empty()) continue;
+    const Block expected = by_rows ? Block{offsets[r], 0, sizes[r], m.view.cols}
+                                   : Block{0, offsets[r], m.view.rows, sizes[r]};
+    if (!(b == expected)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", AlgorithmName(m.algorithm), " blocks (partition_dim ", m.partition_dim, "): trainer rank ", r,
+          " of ", world, " holds ", BlockString(b), " of the ", m.view.rows, "x", m.view.cols,
+          " matrix, expected its torch.chunk shard ", BlockString(expected)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
+  const std::string what = absl::StrCat("matrix \"", m.name, "\"");
+  const int world = plan.trainer_world;
+  if (!ValidAlgorithm(m.algorithm)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " algorithm: ", static_cast<int>(m.algorithm), " is not a known algorithm"));
+  }
+  if (!ValidDType(m.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " dtype: ", static_cast<int>(m.dtype), " is not a dtype"));
+  }
+  if (!ValidDType(m.result_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " result_dtype: ", static_cast<int>(m.result_dtype), " is not a dtype"));
+  }
+  ASSIGN_OR_RETURN(Matrix2d view, ViewAs2d(m.shape, absl::StrCat(what, " shape")));
+  if (!(view == m.view)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " view: ", m.view.rows, "x", m.view.cols,
+                                                   " is not the 2-D view ", view.rows, "x", view.cols, " of shape ",
+                                                   ShapeTuple(m.shape)));
+  }
+  RETURN_IF_ERROR(ValidateNsOptions(m.options, absl::StrCat(what, " options")));
+  RETURN_IF_ERROR(ValidateNsOptionsForShape(m.options, view, absl::StrCat(what, " options")));
+  const bool tp_sharded = m.algorithm == Algorithm::kTpDuplicated || m.algorithm == Algorithm::kTpDistributed;
+  if (tp_sharded && m.partition_dim != 0 && m.partition_dim != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " partition_dim: ", m.partition_dim, " must be 0 or 1 for ",
+                                                   AlgorithmName(m.algorithm)));
+  }
+  if (m.algorithm == Algorithm::kAuto && (m.owner < -1 || m.owner >= plan.fleet_world)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " owner: ", m.owner, " is not a fleet rank of a ", plan.fleet_world, "-rank fleet"));
+  }
+
+  if (m.blocks.size() != static_cast<size_t>(world)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " blocks: ", m.blocks.size(),
+                                                   " placements for a trainer group of ", world,
+                                                   " ranks; every trainer rank needs exactly one"));
+  }
+  std::vector<Block> blocks;
+  blocks.reserve(world);
+  for (int r = 0; r < world; ++r) {
+    const BlockPlacement& p = m.blocks[r];
+    if (p.trainer_rank != r) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " blocks: placement ", r, " is for trainer rank ",
+                                                     p.trainer_rank, "; placements must be ordered by trainer rank 0..",
+                                                     world - 1, " with one per rank"));
+    }
+    const int expected = FleetRankOfTrainer(r, world, plan.fleet_world);
+    if (p.fleet_rank != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " blocks: trainer rank ", r, " of ", world,
+                                                     " is placed on fleet rank ", p.fleet_rank, ", expected ",
+                                                     expected, " of ", plan.fleet_world));
+    }
+    blocks.push_back(p.block);
+  }
+  RETURN_IF_ERROR(CheckTiling(view, blocks, absl::StrCat(what, " blocks")));
+
+  switch (m.algorithm) {
+    case Algorithm::kRowSharded:
+      RETURN_IF_ERROR(CheckRowShardedLayout(m, world, what));
+      break;
+    case Algorithm::kTpDuplicated:
+    case Algorithm::kTpDistributed:
+      RETURN_IF_ERROR(CheckTpLayout(m, world, what));
+      break;
+    default:
+      break;
+  }
+
+  // Blocks orthogonalized as matrices of their own (TP_BLOCKWISE) or split locally
+  // (TP_DISTRIBUTED along rows) need split_qkv to divide each block's rows.
+  const bool per_block_qkv = m.algorithm == Algorithm::kTpBlockwise ||
+                             (m.algorithm == Algorithm::kTpDistributed && m.partition_dim == 0);
+  if (per_block_qkv && !m.options.split_qkv.empty()) {
+    for (int r = 0; r < world; ++r) {
+      const Block& b = m.blocks[r].block;
+      if (b.empty()) continue;
+      RETURN_IF_ERROR(ValidateNsOptionsForShape(m.options, Matrix2d{b.rows, b.cols},
+                                                absl::StrCat(what, " options (block of trainer rank ", r, ")")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<absl::Status> ValidatePlan(const BatchPlan& plan) {
+  absl::Status group = absl::OkStatus();
+  if (plan.trainer_world < 1) {
+    group = absl::InvalidArgumentError(absl::StrCat("trainer_world: ", plan.trainer_world, " must be at least 1"));
+  } else if (plan.fleet_world < 1) {
+    group = absl::InvalidArgumentError(absl::StrCat("fleet_world: ", plan.fleet_world, " must be at least 1"));
+  }
+  std::vector<absl::Status> statuses;
+  statuses.reserve(plan.matrices.size());
+  for (const MatrixPlan& m : plan.matrices) {
+    statuses.push_back(group.ok() ? ValidateMatrix(plan, m)
+                                  : Annotate(group, absl::StrCat("matrix \"", m.name, "\"")));
+  }
+  return statuses;
+}
+
+}  // namespace orthoserve

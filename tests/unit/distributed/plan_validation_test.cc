@@ -1,0 +1,204 @@
+// ValidatePlan and ParseAlgorithm: each error with its code, the matrix and the field named.
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/distributed/batch_harness.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+MatrixSpec Spec(const std::string& name, std::vector<int64_t> shape, Algorithm algorithm, Layout layout,
+                int partition_dim = 0) {
+  MatrixSpec spec;
+  spec.name = name;
+  spec.shape = std::move(shape);
+  spec.algorithm = algorithm;
+  spec.layout = layout;
+  spec.partition_dim = partition_dim;
+  return spec;
+}
+
+absl::Status ValidateOne(const BatchPlan& plan) {
+  std::vector<absl::Status> statuses = ValidatePlan(plan);
+  EXPECT_EQ(statuses.size(), 1u);
+  return statuses.empty() ? absl::UnknownError("no status") : statuses[0];
+}
+
+TEST(AlgorithmTest, NamesRoundTrip) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRowSharded, Algorithm::kGathered, Algorithm::kTpDuplicated,
+                      Algorithm::kTpDistributed, Algorithm::kTpBlockwise}) {
+    Algorithm parsed = Algorithm::kAuto;
+    ASSERT_OK(ParseAlgorithm(AlgorithmName(a), &parsed));
+    EXPECT_EQ(parsed, a);
+  }
+  EXPECT_EQ(AlgorithmName(Algorithm::kRowSharded), "row_sharded");
+  Algorithm parsed = Algorithm::kAuto;
+  EXPECT_THAT(ParseAlgorithm("rowsharded", &parsed),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("rowsharded"), HasSubstr("tp_blockwise"))));
+}
+
+TEST(PlanValidationTest, ValidPlansPassForEveryAlgorithmAndWorld) {
+  for (int w : {1, 2, 3, 5}) {
+    for (int s : {1, 2, 4}) {
+      const BatchPlan plan = MakePlan(
+          w, s,
+          {Spec("a", {5, 7}, Algorithm::kAuto, Layout::kGrid), Spec("r", {5, 7}, Algorithm::kRowSharded, Layout::kRows),
+           Spec("g", {6, 4, 3}, Algorithm::kGathered, Layout::kReversedRows),
+           Spec("d", {5, 7}, Algorithm::kTpDuplicated, Layout::kCols, 1),
+           Spec("t", {2, 9}, Algorithm::kTpDistributed, Layout::kRows, 0),
+           Spec("b", {5, 7}, Algorithm::kTpBlockwise, Layout::kWholeOnLast)});
+      for (const absl::Status& status : ValidatePlan(plan)) EXPECT_TRUE(status.ok()) << "W " << w << " S " << s << ": " << status;
+    }
+  }
+}
+
+TEST(PlanValidationTest, OverlapAndGapNameTheMatrix) {
+  BatchPlan plan = MakePlan(2, 1, {Spec("w1", {4, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].blocks[1].block.row_offset = 1;  // Rows [1, 3) overlap rank 0's [0, 2).
+  plan.matrices[0].blocks[1].block.rows = 2;
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w1\" blocks"), HasSubstr("overlaps"))));
+  plan.matrices[0].blocks[1].block.row_offset = 2;
+  plan.matrices[0].blocks[1].block.rows = 1;  // Row 3 is left uncovered.
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w1\" blocks"), HasSubstr("no gap"))));
+  plan.matrices[0].blocks[1].block.rows = 3;  // Past the end.
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w1\" blocks"), HasSubstr("inside"))));
+}
+
+TEST(PlanValidationTest, RowShardedWrongRowCountNamesRankWorldShapeAndExpected) {
+  // 5 rows over 2 ranks: torch.chunk gives 3 and 2; a 2/3 split is not Shard(0).
+  BatchPlan plan = MakePlan(2, 2, {Spec("w", {5, 7}, Algorithm::kRowSharded, Layout::kRows)});
+  plan.matrices[0].blocks[0].block = Block{0, 0, 2, 7};
+  plan.matrices[0].blocks[1].block = Block{2, 0, 3, 7};
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w\""),
+                                                HasSubstr("rank 0 of 2 holds 2 rows of a (5, 7) matrix, expected 3"))));
+  // N-d shapes are named as sent.
+  BatchPlan nd = MakePlan(3, 1, {Spec("conv", {6, 4, 3}, Algorithm::kRowSharded, Layout::kGrid)});
+  nd.matrices[0].blocks = MakeMatrixPlan(Spec("conv", {6, 4, 3}, Algorithm::kRowSharded, Layout::kRows), 3, 1).blocks;
+  nd.matrices[0].blocks[1].block = Block{2, 0, 1, 12};
+  nd.matrices[0].blocks[2].block = Block{3, 0, 3, 12};
+  EXPECT_THAT(ValidateOne(nd), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("rank 1 of 3 holds 1 rows of a (6, 4, 3) matrix, expected 2")));
+}
+
+TEST(PlanValidationTest, RowShardedRejectsOtherLayoutsWithTheRightCounts) {
+  // Column shards: each rank holds all 4 rows? No: W = 2 of a 4x6 matrix expects 2 rows each.
+  BatchPlan cols = MakePlan(2, 1, {Spec("w", {4, 6}, Algorithm::kRowSharded, Layout::kCols)});
+  EXPECT_THAT(ValidateOne(cols), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("rank 0 of 2 holds 4 rows of a (4, 6) matrix, expected 2")));
+  // Right counts, swapped order.
+  BatchPlan reversed = MakePlan(2, 1, {Spec("w", {4, 6}, Algorithm::kRowSharded, Layout::kReversedRows)});
+  EXPECT_THAT(ValidateOne(reversed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 0 of 2 holds rows [2, 4)"), HasSubstr("expected its torch.chunk row shard"),
+                             HasSubstr("rows [0, 2)"))));
+}
+
+TEST(PlanValidationTest, RowShardedAcceptsEmptyTrailingShards) {
+  // 2 rows over 4 ranks: chunks 1, 1, 0, 0.
+  const BatchPlan plan = MakePlan(4, 2, {Spec("w", {2, 9}, Algorithm::kRowSharded, Layout::kRows)});
+  EXPECT_OK(ValidateOne(plan));
+}
+
+TEST(PlanValidationTest, TpModesNeedPartitionDimZeroOrOne) {
+  for (Algorithm a : {Algorithm::kTpDuplicated, Algorithm::kTpDistributed}) {
+    BatchPlan plan = MakePlan(2, 1, {Spec("qkv", {4, 6}, a, Layout::kRows, 0)});
+    plan.matrices[0].partition_dim = 2;
+    EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            AllOf(HasSubstr("matrix \"qkv\" partition_dim"), HasSubstr("0 or 1"))));
+  }
+  // Other algorithms ignore it.
+  BatchPlan plan = MakePlan(2, 1, {Spec("w", {4, 6}, Algorithm::kGathered, Layout::kRows)});
+  plan.matrices[0].partition_dim = 7;
+  EXPECT_OK(ValidateOne(plan));
+}
+
+TEST(PlanValidationTest, TpLayoutMustBeChunksAlongThePartitionDim) {
+  // Row shards declared as partition_dim 1.
+  BatchPlan plan = MakePlan(2, 1, {Spec("w", {4, 6}, Algorithm::kTpDistributed, Layout::kRows, 1)});
+  EXPECT_THAT(ValidateOne(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("matrix \"w\" tp_distributed blocks (partition_dim 1)"),
+                             HasSubstr("trainer rank 0 of 2 holds rows [0, 2) x cols [0, 6)"),
+                             HasSubstr("expected its torch.chunk shard rows [0, 4) x cols [0, 3)"))));
+  BatchPlan grid = MakePlan(4, 2, {Spec("w", {4, 6}, Algorithm::kTpDuplicated, Layout::kGrid, 0)});
+  EXPECT_THAT(ValidateOne(grid), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("matrix \"w\" tp_duplicated blocks (partition_dim 0)")));
+}
+
+TEST(PlanValidationTest, PlacementsMustMatchTheTrainerGroupAndFleet) {
+  BatchPlan plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].blocks[1].fleet_rank = 1;  // Trainer 1 of 4 streams to fleet rank 0 of 2.
+  EXPECT_THAT(ValidateOne(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("matrix \"w\" blocks"), HasSubstr("trainer rank 1 of 4 is placed on fleet rank 1"),
+                             HasSubstr("expected 0 of 2"))));
+  plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].blocks.pop_back();
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("3 placements"), HasSubstr("4 ranks"))));
+  plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
+  std::swap(plan.matrices[0].blocks[2], plan.matrices[0].blocks[3]);
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("placement 2 is for trainer rank 3")));
+  plan = MakePlan(2, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].owner = 2;
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w\" owner"), HasSubstr("2-rank fleet"))));
+  plan.trainer_world = 0;
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w\""), HasSubstr("trainer_world"))));
+}
+
+TEST(PlanValidationTest, ShapeOptionsAndSplitQkvAreChecked) {
+  BatchPlan plan = MakePlan(1, 1, {Spec("w", {4, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].view = Matrix2d{6, 4};
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"w\" view")));
+  plan = MakePlan(1, 1, {Spec("w", {4, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].shape = {4, 0};
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"w\" shape")));
+  plan = MakePlan(1, 1, {Spec("w", {4, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].options.steps = 101;
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"w\" options")));
+  plan = MakePlan(1, 1, {Spec("w", {4, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].options.split_qkv = {2, 1, 2};
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w\" options"), HasSubstr("split_qkv"))));
+  // Blockwise: every block is its own matrix, so each block's rows must divide.
+  MatrixSpec qkv = Spec("qkv", {8, 6}, Algorithm::kTpBlockwise, Layout::kRows);
+  qkv.options.split_qkv = {2, 1, 1};
+  EXPECT_OK(ValidateOne(MakePlan(2, 1, {qkv})));
+  EXPECT_THAT(ValidateOne(MakePlan(3, 1, {qkv})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("matrix \"qkv\" options (block of trainer rank 0)"), HasSubstr("split_qkv"))));
+  qkv.algorithm = Algorithm::kTpDistributed;
+  EXPECT_THAT(ValidateOne(MakePlan(3, 1, {qkv})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block of trainer rank 0")));
+  qkv.partition_dim = 1;
+  qkv.layout = Layout::kCols;
+  EXPECT_OK(ValidateOne(MakePlan(3, 1, {qkv})));
+}
+
+TEST(PlanValidationTest, OneStatusPerMatrixIndependently) {
+  BatchPlan plan = MakePlan(2, 2,
+                            {Spec("good", {4, 6}, Algorithm::kAuto, Layout::kGrid),
+                             Spec("bad", {4, 6}, Algorithm::kRowSharded, Layout::kCols),
+                             Spec("also_good", {4, 6}, Algorithm::kTpBlockwise, Layout::kCols)});
+  std::vector<absl::Status> statuses = ValidatePlan(plan);
+  ASSERT_EQ(statuses.size(), 3u);
+  EXPECT_OK(statuses[0]);
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"bad\"")));
+  EXPECT_OK(statuses[2]);
+}
+
+}  // namespace
+}  // namespace orthoserve::testing
