@@ -1,0 +1,154 @@
+// Implementation of server/app/flags.h.
+#include "server/app/flags.h"
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "Public gRPC address HOST:PORT (port 0 picks a free port).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Address clients use to reach this rank, listed by GetServerInfo; default: --listen.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "Prometheus /metrics HTTP address HOST:PORT; empty disables the endpoint.");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu (OpenBLAS) or cuda (one GPU).");
+ABSL_FLAG(int, device, 0, "GPU ordinal for --backend cuda.");
+ABSL_FLAG(int64_t, device_memory_budget, 0, "Bytes of GPU memory the cuda backend may hold; 0 = 90% of free memory.");
+ABSL_FLAG(int, workers, 2, "Concurrent compute jobs for lone clients (matrices computed at once).");
+ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per product (cpu backend).");
+ABSL_FLAG(std::string, rank, "0",
+          "This rank in the fleet, or \"auto\": from ORTHOSERVE_POD_INDEX or the trailing -N of $HOSTNAME.");
+ABSL_FLAG(int, world, 1, "Number of fleet ranks S; 1 runs a self-contained server.");
+ABSL_FLAG(std::string, coordinator, "", "Rank 0's fleet address HOST:PORT; required when --world > 1.");
+ABSL_FLAG(std::string, fleet_listen, "127.0.0.1:50061",
+          "Internal fleet address: rank 0 serves the fleet service here; every rank binds Gloo on its host.");
+ABSL_FLAG(int64_t, max_matrix_elements, int64_t{1} << 28, "Largest matrix accepted, in elements (global shape).");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30, "Matrix bytes the server holds in flight at most.");
+ABSL_FLAG(int64_t, max_tenant_inflight_bytes, int64_t{2} << 30, "Matrix bytes one tenant holds in flight at most.");
+ABSL_FLAG(int, max_concurrent_streams, 64, "Concurrent OrthogonalizeStream calls at most.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "Largest gRPC message sent or received.");
+ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "Largest DataChunk accepted and sent.");
+ABSL_FLAG(int, max_matrices_per_step, 4096, "Matrices in one step or unary call at most.");
+ABSL_FLAG(absl::Duration, rendezvous_timeout, absl::Seconds(60),
+          "How long a group step waits for all its trainer ranks before it is aborted.");
+ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight.");
+ABSL_FLAG(absl::Duration, stall_warning, absl::Seconds(60), "Warn about trainer ranks missing for this long.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
+ABSL_FLAG(std::string, token_file, "", "File of \"TOKEN TENANT\" lines; when set, every call needs a bearer token.");
+ABSL_FLAG(std::string, log_level, "info", "Lowest level logged: debug, info, warning or error.");
+ABSL_FLAG(std::string, log_verbose, "", "Per-subsystem verbosity, e.g. \"rpc=2,fleet=1\".");
+ABSL_FLAG(bool, check_config, false, "Validate the flags and environment, print the configuration and exit.");
+
+namespace orthoserve {
+namespace {
+
+const char* const kFlagNames[] = {
+    "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "workers",
+    "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
+    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
+    "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "stall_warning", "tls_cert",
+    "tls_key", "tls_client_ca", "token_file", "log_level", "log_verbose", "check_config"};
+
+absl::StatusOr<int> ResolveRank(const std::string& text) {
+  int rank = 0;
+  if (text != "auto") {
+    if (!absl::SimpleAtoi(text, &rank)) {
+      return absl::InvalidArgumentError(absl::StrCat("--rank \"", text, "\" is not an integer or \"auto\""));
+    }
+    return rank;
+  }
+  if (const char* index = std::getenv("ORTHOSERVE_POD_INDEX"); index != nullptr && *index != '\0') {
+    if (!absl::SimpleAtoi(index, &rank)) {
+      return absl::InvalidArgumentError(absl::StrCat("ORTHOSERVE_POD_INDEX \"", index, "\" is not an integer"));
+    }
+    return rank;
+  }
+  const char* host = std::getenv("HOSTNAME");
+  std::string name = host != nullptr ? host : "";
+  size_t dash = name.rfind('-');
+  if (dash == std::string::npos || !absl::SimpleAtoi(name.substr(dash + 1), &rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank auto: neither ORTHOSERVE_POD_INDEX nor a trailing -N in "
+                                                   "HOSTNAME \"", name, "\" gives the rank"));
+  }
+  return rank;
+}
+
+}  // namespace
+
+absl::Status ApplyEnvironmentFallbacks() {
+  for (const char* name : kFlagNames) {
+    std::string variable = absl::StrCat("ORTHOSERVE_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(variable.c_str());
+    if (value == nullptr) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string error;
+    if (flag == nullptr || !flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat(variable, "=\"", value, "\": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
+  ServerOptions o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.backend.kind = absl::GetFlag(FLAGS_backend);
+  o.backend.device = absl::GetFlag(FLAGS_device);
+  o.backend.device_memory_budget = absl::GetFlag(FLAGS_device_memory_budget);
+  o.backend.cpu_threads = absl::GetFlag(FLAGS_blas_threads);
+  o.workers = absl::GetFlag(FLAGS_workers);
+  ASSIGN_OR_RETURN(o.rank, ResolveRank(absl::GetFlag(FLAGS_rank)));
+  o.world = absl::GetFlag(FLAGS_world);
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.fleet_listen = absl::GetFlag(FLAGS_fleet_listen);
+  o.service.max_matrix_elements = absl::GetFlag(FLAGS_max_matrix_elements);
+  o.service.admission.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  o.service.admission.max_tenant_inflight_bytes = absl::GetFlag(FLAGS_max_tenant_inflight_bytes);
+  o.service.admission.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  o.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.service.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  o.service.max_matrices_per_step = absl::GetFlag(FLAGS_max_matrices_per_step);
+  o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
+  o.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
+  o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  o.stall_warning = absl::GetFlag(FLAGS_stall_warning);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.token_file = absl::GetFlag(FLAGS_token_file);
+
+  LogLevel level;
+  RETURN_IF_ERROR(Annotate(ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level), "--log-level"));
+  SetLogLevel(level);
+  RETURN_IF_ERROR(Annotate(SetLogVerbosity(absl::GetFlag(FLAGS_log_verbose)), "--log-verbose"));
+  RETURN_IF_ERROR(ValidateServerOptions(o));
+  return o;
+}
+
+bool CheckConfigRequested() { return absl::GetFlag(FLAGS_check_config); }
+
+std::string DescribeFlags() {
+  std::string out;
+  for (const char* name : kFlagNames) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    absl::StrAppend(&out, "--", absl::StrReplaceAll(name, {{"_", "-"}}), " = ", flag->CurrentValue(), "\n");
+  }
+  return out;
+}
+
+}  // namespace orthoserve

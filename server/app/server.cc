@@ -1,0 +1,213 @@
+// Implementation of server/app/server.h.
+#include "server/app/server.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace orthoserve {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+  }
+  if (o.tls_cert.empty()) {
+    if (!o.tls_client_ca.empty()) return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile(o.tls_key, "--tls-key"));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(o.tls_cert, "--tls-cert"));
+  ssl.pem_key_cert_pairs.push_back(pair);
+  if (!o.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(o.tls_client_ca, "--tls-client-ca"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::Status ValidateServerOptions(const ServerOptions& o) {
+  if (o.listen.empty()) return absl::InvalidArgumentError("--listen is empty; give HOST:PORT");
+  if (o.backend.kind != "cpu" && o.backend.kind != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend \"", o.backend.kind, "\" is not one of cpu, cuda"));
+  }
+  if (o.backend.cpu_threads < 1) return absl::InvalidArgumentError("--blas-threads must be >= 1");
+  if (o.world < 1) return absl::InvalidArgumentError(absl::StrCat("--world = ", o.world, " must be >= 1"));
+  if (o.rank < 0 || o.rank >= o.world) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank = ", o.rank, " is out of range for --world = ", o.world));
+  }
+  if (o.world > 1 && o.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator is required when --world > 1: give rank 0's --fleet-listen");
+  }
+  if (o.service.rendezvous_timeout <= absl::ZeroDuration() || o.collective_timeout <= absl::ZeroDuration() ||
+      o.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--rendezvous-timeout and --collective-timeout must be positive");
+  }
+  if (o.service.max_message_bytes < 4096 || o.service.max_message_bytes > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError("--max-message-bytes must be between 4096 and 2^31 - 1");
+  }
+  if (o.service.max_matrices_per_step < 1) return absl::InvalidArgumentError("--max-matrices-per-step must be >= 1");
+  if (o.workers < 1) return absl::InvalidArgumentError(absl::StrCat("--workers = ", o.workers, " must be >= 1"));
+  if (o.service.chunk_bytes < 1024 || o.service.chunk_bytes > o.service.max_message_bytes / 2) {
+    return absl::InvalidArgumentError(absl::StrCat("--chunk-bytes = ", o.service.chunk_bytes,
+                                                   " must be at least 1024 and at most half of --max-message-bytes (",
+                                                   o.service.max_message_bytes, ")"));
+  }
+  if (o.service.max_matrix_elements < 1) return absl::InvalidArgumentError("--max-matrix-elements must be >= 1");
+  if (o.service.admission.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError("--max-concurrent-streams must be >= 1");
+  }
+  if (o.service.admission.max_inflight_bytes < 1 || o.service.admission.max_tenant_inflight_bytes < 1) {
+    return absl::InvalidArgumentError("--max-inflight-bytes and --max-tenant-inflight-bytes must be >= 1");
+  }
+  RETURN_IF_ERROR(Credentials(o).status());
+  if (!o.token_file.empty()) RETURN_IF_ERROR(TokenAuth::FromFile(o.token_file).status());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  std::unique_ptr<Server> server(new Server());
+  server->options_ = options;
+  ServerOptions& o = server->options_;
+  RETURN_IF_ERROR(ValidateServerOptions(o));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(o));
+  if (!o.token_file.empty()) {
+    ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(o.token_file));
+  }
+
+  ASSIGN_OR_RETURN(server->backend_, CreateBackend(o.backend));
+  const BackendInfo info = server->backend_->Info();
+  Metrics::Options m;
+  m.address = o.metrics_address;
+  m.version = ORTHOSERVE_VERSION;
+  m.backend = info.name;
+  m.device = info.device;
+  ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(m));
+  server->metrics_->device_memory("budget").Set(static_cast<double>(info.memory_budget_bytes));
+
+  // The public port is bound before the fleet forms so that its real port can be advertised.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen, credentials, &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(o.service.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(o.service.max_message_bytes));
+
+  server->compute_ = std::make_unique<ThreadPool>(o.workers);
+  // gRPC needs every service registered before it binds, and the service needs the fleet, so
+  // the fleet starts first (formation runs in the background) and learns the bound port after.
+  const bool ephemeral = o.listen.size() > 2 && o.listen.compare(o.listen.size() - 2, 2, ":0") == 0;
+  if (o.world > 1 && o.advertise_address.empty() && ephemeral) {
+    return absl::InvalidArgumentError("--listen with port 0 in a fleet of --world > 1 needs --advertise-address");
+  }
+  Fleet::Options f;
+  f.rank = o.rank;
+  f.world = o.world;
+  f.coordinator = o.coordinator;
+  f.fleet_listen = o.fleet_listen;
+  f.advertise_address = o.advertise_address.empty() ? o.listen : o.advertise_address;
+  f.rendezvous_timeout = o.service.rendezvous_timeout;
+  f.collective_timeout = o.collective_timeout;
+  f.stall_warning = o.stall_warning;
+  f.backend = server->backend_.get();
+  f.metrics = server->metrics_.get();
+  o.service.version = ORTHOSERVE_VERSION;
+  ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));
+  server->service_ = std::make_unique<OrthogonalizerService>(o.service, server->backend_.get(), server->fleet_.get(),
+                                                             server->metrics_.get(), &server->auth_,
+                                                             server->compute_.get());
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen ", o.listen, " cannot be bound"));
+  }
+  if (ephemeral && o.advertise_address.empty()) {
+    server->fleet_->SetLocalAddress(absl::StrCat(o.listen.substr(0, o.listen.size() - 1), server->port_));
+  }
+  LOG_INFO("server") << "orthoserve " << ORTHOSERVE_VERSION << " rank " << o.rank << "/" << o.world << " serving on "
+                     << o.listen << " (port " << server->port_ << "), backend " << info.name << " (" << info.device
+                     << "), metrics " << (o.metrics_address.empty() ? "off" : o.metrics_address);
+  Server* raw = server.get();
+  server->health_ = std::thread([raw] { raw->WatchHealth(); });
+  return server;
+}
+
+void Server::WatchHealth() {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  bool last = false;
+  bool first = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!draining_) {
+    const bool ready = fleet_->ready();
+    if (ready != last || first) {
+      health->SetServingStatus(ready);
+      health->SetServingStatus("orthoserve.v1.Orthogonalizer", ready);
+      LOG_INFO("server") << (ready ? "serving" : "not serving yet (fleet forming)");
+      last = ready;
+      first = false;
+    }
+    absl::Status formation = fleet_->formation_status();
+    if (!formation.ok()) {
+      LOG_ERROR("server") << "the fleet could not form: " << formation << "; exiting";
+      drained_ = true;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+void Server::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return drained_; });
+}
+
+void Server::Drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return;
+    draining_ = true;
+    cv_.notify_all();
+  }
+  if (health_.joinable()) health_.join();
+  LOG_INFO("server") << "draining: " << service_->inflight() << " calls in flight, up to "
+                     << absl::FormatDuration(options_.drain_timeout);
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  service_->StartDraining();
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.drain_timeout));
+  fleet_->Shutdown();
+  LOG_INFO("server") << "drained";
+  std::lock_guard<std::mutex> lock(mu_);
+  drained_ = true;
+  cv_.notify_all();
+}
+
+Server::~Server() {
+  Drain();
+  server_.reset();
+  service_.reset();
+  fleet_.reset();
+  compute_.reset();
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,85 @@
+// Server: one orthoserve rank — backend, metrics, fleet membership, the public gRPC service
+// with health and reflection — built from Options. Start-up rejects bad combinations once,
+// with a message that says which flag to change.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/thread_pool.h"
+#include "grpcpp/server.h"
+#include "server/engine/backend.h"
+#include "server/engine/backend_factory.h"
+#include "server/fleet/fleet.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/orthogonalizer_service.h"
+
+namespace orthoserve {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";      // Public gRPC address.
+  std::string advertise_address;               // Address clients use for this rank; default: listen.
+  std::string metrics_address = "127.0.0.1:9464";  // /metrics; empty disables.
+  BackendOptions backend;                       // cpu|cuda and their settings.
+  int workers = 2;                              // Concurrent compute jobs for lone clients.
+  int rank = 0;                                 // Fleet rank.
+  int world = 1;                                // Fleet size S.
+  std::string coordinator;                      // Rank 0's fleet address (world > 1).
+  std::string fleet_listen = "127.0.0.1:50061"; // Rank 0's fleet service; Gloo's bind host.
+  ServiceOptions service;                       // Limits and reported settings.
+  absl::Duration collective_timeout = absl::Seconds(60);
+  absl::Duration stall_warning = absl::Seconds(60);
+  absl::Duration drain_timeout = absl::Seconds(30);
+  std::string tls_cert;       // PEM certificate chain; with tls_key enables TLS.
+  std::string tls_key;        // PEM private key.
+  std::string tls_client_ca;  // PEM CA bundle; set: clients must present a certificate (mTLS).
+  std::string token_file;     // "TOKEN TENANT" lines; set: every call needs a bearer token.
+};
+
+// Checks every option that can be checked without binding an address or starting the backend
+// (what `orthoserve --check-config` runs). INVALID_ARGUMENT naming the flag.
+absl::Status ValidateServerOptions(const ServerOptions& options);
+
+class Server {
+ public:
+  // INVALID_ARGUMENT for a bad option, naming the flag; UNAVAILABLE if an address cannot be
+  // bound; the backend's error if it cannot start.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
+  ~Server();
+
+  int port() const { return port_; }  // Bound public port (resolves ":0").
+  int metrics_port() const { return metrics_->port(); }
+  int fleet_port() const { return fleet_->fleet_port(); }
+  Fleet& fleet() { return *fleet_; }
+
+  // Blocks until Drain() has finished (or the server failed to form its fleet).
+  void Wait();
+  // Graceful stop: readiness off, new calls refused, calls in flight given until the drain
+  // timeout, then everything torn down. Idempotent; safe from any thread but a gRPC handler.
+  void Drain();
+
+ private:
+  Server() = default;
+  void WatchHealth();
+
+  ServerOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Fleet> fleet_;
+  std::unique_ptr<ThreadPool> compute_;
+  TokenAuth auth_;
+  std::unique_ptr<OrthogonalizerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool draining_ = false;
+  bool drained_ = false;
+  std::thread health_;
+};
+
+}  // namespace orthoserve

@@ -1,0 +1,143 @@
+// Implementation of server/fleet/fleet_client.h.
+#include "server/fleet/fleet_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/convert/grpc_status.h"
+#include "server/fleet/fleet_codec.h"
+
+namespace orthoserve {
+namespace {
+
+constexpr absl::Duration kRpcTimeout = absl::Seconds(20);
+constexpr absl::Duration kMaxPoll = absl::Seconds(10);
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+}
+
+absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
+  absl::Status s = FromGrpcStatus(status);
+  // Any transport failure talking to the coordinator reads as "the fleet is unavailable".
+  if (s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kUnknown ||
+      s.code() == absl::StatusCode::kInternal) {
+    s = absl::UnavailableError(s.message());
+  }
+  return Annotate(s, absl::StrCat("fleet coordinator ", what));
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel) : stub_(fleet::v1::Fleet::NewStub(channel)) {}
+
+absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
+  grpc::ClientContext context;
+  SetDeadline(context, kRpcTimeout);
+  fleet::v1::StoreSetRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  fleet::v1::StoreSetResponse response;
+  grpc::Status status = stub_->StoreSet(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : FleetError("StoreSet", status);
+}
+
+absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration wait = std::max(absl::ZeroDuration(), std::min(left, kMaxPoll));
+    grpc::ClientContext context;
+    SetDeadline(context, wait + kRpcTimeout);
+    context.set_wait_for_ready(true);  // The coordinator may still be starting.
+    fleet::v1::StoreGetRequest request;
+    request.set_key(std::string(key));
+    request.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    fleet::v1::StoreGetResponse response;
+    grpc::Status status = stub_->StoreGet(&context, request, &response);
+    if (!status.ok()) {
+      if (absl::Now() >= deadline) return FleetError("StoreGet", status);
+      absl::SleepFor(absl::Milliseconds(200));
+      continue;
+    }
+    if (response.found()) return response.value();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("store key \"", key, "\" did not appear within ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+absl::StatusOr<int64_t> GrpcStore::Add(absl::string_view key, int64_t delta) {
+  grpc::ClientContext context;
+  SetDeadline(context, kRpcTimeout);
+  fleet::v1::StoreAddRequest request;
+  request.set_key(std::string(key));
+  request.set_delta(delta);
+  fleet::v1::StoreAddResponse response;
+  grpc::Status status = stub_->StoreAdd(&context, request, &response);
+  if (!status.ok()) return FleetError("StoreAdd", status);
+  return response.value();
+}
+
+absl::Status GrpcStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const std::string& key : keys) {
+    RETURN_IF_ERROR(Get(key, std::max(absl::ZeroDuration(), deadline - absl::Now())).status());
+  }
+  return absl::OkStatus();
+}
+
+RemoteLogSource::RemoteLogSource(std::shared_ptr<grpc::Channel> channel)
+    : stub_(fleet::v1::Fleet::NewStub(channel)) {}
+
+absl::Status RemoteLogSource::Report(const ReadyReport& report) {
+  grpc::ClientContext context;
+  SetDeadline(context, kRpcTimeout);
+  fleet::v1::ReportResponse response;
+  grpc::Status status = stub_->Report(&context, ReadyReportToProto(report), &response);
+  return status.ok() ? absl::OkStatus() : FleetError("Report", status);
+}
+
+absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason) {
+  grpc::ClientContext context;
+  SetDeadline(context, kRpcTimeout);
+  fleet::v1::AbortRequest request;
+  *request.mutable_key() = GroupKeyToProto(key);
+  request.set_trainer_rank(trainer_rank);
+  request.set_code(static_cast<int>(reason.code()));
+  request.set_message(std::string(reason.message()));
+  fleet::v1::AbortResponse response;
+  grpc::Status status = stub_->Abort(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : FleetError("Abort", status);
+}
+
+absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(int reader, int64_t from, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, std::min(timeout, kMaxPoll) + kRpcTimeout);
+  fleet::v1::ReadLogRequest request;
+  request.set_reader(reader);
+  request.set_from(from);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  fleet::v1::ReadLogResponse response;
+  grpc::Status status = stub_->ReadLog(&context, request, &response);
+  if (!status.ok()) return FleetError("ReadLog", status);
+  std::vector<LogEntry> entries;
+  for (const fleet::v1::LogEntry& p : response.entries()) {
+    ASSIGN_OR_RETURN(LogEntry entry, LogEntryFromProto(p));
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,42 @@
+// Clients of the coordinator's fleet service, used by fleet ranks other than 0: a Store
+// (GrpcStore, what Gloo and the NCCL bootstrap rendezvous through) and a LogSource
+// (RemoteLogSource). Both map transport failures to UNAVAILABLE. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "orthoserve/fleet/v1/fleet.grpc.pb.h"
+#include "server/collective/store.h"
+#include "server/fleet/log_source.h"
+
+namespace orthoserve {
+
+// A channel to the coordinator's fleet address (plaintext: the fleet port is internal and is
+// fenced by the deployment's network policy).
+std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address);
+
+class GrpcStore final : public Store {
+ public:
+  explicit GrpcStore(std::shared_ptr<grpc::Channel> channel);
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+
+ private:
+  std::unique_ptr<fleet::v1::Fleet::Stub> stub_;
+};
+
+class RemoteLogSource final : public LogSource {
+ public:
+  explicit RemoteLogSource(std::shared_ptr<grpc::Channel> channel);
+  absl::Status Report(const ReadyReport& report) override;
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason) override;
+  absl::StatusOr<std::vector<LogEntry>> Read(int reader, int64_t from, absl::Duration timeout) override;
+
+ private:
+  std::unique_ptr<fleet::v1::Fleet::Stub> stub_;
+};
+
+}  // namespace orthoserve

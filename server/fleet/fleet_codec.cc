@@ -1,0 +1,97 @@
+// Implementation of server/fleet/fleet_codec.h.
+#include "server/fleet/fleet_codec.h"
+
+#include <limits>
+
+#include "common/status.h"
+#include "proto/convert/ns_options_proto.h"
+#include "server/fleet/spec_codec.h"
+
+namespace orthoserve {
+namespace {
+
+// Peers have validated every spec already; re-parse without an element limit.
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+
+}  // namespace
+
+fleet::v1::GroupKey GroupKeyToProto(const GroupKey& key) {
+  fleet::v1::GroupKey p;
+  p.set_tenant(key.tenant);
+  p.set_job(key.job);
+  p.set_group(key.group);
+  p.set_step(key.step);
+  return p;
+}
+
+GroupKey GroupKeyFromProto(const fleet::v1::GroupKey& p) { return GroupKey{p.tenant(), p.job(), p.group(), p.step()}; }
+
+fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
+  fleet::v1::ReadyReport p;
+  *p.mutable_key() = GroupKeyToProto(report.key);
+  p.set_trainer_rank(report.trainer_rank);
+  p.set_trainer_world(report.trainer_world);
+  p.set_fleet_rank(report.fleet_rank);
+  for (size_t i = 0; i < report.matrices.size(); ++i) {
+    *p.add_specs() = MatrixSpecToProto(report.matrices[i], report.blocks[i]);
+  }
+  return p;
+}
+
+absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p) {
+  ReadyReport report;
+  report.key = GroupKeyFromProto(p.key());
+  report.trainer_rank = p.trainer_rank();
+  report.trainer_world = p.trainer_world();
+  report.fleet_rank = p.fleet_rank();
+  for (int i = 0; i < p.specs_size(); ++i) {
+    ASSIGN_OR_RETURN(ParsedSpec parsed, ParseMatrixSpec(p.specs(i), i, kNoLimit, /*whole_if_unset=*/false));
+    report.matrices.push_back(std::move(parsed.plan));
+    report.blocks.push_back(parsed.block);
+  }
+  return report;
+}
+
+fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
+  fleet::v1::LogEntry p;
+  p.set_index(entry.index);
+  *p.mutable_key() = GroupKeyToProto(entry.key);
+  p.set_code(static_cast<int>(entry.status.code()));
+  p.set_message(std::string(entry.status.message()));
+  p.set_trainer_world(entry.plan.trainer_world);
+  p.set_fleet_world(entry.plan.fleet_world);
+  for (const MatrixPlan& m : entry.plan.matrices) {
+    fleet::v1::PlannedMatrix* pm = p.add_matrices();
+    *pm->mutable_spec() = MatrixSpecToProto(m, Block{});
+    for (const BlockPlacement& b : m.blocks) {
+      fleet::v1::Placement* placement = pm->add_placements();
+      placement->set_trainer_rank(b.trainer_rank);
+      placement->set_fleet_rank(b.fleet_rank);
+      *placement->mutable_block() = BlockToProto(b.block);
+    }
+    pm->set_owner(m.owner);
+  }
+  return p;
+}
+
+absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
+  LogEntry entry;
+  entry.index = p.index();
+  entry.key = GroupKeyFromProto(p.key());
+  entry.status = absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
+  entry.plan.trainer_world = p.trainer_world();
+  entry.plan.fleet_world = p.fleet_world();
+  for (int i = 0; i < p.matrices_size(); ++i) {
+    const fleet::v1::PlannedMatrix& pm = p.matrices(i);
+    ASSIGN_OR_RETURN(ParsedSpec parsed, ParseMatrixSpec(pm.spec(), i, kNoLimit, /*whole_if_unset=*/false));
+    MatrixPlan m = std::move(parsed.plan);
+    for (const fleet::v1::Placement& b : pm.placements()) {
+      m.blocks.push_back(BlockPlacement{b.trainer_rank(), b.fleet_rank(), BlockFromProto(b.block())});
+    }
+    m.owner = pm.owner();
+    entry.plan.matrices.push_back(std::move(m));
+  }
+  return entry;
+}
+
+}  // namespace orthoserve

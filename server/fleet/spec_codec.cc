@@ -1,0 +1,142 @@
+// Implementation of server/fleet/spec_codec.h.
+#include "server/fleet/spec_codec.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "proto/convert/ns_options_proto.h"
+
+namespace orthoserve {
+namespace {
+
+bool IsTp(Algorithm a) {
+  return a == Algorithm::kTpDuplicated || a == Algorithm::kTpDistributed;
+}
+
+}  // namespace
+
+absl::StatusOr<Algorithm> AlgorithmFromProto(v1::Algorithm algorithm, const std::string& what) {
+  switch (algorithm) {
+    case v1::ALGORITHM_UNSPECIFIED:
+    case v1::ALGORITHM_AUTO: return Algorithm::kAuto;
+    case v1::ALGORITHM_ROW_SHARDED: return Algorithm::kRowSharded;
+    case v1::ALGORITHM_GATHERED: return Algorithm::kGathered;
+    case v1::ALGORITHM_TP_DUPLICATED: return Algorithm::kTpDuplicated;
+    case v1::ALGORITHM_TP_DISTRIBUTED: return Algorithm::kTpDistributed;
+    case v1::ALGORITHM_TP_BLOCKWISE: return Algorithm::kTpBlockwise;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": algorithm = ", static_cast<int>(algorithm), " is not a value this server knows"));
+  }
+}
+
+v1::Algorithm AlgorithmToProto(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto: return v1::ALGORITHM_AUTO;
+    case Algorithm::kRowSharded: return v1::ALGORITHM_ROW_SHARDED;
+    case Algorithm::kGathered: return v1::ALGORITHM_GATHERED;
+    case Algorithm::kTpDuplicated: return v1::ALGORITHM_TP_DUPLICATED;
+    case Algorithm::kTpDistributed: return v1::ALGORITHM_TP_DISTRIBUTED;
+    case Algorithm::kTpBlockwise: return v1::ALGORITHM_TP_BLOCKWISE;
+  }
+  return v1::ALGORITHM_UNSPECIFIED;
+}
+
+absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index, int64_t max_elements,
+                                           bool whole_if_unset) {
+  const std::string what = absl::StrCat("matrix ", index, " (\"", spec.name(), "\")");
+  ParsedSpec parsed;
+  MatrixPlan& plan = parsed.plan;
+  plan.name = spec.name();
+  plan.shape.assign(spec.shape().begin(), spec.shape().end());
+  ASSIGN_OR_RETURN(plan.view, ViewAs2d(plan.shape, absl::StrCat(what, " shape")));
+  if (plan.view.numel() > max_elements) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " shape [", absl::StrJoin(plan.shape, ", "), "] has ",
+                                                     plan.view.numel(), " elements; this server accepts at most ",
+                                                     max_elements, " (--max-matrix-elements)"));
+  }
+  ASSIGN_OR_RETURN(plan.dtype, DTypeFromProto(spec.dtype(), absl::StrCat(what, " dtype")));
+  if (spec.result_dtype() == v1::DTYPE_UNSPECIFIED) {
+    plan.result_dtype = plan.dtype;
+  } else {
+    ASSIGN_OR_RETURN(plan.result_dtype, DTypeFromProto(spec.result_dtype(), absl::StrCat(what, " result_dtype")));
+  }
+  const std::string options_what = absl::StrCat(what, " options");
+  ASSIGN_OR_RETURN(plan.options, NsOptionsFromProto(spec.options(), options_what));
+  RETURN_IF_ERROR(ValidateNsOptions(plan.options, options_what));
+  RETURN_IF_ERROR(ValidateNsOptionsForShape(plan.options, plan.view, options_what));
+  ASSIGN_OR_RETURN(plan.algorithm, AlgorithmFromProto(spec.algorithm(), what));
+  plan.partition_dim = spec.partition_dim();
+  if (IsTp(plan.algorithm) && plan.partition_dim != 0 && plan.partition_dim != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": partition_dim = ", plan.partition_dim, " must be 0 or 1 for ",
+                                                   AlgorithmName(plan.algorithm)));
+  }
+  Block block = BlockFromProto(spec.block());
+  const bool unset = block.row_offset == 0 && block.col_offset == 0 && block.rows == 0 && block.cols == 0;
+  parsed.block = unset && whole_if_unset ? WholeBlock(plan.view) : block;
+  RETURN_IF_ERROR(CheckBlockInside(parsed.block, plan.view, absl::StrCat(what, " block")));
+  parsed.block_bytes = parsed.block.numel() * static_cast<int64_t>(ElementSize(plan.dtype));
+  return parsed;
+}
+
+v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block) {
+  v1::MatrixSpec spec;
+  spec.set_name(plan.name);
+  for (int64_t d : plan.shape) spec.add_shape(d);
+  spec.set_dtype(DTypeToProto(plan.dtype));
+  spec.set_result_dtype(DTypeToProto(plan.result_dtype));
+  *spec.mutable_options() = NsOptionsToProto(plan.options);
+  spec.set_algorithm(AlgorithmToProto(plan.algorithm));
+  spec.set_partition_dim(plan.partition_dim);
+  *spec.mutable_block() = BlockToProto(block);
+  return spec;
+}
+
+std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
+  if (a.name != b.name) return absl::StrCat("name (\"", a.name, "\" vs \"", b.name, "\")");
+  if (a.shape != b.shape) {
+    return absl::StrCat("shape ([", absl::StrJoin(a.shape, ", "), "] vs [", absl::StrJoin(b.shape, ", "), "])");
+  }
+  if (a.dtype != b.dtype) return absl::StrCat("dtype (", DTypeName(a.dtype), " vs ", DTypeName(b.dtype), ")");
+  if (a.result_dtype != b.result_dtype) {
+    return absl::StrCat("result_dtype (", DTypeName(a.result_dtype), " vs ", DTypeName(b.result_dtype), ")");
+  }
+  if (a.algorithm != b.algorithm) {
+    return absl::StrCat("algorithm (", AlgorithmName(a.algorithm), " vs ", AlgorithmName(b.algorithm), ")");
+  }
+  if (a.partition_dim != b.partition_dim && IsTp(a.algorithm)) {
+    return absl::StrCat("partition_dim (", a.partition_dim, " vs ", b.partition_dim, ")");
+  }
+  const NsOptions& x = a.options;
+  const NsOptions& y = b.options;
+  if (x.coefficients != y.coefficients) {
+    return absl::StrCat("options.coefficients (", CoefficientTypeName(x.coefficients), " vs ",
+                        CoefficientTypeName(y.coefficients), ")");
+  }
+  if (x.custom_coefficients != y.custom_coefficients) return "options.custom_coefficients";
+  if (x.steps != y.steps) return absl::StrCat("options.steps (", x.steps, " vs ", y.steps, ")");
+  if (x.precision != y.precision) {
+    return absl::StrCat("options.precision (", PrecisionName(x.precision), " vs ", PrecisionName(y.precision), ")");
+  }
+  if (x.eps != y.eps) return absl::StrCat("options.eps (", x.eps, " vs ", y.eps, ")");
+  if (x.eps_mode != y.eps_mode) {
+    return absl::StrCat("options.eps_mode (", EpsModeName(x.eps_mode), " vs ", EpsModeName(y.eps_mode), ")");
+  }
+  if (x.transpose != y.transpose) {
+    return absl::StrCat("options.transpose (", TransposeModeName(x.transpose), " vs ", TransposeModeName(y.transpose),
+                        ")");
+  }
+  if (x.scale_mode != y.scale_mode) {
+    return absl::StrCat("options.scale_mode (", ScaleModeName(x.scale_mode), " vs ", ScaleModeName(y.scale_mode), ")");
+  }
+  if (x.extra_scale != y.extra_scale) {
+    return absl::StrCat("options.extra_scale (", x.extra_scale, " vs ", y.extra_scale, ")");
+  }
+  if (x.split_qkv != y.split_qkv) {
+    return absl::StrCat("options.split_qkv ([", absl::StrJoin(x.split_qkv, ", "), "] vs [",
+                        absl::StrJoin(y.split_qkv, ", "), "])");
+  }
+  return "";
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,41 @@
+// Parsing and validation of wire MatrixSpecs into the distributed layer's MatrixPlan, and back.
+// Shared by the RPC layer (specs from clients) and the fleet service (specs in ready reports).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/shape.h"
+#include "orthoserve/v1/orthogonalizer.pb.h"
+#include "server/distributed/batch.h"
+
+namespace orthoserve {
+
+struct ParsedSpec {
+  MatrixPlan plan;      // Without placements.
+  Block block;          // The sender's block (the whole matrix when the spec leaves it unset and
+                        // `whole_if_unset`).
+  int64_t block_bytes = 0;  // block.numel() · ElementSize(plan.dtype).
+};
+
+// Validates and parses spec `index`. Checks, in order, with INVALID_ARGUMENT naming the matrix
+// ("matrix 3 (\"w1\")") and the field: shape (≥ 2 dims, each > 0, no overflow), dtype,
+// result_dtype, options (values known, ranges valid, split_qkv divisibility), algorithm,
+// partition_dim for the TP modes, the block (inside the matrix). RESOURCE_EXHAUSTED when the
+// matrix has more than `max_elements` elements. An all-zero block means the whole matrix when
+// `whole_if_unset` (lone clients), and an empty block otherwise.
+absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index, int64_t max_elements,
+                                           bool whole_if_unset);
+
+// The wire form of a plan matrix with the given block.
+v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block);
+
+// Empty when `a` and `b` describe the same computation (everything but placements and owner);
+// otherwise names the first field that differs, e.g. "options.steps (5 vs 6)".
+std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b);
+
+v1::Algorithm AlgorithmToProto(Algorithm algorithm);
+absl::StatusOr<Algorithm> AlgorithmFromProto(v1::Algorithm algorithm, const std::string& what);
+
+}  // namespace orthoserve

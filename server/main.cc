@@ -1,0 +1,111 @@
+// orthoserve: one server rank. Flags (with ORTHOSERVE_* environment fallbacks) become
+// ServerOptions; SIGTERM or SIGINT drains gracefully. `orthoserve --help` lists the flags.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/app/flags.h"
+#include "server/app/server.h"
+
+namespace {
+
+// SIGTERM/SIGINT write one byte here; a waiter thread turns it into a drain. A handler (rather
+// than sigwait) is needed because libraries start threads before main that would otherwise
+// receive the signal with its default action.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signal) {
+  const char byte = static_cast<char>(signal);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+}
+
+// Flags are documented with dashes (--metrics-address); abseil names them with underscores.
+std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
+  storage.assign(argv, argv + argc);
+  for (std::string& arg : storage) {
+    if (arg.rfind("--", 0) != 0) continue;
+    size_t end = arg.find('=');
+    for (size_t i = 2; i < std::min(end, arg.size()); ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  std::vector<char*> out;
+  for (std::string& arg : storage) out.push_back(arg.data());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "orthoserve: Muon's Newton-Schulz orthogonalization as a gRPC service (one fleet rank).\n"
+      "Every flag can also be set through ORTHOSERVE_<FLAG> (upper case, '-' as '_'); the command line wins.\n"
+      "Flags may be written with dashes or underscores (--metrics-address, --metrics_address).");
+  if (absl::Status env = orthoserve::ApplyEnvironmentFallbacks(); !env.ok()) {
+    std::cerr << "orthoserve: " << env.message() << "\n";
+    return 2;
+  }
+  std::vector<std::string> storage;
+  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  absl::StatusOr<orthoserve::ServerOptions> options = orthoserve::ServerOptionsFromFlags();
+  if (orthoserve::CheckConfigRequested()) {
+    std::cout << orthoserve::DescribeFlags();
+    if (!options.ok()) {
+      std::cerr << "orthoserve: invalid configuration: " << options.status().message() << "\n";
+      return 2;
+    }
+    std::cout << "configuration OK\n";
+    return 0;
+  }
+  if (!options.ok()) {
+    std::cerr << "orthoserve: " << options.status().message() << "\n";
+    return 2;
+  }
+  orthoserve::SetLogRank(options->rank);
+
+  if (pipe(g_signal_pipe) != 0) {
+    std::perror("orthoserve: pipe");
+    return 1;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<orthoserve::Server>> server = orthoserve::Server::Create(*options);
+  if (!server.ok()) {
+    std::cerr << "orthoserve: " << server.status().message() << "\n";
+    return 1;
+  }
+  orthoserve::Server* raw = server->get();
+  std::thread waiter([raw] {
+    char received = 0;
+    while (read(g_signal_pipe[0], &received, 1) < 0 && errno == EINTR) {
+    }
+    LOG_INFO("server") << "received signal " << static_cast<int>(received) << ", draining";
+    raw->Drain();
+  });
+  waiter.detach();
+  raw->Wait();
+  absl::Status formation = raw->fleet().formation_status();
+  server->reset();
+  if (!formation.ok()) {
+    std::cerr << "orthoserve: " << formation.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,174 @@
+// Implementation of server/metrics/metrics.h.
+#include "server/metrics/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace orthoserve {
+namespace {
+
+// Request and stage latencies: 100 µs to 5 min.
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    120,  300};
+
+}  // namespace
+
+absl::string_view StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kReceive: return "receive";
+    case Stage::kQueue: return "queue";
+    case Stage::kRendezvous: return "rendezvous";
+    case Stage::kCollective: return "collective";
+    case Stage::kCompute: return "compute";
+    case Stage::kSend: return "send";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  prometheus::Registry& r = *m->registry_;
+
+  prometheus::BuildGauge()
+      .Name("orthoserve_build_info")
+      .Help("Build and backend of this server rank; always 1.")
+      .Register(r)
+      .Add({{"version", options.version}, {"backend", options.backend}, {"device", options.device}})
+      .Set(1);
+  m->requests_ = &prometheus::BuildCounter()
+                      .Name("orthoserve_requests_total")
+                      .Help("RPCs finished, by method and gRPC status code.")
+                      .Register(r);
+  m->matrices_ = &prometheus::BuildCounter()
+                      .Name("orthoserve_matrices_total")
+                      .Help("Matrices finished, by method, algorithm, input dtype and status code.")
+                      .Register(r);
+  m->request_duration_ = &prometheus::BuildHistogram()
+                              .Name("orthoserve_request_duration_seconds")
+                              .Help("Wall time of an RPC from its start to its status.")
+                              .Register(r);
+  m->stage_duration_ = &prometheus::BuildHistogram()
+                            .Name("orthoserve_stage_duration_seconds")
+                            .Help("Time spent per stage: receive, queue, rendezvous, collective, compute, send.")
+                            .Register(r);
+  m->collective_duration_ = &prometheus::BuildHistogram()
+                                 .Name("orthoserve_collective_duration_seconds")
+                                 .Help("Duration of fleet collective calls, by operation.")
+                                 .Register(r);
+  m->bytes_in_ = &prometheus::BuildCounter()
+                      .Name("orthoserve_received_bytes_total")
+                      .Help("Matrix payload bytes received from clients.")
+                      .Register(r);
+  m->bytes_out_ = &prometheus::BuildCounter()
+                       .Name("orthoserve_sent_bytes_total")
+                       .Help("Matrix payload bytes sent to clients.")
+                       .Register(r);
+  m->steps_aborted_ = &prometheus::BuildCounter()
+                           .Name("orthoserve_steps_aborted_total")
+                           .Help("Group steps aborted, by reason (timeout, cancelled, invalid, collective, drain).")
+                           .Register(r);
+  m->device_memory_ = &prometheus::BuildGauge()
+                           .Name("orthoserve_device_memory_bytes")
+                           .Help("Device memory of the backend: used and budget.")
+                           .Register(r);
+  m->flops_ = &prometheus::BuildCounter()
+                   .Name("orthoserve_newton_schulz_flops_total")
+                   .Help("Floating-point operations of Newton-Schulz computed on this rank.")
+                   .Register(r)
+                   .Add({});
+  m->rendezvous_timeouts_ = &prometheus::BuildCounter()
+                                 .Name("orthoserve_rendezvous_timeouts_total")
+                                 .Help("Group steps whose trainer ranks did not all arrive in time.")
+                                 .Register(r)
+                                 .Add({});
+  auto gauge = [&r](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+  };
+  m->inflight_requests_ = gauge("orthoserve_inflight_requests", "RPCs in progress.");
+  m->inflight_bytes_ = gauge("orthoserve_inflight_bytes", "Matrix bytes held for requests in progress.");
+  m->queue_depth_ = gauge("orthoserve_queue_depth", "Matrices and batches waiting for compute.");
+  m->fleet_size_ = gauge("orthoserve_fleet_size", "Configured number of fleet ranks (S).");
+  m->fleet_members_ready_ = gauge("orthoserve_fleet_members_ready", "Fleet ranks that have joined.");
+  m->fleet_ready_ = gauge("orthoserve_fleet_ready", "1 when the fleet is formed and this rank serves steps.");
+  // Series that exist from the start, so dashboards and alerts see zeros rather than nothing.
+  for (Stage stage : {Stage::kReceive, Stage::kQueue, Stage::kRendezvous, Stage::kCollective, Stage::kCompute,
+                      Stage::kSend}) {
+    m->stage_duration_->Add({{"stage", std::string(StageName(stage))}}, kLatencyBuckets);
+  }
+  for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) {
+    m->request_duration_->Add({{"method", method}}, kLatencyBuckets);
+    m->requests_->Add({{"method", method}, {"code", "OK"}});
+    m->bytes_in_->Add({{"method", method}});
+    m->bytes_out_->Add({{"method", method}});
+  }
+  for (const char* op : {"all_to_allv", "all_gatherv", "all_reduce", "broadcast", "barrier"}) {
+    m->collective_duration_->Add({{"op", op}}, kLatencyBuckets);
+  }
+  m->steps_aborted_->Add({{"reason", "timeout"}});
+  m->device_memory_->Add({{"kind", "used"}});
+  m->device_memory_->Add({{"kind", "budget"}});
+
+  if (!options.address.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(options.address);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-address ", options.address, " cannot be served: ", e.what()));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+  }
+  return m;
+}
+
+int Metrics::port() const {
+  if (exposer_ == nullptr) return 0;
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports[0];
+}
+
+void Metrics::RequestDone(absl::string_view method, absl::string_view code, absl::Duration duration) {
+  requests_->Add({{"method", std::string(method)}, {"code", std::string(code)}}).Increment();
+  request_duration_->Add({{"method", std::string(method)}}, kLatencyBuckets).Observe(absl::ToDoubleSeconds(duration));
+}
+
+void Metrics::MatrixDone(absl::string_view method, absl::string_view algorithm, absl::string_view dtype,
+                         absl::string_view code) {
+  matrices_
+      ->Add({{"method", std::string(method)},
+             {"algorithm", std::string(algorithm)},
+             {"dtype", std::string(dtype)},
+             {"code", std::string(code)}})
+      .Increment();
+}
+
+void Metrics::StageTime(Stage stage, absl::Duration duration) {
+  stage_duration_->Add({{"stage", std::string(StageName(stage))}}, kLatencyBuckets)
+      .Observe(absl::ToDoubleSeconds(duration));
+}
+
+void Metrics::CollectiveTime(absl::string_view op, absl::Duration duration) {
+  collective_duration_->Add({{"op", std::string(op)}}, kLatencyBuckets).Observe(absl::ToDoubleSeconds(duration));
+}
+
+void Metrics::BytesIn(absl::string_view method, double bytes) {
+  bytes_in_->Add({{"method", std::string(method)}}).Increment(bytes);
+}
+
+void Metrics::BytesOut(absl::string_view method, double bytes) {
+  bytes_out_->Add({{"method", std::string(method)}}).Increment(bytes);
+}
+
+void Metrics::Flops(double flops) { flops_->Increment(flops); }
+void Metrics::RendezvousTimeout() { rendezvous_timeouts_->Increment(); }
+void Metrics::StepAborted(absl::string_view reason) {
+  steps_aborted_->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+prometheus::Gauge& Metrics::device_memory(absl::string_view kind) {
+  return device_memory_->Add({{"kind", std::string(kind)}});
+}
+
+}  // namespace orthoserve

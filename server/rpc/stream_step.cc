@@ -1,0 +1,408 @@
+// OrthogonalizeStream of server/rpc/orthogonalizer_service.h: one step of one trainer rank.
+//
+// Messages are processed as a small state machine (header, then spec / chunks per matrix, then
+// StepEnd or half-close). A lone client on a one-rank fleet is pipelined: each matrix goes to the
+// compute pool as soon as its bytes are in, and its result is written as soon as it is done,
+// while later matrices are still arriving. Group steps (W > 1, or a fleet of S > 1) are handed
+// to the fleet once every matrix has arrived, and the results come back after the batch ran.
+#include <condition_variable>
+#include <future>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "proto/convert/grpc_status.h"
+#include "proto/convert/ns_options_proto.h"
+#include "server/fleet/spec_codec.h"
+#include "server/rpc/local_batch.h"
+#include "server/rpc/orthogonalizer_service.h"
+
+namespace orthoserve {
+namespace {
+
+using Stream = grpc::ServerReaderWriter<v1::StreamResponse, v1::StreamRequest>;
+
+constexpr int kMaxTrainerWorld = 1 << 16;
+constexpr char kMethod[] = "OrthogonalizeStream";
+
+std::atomic<int64_t> g_lone_group_counter{0};
+
+}  // namespace
+
+// Serializes writes to the stream (results come from compute threads) and chunks result data.
+class ResultWriter {
+ public:
+  ResultWriter(Stream* stream, int64_t chunk_bytes, Metrics* metrics)
+      : stream_(stream), chunk_bytes_(chunk_bytes), metrics_(metrics) {}
+
+  // Writes matrix `index`'s result header and, on success, its data in chunks.
+  void Write(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
+             const std::vector<char>& data) {
+    const absl::Time start = absl::Now();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return;
+    v1::StreamResponse header;
+    v1::MatrixResult* r = header.mutable_result();
+    r->set_index(index);
+    r->set_name(plan.name);
+    r->set_dtype(DTypeToProto(plan.result_dtype));
+    for (int64_t d : plan.shape) r->add_shape(d);
+    *r->mutable_block() = BlockToProto(block);
+    r->set_code(static_cast<int>(status.code()));
+    r->set_message(std::string(status.message()));
+    if (!stream_->Write(header)) {
+      broken_ = true;
+      return;
+    }
+    if (status.ok()) {
+      for (size_t offset = 0; offset < data.size(); offset += chunk_bytes_) {
+        v1::StreamResponse chunk;
+        chunk.mutable_chunk()->set_index(index);
+        size_t n = std::min<size_t>(chunk_bytes_, data.size() - offset);
+        chunk.mutable_chunk()->set_data(data.data() + offset, n);
+        if (!stream_->Write(chunk)) {
+          broken_ = true;
+          return;
+        }
+      }
+      metrics_->BytesOut(kMethod, static_cast<double>(data.size()));
+    }
+    (status.ok() ? ok_ : failed_)++;
+    metrics_->StageTime(Stage::kSend, absl::Now() - start);
+  }
+
+  void Summary(int fleet_rank, absl::Duration elapsed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return;
+    v1::StreamResponse response;
+    v1::StepSummary* s = response.mutable_summary();
+    s->set_matrices_ok(ok_);
+    s->set_matrices_failed(failed_);
+    s->set_fleet_rank(fleet_rank);
+    s->set_server_seconds(absl::ToDoubleSeconds(elapsed));
+    broken_ = !stream_->Write(response);
+  }
+
+ private:
+  Stream* stream_;
+  const int64_t chunk_bytes_;
+  Metrics* metrics_;
+  std::mutex mu_;
+  bool broken_ = false;
+  int ok_ = 0;
+  int failed_ = 0;
+};
+
+// One OrthogonalizeStream call.
+class StreamStep {
+ public:
+  StreamStep(OrthogonalizerService& service, grpc::ServerContext* context, Stream* stream)
+      : s_(service), context_(context), stream_(stream), writer_(stream, service.options_.chunk_bytes, service.metrics_) {}
+
+  absl::Status Run();
+
+ private:
+  struct Matrix {
+    ParsedSpec spec;
+    bool failed = false;  // Rejected in-band (lone) — its chunks are skipped.
+    std::vector<char> data;
+    int64_t received = 0;
+  };
+
+  absl::Status ReadHeader();
+  absl::Status OnSpec(const v1::MatrixSpec& spec);
+  absl::Status OnChunk(const v1::DataChunk& chunk);
+  absl::Status Complete(int index);
+  absl::Status FinishGroup();
+  // Fails the step: a group step is aborted on every rank first.
+  absl::Status Fail(absl::Status status);
+  void ScheduleLone(int index);
+
+  OrthogonalizerService& s_;
+  grpc::ServerContext* context_;
+  Stream* stream_;
+  ResultWriter writer_;
+  absl::Time start_ = absl::Now();
+  std::string tenant_;
+  v1::StepHeader header_;
+  int world_ = 1;
+  bool lone_ = true;
+  GroupKey key_;
+  bool reported_ = false;  // The group step reached the fleet (it aborts it itself on failure).
+  std::vector<Matrix> matrices_;
+  int current_ = -1;  // Matrix whose bytes are arriving.
+  Admission::Ticket ticket_;
+
+  // Lone pipeline: jobs in the compute pool.
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  int jobs_running_ = 0;
+};
+
+absl::Status StreamStep::Fail(absl::Status status) {
+  if (!lone_ && !reported_ && !key_.job.empty()) {
+    s_.fleet_->AbortStep(key_, header_.rank(), status);
+  }
+  return status;
+}
+
+absl::Status StreamStep::ReadHeader() {
+  v1::StreamRequest message;
+  if (!stream_->Read(&message)) {
+    return context_->IsCancelled() ? absl::CancelledError("the client cancelled the stream")
+                                   : absl::InvalidArgumentError("the stream ended before its StepHeader");
+  }
+  if (!message.has_header()) return absl::InvalidArgumentError("the first message of a stream must be a StepHeader");
+  header_ = message.header();
+  world_ = header_.world() == 0 ? 1 : header_.world();
+  if (world_ < 1 || world_ > kMaxTrainerWorld) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header world = ", header_.world(), " is out of range; use 1 to ", kMaxTrainerWorld));
+  }
+  if (header_.rank() < 0 || header_.rank() >= world_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header rank = ", header_.rank(), " is out of range for world = ", world_));
+  }
+  if (header_.step() < 0) return absl::InvalidArgumentError(absl::StrCat("header step = ", header_.step(), " is negative"));
+  if (header_.num_matrices() < 1 || header_.num_matrices() > s_.options_.max_matrices_per_step) {
+    return absl::InvalidArgumentError(absl::StrCat("header num_matrices = ", header_.num_matrices(),
+                                                   " is out of range; use 1 to ", s_.options_.max_matrices_per_step));
+  }
+  if (world_ > 1 && header_.job().empty()) {
+    return absl::InvalidArgumentError("header job is empty; a group step (world > 1) needs a job id to meet its ranks");
+  }
+  lone_ = world_ == 1 && s_.fleet_->world() == 1;
+  if (!lone_) {
+    if (!s_.fleet_->ready()) {
+      return absl::UnavailableError(
+          absl::StrCat("fleet rank ", s_.fleet_->rank(), " is not ready: the fleet of ", s_.fleet_->world(),
+                       " ranks has not formed yet; retry"));
+    }
+    const int target = FleetRankOfTrainer(header_.rank(), world_, s_.fleet_->world());
+    if (target != s_.fleet_->rank()) {
+      std::string address;
+      for (const FleetMemberInfo& m : s_.fleet_->members()) {
+        if (m.rank == target) address = m.address;
+      }
+      return absl::FailedPreconditionError(absl::StrCat("trainer rank ", header_.rank(), " of ", world_,
+                                                        " must stream to fleet rank ", target, " (", address,
+                                                        "); this is fleet rank ", s_.fleet_->rank()));
+    }
+    key_ = GroupKey{tenant_, header_.job(), header_.group(), header_.step()};
+    if (world_ == 1 && key_.job.empty()) {
+      // A lone client on a fleet: a group of one that nobody else can join.
+      key_.job = absl::StrCat("lone-", s_.fleet_->rank(), "-", g_lone_group_counter.fetch_add(1));
+    }
+  }
+  matrices_.reserve(header_.num_matrices());
+  return absl::OkStatus();
+}
+
+absl::Status StreamStep::OnSpec(const v1::MatrixSpec& spec) {
+  if (current_ >= 0 && !matrices_[current_].failed &&
+      matrices_[current_].received < matrices_[current_].spec.block_bytes) {
+    const Matrix& m = matrices_[current_];
+    return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): received ",
+                                                   m.received, " of its ", m.spec.block_bytes,
+                                                   " bytes before the next spec"));
+  }
+  const int index = static_cast<int>(matrices_.size());
+  if (index >= header_.num_matrices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("more specs than the header's num_matrices = ", header_.num_matrices()));
+  }
+  absl::StatusOr<ParsedSpec> parsed =
+      ParseMatrixSpec(spec, index, s_.options_.max_matrix_elements, /*whole_if_unset=*/world_ == 1);
+  matrices_.emplace_back();
+  current_ = index;
+  Matrix& m = matrices_.back();
+  if (!parsed.ok()) {
+    if (!lone_) return parsed.status();
+    // Lone clients get the error in-band and the stream goes on; the matrix's chunks are skipped.
+    m.failed = true;
+    m.spec.plan.name = spec.name();
+    m.spec.plan.shape.assign(spec.shape().begin(), spec.shape().end());
+    s_.metrics_->MatrixDone(kMethod, "unknown", "unknown", CodeName(parsed.status().code()));
+    writer_.Write(index, m.spec.plan, Block{}, parsed.status(), {});
+    return absl::OkStatus();
+  }
+  m.spec = std::move(*parsed);
+  const int64_t out_bytes = m.spec.block.numel() * static_cast<int64_t>(ElementSize(m.spec.plan.result_dtype));
+  RETURN_IF_ERROR(s_.admission_.AddBytes(ticket_, tenant_, m.spec.block_bytes + out_bytes,
+                                         absl::StrCat("matrix ", index, " (\"", m.spec.plan.name, "\")")));
+  m.data.reserve(static_cast<size_t>(m.spec.block_bytes));
+  if (m.spec.block_bytes == 0) return Complete(index);
+  return absl::OkStatus();
+}
+
+absl::Status StreamStep::OnChunk(const v1::DataChunk& chunk) {
+  if (current_ < 0 || chunk.index() != current_) {
+    return absl::InvalidArgumentError(absl::StrCat("a data chunk for matrix ", chunk.index(),
+                                                   " arrived while matrix ", current_, " was expected"));
+  }
+  if (static_cast<int64_t>(chunk.data().size()) > s_.options_.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, ": a chunk of ", chunk.data().size(),
+                                                   " bytes exceeds the chunk limit of ", s_.options_.chunk_bytes));
+  }
+  Matrix& m = matrices_[current_];
+  if (m.failed) return absl::OkStatus();
+  s_.metrics_->BytesIn(kMethod, static_cast<double>(chunk.data().size()));
+  if (m.received + static_cast<int64_t>(chunk.data().size()) > m.spec.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): received more than its ",
+                                                   m.spec.block_bytes, " bytes (block ", m.spec.block.rows, "x",
+                                                   m.spec.block.cols, " of ", DTypeName(m.spec.plan.dtype), ")"));
+  }
+  m.data.insert(m.data.end(), chunk.data().begin(), chunk.data().end());
+  m.received += static_cast<int64_t>(chunk.data().size());
+  if (m.received == m.spec.block_bytes) return Complete(current_);
+  return absl::OkStatus();
+}
+
+absl::Status StreamStep::Complete(int index) {
+  Matrix& m = matrices_[index];
+  int64_t bad = FindNonFinite(m.spec.plan.dtype, m.data.data(), static_cast<size_t>(m.spec.block.numel()));
+  if (bad >= 0) {
+    absl::Status status = absl::InvalidArgumentError(
+        absl::StrCat("matrix ", index, " (\"", m.spec.plan.name, "\") data holds a non-finite value (NaN or Inf) at element ",
+                     bad, " of its block"));
+    if (!lone_) return status;
+    m.failed = true;
+    s_.metrics_->MatrixDone(kMethod, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
+                            CodeName(status.code()));
+    writer_.Write(index, m.spec.plan, m.spec.block, status, {});
+    return absl::OkStatus();
+  }
+  if (lone_) ScheduleLone(index);
+  return absl::OkStatus();
+}
+
+void StreamStep::ScheduleLone(int index) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ++jobs_running_;
+  }
+  s_.metrics_->queue_depth().Increment();
+  const absl::Time queued = absl::Now();
+  s_.compute_->Schedule([this, index, queued] {
+    s_.metrics_->queue_depth().Decrement();
+    s_.metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
+    Matrix& m = matrices_[index];
+    std::vector<char> out(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
+    absl::StatusOr<BatchResult> result =
+        RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.data.data(), out.data()}}, *s_.backend_);
+    absl::Status status = result.ok() ? result->matrices[0] : result.status();
+    if (result.ok()) {
+      s_.metrics_->StageTime(Stage::kCompute, result->compute_time);
+      s_.metrics_->Flops(result->flops);
+    }
+    s_.metrics_->MatrixDone(kMethod, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
+                            CodeName(status.code()));
+    std::vector<char>().swap(m.data);  // The input is no longer needed.
+    writer_.Write(index, m.spec.plan, m.spec.block, status, out);
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    if (--jobs_running_ == 0) jobs_cv_.notify_all();
+  });
+}
+
+absl::Status StreamStep::Run() {
+  if (s_.draining_.load()) return absl::UnavailableError("the server is draining; retry on another rank");
+  ASSIGN_OR_RETURN(tenant_, s_.auth_->Authenticate(*context_));
+  ASSIGN_OR_RETURN(Admission::Ticket stream_slot, s_.admission_.AcquireStream());
+  RETURN_IF_ERROR(ReadHeader());
+  VLOG("rpc", 1) << "stream step rank " << header_.rank() << "/" << world_ << " " << header_.num_matrices()
+                 << " matrices" << (lone_ ? " (lone)" : "");
+
+  absl::Status status;
+  v1::StreamRequest message;
+  bool ended = false;
+  while (status.ok() && !ended) {
+    if (!stream_->Read(&message)) {
+      if (context_->IsCancelled()) status = absl::CancelledError("the client cancelled the stream");
+      ended = true;  // Half-close ends the step like StepEnd.
+      break;
+    }
+    switch (message.kind_case()) {
+      case v1::StreamRequest::kSpec: status = OnSpec(message.spec()); break;
+      case v1::StreamRequest::kChunk: status = OnChunk(message.chunk()); break;
+      case v1::StreamRequest::kEnd: ended = true; break;
+      case v1::StreamRequest::kHeader: status = absl::InvalidArgumentError("a second StepHeader in one stream"); break;
+      default: status = absl::InvalidArgumentError("an empty StreamRequest"); break;
+    }
+  }
+  if (status.ok() && static_cast<int>(matrices_.size()) < header_.num_matrices()) {
+    status = absl::InvalidArgumentError(absl::StrCat("the step ended after ", matrices_.size(), " of the header's ",
+                                                     header_.num_matrices(), " matrices"));
+  }
+  if (status.ok() && current_ >= 0 && !matrices_[current_].failed &&
+      matrices_[current_].received < matrices_[current_].spec.block_bytes) {
+    const Matrix& m = matrices_[current_];
+    status = absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): the step ended after ",
+                                                     m.received, " of its ", m.spec.block_bytes, " bytes"));
+  }
+  s_.metrics_->StageTime(Stage::kReceive, absl::Now() - start_);
+  if (lone_) {
+    // Pool jobs reference this object: wait for them whatever happened.
+    std::unique_lock<std::mutex> lock(jobs_mu_);
+    jobs_cv_.wait(lock, [this] { return jobs_running_ == 0; });
+    if (!status.ok()) return status;
+    writer_.Summary(s_.fleet_->rank(), absl::Now() - start_);
+    return absl::OkStatus();
+  }
+  if (!status.ok()) return Fail(status);
+  return FinishGroup();
+}
+
+absl::Status StreamStep::FinishGroup() {
+  auto step = std::make_shared<TrainerStep>();
+  step->key = key_;
+  step->trainer_rank = header_.rank();
+  step->trainer_world = world_;
+  step->submitted = absl::Now();
+  for (Matrix& m : matrices_) {
+    MatrixPlan plan = m.spec.plan;
+    plan.blocks = {BlockPlacement{header_.rank(), s_.fleet_->rank(), m.spec.block}};
+    step->matrices.push_back(std::move(plan));
+    step->inputs.push_back(std::move(m.data));
+  }
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  reported_ = true;
+  s_.metrics_->queue_depth().Increment();
+  s_.fleet_->Submit(step, [promise](StepOutcome outcome) { promise->set_value(std::move(outcome)); });
+  // Wait for the batch, watching for the client going away or its deadline passing.
+  bool aborted = false;
+  while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (!aborted && context_->IsCancelled()) {
+      aborted = true;
+      s_.fleet_->AbortStep(key_, header_.rank(), absl::CancelledError("the trainer cancelled its stream"));
+    }
+  }
+  s_.metrics_->queue_depth().Decrement();
+  StepOutcome outcome = future.get();
+  s_.metrics_->StageTime(Stage::kRendezvous, outcome.rendezvous_time);
+  if (aborted) return absl::CancelledError("the client cancelled the stream");
+  if (!outcome.status.ok()) return outcome.status;
+  for (size_t i = 0; i < step->matrices.size(); ++i) {
+    const MatrixPlan& plan = step->matrices[i];
+    const absl::Status& s = outcome.matrices[i];
+    s_.metrics_->MatrixDone(kMethod, AlgorithmName(plan.algorithm), DTypeName(plan.dtype), CodeName(s.code()));
+    static const std::vector<char> kEmpty;
+    writer_.Write(static_cast<int>(i), plan, plan.blocks[0].block, s, s.ok() ? step->outputs[i] : kEmpty);
+  }
+  writer_.Summary(s_.fleet_->rank(), absl::Now() - start_);
+  return absl::OkStatus();
+}
+
+grpc::Status OrthogonalizerService::OrthogonalizeStream(grpc::ServerContext* context, Stream* stream) {
+  const absl::Time start = absl::Now();
+  metrics_->inflight_requests().Set(++inflight_);
+  StreamStep step(*this, context, stream);
+  absl::Status status = step.Run();
+  metrics_->inflight_requests().Set(--inflight_);
+  metrics_->RequestDone(kMethod, CodeName(status.code()), absl::Now() - start);
+  if (!status.ok()) VLOG("rpc", 1) << "stream failed: " << status;
+  return ToGrpcStatus(status);
+}
+
+}  // namespace orthoserve
