@@ -5,13 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
-#include "common/dtype.h"
+#include "server/engine/cpu/bf16_round.h"
 
 namespace orthoserve {
 namespace {
 
-constexpr int64_t kMirrorTile = 64;
+constexpr int64_t kMirrorTile = 16;
 
 // Boundaries of `parts` row blocks of an m×m lower triangle holding about equal areas:
 // r_p = m·√(p / parts).
@@ -57,10 +58,6 @@ void SyrkRows(int64_t m, int64_t k, float alpha, const float* x, float* c, int64
 
 }  // namespace
 
-void RoundToBf16InPlace(float* values, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) values[i] = RoundToBf16(values[i]);
-}
-
 void SyrkLower(ParallelFor& pool, int64_t m, int64_t k, float alpha, const float* x, float* c, bool round_bf16) {
   ForTriangleBlocks(pool, m, [&](int64_t r0, int64_t r1) {
     SyrkRows(m, k, alpha, x, c, r0, r1);
@@ -74,8 +71,8 @@ void SymmetricPolyLower(ParallelFor& pool, int64_t m, float alpha, float beta, c
   ForTriangleBlocks(pool, m, [&](int64_t r0, int64_t r1) {
     SyrkRows(m, m, alpha, s, c, r0, r1);
     for (int64_t i = r0; i < r1; ++i) {
-      float* row = c + i * m;
-      const float* srow = s + i * m;
+      float* __restrict row = c + i * m;
+      const float* __restrict srow = s + i * m;
       for (int64_t j = 0; j <= i; ++j) row[j] = row[j] + beta * srow[j];
       if (round_bf16) RoundToBf16InPlace(row, i + 1);
     }
@@ -83,13 +80,22 @@ void SymmetricPolyLower(ParallelFor& pool, int64_t m, float alpha, float beta, c
 }
 
 void MirrorLower(int64_t m, float* c) {
-  for (int64_t i0 = 0; i0 < m; i0 += kMirrorTile) {
-    const int64_t i1 = std::min(m, i0 + kMirrorTile);
-    for (int64_t j0 = 0; j0 <= i0; j0 += kMirrorTile) {
-      const int64_t j1 = std::min(m, j0 + kMirrorTile);
+  // 16×16 tiles through a local buffer: both the strided reads and the writes then touch whole
+  // cache lines, and a power-of-two m does not make the rows of a tile collide in one L1 set.
+  constexpr int64_t kT = kMirrorTile;
+  float tile[kT][kT];
+  for (int64_t i0 = 0; i0 < m; i0 += kT) {
+    const int64_t i1 = std::min(m, i0 + kT);
+    for (int64_t j0 = 0; j0 < i0; j0 += kT) {  // Tiles strictly below the diagonal.
       for (int64_t i = i0; i < i1; ++i) {
-        for (int64_t j = j0; j < std::min(j1, i); ++j) c[j * m + i] = c[i * m + j];
+        for (int64_t j = 0; j < kT; ++j) tile[j][i - i0] = c[i * m + j0 + j];
       }
+      for (int64_t j = 0; j < kT; ++j) {
+        std::memcpy(c + (j0 + j) * m + i0, tile[j], static_cast<size_t>(i1 - i0) * sizeof(float));
+      }
+    }
+    for (int64_t i = i0; i < i1; ++i) {  // The diagonal tile.
+      for (int64_t j = i0; j < i; ++j) c[j * m + i] = c[i * m + j];
     }
   }
 }
@@ -105,8 +111,8 @@ void GemmAddmm(ParallelFor& pool, int64_t m, int64_t n, float alpha, const float
                 static_cast<int>(m), alpha, b, static_cast<int>(m), x + j0, static_cast<int>(n), 0.0f, y + j0,
                 static_cast<int>(n));
     for (int64_t i = 0; i < m; ++i) {
-      float* yrow = y + i * n;
-      const float* xrow = x + i * n;
+      float* __restrict yrow = y + i * n;
+      const float* __restrict xrow = x + i * n;
       for (int64_t j = j0; j < j1; ++j) yrow[j] = yrow[j] + beta * xrow[j];
       if (round_bf16) RoundToBf16InPlace(yrow + j0, j1 - j0);
     }

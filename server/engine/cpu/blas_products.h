@@ -35,7 +35,4 @@ void MirrorLower(int64_t m, float* c);
 void GemmAddmm(ParallelFor& pool, int64_t m, int64_t n, float alpha, const float* b, const float* x, float beta,
                float* y, bool round_bf16);
 
-// Rounds `count` values to bf16 in place (values stay in fp32 storage).
-void RoundToBf16InPlace(float* values, int64_t count);
-
 }  // namespace orthoserve

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/status.h"
+#include "server/engine/cpu/bf16_round.h"
 #include "server/engine/cpu/blas_products.h"
 #include "server/engine/cpu/working_matrix.h"
 

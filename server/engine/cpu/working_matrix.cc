@@ -5,25 +5,32 @@
 #include <cmath>
 #include <cstring>
 
+#include "server/engine/cpu/bf16_round.h"
+
 namespace orthoserve {
 namespace {
 
-constexpr int64_t kTile = 32;
+constexpr int64_t kTile = 16;
 
-// dst (cols × rows) = srcᵀ for src rows × cols, in cache-sized tiles.
+// dst (cols × rows) = srcᵀ for src rows × cols, in 16×16 tiles through a local buffer so that
+// reads and writes both use whole cache lines.
 void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  float tile[kTile][kTile];
   for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
     const int64_t i1 = std::min(rows, i0 + kTile);
     for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
       const int64_t j1 = std::min(cols, j0 + kTile);
       for (int64_t i = i0; i < i1; ++i) {
-        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = src[i * cols + j];
+        for (int64_t j = j0; j < j1; ++j) tile[j - j0][i - i0] = src[i * cols + j];
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        std::memcpy(dst + j * rows + i0, tile[j - j0], static_cast<size_t>(i1 - i0) * sizeof(float));
       }
     }
   }
 }
 
-void Scale(const float* src, int64_t count, double scale, float* dst) {
+void Scale(const float* __restrict src, int64_t count, double scale, float* __restrict dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(static_cast<double>(src[i]) * scale);
 }
 
@@ -81,7 +88,7 @@ void NormalizeInPlace(float* x, int64_t count, float divisor, bool round_bf16) {
     for (int64_t i = 0; i < count; ++i) x[i] = x[i] / divisor;
   }
   if (round_bf16) {
-    for (int64_t i = 0; i < count; ++i) x[i] = RoundToBf16(x[i]);
+    RoundToBf16InPlace(x, count);
   }
 }
 

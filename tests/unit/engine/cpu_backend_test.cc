@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/engine/cpu/bf16_round.h"
 #include "server/engine/cpu/cpu_backend.h"
 #include "server/engine/newton_schulz.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -152,6 +153,26 @@ TEST(CpuBackendTest, MediumFollowsTheBf16LoopClosely) {
       }
     }
   }
+}
+
+TEST(CpuBackendTest, InlineBf16RoundingIsBitIdenticalToCommonDtype) {
+  // Every 2^12-th bit pattern (covering every exponent, both signs, Inf and NaN payloads),
+  // plus every pattern near the rounding boundary of a few exponents.
+  auto check = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    const float a = RoundToBf16Inline(f), b = RoundToBf16(f);
+    uint32_t ab, bb;
+    std::memcpy(&ab, &a, sizeof(ab));
+    std::memcpy(&bb, &b, sizeof(bb));
+    return ab == bb;
+  };
+  int mismatches = 0;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 4093) mismatches += !check(static_cast<uint32_t>(bits));
+  for (uint32_t high : {0x3f80u, 0x3f81u, 0xbf80u, 0x7f7fu, 0x7f80u, 0x7fc0u, 0xff80u, 0x0000u, 0x8001u}) {
+    for (uint32_t low = 0; low <= 0xffffu; ++low) mismatches += !check((high << 16) | low);
+  }
+  EXPECT_EQ(mismatches, 0);
 }
 
 TEST(CpuBackendTest, RefBf16AgreesWithTheWireConversion) {
