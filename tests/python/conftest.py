@@ -101,14 +101,53 @@ def start_server(tmp_dir: pathlib.Path, extra_args=(), name: str = "server") -> 
     binary = require_binary()
     port = free_port()
     address = f"127.0.0.1:{port}"
-    server = ServerProcess([str(binary), "--listen", address, "--backend", "cpu", *extra_args], address,
-                           tmp_dir / f"{name}-{port}.log")
+    # No metrics endpoint (its default port is fixed) and a free fleet port, so servers never collide.
+    args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "",
+            "--fleet-listen", f"127.0.0.1:{free_port()}", *extra_args]
+    server = ServerProcess(args, address, tmp_dir / f"{name}-{port}.log")
     try:
         server.wait_ready()
     except Exception:
         server.stop()
         raise
     return server
+
+
+FLEET_SCRIPT = REPO / "deploy" / "local" / "fleet.sh"
+
+
+def start_fleet(tmp_dir: pathlib.Path, world: int):
+    """`world` server ranks on loopback forming one fleet (rank 0 coordinates); returns them by rank."""
+    binary = require_binary()
+    fleet_ports = [free_port() for _ in range(world)]
+    coordinator = f"127.0.0.1:{fleet_ports[0]}"
+    ranks = []
+    try:
+        for r in range(world):
+            port = free_port()
+            address = f"127.0.0.1:{port}"
+            args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "", "--rank", str(r),
+                    "--world", str(world), "--coordinator", coordinator, "--fleet-listen",
+                    f"127.0.0.1:{fleet_ports[r]}", "--rendezvous-timeout", "60s"]
+            ranks.append(ServerProcess(args, address, tmp_dir / f"fleet-rank{r}-{port}.log"))
+        for s in ranks:
+            s.wait_ready()
+    except Exception:
+        for s in ranks:
+            s.stop()
+        raise
+    return ranks
+
+
+@pytest.fixture(scope="session")
+def fleet2(tmp_path_factory):
+    """A two-rank CPU fleet (S = 2). Skipped while the project has no local fleet support (deploy/local/fleet.sh)."""
+    if not FLEET_SCRIPT.exists():
+        pytest.skip(f"multi-rank fleets are not available yet: {FLEET_SCRIPT.relative_to(REPO)} does not exist")
+    ranks = start_fleet(tmp_path_factory.mktemp("fleet"), 2)
+    yield ranks
+    for s in ranks:
+        s.stop()
 
 
 @pytest.fixture(scope="session")

@@ -147,7 +147,8 @@ class Muon(torch.optim.Optimizer):
       client: an orthoserve.Client. job: the trainer job id for group steps (default $ORTHOSERVE_JOB or "muon").
       tp_mode: None (DTensors by the "auto" algorithm), "duplicated", "distributed" or "blockwise" (TP
         algorithms for sharded DTensors); a parameter's own `tp_mode` attribute overrides it.
-      algorithm: the algorithm for sharded DTensors when no TP mode applies (default "auto").
+      algorithm: the algorithm for sharded DTensors when no TP mode applies (default "auto"); a parameter's
+        own `orthoserve_algorithm` attribute overrides it.
       timeout: deadline in seconds of each remote call.
     Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest)). DTensor parameters are sent as group
     steps of their mesh's shard group, each rank only its local shard; plain tensors go whole from each rank.
@@ -269,7 +270,7 @@ class Muon(torch.optim.Optimizer):
                 if mode is not None:
                     kwargs.update(algorithm=f"tp_{mode}", partition_dim=_partition_dim(p))
                 else:
-                    kwargs.update(algorithm=self.algorithm)
+                    kwargs.update(algorithm=getattr(p, "orthoserve_algorithm", None) or self.algorithm)
                 local = updates[i].to_local() if is_dtensor(updates[i]) else updates[i]
                 shards.append(dtensor_shard(self._names[id(p)], p, data=local, **kwargs))
             group = self.client.group(self.job, name, rank, world)

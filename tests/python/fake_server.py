@@ -1,0 +1,84 @@
+"""A recording in-process Orthogonalizer for testing the client's side of the wire protocol (message order,
+chunk sizes, headers, blocks, routing, error mapping) without the C++ server. It echoes each block's bytes
+back; numerics are tested against the real server elsewhere."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from typing import List
+
+import grpc
+
+from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
+from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
+
+
+class RecordingServicer(pb_grpc.OrthogonalizerServicer):
+    def __init__(self, chunk_bytes: int, fleet_rank: int = 0):
+        self.chunk_bytes = chunk_bytes
+        self.fleet_rank = fleet_rank
+        self.members: List[pb.FleetMember] = []
+        self.streams: List[List[pb.StreamRequest]] = []
+        self.metadata: List[dict] = []
+        self.lock = threading.Lock()
+
+    def GetServerInfo(self, request, context):
+        return pb.ServerInfo(version="fake", backend="cpu", fleet_rank=self.fleet_rank,
+                             fleet_world=max(1, len(self.members)), members=self.members, ready=True,
+                             limits=pb.Limits(chunk_bytes=self.chunk_bytes))
+
+    def Orthogonalize(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        out = pb.OrthogonalizeResponse()
+        for i, m in enumerate(request.matrices):
+            out.results.add(index=i, name=m.spec.name, dtype=m.spec.dtype, shape=m.spec.shape, data=m.data)
+        return out
+
+    def OrthogonalizeStream(self, request_iterator, context):
+        messages = list(request_iterator)
+        with self.lock:
+            self.streams.append(messages)
+            self.metadata.append(dict(context.invocation_metadata()))
+        header = messages[0].header
+        if header.job == "abort":
+            context.abort(grpc.StatusCode.ABORTED, "step 3 of group g aborted: trainer ranks [1] missing")
+        if header.job == "slow":
+            time.sleep(2)
+        specs, data = [], {}
+        for m in messages[1:]:
+            kind = m.WhichOneof("kind")
+            if kind == "spec":
+                specs.append(m.spec)
+            elif kind == "chunk":
+                data[m.chunk.index] = data.get(m.chunk.index, b"") + m.chunk.data
+        # Answer in reverse order: results may come in any order.
+        failed = 0
+        for i in reversed(range(len(specs))):
+            spec = specs[i]
+            if spec.name.startswith("bad"):
+                failed += 1
+                yield pb.StreamResponse(result=pb.MatrixResult(index=i, name=spec.name, code=3,
+                                                               message="block rows out of range"))
+                continue
+            yield pb.StreamResponse(result=pb.MatrixResult(index=i, name=spec.name, dtype=spec.dtype,
+                                                           shape=spec.shape, block=spec.block))
+            payload = data.get(i, b"")
+            for start in range(0, len(payload), self.chunk_bytes):
+                yield pb.StreamResponse(chunk=pb.DataChunk(index=i, data=payload[start:start + self.chunk_bytes]))
+        yield pb.StreamResponse(summary=pb.StepSummary(matrices_ok=len(specs) - failed, matrices_failed=failed,
+                                                       fleet_rank=self.fleet_rank))
+
+
+class FakeServer:
+    def __init__(self, chunk_bytes: int = 1000, fleet_rank: int = 0):
+        self.servicer = RecordingServicer(chunk_bytes, fleet_rank)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_OrthogonalizerServicer_to_server(self.servicer, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(0)
