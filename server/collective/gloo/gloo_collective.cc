@@ -1,7 +1,10 @@
 // GlooCollective: every operation as posted point-to-point transfers over Gloo unbound buffers.
 #include "server/collective/gloo/gloo_collective.h"
 
+#include <net/if.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -61,6 +64,23 @@ void IgnoreSigpipeUnlessHandled() {
   (void)done;
 }
 
+// Checks that `hostname` resolves, before Gloo sees it: Gloo's CreateDeviceAttr dereferences
+// the result of a failed getaddrinfo (it crashes the process on an unknown name).
+// INVALID_ARGUMENT for a name that does not resolve, UNAVAILABLE for a transient DNS failure.
+absl::Status CheckResolvable(const std::string& hostname) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (result != nullptr) freeaddrinfo(result);
+  if (rv == 0) return absl::OkStatus();
+  const std::string message = absl::StrCat("GlooCollective: hostname '", hostname, "' does not resolve (",
+                                           gai_strerror(rv), "); set hostname to an address of this host");
+  if (rv == EAI_AGAIN) return absl::UnavailableError(message);
+  return absl::InvalidArgumentError(message);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Options& options) {
@@ -80,6 +100,12 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Opt
     return absl::InvalidArgumentError("GlooCollective: set hostname or interface to bind");
   }
 
+  if (!options.interface.empty() && if_nametoindex(options.interface.c_str()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GlooCollective: network interface '", options.interface,
+                                                   "' does not exist on this host; set interface to one that "
+                                                   "does (see `ip link`) or leave it empty and set hostname"));
+  }
+  if (options.interface.empty()) RETURN_IF_ERROR(CheckResolvable(options.hostname));
   IgnoreSigpipeUnlessHandled();
   PrefixStore scoped(options.store, options.prefix.empty() ? "gloo" : absl::StrCat(options.prefix, "/gloo"));
   gloo_internal::GlooStoreAdapter adapter(&scoped, options.timeout);

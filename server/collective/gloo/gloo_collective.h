@@ -45,7 +45,8 @@ class GlooCollective final : public Collective {
 
   // Joins the group: publishes this rank's listening addresses under the prefix and connects
   // to every other rank. Blocks until all `world` ranks have called Create with the same
-  // store, prefix and world. INVALID_ARGUMENT for bad options (naming the field),
+  // store, prefix and world. INVALID_ARGUMENT for bad options (naming the field; also an
+  // interface that does not exist, a hostname that does not resolve),
   // DEADLINE_EXCEEDED when peers do not appear in time (naming the missing store keys),
   // UNAVAILABLE when binding or connecting fails. Reusing a prefix whose keys were set by an
   // earlier group connects to stale addresses: use a fresh prefix per group generation.

@@ -204,7 +204,7 @@ void CheckAllReduceSum(std::vector<std::unique_ptr<Collective>>& group, size_t n
   });
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(results[r].size(), n);
-    EXPECT_EQ(std::memcmp(results[r].data(), expected.data(), n * sizeof(T)), 0)
+    EXPECT_TRUE(n == 0 || std::memcmp(results[r].data(), expected.data(), n * sizeof(T)) == 0)
         << "rank " << r << " differs from the rank-order sum";
   }
 }

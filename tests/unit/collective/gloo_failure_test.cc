@@ -165,13 +165,40 @@ TEST(GlooFailureTest, RendezvousTimesOutNamingTheMissingRanksKey) {
   EXPECT_OK(store.Get("gen-7/gloo/0", absl::Milliseconds(1)));
 }
 
-TEST(GlooFailureTest, UnknownInterfaceIsUnavailable) {
+TEST(GlooFailureTest, UnknownInterfaceIsInvalidArgument) {
   InMemoryStore store;
   GlooCollective::Options options;
   options.store = &store;
   options.interface = "no-such-nic0";
   EXPECT_THAT(GlooCollective::Create(options),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo rendezvous of rank 0 of 1")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'no-such-nic0' does not exist")));
+}
+
+TEST(GlooFailureTest, UnresolvableHostnameIsRejectedBeforeGlooSeesIt) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  options.hostname = "no-such-host.invalid";
+  EXPECT_THAT(GlooCollective::Create(options),
+              AnyOf(StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid' does not resolve")),
+                    StatusIs(absl::StatusCode::kUnavailable, HasSubstr("'no-such-host.invalid' does not resolve"))));
+}
+
+TEST(GlooFailureTest, AddressOfAnotherHostIsUnavailableWithGloosMessage) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  options.hostname = "192.0.2.1";  // TEST-NET-1: resolves, but is not an address of this host
+  EXPECT_THAT(GlooCollective::Create(options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo rendezvous of rank 0 of 1: gloo")));
+}
+
+TEST(GlooFailureTest, LoopbackInterfaceWorks) {
+  InMemoryStore store;
+  GlooCollective::Options options;
+  options.store = &store;
+  options.interface = "lo";
+  EXPECT_OK(GlooCollective::Create(options));
 }
 
 TEST(GlooFailureTest, WorldOneWorksWithoutPeers) {
