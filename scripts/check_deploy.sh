@@ -151,10 +151,16 @@ config_dry_run() {
     fi
     vars+=("$key=$value")
   done <"$env_file"
-  echo "env: ${vars[*]}"
-  echo "args: ${args}"
   # shellcheck disable=SC2086  # args are the container's args, word-split on purpose
-  env -i PATH="$PATH" "${vars[@]}" "$orthoserve" $args --check-config
+  if env -i PATH="$PATH" "${vars[@]}" "$orthoserve" $args --check-config >"$work/check-config.out" 2>&1; then
+    grep -E -- '^--(rank|world|coordinator|advertise-address) ' "$work/check-config.out" | tr '\n' ' '
+    echo
+    tail -1 "$work/check-config.out"
+  else
+    echo "environment: ${vars[*]} args: ${args}"
+    cat "$work/check-config.out"
+    return 1
+  fi
 }
 
 if [[ ! -x $orthoserve ]]; then
@@ -173,7 +179,7 @@ else
         openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=check-deploy-ca \
           -keyout ca.key -out ca.crt 2>/dev/null &&
         openssl req -newkey rsa:2048 -nodes -subj /CN=orthoserve -keyout tls.key -out tls.csr 2>/dev/null &&
-        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >ext &&
+        printf 'subjectAltName=DNS:orthoserve-0.orthoserve-fleet.orthoserve.svc,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >ext &&
         openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 -extfile ext \
           -out tls.crt 2>/dev/null
     ) && have_tls=1
@@ -195,41 +201,116 @@ else
     done < <("$py" "${checks[0]}" statefulsets "$render")
   done
 
-  # Live scrape: one server on free loopback ports; orthoctl health (the image's HEALTHCHECK);
-  # promtool check metrics; every metric the dashboard and the rules use is in the scrape.
-  grpc_port=$(free_port)
-  fleet_port=$(free_port)
-  metrics_port=$(free_port)
-  env -i PATH="$PATH" "$orthoserve" --listen "127.0.0.1:${grpc_port}" --fleet-listen "127.0.0.1:${fleet_port}" \
-    --metrics-address "127.0.0.1:${metrics_port}" --backend cpu --world 1 --rank 0 >"$work/server.log" 2>&1 &
-  server_pids+=($!)
+  # start_server NAME ARGS...: starts orthoserve in the background (log in $work/NAME.log).
+  start_server() {
+    local name=$1
+    shift
+    env -i PATH="$PATH" "$orthoserve" "$@" >"$work/${name}.log" 2>&1 &
+    server_pids+=($!)
+    eval "${name}_pid=$!"
+  }
+  # wait_health PORT [TLS flags...]: up to 10 s for the health service to answer (SERVING or not).
+  wait_health() {
+    local port=$1 out
+    shift
+    for _ in $(seq 1 50); do
+      if out=$("$orthoctl" health --server "127.0.0.1:${port}" --timeout 1 "$@" 2>&1); then return 0; fi
+      grep -qi "not.serving" <<<"$out" && return 0
+      sleep 0.2
+    done
+    echo "$out"
+    return 1
+  }
+  [[ -x $orthoctl ]] || {
+    echo "FAILED: ${orthoctl} not found (the probes and the image's HEALTHCHECK use it)" >&2
+    failed=$((failed + 1))
+    failures+=("orthoctl missing")
+  }
+
+  # Probe semantics: rank 0 of a 2-rank fleet whose rank 1 never comes. The liveness target (fleet
+  # port) must be SERVING, the readiness target (public port) NOT_SERVING.
+  p_grpc=$(free_port) p_fleet=$(free_port)
+  start_server waiting --listen "127.0.0.1:${p_grpc}" --fleet-listen "127.0.0.1:${p_fleet}" --metrics-address= \
+    --backend cpu --world 2 --rank 0 --coordinator "127.0.0.1:${p_fleet}" --rendezvous-timeout 120s
+  if [[ -x $orthoctl ]] && wait_health "$p_grpc"; then
+    check "liveness target (fleet port) SERVING while the fleet forms" \
+      "$orthoctl" health --server "127.0.0.1:${p_fleet}" --timeout 5
+    check "readiness target (public port) NOT_SERVING until the fleet has formed" bash -c \
+      "'$orthoctl' health --server 127.0.0.1:${p_grpc} --timeout 5; rc=\$?; echo \"exit \$rc\"; [ \$rc -eq 2 ]"
+  else
+    echo "FAILED: a waiting rank's health service did not answer; its log:" >&2
+    sed 's/^/    /' "$work/waiting.log" >&2
+    failed=$((failed + 1))
+    failures+=("probe semantics")
+  fi
+  kill -KILL "$waiting_pid" 2>/dev/null
+
+  # Live scrape: a one-rank server on free loopback ports; orthoctl health (the image's
+  # HEALTHCHECK); promtool check metrics; every metric the dashboard and the rules use is in it.
+  grpc_port=$(free_port) fleet_port=$(free_port) metrics_port=$(free_port)
+  start_server live --listen "127.0.0.1:${grpc_port}" --fleet-listen "127.0.0.1:${fleet_port}" \
+    --metrics-address "127.0.0.1:${metrics_port}" --backend cpu --world 1 --rank 0 --drain-timeout 10s
   scrape() { curl -sf "http://127.0.0.1:${metrics_port}/metrics" -o "$work/scrape.txt"; }
   for _ in $(seq 1 100); do
     scrape && break
-    kill -0 "${server_pids[0]}" 2>/dev/null || break
+    kill -0 "$live_pid" 2>/dev/null || break
     sleep 0.1
   done
   if ! scrape; then
     echo "FAILED: orthoserve did not serve /metrics on 127.0.0.1:${metrics_port}; its log:" >&2
-    sed 's/^/    /' "$work/server.log" >&2
+    sed 's/^/    /' "$work/live.log" >&2
     failed=$((failed + 1))
     failures+=("live scrape")
   else
     if [[ -x $orthoctl ]]; then
+      wait_health "$grpc_port"
       check "orthoctl health --server 127.0.0.1:${grpc_port} (the image's HEALTHCHECK)" \
-        "$orthoctl" health --server "127.0.0.1:${grpc_port}"
-    else
-      echo "FAILED: ${orthoctl} not found (the image's HEALTHCHECK uses it)" >&2
-      failed=$((failed + 1))
-      failures+=("orthoctl missing")
+        "$orthoctl" health --server "127.0.0.1:${grpc_port}" --timeout 5
     fi
+    # prometheus-cpp writes no # TYPE line for a family without samples: one real request makes
+    # the per-matrix series appear (and shows they count it).
+    "$py" "${checks[0]}" write-npy "$work/m.npy" 64 32
+    check "one request through the server (orthoctl orthogonalize) is counted" bash -c \
+      "'$orthoctl' orthogonalize --server 127.0.0.1:${grpc_port} --timeout 60 --in '$work/m.npy' --out '$work/out.npy' &&
+       curl -sf http://127.0.0.1:${metrics_port}/metrics | grep -E '^orthoserve_(matrices|requests)_total\\{.*code=\"OK\".*\\} 1\$'"
     scrape
     check "promtool check metrics on a live scrape" bash -c "promtool check metrics < '$work/scrape.txt'"
     check "dashboard and alert rules name only metrics the server exports (live scrape)" \
       "$py" "${checks[0]}" metric-names --scrape "$work/scrape.txt" \
       --dashboard deploy/grafana/orthoserve.json --rules deploy/prometheus/orthoserve-rules.yaml
   fi
-  kill -TERM "${server_pids[0]}" 2>/dev/null
+  # SIGTERM drains and exits 0 within the drain timeout (terminationGracePeriodSeconds covers it).
+  sigterm_exit() {
+    local start=$SECONDS rc
+    kill -TERM "$live_pid" || return 1
+    wait "$live_pid"
+    rc=$?
+    echo "exit ${rc} after $((SECONDS - start)) s"
+    [[ $rc -eq 0 && $((SECONDS - start)) -le 10 ]]
+  }
+  check "SIGTERM: the server drains and exits 0" sigterm_exit
+
+  # The TLS example's readiness probe, run as the kubelet would against a server with its TLS
+  # flags (certificates made up above, for the pod's DNS name).
+  tls_render="$work/render/examples_tls.yaml"
+  if ((have_tls)) && [[ -s $tls_render && -x $orthoctl ]]; then
+    tls_port=$(free_port) tls_fleet=$(free_port)
+    t=$work/root/etc/orthoserve/tls
+    start_server tls --listen "127.0.0.1:${tls_port}" --fleet-listen "127.0.0.1:${tls_fleet}" --metrics-address= \
+      --backend cpu --world 1 --rank 0 --tls-cert "$t/tls.crt" --tls-key "$t/tls.key" --tls-client-ca "$t/ca.crt"
+    probe=$("$py" "${checks[0]}" probe-command "$tls_render")
+    probe=${probe//\/etc\/orthoserve/$work\/root\/etc\/orthoserve}
+    probe=${probe//127.0.0.1:50051/127.0.0.1:${tls_port}}
+    wait_health "$tls_port" --tls-ca "$t/ca.crt" --tls-cert "$t/tls.crt" --tls-key "$t/tls.key" \
+      --tls-server-name orthoserve-0.orthoserve-fleet.orthoserve.svc
+    check "TLS example's readiness probe against a mutual-TLS server" \
+      env -i PATH="$(dirname "$orthoctl"):$PATH" POD_NAME=orthoserve-0 FLEET_SERVICE=orthoserve-fleet \
+      POD_NAMESPACE=orthoserve sh -c "echo \"probe: \$0\"; $probe" "$probe"
+    check "...and the same probe without a client certificate is refused" bash -c \
+      "'$orthoctl' health --server 127.0.0.1:${tls_port} --timeout 5 --tls-ca '$t/ca.crt' \
+         --tls-server-name orthoserve-0.orthoserve-fleet.orthoserve.svc; rc=\$?; echo \"exit \$rc\"; [ \$rc -ne 0 ]"
+    kill -KILL "$tls_pid" 2>/dev/null
+  fi
 fi
 
 echo

@@ -69,7 +69,7 @@ def panels():
                     "none", 4, y))
     out.append(stat("Fleet size", f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}}", "none", 8, y))
     out.append(stat("Requests/s", f'sum(rate(orthoserve_requests_total{{{SEL}}}[{RI}]))', "", "reqps", 12, y))
-    out.append(stat("NS FLOP/s", f'sum(rate(orthoserve_ns_flops_total{{{SEL}}}[{RI}]))', "", "flops", 16, y))
+    out.append(stat("NS FLOP/s", f'sum(rate(orthoserve_newton_schulz_flops_total{{{SEL}}}[{RI}]))', "", "flops", 16, y))
     out.append(stat("Build", f'count by (version, backend, device) (orthoserve_build_info{{{SEL}}})',
                     "{{version}} {{backend}} {{device}}", "none", 20, y))
     y += 4
@@ -102,7 +102,7 @@ def panels():
         description="Received above the axis, sent below."))
     y += 8
     out.append(timeseries("NS FLOP/s by rank", [
-        (f'sum by (pod) (rate(orthoserve_ns_flops_total{{{SEL}}}[{RI}]))', "{{pod}}")], "flops", 0, y))
+        (f'sum by (pod) (rate(orthoserve_newton_schulz_flops_total{{{SEL}}}[{RI}]))', "{{pod}}")], "flops", 0, y))
     out.append(timeseries("Request latency", quantiles("orthoserve_request_duration_seconds", "method", "{{method}}"),
                           "s", 12, y))
     y += 8

@@ -127,11 +127,12 @@ def check_metric_names(scrape_path, dashboards, rules):
         raise CheckError("\n".join(bad))
     families = sorted({n for n in used if n.startswith("orthoserve_")})
     print(f"metric names: {len(queries)} queries use {len(families)} server series, all in the scrape")
-    unused = sorted(n for n in exported if n.startswith("orthoserve_") and n not in used
-                    and not any(n == u + s for u in used for s in ("_sum", "_count", "_bucket"))
-                    and not any(u == n + s for u in used for s in ("_sum", "_count", "_bucket")))
+    families = re.findall(r"^#\s*TYPE\s+(orthoserve_\S+)\s+(\S+)", pathlib.Path(scrape_path).read_text(), re.M)
+    unused = [f for f, kind in families
+              if not ({f} | ({f + "_bucket", f + "_sum", f + "_count"} if kind in ("histogram", "summary") else set()))
+              & used]
     if unused:
-        print("  exported but on no panel or rule: " + ", ".join(unused))
+        print("  exported, on no panel or rule: " + ", ".join(unused))
 
 
 def write_dashboard_rules(dashboard, out):
@@ -253,6 +254,7 @@ def check_statefulset(objs, sts):
     expect(f"{name}-0.{spec.get('serviceName')}." in pod_env(objs, sts, 1, "ns").get("ORTHOSERVE_COORDINATOR", ""),
            "ORTHOSERVE_COORDINATOR must name pod 0 through the headless Service")
 
+    fleet_port = int(cm.get("ORTHOSERVE_FLEET_LISTEN", ":50061").rsplit(":", 1)[1])
     # Graceful termination: drain + preStop must fit in the grace period.
     drain = duration_seconds(cm.get("ORTHOSERVE_DRAIN_TIMEOUT", "0s"))
     pre = c.get("lifecycle", {}).get("preStop", {})
@@ -265,21 +267,25 @@ def check_statefulset(objs, sts):
     expect(grace >= drain + pre_sleep + 5,
            f"terminationGracePeriodSeconds {grace} < drain {drain:g}s + preStop {pre_sleep:g}s + 5s margin")
 
-    # Probes: native gRPC on the public port (or an exec probe where TLS forbids it).
+    # Probes. Readiness: the public port's health (SERVING once the fleet has formed), natively or,
+    # under TLS, through `orthoctl health`. Liveness: the fleet port's health, which answers while
+    # the process runs (formed or not) and stays plaintext; on the public port it would kill ranks
+    # that wait for their fleet.
     listen_port = int(cm.get("ORTHOSERVE_LISTEN", ":50051").rsplit(":", 1)[1])
-    for probe in ("readinessProbe", "livenessProbe"):
-        p = c.get(probe)
-        expect(p is not None, f"no {probe}")
-        if p and "grpc" in p:
-            expect(p["grpc"]["port"] == listen_port, f"{probe} port {p['grpc']['port']} is not the listen port")
-        elif p:
-            expect("exec" in p and "orthoctl health" in " ".join(p["exec"]["command"]),
-                   f"{probe} must be a gRPC probe or `orthoctl health`")
-            expect(bool(cm.get("ORTHOSERVE_TLS_CERT")), f"{probe} is not a native gRPC probe but TLS is off")
-    if c.get("readinessProbe", {}).get("grpc"):
-        expect(c["readinessProbe"]["grpc"].get("service") == "orthoserve.v1.Orthogonalizer",
-               "readinessProbe must ask for service orthoserve.v1.Orthogonalizer (SERVING once the fleet formed)")
-
+    ready, live = c.get("readinessProbe"), c.get("livenessProbe")
+    expect(ready is not None and live is not None, "needs a readinessProbe and a livenessProbe")
+    if ready and "grpc" in ready:
+        expect(ready["grpc"]["port"] == listen_port and ready["grpc"].get("service") == "orthoserve.v1.Orthogonalizer",
+               f"readinessProbe must be gRPC on the listen port {listen_port}, service orthoserve.v1.Orthogonalizer")
+        expect(not cm.get("ORTHOSERVE_TLS_CERT"), "readinessProbe is a plaintext gRPC probe but the port is under TLS")
+    elif ready:
+        cmd = " ".join(ready.get("exec", {}).get("command", []))
+        expect("orthoctl health" in cmd and f":{listen_port}" in cmd,
+               f"readinessProbe must be a gRPC probe or `orthoctl health` on port {listen_port}")
+        expect(not cm.get("ORTHOSERVE_TLS_CERT") or "--tls-ca" in cmd, "readinessProbe must use TLS like the server")
+    if live:
+        expect(live.get("grpc", {}).get("port") == fleet_port and not live["grpc"].get("service"),
+               f"livenessProbe must be gRPC on the fleet port {fleet_port} (service \"\")")
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
     expect(bool(shm) and volumes.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory",
@@ -426,6 +432,29 @@ def split_rendered(path, builtin_out, crd_out):
     pathlib.Path(crd_out).write_text(yaml.safe_dump_all(crds, sort_keys=False))
     print(f"{path}: {len(builtin)} built-in objects for the schema validator; "
           f"{len(crds)} custom resources ({', '.join(sorted({o['kind'] for o in crds})) or 'none'}) checked here")
+
+
+def print_probe_command(path, statefulset, probe):
+    """Prints an exec probe's command as one shell script (the `sh -c` script itself if it is one)."""
+    sts = next((o for o in load_objects(path) if o["kind"] == "StatefulSet"
+                and (not statefulset or o["metadata"]["name"] == statefulset)), None)
+    if sts is None:
+        raise CheckError(f"{path}: no StatefulSet {statefulset!r}")
+    cmd = container(sts).get(probe, {}).get("exec", {}).get("command")
+    if not cmd:
+        raise CheckError(f"{path}: {probe} of {sts['metadata']['name']} is not an exec probe")
+    print(cmd[2] if cmd[:2] == ["sh", "-c"] and len(cmd) == 3 else shlex.join(cmd))
+
+
+def write_npy(path, rows, cols, seed=1):
+    """Writes a float32 C-order .npy of deterministic values in [-1, 1) (standard library only)."""
+    import random
+    import struct
+    rng = random.Random(seed)
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    data = struct.pack(f"<{rows * cols}f", *(rng.uniform(-1, 1) for _ in range(rows * cols)))
+    pathlib.Path(path).write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data)
 
 
 def list_statefulsets(path):
@@ -643,6 +672,14 @@ def main(argv):
     p.add_argument("file")
     p.add_argument("builtin_out")
     p.add_argument("crd_out")
+    p = sub.add_parser("probe-command", help="print an exec probe's command as a shell script")
+    p.add_argument("file")
+    p.add_argument("--statefulset", default="")
+    p.add_argument("--probe", default="readinessProbe")
+    p = sub.add_parser("write-npy", help="write a float32 .npy test matrix")
+    p.add_argument("path")
+    p.add_argument("rows", type=int)
+    p.add_argument("cols", type=int)
     p = sub.add_parser("statefulsets", help="list the StatefulSets of a render with their replicas")
     p.add_argument("file")
     p = sub.add_parser("dockerfile-readme", help="the Dockerfile builds exactly as the README does")
@@ -664,6 +701,10 @@ def main(argv):
             print_pod_env(a.file, a.statefulset, a.index, a.namespace)
         elif a.cmd == "split":
             split_rendered(a.file, a.builtin_out, a.crd_out)
+        elif a.cmd == "probe-command":
+            print_probe_command(a.file, a.statefulset, a.probe)
+        elif a.cmd == "write-npy":
+            write_npy(a.path, a.rows, a.cols)
         elif a.cmd == "statefulsets":
             list_statefulsets(a.file)
         elif a.cmd == "dockerfile-readme":

@@ -168,6 +168,21 @@ class RenderedTest(TempDir):
         with self.assertRaisesRegex(dc.CheckError, "ServiceMonitor orthoserve-a also selects orthoserve-b"):
             self.check(objs)
 
+    def test_liveness_on_the_public_port_fails(self):
+        # The public port's health follows fleet formation: liveness there would kill waiting ranks.
+        objs = self.load()
+        dc.container(self.sts(objs))["livenessProbe"]["grpc"]["port"] = 50051
+        with self.assertRaisesRegex(dc.CheckError, "livenessProbe must be gRPC on the fleet port 50061"):
+            self.check(objs)
+
+    def test_plaintext_readiness_under_tls_fails(self):
+        objs = dc.load_objects(RENDER_DIR / "examples_tls.yaml")
+        dc.check_rendered(self.write("ok.yaml", yaml.safe_dump_all(objs)))
+        dc.container(self.sts(objs, "orthoserve"))["readinessProbe"] = {
+            "grpc": {"port": 50051, "service": "orthoserve.v1.Orthogonalizer"}}
+        with self.assertRaisesRegex(dc.CheckError, "plaintext gRPC probe but the port is under TLS"):
+            self.check(objs)
+
     def test_cuda_without_gpu_limit_fails(self):
         objs = dc.load_objects(RENDER_DIR / "overlays_gpu.yaml")
         dc.check_rendered(self.write("ok.yaml", yaml.safe_dump_all(objs)))
