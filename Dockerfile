@@ -34,8 +34,9 @@ RUN mkdir -p /out \
  && cat /out/runtime-packages.txt
 
 # ---- GPU build: the CUDA 13 devel image (Ubuntu 24.04; NVIDIA publishes no Debian CUDA image) ---
-# Every package in setup.sh's list has the same name on Ubuntu 24.04 and on Debian 12, with the
-# same gRPC 1.51 / protobuf 3.21 / abseil 20220623 (see docs/operations.md, "Images").
+# setup.sh's -dev packages have the same names on Ubuntu 24.04 as on Debian 12, with the same gRPC
+# 1.51 / protobuf 3.21 / abseil 20220623; runtime library names differ (t64), hence the ldd-derived
+# runtime package list (see docs/operations.md, "Images").
 FROM ${CUDA_DEVEL_IMAGE} AS build-gpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
