@@ -53,20 +53,35 @@ struct BatchPlan {
   std::vector<MatrixPlan> matrices;
 };
 
-// Per-matrix validation of a plan, identical on every rank: blocks inside the matrix and tiling
-// it exactly (INVALID_ARGUMENT naming the matrix and the overlap or gap), the layout an
-// algorithm needs (ROW_SHARDED: torch.chunk row shards over the W trainer ranks — the message
-// names rank, world, shape and the expected row count; TP_DUPLICATED/TP_DISTRIBUTED:
-// torch.chunk shards along partition_dim spanning the other dim; partition_dim 0 or 1), option
-// validity, split_qkv divisibility. Returns one status per matrix.
+// Per-matrix validation of a plan, identical on every rank. Returns one status per matrix, OK or
+// INVALID_ARGUMENT with a message that starts with `matrix "name"` and names the field:
+//  - "algorithm", "dtype", "result_dtype": known enum values;
+//  - "shape" (ViewAs2d) and "view" (must equal ViewAs2d(shape));
+//  - "options": ValidateNsOptions and ValidateNsOptionsForShape (split_qkv divisibility of the
+//    whole matrix, and of every non-empty block for TP_BLOCKWISE and for TP_DISTRIBUTED with
+//    partition_dim 0, whose blocks are split locally);
+//  - "partition_dim": 0 or 1 for TP_DUPLICATED and TP_DISTRIBUTED (ignored otherwise);
+//  - "owner": AUTO only, -1 (not assigned yet) or a fleet rank;
+//  - "blocks": one placement per trainer rank 0..W-1 in order, each on fleet rank
+//    FleetRankOfTrainer(r, W, S); the blocks inside the matrix and tiling it exactly (naming
+//    the overlapping blocks or the gap); and the layout the algorithm needs — ROW_SHARDED:
+//    torch.chunk row shards over the W trainer ranks, spanning all columns (a wrong count gives
+//    the seed's "rank R of W holds N rows of a (d0, d1, ...) matrix, expected E"); TP_DUPLICATED
+//    / TP_DISTRIBUTED: torch.chunk shards along partition_dim spanning the other dim. A trainer
+//    rank whose chunk is empty may hold any empty block.
+// A plan-level error (trainer_world or fleet_world < 1) is reported for every matrix.
 std::vector<absl::Status> ValidatePlan(const BatchPlan& plan);
 
-// AUTO owner choice: matrices ordered by estimated cost (NsFlops, ties by index), largest first,
-// each to the least-loaded fleet rank (ties to the lowest rank). Sets MatrixPlan::owner for
-// AUTO matrices; leaves the others at -1. Deterministic.
+// AUTO owner choice: matrices ordered by estimated cost (NsFlops of what the engine computes —
+// Q, K and V separately under split_qkv — plus 2 per element, so that steps = 0 matrices still
+// spread; 0 for a matrix whose options are invalid), largest first (ties by index), each to the
+// least-loaded fleet rank (ties to the lowest rank). Sets MatrixPlan::owner for every AUTO
+// matrix and -1 for the others. Deterministic: a pure function of the plan.
 void AssignOwners(BatchPlan& plan);
 
-// This fleet rank's copy of one trainer rank's block of one matrix.
+// This fleet rank's copy of one trainer rank's block of one matrix. Buffers are owned by the
+// caller and must stay valid for the ExecuteBatch call; `in` and `out` must not overlap. An
+// empty block may be omitted (or have null buffers).
 struct LocalBlock {
   int matrix = 0;        // Index into BatchPlan::matrices.
   int trainer_rank = 0;  // Which placement of that matrix this is.
@@ -86,21 +101,38 @@ struct BatchResult {
   double flops = 0;                    // NS FLOPs this rank computed.
 };
 
-// Runs the batch on this fleet rank. `local` holds exactly the blocks whose placement's
-// fleet_rank is collective.rank() (any order). Matrices whose ValidatePlan status is not OK are
-// skipped identically on every rank; the others run with their algorithm:
+// Runs the batch on this fleet rank. `local` holds the blocks whose placement's fleet_rank is
+// collective.rank() (any order). Matrices whose ValidatePlan status is not OK are skipped
+// identically on every rank (their outputs are not written); AUTO owners left at -1 are
+// chosen here with AssignOwners. The others run with their algorithm, in this order of phases
+// (within a phase, plan order):
+//  - TP_BLOCKWISE: each block alone, scaled by its own shape; no collective.
 //  - AUTO: every block goes to the matrix's owner (one all-to-allv for the whole batch), the
 //    owner runs NS once, the result blocks come back (one all-to-allv).
-//  - ROW_SHARDED: the seed's orthogonalize_exact: grouped by dtype, ordered by numel
-//    descending, rounds of S matrices with fleet rank i owning the i-th matrix of the round,
-//    two all-to-allv per round.
-//  - GATHERED and TP_DUPLICATED: every matrix all-gathered to every fleet rank, NS everywhere,
-//    each rank keeps its blocks.
-//  - TP_DISTRIBUTED: OrthogonalizeSharded with a SumReducer over the collective.
-//  - TP_BLOCKWISE: each block alone, scaled by its own shape; no collective.
-// Collective calls are made in the same order on every rank. Returns the per-matrix statuses;
-// a failing collective fails the whole batch (the returned status: UNAVAILABLE or
-// DEADLINE_EXCEEDED), after which the collective is broken.
+//  - ROW_SHARDED: the seed's orthogonalize_exact: grouped by dtype (first appearance), ordered
+//    by numel descending (ties by plan order), rounds of S matrices with fleet rank i owning
+//    the i-th matrix of the round, two all-to-allv per round.
+//  - GATHERED and TP_DUPLICATED: every matrix all-gathered to every fleet rank (one
+//    all-gatherv per group of matrices of at most 256 MiB), NS everywhere, each rank keeps its
+//    blocks.
+//  - TP_DISTRIBUTED: OrthogonalizeSharded over every fleet rank, each trainer block one
+//    NsShard, through a reducer that keeps the ranks in step when one of them fails mid-way
+//    (guarded_reducer.h).
+//  - Status agreement: the per-matrix statuses are exchanged (one all-gatherv, and one more
+//    for messages when something failed), so every rank reports the same status for every
+//    matrix: the first failure in fleet rank order.
+// Blocks travel in the matrix's dtype and results in the result dtype. Collective calls depend
+// only on the plan, so they are made in the same order on every rank; fleet ranks with no
+// blocks take part with empty ones.
+//
+// Per-matrix errors (in BatchResult::matrices, identical on every rank): the ValidatePlan
+// error; INVALID_ARGUMENT when a rank's local block is missing, duplicated, misplaced or has no
+// buffers; the backend's error (for example INTERNAL or RESOURCE_EXHAUSTED) from the rank that
+// computed it — the owner, any gathering rank, any TP participant. A failed matrix's outputs
+// are unspecified. The returned status itself: INVALID_ARGUMENT when the collective's world is
+// not plan.fleet_world; otherwise non-OK only when a collective call failed (UNAVAILABLE or
+// DEADLINE_EXCEEDED, annotated with the phase), after which the collective is broken and the
+// outputs are unspecified. Uses the collective from one thread; the backend may be shared.
 absl::StatusOr<BatchResult> ExecuteBatch(const BatchPlan& plan, absl::Span<const LocalBlock> local, Backend& backend,
                                          Collective& collective, const ExecuteOptions& options);
 
