@@ -24,12 +24,12 @@
 namespace orthoserve {
 namespace {
 
-#define BENCH_CHECK(expr)                                                                   \
-  do {                                                                                      \
-    if (!(expr)) {                                                                          \
-      std::fprintf(stderr, "ns_bench: %s failed at %s:%d\n", #expr, __FILE__, __LINE__);    \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define BENCH_CHECK(expr)                                                                \
+  do {                                                                                   \
+    if (!(expr)) {                                                                       \
+      std::fprintf(stderr, "ns_bench: %s failed at %s:%d\n", #expr, __FILE__, __LINE__); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
   } while (false)
 
 double Median(std::vector<double> v) {

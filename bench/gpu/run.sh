@@ -62,7 +62,7 @@ fi
 CTEST_SUMMARY=$(grep -E "tests passed|tests failed|Test +#" "$WORK/ctest.log" | tail -8)
 SKIPS=$(cd "$BUILD" && for b in tests/gpu/*_gpu_test; do "$b" 2>/dev/null | grep -c "SKIPPED \]" || true; done | \
         awk '{s += $1} END {print s + 0}')
-[[ "$SKIPS" != "0" ]] && NOTES+=("$SKIPS GPU test cases reported SKIPPED (tests needing 2+ GPUs skip on one).")
+[[ "$SKIPS" != "0" ]] && NOTES+=("$SKIPS GPU test cases reported SKIPPED (on one GPU: the multi-GPU NCCL case and the no-device checks).")
 
 log "C++ bench"
 if ! timeout 200 "$BUILD/bench/gpu/orthoserve_gpu_ns_bench" --shapes=$SHAPES --precisions=medium,highest \
@@ -108,6 +108,8 @@ if [[ "${SKIP_E2E:-0}" != "1" ]] && (( SECONDS - START < 300 )) && ninja -C "$BU
   else
     NOTES+=("end-to-end step skipped: building orthoserve/orthoctl failed or ran out of time.")
   fi
+elif [[ "${SKIP_E2E:-0}" == "1" ]]; then
+  NOTES+=("end-to-end loopback step skipped (SKIP_E2E=1).")
 else
   NOTES+=("end-to-end loopback step skipped: orthoserve/orthoctl targets not present (or no time left).")
 fi

@@ -2,6 +2,8 @@
 // within 1e-5 of float64, MEDIUM within 1e-2 of the bf16-emulating loop), batch independence,
 // the memory budget, the error paths and creation. Every test skips without a CUDA device,
 // except the one that checks creation fails cleanly on a machine without one.
+#include "server/engine/cuda/cuda_backend.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -12,7 +14,6 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/cuda/cuda_backend.h"
 #include "server/engine/newton_schulz.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/util/status_matchers.h"

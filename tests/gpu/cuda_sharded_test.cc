@@ -72,7 +72,7 @@ class ParticipantReducer final : public SumReducer {
   int participant_;
 };
 
-CudaBackend& Backend() {
+CudaBackend& SharedCudaBackend() {
   static CudaBackend* backend = [] {
     auto created = CudaBackend::Create(CudaBackend::Options{});
     if (!created.ok()) std::abort();
@@ -137,7 +137,8 @@ TEST_P(CudaShardedTest, MatchesWholeMatrixReference) {
       std::vector<NsShard> shards;
       for (int s : held[p]) shards.push_back(NsShard{shapes[s], DType::kF32, in[s].data(), DType::kF32, out[s].data()});
       ParticipantReducer reducer(&group, static_cast<int>(p));
-      statuses[p] = OrthogonalizeSharded(Backend(), "w", Matrix2d{rows, cols}, c.partition_dim, options, shards, reducer);
+      statuses[p] = OrthogonalizeSharded(SharedCudaBackend(), "w", Matrix2d{rows, cols}, c.partition_dim, options,
+                                         shards, reducer);
     });
   }
   for (auto& t : threads) t.join();

@@ -17,8 +17,8 @@ namespace orthoserve::gpu_testing {
 int CudaDeviceCount();
 
 // Skips the current test when the machine has no CUDA device.
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
+#define SKIP_WITHOUT_GPU()                                                                   \
+  do {                                                                                       \
     if (::orthoserve::gpu_testing::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (false)
 

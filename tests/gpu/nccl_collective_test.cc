@@ -2,6 +2,8 @@
 // operation, in place, the broken state after a bad call), bootstrap through a Store or without
 // one, and — when the machine has two or more GPUs — a world of one rank per GPU in threads,
 // checking that sums are rank-ordered and bit-identical on every rank.
+#include "server/collective/nccl/nccl_collective.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/collective/in_memory_store.h"
-#include "server/collective/nccl/nccl_collective.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/util/status_matchers.h"
 

@@ -109,6 +109,10 @@ class NcclCollective::Impl {
   absl::StatusOr<bool> IsOwnDevicePointer(const void* p) const;
   // Waits for the stream under the watchdog: NCCL async errors and the deadline.
   absl::Status Wait(absl::Time deadline);
+  // Waits until the last NCCL call of this non-blocking communicator has been enqueued on the
+  // stream (ncclCommGetAsyncError no longer ncclInProgress); only then may other work be put on
+  // the stream behind it.
+  absl::Status WaitEnqueued(absl::Time deadline);
   // Marks the collective broken and aborts the communicator.
   void Break(const absl::Status& status);
   absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
@@ -126,8 +130,8 @@ absl::Status NcclCollective::Impl::Init(const Options& options) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat("no usable CUDA device for NCCL: cudaGetDeviceCount: ",
-                                                      cudaGetErrorName(e), " (", count, " devices)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device for NCCL: cudaGetDeviceCount: ", cudaGetErrorName(e), " (", count, " devices)"));
   }
   if (device_ >= count) {
     return absl::InvalidArgumentError(absl::StrCat("device ", device_, " out of range: ", count, " CUDA device(s)"));
@@ -183,8 +187,8 @@ absl::Status NcclCollective::Impl::Init(const Options& options) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
       return absl::DeadlineExceededError(absl::StrCat("ncclCommInitRankConfig: rank ", rank_, " of ", world_,
-                                                      " did not finish within ", absl::FormatDuration(
-                                                          options.init_timeout)));
+                                                      " did not finish within ",
+                                                      absl::FormatDuration(options.init_timeout)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -228,8 +232,26 @@ absl::Status NcclCollective::Impl::Wait(absl::Time deadline) {
       if (q != cudaErrorNotReady) return CudaError(q, "cudaStreamQuery");
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("rank ", rank_, " of ", world_,
-                                                      ": the operation did not complete before its deadline"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank_, " of ", world_, ": the operation did not complete before its deadline"));
+    }
+    std::this_thread::sleep_for(sleep);
+    if (sleep < std::chrono::microseconds(500)) sleep *= 2;
+  }
+}
+
+absl::Status NcclCollective::Impl::WaitEnqueued(absl::Time deadline) {
+  auto sleep = std::chrono::microseconds(2);
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    RETURN_IF_ERROR(NcclError(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError", comm_));
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      return absl::UnavailableError(NcclError(state, "NCCL asynchronous error", comm_).message());
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank_, " of ", world_, ": NCCL did not enqueue the operation before its deadline"));
     }
     std::this_thread::sleep_for(sleep);
     if (sleep < std::chrono::microseconds(500)) sleep *= 2;
@@ -264,12 +286,12 @@ absl::Status NcclCollective::Impl::AllToAllv(const void* send, absl::Span<const 
     for (int p = 0; p < world_; ++p) {
       if (p == rank_) continue;
       if (send_bytes[p] > 0) {
-        RETURN_IF_ERROR(NcclError(ncclSend(dsend + soff[p], send_bytes[p], ncclUint8, p, comm_, stream_), "ncclSend",
-                                  comm_));
+        RETURN_IF_ERROR(
+            NcclError(ncclSend(dsend + soff[p], send_bytes[p], ncclUint8, p, comm_, stream_), "ncclSend", comm_));
       }
       if (recv_bytes[p] > 0) {
-        RETURN_IF_ERROR(NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv",
-                                  comm_));
+        RETURN_IF_ERROR(
+            NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
       }
     }
     RETURN_IF_ERROR(NcclError(ncclGroupEnd(), "ncclGroupEnd", comm_));
@@ -308,8 +330,8 @@ absl::Status NcclCollective::Impl::AllGatherv(const void* send, size_t send_byte
         RETURN_IF_ERROR(NcclError(ncclSend(dsend, send_bytes, ncclUint8, p, comm_, stream_), "ncclSend", comm_));
       }
       if (recv_bytes[p] > 0) {
-        RETURN_IF_ERROR(NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv",
-                                  comm_));
+        RETURN_IF_ERROR(
+            NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
       }
     }
     RETURN_IF_ERROR(NcclError(ncclGroupEnd(), "ncclGroupEnd", comm_));
@@ -338,8 +360,10 @@ absl::Status NcclCollective::Impl::AllReduceSum(absl::Span<T> values, absl::Dura
     ASSIGN_OR_RETURN(char* gathered, recv_stage_.Get(bytes * world_));
     const ncclDataType_t type = sizeof(T) == sizeof(double) ? ncclDouble : ncclFloat;
     RETURN_IF_ERROR(NcclError(ncclAllGather(dvalues, gathered, count, type, comm_, stream_), "ncclAllGather", comm_));
-    RETURN_IF_ERROR(CudaError(
-        nccl_internal::OrderedSum(reinterpret_cast<const T*>(gathered), world_, count, dvalues, stream_), "OrderedSum"));
+    RETURN_IF_ERROR(WaitEnqueued(deadline));
+    RETURN_IF_ERROR(
+        CudaError(nccl_internal::OrderedSum(reinterpret_cast<const T*>(gathered), world_, count, dvalues, stream_),
+                  "OrderedSum"));
     RETURN_IF_ERROR(Wait(deadline));
     if (!dev) {
       RETURN_IF_ERROR(Copy(values.data(), dvalues, bytes, cudaMemcpyDeviceToHost));

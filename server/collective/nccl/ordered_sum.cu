@@ -1,7 +1,7 @@
 // Implementation of server/collective/nccl/ordered_sum.h.
-#include "server/collective/nccl/ordered_sum.h"
-
 #include <algorithm>
+
+#include "server/collective/nccl/ordered_sum.h"
 
 namespace orthoserve::nccl_internal {
 namespace {

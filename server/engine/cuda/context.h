@@ -17,8 +17,8 @@ namespace orthoserve::cuda {
 // One task in flight through the upload → compute → download pipeline, and its memory.
 struct Slot {
   Event uploaded, computed, downloaded;
-  size_t index = 0;                 // The task's index in the Run call.
-  const NsTask* task = nullptr;     // Null when the slot is free.
+  size_t index = 0;              // The task's index in the Run call.
+  const NsTask* task = nullptr;  // Null when the slot is free.
   MemoryPool::Block pinned_in, pinned_out, io, x0, x1, a, b;
 
   // Drops the task and returns its memory to the pools. Only once no stream uses it.
@@ -28,7 +28,7 @@ struct Slot {
 struct Context {
   Stream h2d, compute, d2h;
   CublasHandle blas;
-  DeviceMemory scratch;  // kSumSquaresScratch + 8 doubles; the last 8 hold scalar results.
+  DeviceMemory scratch;       // kSumSquaresScratch + 8 doubles; the last 8 hold scalar results.
   PinnedMemory host_scalars;  // 8 doubles of pinned host memory.
   Slot slots[2];
 

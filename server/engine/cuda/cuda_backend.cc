@@ -84,9 +84,8 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, si
   using Pool = cuda::MemoryPool;
   const size_t need = Pool::RoundUp(io_bytes) + 2 * Pool::RoundUp(x_bytes) + 2 * Pool::RoundUp(mm_bytes);
   if (budget > 0 && static_cast<int64_t>(need) > budget) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", need,
-                                                     " bytes of device memory, more than the backend's budget of ",
-                                                     budget, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", need, " bytes of device memory, more than the backend's budget of ", budget, " bytes"));
   }
   slot.task = &task;
   slot.index = index;
@@ -101,30 +100,29 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, si
   // Upload on the copy stream; the host copy into pinned memory overlaps the previous task's
   // compute, which is already enqueued.
   std::memcpy(slot.pinned_in.data(), task.in, in_bytes);
-  RETURN_IF_ERROR(CudaCall(
-      cudaMemcpyAsync(slot.io.data(), slot.pinned_in.data(), in_bytes, cudaMemcpyHostToDevice, ctx.h2d.get()),
-      "cudaMemcpyAsync(H2D)"));
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemcpyAsync(slot.io.data(), slot.pinned_in.data(), in_bytes, cudaMemcpyHostToDevice, ctx.h2d.get()),
+               "cudaMemcpyAsync(H2D)"));
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.uploaded.get(), ctx.h2d.get()), "cudaEventRecord"));
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.compute.get(), slot.uploaded.get(), 0), "cudaStreamWaitEvent"));
 
   cudaStream_t s = ctx.compute.get();
-  RETURN_IF_ERROR(CudaCall(cuda::SumSquares(task.in_dtype, slot.io.data(), numel, ctx.sumsq_scratch(),
-                                            ctx.device_scalar(0), s),
-                           "SumSquares"));
+  RETURN_IF_ERROR(
+      CudaCall(cuda::SumSquares(task.in_dtype, slot.io.data(), numel, ctx.sumsq_scratch(), ctx.device_scalar(0), s),
+               "SumSquares"));
   if (TakeInjectedFailure()) {
     RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
   }
-  RETURN_IF_ERROR(CudaCall(cuda::Normalize(task.in_dtype, slot.io.data(), numel, ctx.device_scalar(0),
-                                           static_cast<float>(args.eps), args.eps_mode == EpsMode::kAdd, prec.dtype,
-                                           slot.x0.data(), s),
-                           "Normalize"));
+  RETURN_IF_ERROR(
+      CudaCall(cuda::Normalize(task.in_dtype, slot.io.data(), numel, ctx.device_scalar(0), static_cast<float>(args.eps),
+                               args.eps_mode == EpsMode::kAdd, prec.dtype, slot.x0.data(), s),
+               "Normalize"));
   cuda::NsDevice dev{ctx.blas.get(), s, prec};
-  ASSIGN_OR_RETURN(void* result,
-                   cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{slot.x0.data(), is_x, m, n}, slot.x1.data(),
-                                     slot.a.data(), slot.b.data()));
-  RETURN_IF_ERROR(CudaCall(cuda::ScaleConvert(prec.dtype, result, numel, static_cast<float>(args.scale),
-                                              task.out_dtype, slot.io.data(), s),
-                           "ScaleConvert"));
+  ASSIGN_OR_RETURN(void* result, cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{slot.x0.data(), is_x, m, n},
+                                                   slot.x1.data(), slot.a.data(), slot.b.data()));
+  RETURN_IF_ERROR(CudaCall(
+      cuda::ScaleConvert(prec.dtype, result, numel, static_cast<float>(args.scale), task.out_dtype, slot.io.data(), s),
+      "ScaleConvert"));
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.computed.get(), s), "cudaEventRecord"));
 
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.d2h.get(), slot.computed.get(), 0), "cudaStreamWaitEvent"));
@@ -196,8 +194,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat("no usable CUDA device: cudaGetDeviceCount: ",
-                                                      cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device: cudaGetDeviceCount: ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
   }
   if (count == 0) return absl::FailedPreconditionError("no usable CUDA device: cudaGetDeviceCount reports 0 devices");
   if (options.device < 0 || options.device >= count) {
@@ -210,7 +208,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   size_t free_bytes = 0, total_bytes = 0;
   RETURN_IF_ERROR(CudaCall(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   const int64_t budget = options.memory_budget_bytes > 0 ? options.memory_budget_bytes
-                                                          : static_cast<int64_t>(static_cast<double>(free_bytes) * 0.9);
+                                                         : static_cast<int64_t>(static_cast<double>(free_bytes) * 0.9);
   std::string name = absl::StrFormat("%s (device %d, %.0f GB)", prop.name, options.device,
                                      std::round(static_cast<double>(prop.totalGlobalMem) / 1e9));
   auto impl = std::make_unique<Impl>(options.device, std::move(name), budget, options.pinned_cache_bytes);

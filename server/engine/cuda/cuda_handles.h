@@ -65,7 +65,7 @@ using DeviceMemory = Owned<void*, DeviceMemoryTraits>;
 using PinnedMemory = Owned<void*, PinnedMemoryTraits>;
 
 // Creators; errors as cuda_status.h (INTERNAL, RESOURCE_EXHAUSTED for allocations).
-absl::StatusOr<Stream> CreateStream();                // Non-blocking with respect to the legacy stream.
+absl::StatusOr<Stream> CreateStream();  // Non-blocking with respect to the legacy stream.
 absl::StatusOr<Event> CreateEvent(bool timing = false);
 absl::StatusOr<CublasHandle> CreateCublas(cudaStream_t stream);  // Bound to `stream`, default math mode.
 absl::StatusOr<DeviceMemory> AllocateDevice(size_t bytes);

@@ -83,8 +83,8 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     const bool is_x = task.partition_dim == 0;
     d.x = cuda::WorkMatrix{d.x0.data(), is_x, m, is_x ? src.shape.rows : src.shape.cols};
     std::memcpy(d.pinned.data(), src.in, in_bytes);
-    RETURN_IF_ERROR(
-        CudaCall(cudaMemcpyAsync(d.io.data(), d.pinned.data(), in_bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(d.io.data(), d.pinned.data(), in_bytes, cudaMemcpyHostToDevice, s),
+                             "cudaMemcpyAsync"));
   }
   ASSIGN_OR_RETURN(a, device_pool.Acquire(mm * prec.element_size(), "Gram"));
   ASSIGN_OR_RETURN(b, device_pool.Acquire(mm * prec.element_size(), "Gram"));
@@ -97,23 +97,23 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(),
                                               ctx.sumsq_scratch(), ctx.device_scalar(0), s),
                              "SumSquares"));
-    RETURN_IF_ERROR(CudaCall(
-        cudaMemcpyAsync(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s),
-        "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s),
+                 "cudaMemcpyAsync"));
     RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
     sumsq += *ctx.host_scalar(0);
   }
   RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(&sumsq, 1)));
   *ctx.host_scalar(1) = sumsq;
-  RETURN_IF_ERROR(CudaCall(
-      cudaMemcpyAsync(ctx.device_scalar(1), ctx.host_scalar(1), sizeof(double), cudaMemcpyHostToDevice, s),
-      "cudaMemcpyAsync"));
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemcpyAsync(ctx.device_scalar(1), ctx.host_scalar(1), sizeof(double), cudaMemcpyHostToDevice, s),
+               "cudaMemcpyAsync"));
   for (DeviceShard& d : shards) {
     if (TakeInjectedFailure()) RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
-    RETURN_IF_ERROR(CudaCall(cuda::Normalize(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(),
-                                             ctx.device_scalar(1), static_cast<float>(args.eps),
-                                             args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
-                             "Normalize"));
+    RETURN_IF_ERROR(CudaCall(
+        cuda::Normalize(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), ctx.device_scalar(1),
+                        static_cast<float>(args.eps), args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
+        "Normalize"));
   }
 
   float* host_gram = pinned_gram.as<float>();
@@ -125,9 +125,9 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     }
     for (size_t i = 0; i < shards.size(); ++i) {
       RETURN_IF_ERROR(cuda::Gram(dev, shards[i].x, b.data()));
-      RETURN_IF_ERROR(CudaCall(
-          cuda::AccumulateF32(prec.dtype, b.data(), static_cast<int64_t>(mm), gram.as<float>(), i == 0, s),
-          "AccumulateF32"));
+      RETURN_IF_ERROR(
+          CudaCall(cuda::AccumulateF32(prec.dtype, b.data(), static_cast<int64_t>(mm), gram.as<float>(), i == 0, s),
+                   "AccumulateF32"));
     }
     RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(host_gram, gram.data(), mm * sizeof(float), cudaMemcpyDeviceToHost, s),
                              "cudaMemcpyAsync"));
@@ -136,9 +136,9 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(gram.data(), host_gram, mm * sizeof(float), cudaMemcpyHostToDevice, s),
                              "cudaMemcpyAsync"));
     // A = the summed Gram in the working precision (rounded to bf16 once in MEDIUM).
-    RETURN_IF_ERROR(CudaCall(
-        cuda::ScaleConvert(DType::kF32, gram.data(), static_cast<int64_t>(mm), 1.0f, prec.dtype, a.data(), s),
-        "ScaleConvert"));
+    RETURN_IF_ERROR(
+        CudaCall(cuda::ScaleConvert(DType::kF32, gram.data(), static_cast<int64_t>(mm), 1.0f, prec.dtype, a.data(), s),
+                 "ScaleConvert"));
     for (DeviceShard& d : shards) {
       void* next = d.x.data == d.x0.data() ? d.x1.data() : d.x0.data();
       RETURN_IF_ERROR(cuda::Update(dev, t, a.data(), b.data(), d.x, next));

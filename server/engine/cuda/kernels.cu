@@ -1,10 +1,10 @@
 // Implementation of server/engine/cuda/kernels.h.
-#include "server/engine/cuda/kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+
+#include "server/engine/cuda/kernels.h"
 
 namespace orthoserve::cuda {
 namespace {
@@ -112,8 +112,8 @@ unsigned GridFor(int64_t n) {
 
 cudaError_t SumSquares(DType dtype, const void* x, int64_t n, double* scratch, double* result, cudaStream_t stream) {
   // The block count depends only on n, so the summation order is fixed for a given size.
-  const int blocks =
-      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kSumSquaresScratch, (n + kThreads * 8 - 1) / (kThreads * 8))));
+  const int blocks = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(kSumSquaresScratch, (n + kThreads * 8 - 1) / (kThreads * 8))));
   SumSquaresPartial<<<blocks, kThreads, 0, stream>>>(dtype, x, n, scratch);
   SumPartials<<<1, kThreads, 0, stream>>>(scratch, blocks, result);
   return cudaGetLastError();

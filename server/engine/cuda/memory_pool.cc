@@ -18,8 +18,8 @@ void MemoryPool::Block::Reset() {
 MemoryPool::~MemoryPool() { Trim(); }
 
 size_t MemoryPool::RoundUp(size_t bytes) {
-  constexpr size_t kSmall = 512;               // Alignment of small blocks.
-  constexpr size_t kLarge = size_t{2} << 20;   // Large blocks in 2 MiB units.
+  constexpr size_t kSmall = 512;              // Alignment of small blocks.
+  constexpr size_t kLarge = size_t{2} << 20;  // Large blocks in 2 MiB units.
   if (bytes == 0) bytes = 1;
   if (bytes <= (size_t{1} << 20)) return (bytes + kSmall - 1) / kSmall * kSmall;
   return (bytes + kLarge - 1) / kLarge * kLarge;
@@ -88,8 +88,8 @@ absl::StatusOr<MemoryPool::Block> MemoryPool::Acquire(size_t bytes, absl::string
   }
   if (budget > 0) EvictLocked(size);
   void* data = nullptr;
-  cudaError_t error = options_.kind == Kind::kDevice ? cudaMalloc(&data, size)
-                                                     : cudaHostAlloc(&data, size, cudaHostAllocDefault);
+  cudaError_t error =
+      options_.kind == Kind::kDevice ? cudaMalloc(&data, size) : cudaHostAlloc(&data, size, cudaHostAllocDefault);
   if (error == cudaErrorMemoryAllocation && !cache_.empty()) {
     cudaGetLastError();  // Allocation failures are not sticky; clear it and retry with an empty cache.
     FlushLocked();
@@ -98,7 +98,8 @@ absl::StatusOr<MemoryPool::Block> MemoryPool::Acquire(size_t bytes, absl::string
   if (error != cudaSuccess) {
     if (error == cudaErrorMemoryAllocation) cudaGetLastError();
     absl::Status status = CudaCall(error, options_.kind == Kind::kDevice ? "cudaMalloc" : "cudaHostAlloc");
-    return absl::Status(status.code(), absl::StrCat(what, ": ", size, " bytes of ", kind, " memory: ", status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat(what, ": ", size, " bytes of ", kind, " memory: ", status.message()));
   }
   held_ += static_cast<int64_t>(size);
   return Block(this, data, size);

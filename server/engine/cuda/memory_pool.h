@@ -27,8 +27,8 @@ class MemoryPool {
   enum class Kind { kDevice, kPinnedHost };
 
   struct Options {
-    Kind kind = Kind::kDevice;  // cudaMalloc or cudaHostAlloc.
-    int64_t budget_bytes = 0;   // Most bytes held (in use + cached); 0 = no limit.
+    Kind kind = Kind::kDevice;     // cudaMalloc or cudaHostAlloc.
+    int64_t budget_bytes = 0;      // Most bytes held (in use + cached); 0 = no limit.
     int64_t max_cached_bytes = 0;  // Free bytes kept for reuse beyond which releases free; 0 = no limit.
   };
 

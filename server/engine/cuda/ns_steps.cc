@@ -21,9 +21,9 @@ absl::Status Update(const NsDevice& dev, const CoefficientTriple& t, const void*
   float alpha = static_cast<float>(t.b);
   if (t.c != 0) {
     // B = c·(A·A) + b·A with A symmetric, so A·A = A·Aᵀ (a symmetric product).
-    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(b_buf, a, static_cast<size_t>(m * m) * es, cudaMemcpyDeviceToDevice,
-                                             dev.stream),
-                             "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(b_buf, a, static_cast<size_t>(m * m) * es, cudaMemcpyDeviceToDevice, dev.stream),
+                 "cudaMemcpyAsync"));
     RETURN_IF_ERROR(SymmetricProduct(dev.blas, dev.stream, dev.precision, a, false, m, m, m, static_cast<float>(t.c),
                                      static_cast<float>(t.b), b_buf, m));
     mult = b_buf;

@@ -33,8 +33,8 @@ GemmPrecision ForPrecision(Precision precision) {
 }
 
 absl::Status Gemm(cublasHandle_t handle, const GemmPrecision& p, cublasOperation_t op_a, cublasOperation_t op_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
-                  int64_t ldb, float beta, void* c, int64_t ldc) {
+                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                  float beta, void* c, int64_t ldc) {
   if (!FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldb) || !FitsInt(ldc)) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM of ", m, "x", n, "x", k, " exceeds cuBLAS's 32-bit dimensions"));

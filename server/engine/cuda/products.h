@@ -21,7 +21,7 @@
 namespace orthoserve::cuda {
 
 struct GemmPrecision {
-  DType dtype = DType::kF32;            // Element type of the working buffers (kF32 or kBF16).
+  DType dtype = DType::kF32;  // Element type of the working buffers (kF32 or kBF16).
   cudaDataType_t data_type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   size_t element_size() const { return ElementSize(dtype); }
@@ -35,8 +35,8 @@ inline constexpr int64_t kSymmetricMinSize = 1024;
 // C = alpha·op(A)·op(B) + beta·C with C m × n. INVALID_ARGUMENT when a dimension exceeds int;
 // INTERNAL "cublasGemmEx: CUBLAS_STATUS_...".
 absl::Status Gemm(cublasHandle_t handle, const GemmPrecision& p, cublasOperation_t op_a, cublasOperation_t op_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
-                  int64_t ldb, float beta, void* c, int64_t ldc);
+                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                  float beta, void* c, int64_t ldc);
 
 // C (m × m, leading dim ldc) = alpha·P·Pᵀ + beta·C for P of m × k. P is stored column-major
 // with leading dim `ld`, either as P itself (`stored_transposed` false) or as Pᵀ (k × m).
