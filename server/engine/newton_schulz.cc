@@ -54,6 +54,11 @@ absl::Status CheckJob(const MatrixJob& job) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": shape ", job.shape.rows, "x", job.shape.cols, " must be positive"));
   }
+  // A scale_shape left at {0, 0} would silently give an all-zero (or NaN) result.
+  if (job.scale_shape.rows <= 0 || job.scale_shape.cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": scale_shape ", job.scale_shape.rows, "x",
+                                                   job.scale_shape.cols, " must be positive"));
+  }
   RETURN_IF_ERROR(ValidateNsOptions(*job.options, absl::StrCat(what, " options")));
   RETURN_IF_ERROR(ValidateNsOptionsForShape(*job.options, job.shape, absl::StrCat(what, " options")));
   if (!job.options->split_qkv.empty()) {

@@ -66,6 +66,19 @@ TEST(CpuBackendTest, EngineNamesTheMatrixInErrors) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer3.w")));
 }
 
+TEST(CpuBackendTest, EngineRejectsAMissingScaleShape) {
+  NsOptions o;
+  std::vector<float> in(16, 1.0f), out(16, 0.0f);
+  MatrixJob job;
+  job.name = "w";
+  job.shape = {4, 4};  // scale_shape left at {0, 0}.
+  job.in = in.data();
+  job.out = out.data();
+  job.options = &o;
+  EXPECT_THAT(OrthogonalizeOne(CpuBackendWithThreads(1), job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scale_shape 0x0")));
+}
+
 // Counts reductions and their sizes; a lone participant's sum is its own values.
 class CountingReducer : public SumReducer {
  public:
