@@ -11,6 +11,15 @@ Assembled MakeAssembled(const BatchContext& ctx, int m) {
   return Assembled{m, std::vector<char>(InBytes(mp, whole), 0), std::vector<char>(OutBytes(mp, whole), 0)};
 }
 
+const LocalBlock* WholeLocalBlock(const BatchContext& ctx, int m) {
+  if (!ctx.Ok(m)) return nullptr;
+  const MatrixPlan& mp = ctx.matrix(m);
+  for (const BlockPlacement& p : mp.blocks) {
+    if (p.fleet_rank == ctx.rank() && p.block == WholeBlock(mp.view)) return ctx.Local(m, p.trainer_rank);
+  }
+  return nullptr;
+}
+
 void PutBlock(const MatrixPlan& m, const Block& block, const char* src, Assembled& a) {
   if (block.empty()) return;
   CopyBlockIn(src, block, ElementSize(m.dtype), a.in.data(), m.view.cols);
@@ -28,8 +37,9 @@ void OrthogonalizeAssembled(BatchContext& ctx, std::vector<Assembled>& matrices)
   for (Assembled& a : matrices) {
     if (!ctx.Ok(a.matrix)) continue;
     const MatrixPlan& mp = ctx.matrix(a.matrix);
-    jobs.push_back(MatrixJob{mp.name, mp.view, mp.view, mp.dtype, a.in.data(), mp.result_dtype, a.out.data(),
-                             &mp.options});
+    const void* in = a.direct_in != nullptr ? a.direct_in : a.in.data();
+    void* out = a.direct_out != nullptr ? a.direct_out : a.out.data();
+    jobs.push_back(MatrixJob{mp.name, mp.view, mp.view, mp.dtype, in, mp.result_dtype, out, &mp.options});
     job_matrix.push_back(a.matrix);
     flops += EngineFlops(mp.view, mp.options);
   }

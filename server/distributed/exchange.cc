@@ -11,8 +11,9 @@ namespace orthoserve::distributed_internal {
 namespace {
 
 // Bytes of the blocks of the set's matrices owned by `owner` and placed on `holder`, in the
-// input (in = true) or result dtype.
+// input (in = true) or result dtype. An owner's own blocks never travel (0 bytes to itself).
 size_t SegmentBytes(const BatchContext& ctx, absl::Span<const OwnedMatrix> set, int owner, int holder, bool in) {
+  if (owner == holder) return 0;
   size_t bytes = 0;
   for (const OwnedMatrix& om : set) {
     if (om.owner != owner) continue;
@@ -47,6 +48,7 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   std::vector<char> send(Total(send_in));
   char* cursor = send.data();
   for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
     for (const OwnedMatrix& om : set) {
       if (om.owner != p) continue;
       const MatrixPlan& mp = ctx.matrix(om.matrix);
@@ -62,21 +64,40 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   }));
   send = std::vector<char>();
 
-  // Assemble what this rank owns: source-major, then set order, then trainer rank.
+  // Assemble what this rank owns: its own blocks straight from the caller's buffers (or no
+  // assembly at all when one local block is the whole matrix), then the received ones,
+  // source-major, set order, trainer rank.
   std::vector<Assembled> owned;
   std::vector<int> slot(ctx.plan().matrices.size(), -1);
   for (const OwnedMatrix& om : set) {
     if (om.owner != me) continue;
     slot[om.matrix] = static_cast<int>(owned.size());
+    if (const LocalBlock* whole = WholeLocalBlock(ctx, om.matrix)) {
+      Assembled direct;
+      direct.matrix = om.matrix;
+      direct.direct_in = whole->in;
+      direct.direct_out = whole->out;
+      owned.push_back(std::move(direct));
+      continue;
+    }
     owned.push_back(MakeAssembled(ctx, om.matrix));
+    if (!ctx.Ok(om.matrix)) continue;
+    const MatrixPlan& mp = ctx.matrix(om.matrix);
+    for (int t : ctx.TrainersOn(om.matrix, me)) {
+      const LocalBlock* lb = ctx.Local(om.matrix, t);
+      if (lb != nullptr) PutBlock(mp, mp.blocks[t].block, static_cast<const char*>(lb->in), owned.back());
+    }
   }
   const char* in_cursor = recv.data();
   for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
     for (const OwnedMatrix& om : set) {
       if (om.owner != me) continue;
       const MatrixPlan& mp = ctx.matrix(om.matrix);
       for (int t : ctx.TrainersOn(om.matrix, p)) {
-        PutBlock(mp, mp.blocks[t].block, in_cursor, owned[slot[om.matrix]]);
+        if (owned[slot[om.matrix]].direct_in == nullptr) {
+          PutBlock(mp, mp.blocks[t].block, in_cursor, owned[slot[om.matrix]]);
+        }
         in_cursor += InBytes(mp, mp.blocks[t].block);
       }
     }
@@ -84,14 +105,27 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   recv = std::vector<char>();
   OrthogonalizeAssembled(ctx, owned);
 
-  // Results back: the mirror of the packing above, in the result dtype.
+  // Results: this rank's own blocks straight into the caller's buffers, the others back in the
+  // mirror of the packing above, in the result dtype.
+  for (const OwnedMatrix& om : set) {
+    if (om.owner != me) continue;
+    const Assembled& a = owned[slot[om.matrix]];
+    if (a.direct_in != nullptr) continue;
+    const MatrixPlan& mp = ctx.matrix(om.matrix);
+    for (int t : ctx.TrainersOn(om.matrix, me)) {
+      const LocalBlock* lb = ctx.Local(om.matrix, t);
+      if (lb != nullptr) GetBlock(mp, mp.blocks[t].block, a, static_cast<char*>(lb->out));
+    }
+  }
   std::vector<char> back(Total(send_out));
   char* out_cursor = back.data();
   for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
     for (const OwnedMatrix& om : set) {
       if (om.owner != me) continue;
       const MatrixPlan& mp = ctx.matrix(om.matrix);
       for (int t : ctx.TrainersOn(om.matrix, p)) {
+        // A direct matrix has no blocks elsewhere: its other placements are empty.
         GetBlock(mp, mp.blocks[t].block, owned[slot[om.matrix]], out_cursor);
         out_cursor += OutBytes(mp, mp.blocks[t].block);
       }
@@ -104,6 +138,7 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   }));
   const char* result_cursor = results.data();
   for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
     for (const OwnedMatrix& om : set) {
       if (om.owner != p) continue;
       const MatrixPlan& mp = ctx.matrix(om.matrix);

@@ -6,9 +6,12 @@
 // whose owner is p, the blocks of that matrix placed on this rank in trainer-rank order, each
 // block dense row-major in the matrix dtype. Every byte count is a function of the plan alone,
 // so both ends compute the same sizes without a size exchange. Results come back in the
-// mirrored layout in the result dtype. A block this rank cannot read (its matrix already failed
-// here) travels as zeros, so the byte counts still agree; the status exchange at the end of the
-// batch tells every rank that the matrix failed.
+// mirrored layout in the result dtype. An owner's own blocks do not travel: it assembles them
+// from (and writes results to) the caller's buffers, and when one of its local blocks is the
+// whole matrix NS runs on the caller's buffers with no copy at all (a lone client's path). A
+// block this rank cannot read (its matrix already failed here) travels as zeros, so the byte
+// counts still agree; the status exchange at the end of the batch tells every rank that the
+// matrix failed.
 #pragma once
 
 #include <string>

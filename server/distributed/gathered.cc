@@ -43,15 +43,26 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
   }));
   send = std::vector<char>();
 
+  // A rank holding the whole matrix in one local block runs NS on the caller's buffers.
   std::vector<Assembled> whole;
   whole.reserve(group.size());
-  for (int m : group) whole.push_back(MakeAssembled(ctx, m));
+  for (int m : group) {
+    if (const LocalBlock* lb = WholeLocalBlock(ctx, m)) {
+      Assembled direct;
+      direct.matrix = m;
+      direct.direct_in = lb->in;
+      direct.direct_out = lb->out;
+      whole.push_back(std::move(direct));
+    } else {
+      whole.push_back(MakeAssembled(ctx, m));
+    }
+  }
   const char* in = recv.data();
   for (int p = 0; p < world; ++p) {
     for (size_t i = 0; i < group.size(); ++i) {
       const MatrixPlan& mp = ctx.matrix(group[i]);
       for (int t : ctx.TrainersOn(group[i], p)) {
-        PutBlock(mp, mp.blocks[t].block, in, whole[i]);
+        if (whole[i].direct_in == nullptr) PutBlock(mp, mp.blocks[t].block, in, whole[i]);
         in += InBytes(mp, mp.blocks[t].block);
       }
     }
@@ -61,7 +72,7 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
 
   for (size_t i = 0; i < group.size(); ++i) {
     const int m = group[i];
-    if (!ctx.Ok(m)) continue;
+    if (!ctx.Ok(m) || whole[i].direct_in != nullptr) continue;
     const MatrixPlan& mp = ctx.matrix(m);
     for (int t : ctx.TrainersOn(m, me)) {
       const LocalBlock* lb = ctx.Local(m, t);
