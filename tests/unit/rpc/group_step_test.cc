@@ -1,0 +1,163 @@
+// Group steps on a one-rank fleet in process: W trainer streams meet, their blocks are
+// orthogonalized as one matrix and each rank gets its own blocks back; ranks that disagree,
+// repeat, or never come fail the step on every rank with the documented code.
+#include <future>
+#include <thread>
+
+#include "common/shape.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/rpc/rpc_test_util.h"
+
+namespace orthoserve::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class GroupStepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = Server::Create(TestServerOptions());
+    ASSERT_OK(server);
+    server_ = std::move(*server);
+    stub_ = StubFor(*server_);
+  }
+
+  // Runs one rank's stream with `matrices` (spec + full matrix data), sending only its row chunk.
+  StreamOutcome RunRank(int rank, int world, int64_t step, const std::vector<v1::MatrixSpec>& specs,
+                        const std::vector<std::vector<float>>& full, const std::string& job = "job") {
+    std::vector<v1::StreamRequest> messages = {HeaderMessage(static_cast<int>(specs.size()), rank, world, job, step)};
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Matrix2d m = *ViewAs2d(std::vector<int64_t>(specs[i].shape().begin(), specs[i].shape().end()), "s");
+      std::vector<int64_t> offsets = ChunkOffsets(m.rows, world);
+      Block block{offsets[rank], 0, offsets[rank + 1] - offsets[rank], m.cols};
+      v1::MatrixSpec spec = specs[i];
+      *spec.mutable_block() = BlockToProto(block);
+      std::vector<float> part(static_cast<size_t>(block.numel()));
+      CopyBlockOut(full[i].data(), m.cols, block, sizeof(float), part.data());
+      AppendMatrix(messages, static_cast<int>(i), spec, Bytes(part, DType::kF32), 200);
+    }
+    messages.push_back(EndMessage());
+    return RunStream(*stub_, messages);
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<v1::Orthogonalizer::Stub> stub_;
+};
+
+TEST_F(GroupStepTest, RanksGetTheirBlocksOfTheWholeMatrixResult) {
+  for (int world : {2, 3}) {
+    for (v1::Algorithm algorithm : {v1::ALGORITHM_AUTO, v1::ALGORITHM_ROW_SHARDED, v1::ALGORITHM_GATHERED}) {
+      NsOptions options;
+      options.precision = Precision::kHighest;
+      std::vector<v1::MatrixSpec> specs = {Spec("a", {10, 6}, DType::kF32, options),
+                                           Spec("b", {5, 12}, DType::kF32, options)};
+      for (auto& s : specs) s.set_algorithm(algorithm);
+      std::vector<std::vector<float>> full = {RandomMatrix(10, 6, 1), RandomMatrix(5, 12, 2)};
+      std::vector<std::future<StreamOutcome>> ranks;
+      for (int r = 0; r < world; ++r) {
+        ranks.push_back(std::async(std::launch::async, [&, r] { return RunRank(r, world, 7, specs, full); }));
+      }
+      for (int r = 0; r < world; ++r) {
+        StreamOutcome out = ranks[r].get();
+        ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+        for (int i = 0; i < 2; ++i) {
+          Matrix2d m = *ViewAs2d(std::vector<int64_t>(specs[i].shape().begin(), specs[i].shape().end()), "s");
+          std::string expected_full = Reference(Bytes(full[i], DType::kF32), m, DType::kF32, DType::kF32, options);
+          std::vector<int64_t> offsets = ChunkOffsets(m.rows, world);
+          Block block{offsets[r], 0, offsets[r + 1] - offsets[r], m.cols};
+          std::string expected(static_cast<size_t>(block.numel()) * 4, '\0');
+          CopyBlockOut(expected_full.data(), m.cols, block, 4, expected.data());
+          EXPECT_EQ(out.results[i].code(), 0) << out.results[i].message();
+          EXPECT_EQ(out.data[i], expected) << "world " << world << " rank " << r << " matrix " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GroupStepTest, MissingRankTimesOutWithAbortedNamingIt) {
+  std::vector<v1::MatrixSpec> specs = {Spec("a", {4, 4}, DType::kF32, NsOptions())};
+  std::vector<std::vector<float>> full = {RandomMatrix(4, 4, 1)};
+  const absl::Time start = absl::Now();
+  StreamOutcome out = RunRank(0, 3, 1, specs, full);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(out.status.error_message(), HasSubstr("trainer ranks [1, 2] of 3 did not arrive"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // The next step of the same group works.
+  std::vector<std::future<StreamOutcome>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] { return RunRank(r, 2, 2, specs, full); }));
+  }
+  for (auto& f : ranks) EXPECT_TRUE(f.get().status.ok());
+}
+
+TEST_F(GroupStepTest, SpecsThatDifferFailEveryRank) {
+  NsOptions five;
+  NsOptions six;
+  six.steps = 6;
+  std::vector<std::vector<float>> full = {RandomMatrix(4, 4, 1)};
+  auto r0 = std::async(std::launch::async,
+                       [&] { return RunRank(0, 2, 3, {Spec("a", {4, 4}, DType::kF32, five)}, full); });
+  auto r1 = std::async(std::launch::async, [&] { return RunRank(1, 2, 3, {Spec("a", {4, 4}, DType::kF32, six)}, full); });
+  for (StreamOutcome out : {r0.get(), r1.get()}) {
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(out.status.error_message(), HasSubstr("options.steps (5 vs 6)"));
+  }
+}
+
+TEST_F(GroupStepTest, DuplicateRankFailsTheStep) {
+  std::vector<v1::MatrixSpec> specs = {Spec("a", {4, 4}, DType::kF32, NsOptions())};
+  std::vector<std::vector<float>> full = {RandomMatrix(4, 4, 1)};
+  auto a = std::async(std::launch::async, [&] { return RunRank(0, 2, 4, specs, full); });
+  auto b = std::async(std::launch::async, [&] { return RunRank(0, 2, 4, specs, full); });
+  StreamOutcome x = a.get();
+  StreamOutcome y = b.get();
+  EXPECT_EQ(x.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(y.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(x.status.error_message(), HasSubstr("duplicate rank"));
+}
+
+TEST_F(GroupStepTest, BlocksThatDoNotTileFailThatMatrixInBand) {
+  std::vector<v1::MatrixSpec> specs = {Spec("a", {4, 4}, DType::kF32, NsOptions())};
+  auto send = [&](int rank, Block block) {
+    std::vector<v1::StreamRequest> messages = {HeaderMessage(1, rank, 2, "tile", 1)};
+    v1::MatrixSpec spec = specs[0];
+    *spec.mutable_block() = BlockToProto(block);
+    AppendMatrix(messages, 0, spec, Bytes(std::vector<float>(block.numel(), 1.0f), DType::kF32));
+    messages.push_back(EndMessage());
+    return RunStream(*stub_, messages);
+  };
+  auto r0 = std::async(std::launch::async, [&] { return send(0, Block{0, 0, 3, 4}); });
+  auto r1 = std::async(std::launch::async, [&] { return send(1, Block{2, 0, 2, 4}); });
+  for (StreamOutcome out : {r0.get(), r1.get()}) {
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    EXPECT_EQ(out.results[0].code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_THAT(out.results[0].message(), HasSubstr("overlaps"));
+  }
+}
+
+TEST_F(GroupStepTest, CancelledTrainerAbortsTheOthers) {
+  std::vector<v1::MatrixSpec> specs = {Spec("a", {6, 4}, DType::kF32, NsOptions())};
+  std::vector<std::vector<float>> full = {RandomMatrix(6, 4, 1)};
+  auto waiting = std::async(std::launch::async, [&] { return RunRank(0, 2, 9, specs, full); });
+  // Rank 1 opens its stream, sends its header and half a spec's data, then cancels.
+  grpc::ClientContext context;
+  auto stream = stub_->OrthogonalizeStream(&context);
+  ASSERT_TRUE(stream->Write(HeaderMessage(1, 1, 2, "job", 9)));
+  v1::StreamRequest spec;
+  *spec.mutable_spec() = specs[0];
+  *spec.mutable_spec()->mutable_block() = BlockToProto(Block{3, 0, 3, 4});
+  ASSERT_TRUE(stream->Write(spec));
+  absl::SleepFor(absl::Milliseconds(300));
+  context.TryCancel();
+  const absl::Time cancelled = absl::Now();
+  StreamOutcome out = waiting.get();
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(out.status.error_message(), HasSubstr("trainer rank 1"));
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(2));  // Well before the 3 s rendezvous timeout.
+  stream->Finish();
+}
+
+}  // namespace
+}  // namespace orthoserve::testing

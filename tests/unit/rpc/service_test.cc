@@ -1,0 +1,340 @@
+// The public service end to end in process on 127.0.0.1:0: unary and streaming calls of a lone
+// client against the engine's own answer, and every kind of bad input with its code.
+#include <fstream>
+#include <limits>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/rpc/rpc_test_util.h"
+
+namespace orthoserve::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void Start(ServerOptions options = TestServerOptions()) {
+    auto server = Server::Create(options);
+    ASSERT_OK(server);
+    server_ = std::move(*server);
+    stub_ = StubFor(*server_);
+  }
+  void SetUp() override { Start(); }
+
+  grpc::Status Unary(const v1::OrthogonalizeRequest& request, v1::OrthogonalizeResponse* response) {
+    grpc::ClientContext context;
+    return stub_->Orthogonalize(&context, request, response);
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<v1::Orthogonalizer::Stub> stub_;
+};
+
+TEST_F(ServiceTest, UnaryMatchesEngineForEveryDtype) {
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    v1::OrthogonalizeRequest request;
+    std::vector<std::string> inputs;
+    const std::vector<std::vector<int64_t>> shapes = {{7, 5}, {4, 9}, {3, 2, 4}, {1, 1}};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      Matrix2d m = *ViewAs2d(shapes[i], "s");
+      inputs.push_back(Bytes(RandomMatrix(m.rows, m.cols, 10 + i), dtype));
+      v1::Matrix* matrix = request.add_matrices();
+      *matrix->mutable_spec() = Spec("m" + std::to_string(i), shapes[i], dtype, options);
+      matrix->set_data(inputs.back());
+    }
+    v1::OrthogonalizeResponse response;
+    ASSERT_TRUE(Unary(request, &response).ok());
+    ASSERT_EQ(response.results_size(), static_cast<int>(shapes.size()));
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      Matrix2d m = *ViewAs2d(shapes[i], "s");
+      const v1::MatrixResult& r = response.results(i);
+      EXPECT_EQ(r.code(), 0);
+      EXPECT_EQ(r.dtype(), DTypeToProto(dtype));
+      EXPECT_THAT(r.shape(), ::testing::ElementsAreArray(shapes[i]));
+      EXPECT_EQ(r.data(), Reference(inputs[i], m, dtype, dtype, options)) << DTypeName(dtype) << " matrix " << i;
+    }
+  }
+}
+
+TEST_F(ServiceTest, UnaryResultDtypeDiffersFromInput) {
+  NsOptions options;
+  v1::OrthogonalizeRequest request;
+  std::string in = Bytes(RandomMatrix(6, 8, 3), DType::kBF16);
+  v1::Matrix* matrix = request.add_matrices();
+  *matrix->mutable_spec() = Spec("w", {6, 8}, DType::kBF16, options);
+  matrix->mutable_spec()->set_result_dtype(v1::DTYPE_FP32);
+  matrix->set_data(in);
+  v1::OrthogonalizeResponse response;
+  ASSERT_TRUE(Unary(request, &response).ok());
+  EXPECT_EQ(response.results(0).dtype(), v1::DTYPE_FP32);
+  EXPECT_EQ(response.results(0).data(), Reference(in, {6, 8}, DType::kBF16, DType::kF32, options));
+}
+
+TEST_F(ServiceTest, StreamPipelinesLoneMatricesInChunks) {
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  std::vector<v1::StreamRequest> messages = {HeaderMessage(4)};
+  std::vector<std::string> inputs;
+  const std::vector<std::vector<int64_t>> shapes = {{64, 48}, {16, 96}, {5, 3}, {33, 33}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Matrix2d m = *ViewAs2d(shapes[i], "s");
+    inputs.push_back(Bytes(RandomMatrix(m.rows, m.cols, 100 + i), DType::kF32));
+    AppendMatrix(messages, static_cast<int>(i), Spec("m" + std::to_string(i), shapes[i], DType::kF32, options),
+                 inputs.back(), /*chunk=*/1000);
+  }
+  messages.push_back(EndMessage());
+  StreamOutcome out = RunStream(*stub_, messages);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_TRUE(out.summary);
+  EXPECT_EQ(out.step_summary.matrices_ok(), 4);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Matrix2d m = *ViewAs2d(shapes[i], "s");
+    EXPECT_EQ(out.results[i].code(), 0) << out.results[i].message();
+    EXPECT_EQ(out.data[i], Reference(inputs[i], m, DType::kF32, DType::kF32, options)) << i;
+  }
+}
+
+TEST_F(ServiceTest, StreamReportsBadMatrixInBandAndGoesOn) {
+  NsOptions good;
+  NsOptions bad;
+  bad.steps = 101;
+  std::vector<v1::StreamRequest> messages = {HeaderMessage(3)};
+  std::string a = Bytes(RandomMatrix(4, 6, 1), DType::kF32);
+  AppendMatrix(messages, 0, Spec("a", {4, 6}, DType::kF32, good), a);
+  AppendMatrix(messages, 1, Spec("bad", {4, 6}, DType::kF32, bad), a);
+  std::vector<float> nan = RandomMatrix(3, 3, 2);
+  nan[4] = std::numeric_limits<float>::quiet_NaN();
+  AppendMatrix(messages, 2, Spec("nan", {3, 3}, DType::kF32, good), Bytes(nan, DType::kF32));
+  messages.push_back(EndMessage());
+  StreamOutcome out = RunStream(*stub_, messages);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.results[0].code(), 0);
+  EXPECT_EQ(out.results[1].code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(out.results[1].message(), HasSubstr("matrix 1 (\"bad\") options: steps = 101"));
+  EXPECT_EQ(out.results[2].code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(out.results[2].message(), HasSubstr("non-finite"));
+  EXPECT_EQ(out.step_summary.matrices_ok(), 1);
+  EXPECT_EQ(out.step_summary.matrices_failed(), 2);
+}
+
+struct BadUnaryCase {
+  std::string name;
+  std::function<void(v1::Matrix&)> mutate;
+  grpc::StatusCode code;
+  std::string message;
+};
+
+TEST_F(ServiceTest, UnaryRejectsEachBadInputWithItsCode) {
+  const std::vector<BadUnaryCase> cases = {
+      {"zero dim", [](v1::Matrix& m) { m.mutable_spec()->set_shape(1, 0); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "matrix 0 (\"w\") shape [4, 0] has dim 1 = 0"},
+      {"negative dim", [](v1::Matrix& m) { m.mutable_spec()->set_shape(0, -4); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "every dim must be positive"},
+      {"one dim", [](v1::Matrix& m) { m.mutable_spec()->clear_shape(); m.mutable_spec()->add_shape(24); },
+       grpc::StatusCode::INVALID_ARGUMENT, "at least 2"},
+      {"wrong byte count", [](v1::Matrix& m) { m.mutable_data()->pop_back(); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "data has 95 bytes; a 4x6 fp32 matrix has 96"},
+      {"unknown dtype", [](v1::Matrix& m) { m.mutable_spec()->set_dtype(static_cast<v1::DType>(42)); },
+       grpc::StatusCode::INVALID_ARGUMENT, "matrix 0 (\"w\") dtype = 42"},
+      {"unspecified dtype", [](v1::Matrix& m) { m.mutable_spec()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       grpc::StatusCode::INVALID_ARGUMENT, "dtype is unspecified"},
+      {"unknown coefficients",
+       [](v1::Matrix& m) { m.mutable_spec()->mutable_options()->set_coefficients(static_cast<v1::Coefficients>(99)); },
+       grpc::StatusCode::INVALID_ARGUMENT, "coefficients = 99"},
+      {"steps out of range", [](v1::Matrix& m) { m.mutable_spec()->mutable_options()->set_steps(101); },
+       grpc::StatusCode::INVALID_ARGUMENT, "steps = 101"},
+      {"custom without triples",
+       [](v1::Matrix& m) { m.mutable_spec()->mutable_options()->set_coefficients(v1::COEFFICIENTS_CUSTOM); },
+       grpc::StatusCode::INVALID_ARGUMENT, "non-empty custom_coefficients"},
+      {"split_qkv not dividing",
+       [](v1::Matrix& m) {
+         for (int s : {1, 1, 1}) m.mutable_spec()->mutable_options()->add_split_qkv(s);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "divisible by q+k+v = 3"},
+      {"non-finite value",
+       [](v1::Matrix& m) {
+         float inf = std::numeric_limits<float>::infinity();
+         m.mutable_data()->replace(8, 4, reinterpret_cast<const char*>(&inf), 4);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "non-finite value (NaN or Inf) at element 2"},
+      {"too many elements",
+       [](v1::Matrix& m) {
+         m.mutable_spec()->set_shape(0, int64_t{1} << 20);
+         m.mutable_spec()->set_shape(1, int64_t{1} << 20);
+       },
+       grpc::StatusCode::RESOURCE_EXHAUSTED, "--max-matrix-elements"},
+      {"partial block in unary",
+       [](v1::Matrix& m) {
+         v1::Block* b = m.mutable_spec()->mutable_block();
+         b->set_rows(2);
+         b->set_cols(6);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "a unary call carries whole matrices"},
+      {"TP mode without partition dim",
+       [](v1::Matrix& m) {
+         m.mutable_spec()->set_algorithm(v1::ALGORITHM_TP_DISTRIBUTED);
+         m.mutable_spec()->set_partition_dim(2);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "partition_dim = 2 must be 0 or 1"},
+  };
+  const std::string data = Bytes(RandomMatrix(4, 6, 7), DType::kF32);
+  for (const BadUnaryCase& c : cases) {
+    v1::OrthogonalizeRequest request;
+    v1::Matrix* m = request.add_matrices();
+    *m->mutable_spec() = Spec("w", {4, 6}, DType::kF32, NsOptions());
+    m->set_data(data);
+    c.mutate(*m);
+    v1::OrthogonalizeResponse response;
+    grpc::Status status = Unary(request, &response);
+    EXPECT_EQ(status.error_code(), c.code) << c.name << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message)) << c.name;
+  }
+  // The server goes on serving.
+  v1::OrthogonalizeRequest request;
+  v1::Matrix* m = request.add_matrices();
+  *m->mutable_spec() = Spec("w", {4, 6}, DType::kF32, NsOptions());
+  m->set_data(data);
+  v1::OrthogonalizeResponse response;
+  EXPECT_TRUE(Unary(request, &response).ok());
+  v1::OrthogonalizeRequest empty;
+  EXPECT_EQ(Unary(empty, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServiceTest, StreamProtocolErrorsEndTheStream) {
+  const std::string data = Bytes(RandomMatrix(4, 6, 7), DType::kF32);
+  const v1::MatrixSpec spec = Spec("w", {4, 6}, DType::kF32, NsOptions());
+  struct Case {
+    std::string name;
+    std::vector<v1::StreamRequest> messages;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  {
+    std::vector<v1::StreamRequest> m;
+    AppendMatrix(m, 0, spec, data);
+    cases.push_back({"no header", m, grpc::StatusCode::INVALID_ARGUMENT, "first message of a stream must be a StepHeader"});
+  }
+  {
+    std::vector<v1::StreamRequest> m = {HeaderMessage(1)};
+    AppendMatrix(m, 0, spec, data + "xxxx");
+    cases.push_back({"too many bytes", m, grpc::StatusCode::INVALID_ARGUMENT, "received more than its 96 bytes"});
+  }
+  {
+    std::vector<v1::StreamRequest> m = {HeaderMessage(1)};
+    AppendMatrix(m, 0, spec, data.substr(0, 50));
+    m.push_back(EndMessage());
+    cases.push_back({"too few bytes", m, grpc::StatusCode::INVALID_ARGUMENT, "the step ended after 50 of its 96 bytes"});
+  }
+  {
+    std::vector<v1::StreamRequest> m = {HeaderMessage(2)};
+    AppendMatrix(m, 0, spec, data);
+    m.push_back(EndMessage());
+    cases.push_back({"missing matrix", m, grpc::StatusCode::INVALID_ARGUMENT, "after 1 of the header's 2 matrices"});
+  }
+  {
+    std::vector<v1::StreamRequest> m = {HeaderMessage(1)};
+    AppendMatrix(m, 0, spec, data);
+    AppendMatrix(m, 1, spec, data);
+    cases.push_back({"extra matrix", m, grpc::StatusCode::INVALID_ARGUMENT, "more specs than the header's num_matrices"});
+  }
+  {
+    std::vector<v1::StreamRequest> m = {HeaderMessage(1)};
+    AppendMatrix(m, 3, spec, data);
+    cases.push_back({"chunk index", m, grpc::StatusCode::INVALID_ARGUMENT, "a data chunk for matrix 3"});
+  }
+  cases.push_back({"rank out of range", {HeaderMessage(1, 2, 2, "job")}, grpc::StatusCode::INVALID_ARGUMENT,
+                   "rank = 2 is out of range for world = 2"});
+  cases.push_back({"negative world", {HeaderMessage(1, 0, -3)}, grpc::StatusCode::INVALID_ARGUMENT, "world = -3"});
+  cases.push_back({"no matrices", {HeaderMessage(0)}, grpc::StatusCode::INVALID_ARGUMENT, "num_matrices = 0"});
+  cases.push_back({"group without job", {HeaderMessage(1, 0, 2)}, grpc::StatusCode::INVALID_ARGUMENT, "job is empty"});
+  for (const Case& c : cases) {
+    StreamOutcome out = RunStream(*stub_, c.messages);
+    EXPECT_EQ(out.status.error_code(), c.code) << c.name << ": " << out.status.error_message();
+    EXPECT_THAT(out.status.error_message(), HasSubstr(c.message)) << c.name;
+  }
+}
+
+TEST_F(ServiceTest, GetServerInfoDescribesTheServer) {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.backend(), "cpu");
+  EXPECT_EQ(info.fleet_world(), 1);
+  ASSERT_EQ(info.members_size(), 1);
+  EXPECT_EQ(info.members(0).address(), "127.0.0.1:" + std::to_string(server_->port()));
+  EXPECT_TRUE(info.ready());
+  EXPECT_THAT(info.coefficients(), ::testing::Contains("cubic5"));
+  EXPECT_THAT(info.algorithms(), ::testing::Contains("tp_distributed"));
+  EXPECT_EQ(info.limits().chunk_bytes(), 4 << 20);
+  EXPECT_FALSE(info.auth_required());
+}
+
+TEST_F(ServiceTest, InflightByteLimitGivesResourceExhausted) {
+  ServerOptions options = TestServerOptions();
+  options.service.admission.max_inflight_bytes = 1000;
+  Start(options);
+  v1::OrthogonalizeRequest request;
+  v1::Matrix* m = request.add_matrices();
+  *m->mutable_spec() = Spec("big", {16, 16}, DType::kF32, NsOptions());
+  m->set_data(Bytes(RandomMatrix(16, 16, 1), DType::kF32));
+  v1::OrthogonalizeResponse response;
+  grpc::Status status = Unary(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("--max-inflight-bytes"));
+}
+
+TEST_F(ServiceTest, TokensMapToTenantsAndUnknownOnesAreRejected) {
+  const std::string path = ::testing::TempDir() + "/tokens.txt";
+  {
+    std::ofstream out(path);
+    out << "# token tenant\nsecret-a alice\nsecret-b bob\n";
+  }
+  ServerOptions options = TestServerOptions();
+  options.token_file = path;
+  Start(options);
+  v1::OrthogonalizeRequest request;
+  v1::Matrix* m = request.add_matrices();
+  *m->mutable_spec() = Spec("w", {3, 3}, DType::kF32, NsOptions());
+  m->set_data(Bytes(RandomMatrix(3, 3, 1), DType::kF32));
+  v1::OrthogonalizeResponse response;
+  {
+    grpc::ClientContext context;
+    EXPECT_EQ(stub_->Orthogonalize(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer wrong");
+    EXPECT_EQ(stub_->Orthogonalize(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer secret-b");
+    EXPECT_TRUE(stub_->Orthogonalize(&context, request, &response).ok());
+  }
+}
+
+TEST_F(ServiceTest, ConcurrentClientsAllGetTheirOwnResults) {
+  NsOptions options;
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int c = 0; c < 6; ++c) {
+    clients.emplace_back([&, c] {
+      std::string in = Bytes(RandomMatrix(20 + c, 12, 50 + c), DType::kF32);
+      std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+      AppendMatrix(messages, 0, Spec("c", {20 + c, 12}, DType::kF32, options), in, 333);
+      messages.push_back(EndMessage());
+      StreamOutcome out = RunStream(*stub_, messages);
+      if (out.status.ok() && out.data[0] == Reference(in, {20 + c, 12}, DType::kF32, DType::kF32, options)) ++ok;
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 6);
+}
+
+}  // namespace
+}  // namespace orthoserve::testing
