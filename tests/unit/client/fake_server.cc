@@ -1,0 +1,189 @@
+// Implementation of tests/unit/client/fake_server.h.
+#include "tests/unit/client/fake_server.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/dtype.h"
+#include "common/shape.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "proto/convert/ns_options_proto.h"
+
+namespace orthoserve::client::testing {
+namespace {
+
+// 2·X of `data` (spec.dtype) in the result dtype. Returns false with `message` for bad specs.
+bool Compute(const v1::MatrixSpec& spec, const std::string& data, v1::MatrixResult* result, std::string* out) {
+  result->set_name(spec.name());
+  *result->mutable_shape() = spec.shape();
+  const v1::DType result_dtype = spec.result_dtype() == v1::DTYPE_UNSPECIFIED ? spec.dtype() : spec.result_dtype();
+  result->set_dtype(result_dtype);
+  if (absl::StartsWith(spec.name(), "bad")) {
+    result->set_code(3);
+    result->set_message(absl::StrCat("matrix \"", spec.name(), "\" options: steps = 101 is out of range"));
+    return false;
+  }
+  auto in_dtype = DTypeFromProto(spec.dtype(), "dtype");
+  auto out_dtype = DTypeFromProto(result_dtype, "result_dtype");
+  const size_t n = data.size() / ElementSize(*in_dtype);
+  std::vector<float> values(n);
+  ConvertToF32(*in_dtype, data.data(), n, values.data());
+  for (float& v : values) v *= 2;
+  out->resize(n * ElementSize(*out_dtype));
+  ConvertFromF32(*out_dtype, values.data(), n, out->data());
+  *result->mutable_block() = spec.block();
+  return true;
+}
+
+size_t BlockBytes(const v1::MatrixSpec& spec) {
+  Block block = BlockFromProto(spec.block());
+  if (block == Block{}) {
+    auto m = ViewAs2d(std::vector<int64_t>(spec.shape().begin(), spec.shape().end()), "shape");
+    block = WholeBlock(*m);
+  }
+  auto dtype = DTypeFromProto(spec.dtype(), "dtype");
+  return static_cast<size_t>(block.numel()) * ElementSize(*dtype);
+}
+
+}  // namespace
+
+grpc::Status FakeOrthogonalizer::CheckAuth(grpc::ServerContext* context) {
+  auto it = context->client_metadata().find("authorization");
+  std::string value = it == context->client_metadata().end() ? "" : std::string(it->second.data(), it->second.size());
+  {
+    absl::MutexLock lock(&mu);
+    last_authorization = value;
+  }
+  if (!required_token.empty() && value != "Bearer " + required_token) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeOrthogonalizer::GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest*,
+                                               v1::ServerInfo* info) {
+  grpc::Status auth = CheckAuth(context);
+  if (!auth.ok()) return auth;
+  info->set_version("fake");
+  info->set_backend("cpu");
+  info->set_fleet_rank(fleet_rank);
+  info->set_fleet_world(members.empty() ? 1 : static_cast<int>(members.size()));
+  for (size_t r = 0; r < members.size(); ++r) {
+    v1::FleetMember* m = info->add_members();
+    m->set_rank(static_cast<int>(r));
+    m->set_address(members[r]);
+    m->set_ready(true);
+  }
+  info->mutable_limits()->set_chunk_bytes(chunk_bytes);
+  info->mutable_limits()->set_max_message_bytes(64 << 20);
+  info->set_ready(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeOrthogonalizer::Orthogonalize(grpc::ServerContext* context, const v1::OrthogonalizeRequest* request,
+                                               v1::OrthogonalizeResponse* response) {
+  grpc::Status auth = CheckAuth(context);
+  if (!auth.ok()) return auth;
+  for (int i = 0; i < request->matrices_size(); ++i) {
+    v1::MatrixResult* r = response->add_results();
+    r->set_index(i);
+    std::string out;
+    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out)) r->set_data(out);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
+    grpc::ServerContext* context, grpc::ServerReaderWriter<v1::StreamResponse, v1::StreamRequest>* stream) {
+  ++streams;
+  grpc::Status auth = CheckAuth(context);
+  if (!auth.ok()) return auth;
+  const absl::Time start = absl::Now();
+  v1::StreamRequest request;
+  if (!stream->Read(&request) || !request.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream must open with a StepHeader");
+  }
+  const v1::StepHeader header = request.header();
+  {
+    absl::MutexLock lock(&mu);
+    last_header = header;
+  }
+  if (header.job() == "abort") return grpc::Status(grpc::StatusCode::ABORTED, "step 7 of group abort/x aborted");
+  int ok = 0, failed = 0;
+  for (int i = 0; i < header.num_matrices(); ++i) {
+    if (!stream->Read(&request) || !request.has_spec()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("expected the spec of matrix ", i));
+    }
+    const v1::MatrixSpec spec = request.spec();
+    const size_t bytes = BlockBytes(spec);
+    std::string data;
+    while (data.size() < bytes) {
+      if (!stream->Read(&request) || !request.has_chunk() || request.chunk().index() != i) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("expected data of matrix ", i));
+      }
+      const int64_t size = static_cast<int64_t>(request.chunk().data().size());
+      if (size > chunk_bytes) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("chunk of ", size, " bytes is over ",
+                                                                             chunk_bytes));
+      }
+      int64_t prev = largest_chunk_received.load();
+      while (size > prev && !largest_chunk_received.compare_exchange_weak(prev, size)) {
+      }
+      data += request.chunk().data();
+    }
+    if (data.size() != bytes) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "too many bytes");
+    v1::StreamResponse response;
+    v1::MatrixResult* r = response.mutable_result();
+    r->set_index(i);
+    std::string out;
+    const bool computed = Compute(spec, data, r, &out);
+    computed ? ++ok : ++failed;
+    if (send_extra_byte) out.push_back('x');
+    stream->Write(response);
+    for (size_t off = 0; off < out.size(); off += chunk_bytes) {
+      v1::StreamResponse chunk;
+      chunk.mutable_chunk()->set_index(i);
+      chunk.mutable_chunk()->set_data(out.substr(off, chunk_bytes));
+      stream->Write(chunk);
+    }
+    if (i == 0 && gate != nullptr) {
+      while (!gate->WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+        if (context->IsCancelled() || std::chrono::system_clock::now() > context->deadline()) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        }
+      }
+    }
+  }
+  if (!stream->Read(&request) || !request.has_end()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected StepEnd");
+  }
+  v1::StreamResponse summary;
+  summary.mutable_summary()->set_matrices_ok(ok);
+  summary.mutable_summary()->set_matrices_failed(failed);
+  summary.mutable_summary()->set_fleet_rank(fleet_rank);
+  summary.mutable_summary()->set_server_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  stream->Write(summary);
+  return grpc::Status::OK;
+}
+
+void FakeServer::Start() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  server = builder.BuildAndStart();
+  address = absl::StrCat("127.0.0.1:", port);
+}
+
+FakeServer::~FakeServer() {
+  if (server != nullptr) server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+}
+
+}  // namespace orthoserve::client::testing

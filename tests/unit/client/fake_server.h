@@ -1,0 +1,57 @@
+// An in-process stand-in for an orthoserve rank that speaks the public protocol exactly but
+// "computes" 2·X (in fp32, returned in the result dtype), so client tests can check the data
+// path, chunking, errors, metadata and fleet routing without the real engine.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/server.h"
+#include "orthoserve/v1/orthogonalizer.grpc.pb.h"
+
+namespace orthoserve::client::testing {
+
+// Behaviour knobs are set before the first call; counters are read after calls return.
+class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
+ public:
+  int64_t chunk_bytes = 1000;        // Advertised limit; chunks sent back are this size.
+  std::string required_token;        // When set, calls without "Bearer <token>" are UNAUTHENTICATED.
+  int fleet_rank = 0;
+  std::vector<std::string> members;  // Advertised fleet (fleet_world = size, or 1 when empty).
+  absl::Notification* gate = nullptr;  // When set, the stream waits on it after sending result 0.
+  bool send_extra_byte = false;        // Protocol violation: one byte more than the block.
+
+  std::atomic<int> streams{0};
+  std::atomic<int64_t> largest_chunk_received{0};
+  absl::Mutex mu;
+  std::string last_authorization ABSL_GUARDED_BY(mu);
+  v1::StepHeader last_header ABSL_GUARDED_BY(mu);
+
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* info) override;
+  grpc::Status Orthogonalize(grpc::ServerContext* context, const v1::OrthogonalizeRequest* request,
+                             v1::OrthogonalizeResponse* response) override;
+  grpc::Status OrthogonalizeStream(grpc::ServerContext* context,
+                                   grpc::ServerReaderWriter<v1::StreamResponse, v1::StreamRequest>* stream) override;
+
+ private:
+  grpc::Status CheckAuth(grpc::ServerContext* context);
+};
+
+// A running server on 127.0.0.1:<ephemeral port> with the fake service and the default health
+// service.
+struct FakeServer {
+  std::unique_ptr<FakeOrthogonalizer> service = std::make_unique<FakeOrthogonalizer>();
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+
+  // Starts serving; configure `service` first.
+  void Start();
+  ~FakeServer();
+};
+
+}  // namespace orthoserve::client::testing
