@@ -201,6 +201,19 @@ else
     done < <("$py" "${checks[0]}" statefulsets "$render")
   done
 
+  # The Dockerfile's runtime package list, derived here from the binaries just built (Debian 12,
+  # the CPU image's build platform): every library they load is owned by an installed package.
+  runtime_packages() {
+    local cmd
+    cmd=$("$py" "${checks[0]}" dockerfile-run Dockerfile build-cpu ldd) || return 1
+    cmd=${cmd//\/out/$work\/image}
+    cmd=${cmd//build\/bin\//$build_dir\/bin\/}
+    bash -o pipefail -c "$cmd" | tr '\n' ' '
+    echo
+    grep -qx 'libgrpc++1.51' "$work/image/runtime-packages.txt" && grep -qx 'libc6' "$work/image/runtime-packages.txt"
+  }
+  check "the Dockerfile's runtime package list from the built binaries" runtime_packages
+
   # start_server NAME ARGS...: starts orthoserve in the background (log in $work/NAME.log).
   start_server() {
     local name=$1

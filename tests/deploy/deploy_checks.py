@@ -457,6 +457,17 @@ def write_npy(path, rows, cols, seed=1):
     pathlib.Path(path).write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data)
 
 
+def print_dockerfile_run(dockerfile, stage, needle):
+    """Prints the RUN command of a stage that contains `needle` (continuation lines joined)."""
+    for name, _, insts in dockerfile_stages(dockerfile):
+        if name == stage:
+            for inst, arg in insts:
+                if inst == "RUN" and needle in arg:
+                    print(arg)
+                    return
+    raise CheckError(f"{dockerfile}: stage {stage} has no RUN containing {needle!r}")
+
+
 def list_statefulsets(path):
     for o in load_objects(path):
         if o["kind"] == "StatefulSet":
@@ -680,6 +691,10 @@ def main(argv):
     p.add_argument("path")
     p.add_argument("rows", type=int)
     p.add_argument("cols", type=int)
+    p = sub.add_parser("dockerfile-run", help="print a stage's RUN command that contains a string")
+    p.add_argument("dockerfile")
+    p.add_argument("stage")
+    p.add_argument("needle")
     p = sub.add_parser("statefulsets", help="list the StatefulSets of a render with their replicas")
     p.add_argument("file")
     p = sub.add_parser("dockerfile-readme", help="the Dockerfile builds exactly as the README does")
@@ -705,6 +720,8 @@ def main(argv):
             print_probe_command(a.file, a.statefulset, a.probe)
         elif a.cmd == "write-npy":
             write_npy(a.path, a.rows, a.cols)
+        elif a.cmd == "dockerfile-run":
+            print_dockerfile_run(a.dockerfile, a.stage, a.needle)
         elif a.cmd == "statefulsets":
             list_statefulsets(a.file)
         elif a.cmd == "dockerfile-readme":
