@@ -256,7 +256,7 @@ else
     failed=$((failed + 1))
     failures+=("probe semantics")
   fi
-  kill -KILL "$waiting_pid" 2>/dev/null
+  { kill -KILL "$waiting_pid" && wait "$waiting_pid"; } 2>/dev/null
 
   # Live scrape: a one-rank server on free loopback ports; orthoctl health (the image's
   # HEALTHCHECK); promtool check metrics; every metric the dashboard and the rules use is in it.
@@ -322,7 +322,7 @@ else
     check "...and the same probe without a client certificate is refused" bash -c \
       "'$orthoctl' health --server 127.0.0.1:${tls_port} --timeout 5 --tls-ca '$t/ca.crt' \
          --tls-server-name orthoserve-0.orthoserve-fleet.orthoserve.svc; rc=\$?; echo \"exit \$rc\"; [ \$rc -ne 0 ]"
-    kill -KILL "$tls_pid" 2>/dev/null
+    { kill -KILL "$tls_pid" && wait "$tls_pid"; } 2>/dev/null
   fi
 fi
 
