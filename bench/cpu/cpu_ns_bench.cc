@@ -47,8 +47,8 @@ void BM_NewtonSchulz(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["GFLOPS"] = benchmark::Counter(NsFlops(rows, cols, options), benchmark::Counter::kIsIterationInvariantRate,
-                                                benchmark::Counter::kIs1000);
+  state.counters["GFLOPS"] = benchmark::Counter(
+      NsFlops(rows, cols, options), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
   state.SetLabel(std::string(PrecisionName(precision)));
 }
 

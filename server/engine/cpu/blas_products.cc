@@ -28,7 +28,9 @@ int64_t ColumnBoundary(int64_t n, int64_t p, int64_t parts) {
   return std::min(n, (j + 8) / 16 * 16);
 }
 
-int64_t Parts(const ParallelFor& pool, int64_t extent) { return std::max<int64_t>(1, std::min<int64_t>(pool.threads(), extent)); }
+int64_t Parts(const ParallelFor& pool, int64_t extent) {
+  return std::max<int64_t>(1, std::min<int64_t>(pool.threads(), extent));
+}
 
 // Runs fn(r0, r1) for row blocks of the lower triangle of an m×m matrix.
 template <typename Fn>

@@ -2,6 +2,11 @@
 // parts that run single-threaded OpenBLAS calls (sgemm, ssyrk) on a ParallelFor, with a fused
 // elementwise epilogue on each part's output (the addmm term and the bf16 rounding of MEDIUM).
 //
+// Why epilogues rather than BLAS's beta: `sgemm(..., beta = a, Y)` needs Y preloaded with X (a
+// copy pass) and OpenBLAS then scales Y by beta in a pass of its own before accumulating; adding
+// a·X to the slice just written reads X once and leaves the fp32 product untouched until the
+// single fused rounding, which is the addmm form of the contract.
+//
 // Determinism: the split depends only on the shapes and ParallelFor::threads(), and every part
 // writes only its own rows or columns, so for a fixed thread count the results are bit-identical
 // whatever the scheduling, the batch or the concurrent callers. All functions are thread-safe

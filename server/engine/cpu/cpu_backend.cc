@@ -65,7 +65,8 @@ CpuBackend::CpuBackend(const Options& options)
 BackendInfo CpuBackend::Info() const {
   BackendInfo info;
   info.name = "cpu";
-  info.device = absl::StrCat(openblas_get_config(), ", ", options_.threads, options_.threads == 1 ? " thread" : " threads");
+  info.device =
+      absl::StrCat(openblas_get_config(), ", ", options_.threads, options_.threads == 1 ? " thread" : " threads");
   return info;
 }
 

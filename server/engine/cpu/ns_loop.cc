@@ -18,8 +18,8 @@ namespace {
 // A = Σ_s X_s·X_sᵀ (full storage), each term rounded to bf16 in MEDIUM, then summed over the
 // participants and, in MEDIUM, the sum rounded to bf16 again. `scratch` holds gram² floats
 // when there is more than one local shard.
-absl::Status Gram(ParallelFor& pool, int64_t gram, std::vector<WorkingShard>& shards, bool medium,
-                  SumReducer* reducer, std::vector<float>& a, std::vector<float>& scratch) {
+absl::Status Gram(ParallelFor& pool, int64_t gram, std::vector<WorkingShard>& shards, bool medium, SumReducer* reducer,
+                  std::vector<float>& a, std::vector<float>& scratch) {
   if (shards.empty()) std::fill(a.begin(), a.end(), 0.0f);
   for (size_t s = 0; s < shards.size(); ++s) {
     float* target = s == 0 ? a.data() : scratch.data();

@@ -53,8 +53,8 @@ void LoadWorking(DType dtype, const void* in, int64_t rows, int64_t cols, bool t
   Transpose(src, rows, cols, x);
 }
 
-void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, double scale, float* scratch,
-                  DType dtype, void* out) {
+void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, double scale, float* scratch, DType dtype,
+                  void* out) {
   const int64_t count = rows * cols;
   const float* oriented = x;
   if (transpose) {

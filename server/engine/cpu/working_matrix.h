@@ -18,8 +18,8 @@ void LoadWorking(DType dtype, const void* in, int64_t rows, int64_t cols, bool t
 // Writes out = scale · (the working matrix `x` transposed back when `transpose`), rounded once
 // to fp32 from the exact product (double) and then narrowed to `dtype`. `x` is rows × cols when
 // !transpose, cols × rows when transpose; `scratch` holds rows·cols floats.
-void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, double scale, float* scratch,
-                  DType dtype, void* out);
+void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, double scale, float* scratch, DType dtype,
+                  void* out);
 
 // Σ x², accumulated in double (exact products, rounding only in the additions).
 double SumOfSquares(const float* x, int64_t count);

@@ -1,5 +1,7 @@
 // CpuBackend's own contract: Create's checks, Info, per-task INVALID_ARGUMENT, the reductions a
 // sharded participant makes (even with no shards), and MEDIUM's bf16 results.
+#include "server/engine/cpu/cpu_backend.h"
+
 #include <cstring>
 #include <vector>
 
@@ -7,7 +9,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/cpu/bf16_round.h"
-#include "server/engine/cpu/cpu_backend.h"
 #include "server/engine/newton_schulz.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/util/status_matchers.h"
@@ -194,8 +195,8 @@ TEST(CpuBackendTest, RefBf16AgreesWithTheWireConversion) {
     const float f = static_cast<float>(v * 1e3);
     EXPECT_EQ(RefBf16(f), static_cast<double>(RoundToBf16(f))) << f;
   }
-  EXPECT_EQ(RefBf16(1.0 + 1.0 / 256), 1.0);                 // Tie, even stays.
-  EXPECT_EQ(RefBf16(1.0 + 3.0 / 256), 1.0 + 4.0 / 256);     // Tie, odd rounds up.
+  EXPECT_EQ(RefBf16(1.0 + 1.0 / 256), 1.0);              // Tie, even stays.
+  EXPECT_EQ(RefBf16(1.0 + 3.0 / 256), 1.0 + 4.0 / 256);  // Tie, odd rounds up.
 }
 
 }  // namespace

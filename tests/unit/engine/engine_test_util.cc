@@ -23,7 +23,9 @@ std::vector<double> Unpack(const std::vector<char>& bytes, DType dtype) {
   return std::vector<double>(f.begin(), f.end());
 }
 
-std::vector<double> AsSeen(const std::vector<double>& values, DType dtype) { return Unpack(Pack(values, dtype), dtype); }
+std::vector<double> AsSeen(const std::vector<double>& values, DType dtype) {
+  return Unpack(Pack(values, dtype), dtype);
+}
 
 NsRun RunNs(Backend& backend, const std::vector<double>& g, int64_t rows, int64_t cols, const NsOptions& options,
             DType in_dtype, DType out_dtype) {

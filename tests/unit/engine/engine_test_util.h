@@ -26,8 +26,8 @@ std::vector<double> AsSeen(const std::vector<double>& values, DType dtype);
 
 struct NsRun {
   absl::Status status;
-  std::vector<char> bytes;    // The output in out_dtype.
-  std::vector<double> values; // The output widened.
+  std::vector<char> bytes;     // The output in out_dtype.
+  std::vector<double> values;  // The output widened.
 };
 
 // Orthogonalizes one rows × cols matrix through Orthogonalize(backend, ...).

@@ -23,14 +23,21 @@ double Tolerance(Precision p) { return p == Precision::kMedium ? kMediumToleranc
 // Steps that reach each set's tail rule (cycle or repeat last) where the list allows.
 int StepsFor(CoefficientType type) {
   switch (type) {
-    case CoefficientType::kSimple: return 3;
-    case CoefficientType::kQuintic: return 7;
-    case CoefficientType::kPolarExpress: return 10;
-    case CoefficientType::kAol: return 6;
-    case CoefficientType::kCans: return 7;
-    case CoefficientType::kDeepseekV4: return 12;
-    case CoefficientType::kCubic5: return 5;
-    case CoefficientType::kCustom: return 5;
+    case CoefficientType::kSimple:
+      return 3;
+    case CoefficientType::kQuintic:
+      return 7;
+    case CoefficientType::kPolarExpress:
+      return 10;
+    case CoefficientType::kAol:
+      return 6;
+    case CoefficientType::kCans:
+      return 7;
+    case CoefficientType::kDeepseekV4:
+      return 12;
+    case CoefficientType::kCubic5:  // Needs exactly 5.
+    case CoefficientType::kCustom:
+      return 5;
   }
   return 5;
 }
@@ -165,7 +172,8 @@ TEST(EpsTest, ModesDiffer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpsTest,
-                         Combine(Values(EpsMode::kMax, EpsMode::kAdd), Values(Precision::kHighest, Precision::kMedium)));
+                         Combine(Values(EpsMode::kMax, EpsMode::kAdd),
+                                 Values(Precision::kHighest, Precision::kMedium)));
 
 class TransposeTest : public ::testing::TestWithParam<std::tuple<TransposeMode, Precision>> {};
 
@@ -191,13 +199,13 @@ TEST_P(ShapeTest, MatchesReference) {
   ExpectMatchesReference(RandomMatrix(shape.first, shape.second, 8), shape.first, shape.second, o);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ShapeTest,
-                         Combine(Values(std::make_pair<int64_t, int64_t>(1, 1), std::make_pair<int64_t, int64_t>(1, 17),
-                                        std::make_pair<int64_t, int64_t>(17, 1), std::make_pair<int64_t, int64_t>(2, 3),
-                                        std::make_pair<int64_t, int64_t>(65, 33), std::make_pair<int64_t, int64_t>(33, 65),
-                                        std::make_pair<int64_t, int64_t>(64, 64),
-                                        std::make_pair<int64_t, int64_t>(256, 512)),
-                                 Values(Precision::kHighest, Precision::kMedium)));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ShapeTest,
+    Combine(Values(std::make_pair<int64_t, int64_t>(1, 1), std::make_pair<int64_t, int64_t>(1, 17),
+                   std::make_pair<int64_t, int64_t>(17, 1), std::make_pair<int64_t, int64_t>(2, 3),
+                   std::make_pair<int64_t, int64_t>(65, 33), std::make_pair<int64_t, int64_t>(33, 65),
+                   std::make_pair<int64_t, int64_t>(64, 64), std::make_pair<int64_t, int64_t>(256, 512)),
+            Values(Precision::kHighest, Precision::kMedium)));
 
 TEST(ShapeTest, OneByOneIteratesTheScalarPolynomial) {
   NsOptions o;
@@ -227,7 +235,8 @@ TEST_P(DTypeTest, MatchesReferenceOfTheInputAsSeen) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Combinations, DTypeTest,
-                         Combine(Values(DType::kF32, DType::kBF16, DType::kF16), Values(DType::kF32, DType::kBF16, DType::kF16),
+                         Combine(Values(DType::kF32, DType::kBF16, DType::kF16),
+                                 Values(DType::kF32, DType::kBF16, DType::kF16),
                                  Values(Precision::kHighest, Precision::kMedium)));
 
 TEST(DTypeTest, Fp16InputIsWidenedExactly) {

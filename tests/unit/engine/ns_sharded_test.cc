@@ -123,6 +123,7 @@ std::vector<double> RunSharded(const std::vector<double>& g, int64_t rows, int64
   ThreadSumReducer reducer(world);
   std::vector<absl::Status> statuses(world);
   std::vector<std::thread> threads;
+  threads.reserve(world);
   for (int p = 0; p < world; ++p) {
     threads.emplace_back([&, p] {
       std::vector<NsShard> shards;
@@ -131,8 +132,8 @@ std::vector<double> RunSharded(const std::vector<double>& g, int64_t rows, int64
         shards.push_back(NsShard{{r, c}, dtype, ins[s].data(), dtype, outs[s].data()});
       }
       ThreadSumReducer::Participant participant(&reducer, p);
-      statuses[p] = OrthogonalizeSharded(CpuBackendWithThreads(1), "g", {rows, cols}, dim, options, shards,
-                                         participant);
+      statuses[p] =
+          OrthogonalizeSharded(CpuBackendWithThreads(1), "g", {rows, cols}, dim, options, shards, participant);
     });
   }
   for (std::thread& t : threads) t.join();

@@ -11,7 +11,8 @@ namespace {
 std::vector<RefTriple> Table(CoefficientType type, bool* repeat_last) {
   *repeat_last = false;
   switch (type) {
-    case CoefficientType::kSimple: return {{3.4445, -4.7750, 2.0315}};
+    case CoefficientType::kSimple:
+      return {{3.4445, -4.7750, 2.0315}};
     case CoefficientType::kQuintic:
       return {{4.0848, -6.8946, 2.9270},
               {3.9505, -6.3029, 2.6377},
@@ -24,8 +25,8 @@ std::vector<RefTriple> Table(CoefficientType type, bool* repeat_last) {
               {3.2856, -2.4153, 0.4853},   {2.2779, -1.6198, 0.3985}, {1.8726, -1.2307, 0.3585},
               {1.8564, -1.2132, 0.3568},   {1.8750, -1.2500, 0.3750}};
     case CoefficientType::kAol:
-      return {{4.0098, -7.0585, 2.4635}, {3.4585, -5.5479, 2.5959}, {2.7573, -3.2939, 1.4254},
-              {2.7215, -3.0494, 1.3169}};
+      return {
+          {4.0098, -7.0585, 2.4635}, {3.4585, -5.5479, 2.5959}, {2.7573, -3.2939, 1.4254}, {2.7215, -3.0494, 1.3169}};
     case CoefficientType::kCans:
       *repeat_last = true;
       return {{8.4703, -25.1081, 18.6293},
@@ -46,7 +47,8 @@ std::vector<RefTriple> Table(CoefficientType type, bool* repeat_last) {
               {2.5368962, -1.4312570, 0},
               {2.4418906, -1.2764040, 0},
               {2.2230472, -0.9630650, 0}};
-    case CoefficientType::kCustom: return {};
+    case CoefficientType::kCustom:
+      return {};
   }
   return {};
 }
@@ -85,10 +87,14 @@ std::vector<RefTriple> RefSchedule(CoefficientType type, int steps, const std::v
 double RefScale(int64_t rows, int64_t cols, ScaleMode mode, double extra) {
   const double out = static_cast<double>(rows), in = static_cast<double>(cols);
   switch (mode) {
-    case ScaleMode::kSpectral: return std::sqrt(std::max(out, in)) * extra;
-    case ScaleMode::kShapeScaling: return std::sqrt(std::max(1.0, out / in)) * extra;
-    case ScaleMode::kUnitRmsNorm: return std::sqrt(out / in) * extra;
-    case ScaleMode::kNone: return extra;
+    case ScaleMode::kSpectral:
+      return std::sqrt(std::max(out, in)) * extra;
+    case ScaleMode::kShapeScaling:
+      return std::sqrt(std::max(1.0, out / in)) * extra;
+    case ScaleMode::kUnitRmsNorm:
+      return std::sqrt(out / in) * extra;
+    case ScaleMode::kNone:
+      return extra;
   }
   return extra;
 }

@@ -24,7 +24,7 @@ double RefScale(int64_t rows, int64_t cols, ScaleMode mode, double extra);
 
 struct RefArgs {
   std::vector<RefTriple> schedule;
-  bool medium = false;     // false: float64 throughout; true: the bf16-emulating loop.
+  bool medium = false;  // false: float64 throughout; true: the bf16-emulating loop.
   double eps = 1e-7;
   bool eps_add = false;    // X / (‖X‖ + eps) instead of X / max(‖X‖, eps).
   bool transpose = false;  // Work on Gᵀ.
