@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,8 +65,9 @@ void IgnoreSigpipeUnlessHandled() {
   (void)done;
 }
 
-// Checks that `hostname` resolves, before Gloo sees it: Gloo's CreateDeviceAttr dereferences
-// the result of a failed getaddrinfo (it crashes the process on an unknown name).
+// Checks that `hostname` resolves, before Gloo sees it: Gloo's tcp::CreateDeviceAttr crashes
+// the process (SIGSEGV inside it, seen with libgloo 0.0~git20220518) on a name that does not
+// resolve, instead of throwing.
 // INVALID_ARGUMENT for a name that does not resolve, UNAVAILABLE for a transient DNS failure.
 absl::Status CheckResolvable(const std::string& hostname) {
   struct addrinfo hints = {};
