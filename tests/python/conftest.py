@@ -146,7 +146,7 @@ def fleet2(tmp_path_factory):
         pytest.skip(f"multi-rank fleets are not available yet: {FLEET_SCRIPT.relative_to(REPO)} does not exist")
     ranks = start_fleet(tmp_path_factory.mktemp("fleet"), 2)
     yield ranks
-    for s in ranks:
+    for s in reversed(ranks):  # rank 0 (the coordinator) last
         s.stop()
 
 
