@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -65,7 +66,7 @@ TEST(CudaBackendTest, InfoNamesTheDevice) {
   const BackendInfo info = SharedBackend().Info();
   EXPECT_EQ(info.name, "cuda");
   EXPECT_THAT(info.device, HasSubstr("(device 0, "));
-  EXPECT_THAT(info.device, HasSubstr(" GB)"));
+  EXPECT_THAT(info.device, HasSubstr(" GiB)"));
   EXPECT_GT(info.memory_budget_bytes, 0);
 }
 
@@ -127,6 +128,72 @@ INSTANTIATE_TEST_SUITE_P(
                      DType::kF16, DType::kBF16, EpsMode::kMax, ScaleMode::kNone},
         AccuracyCase{"high_tf32", 256, 256, Precision::kHigh, CoefficientType::kQuintic, 5}),
     [](const ::testing::TestParamInfo<AccuracyCase>& info) { return info.param.name; });
+
+class CudaCoefficientSweepTest : public ::testing::TestWithParam<std::tuple<CoefficientType, Precision>> {};
+
+TEST_P(CudaCoefficientSweepTest, EveryCoefficientSetMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  NsOptions options;
+  options.coefficients = std::get<0>(GetParam());
+  options.precision = std::get<1>(GetParam());
+  if (options.coefficients == CoefficientType::kPolarExpress) options.steps = 10;  // Past the list: repeat last.
+  if (options.coefficients == CoefficientType::kDeepseekV4) options.steps = 12;
+  const std::vector<double> g = RandomMatrix(96, 160, 23);
+  const auto result = RunOne(SharedBackend(), g, 96, 160, options);
+  ASSERT_OK(result.status);
+  EXPECT_LT(RelativeError(result.values, ReferenceFor(g, 96, 160, options)),
+            options.precision == Precision::kMedium ? 1e-2 : 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sets, CudaCoefficientSweepTest,
+                         ::testing::Combine(::testing::Values(CoefficientType::kSimple, CoefficientType::kQuintic,
+                                                              CoefficientType::kPolarExpress, CoefficientType::kAol,
+                                                              CoefficientType::kCans, CoefficientType::kDeepseekV4,
+                                                              CoefficientType::kCubic5),
+                                            ::testing::Values(Precision::kHighest, Precision::kMedium)));
+
+TEST(CudaBackendTest, SplitQkvRunsEachPartAsItsOwnMatrix) {
+  SKIP_WITHOUT_GPU();
+  // Two query groups of q = 32, k = 16, v = 16 rows: Q, K and V are gathered across groups,
+  // orthogonalized and scaled each as its own matrix, and written back interleaved.
+  const int64_t q = 32, k = 16, v = 16, groups = 2, rows = groups * (q + k + v), cols = 96;
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  options.split_qkv = {q, k, v};
+  const std::vector<double> g = RandomMatrix(rows, cols, 29);
+  const auto result = RunOne(SharedBackend(), g, rows, cols, options);
+  ASSERT_OK(result.status);
+  NsOptions plain = options;
+  plain.split_qkv.clear();
+  const int64_t part_rows[3] = {q, k, v};
+  const int64_t first[3] = {0, q, q + k};
+  std::vector<double> expected(g.size());
+  for (int part = 0; part < 3; ++part) {
+    std::vector<double> gathered;
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t row0 = gi * (q + k + v) + first[part];
+      gathered.insert(gathered.end(), g.begin() + row0 * cols, g.begin() + (row0 + part_rows[part]) * cols);
+    }
+    const std::vector<double> ref = ReferenceFor(gathered, groups * part_rows[part], cols, plain);
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t row0 = gi * (q + k + v) + first[part];
+      std::copy(ref.begin() + gi * part_rows[part] * cols, ref.begin() + (gi + 1) * part_rows[part] * cols,
+                expected.begin() + row0 * cols);
+    }
+  }
+  EXPECT_LT(RelativeError(result.values, expected), 1e-5);
+}
+
+TEST(CudaBackendTest, ZeroMatrixStaysZero) {
+  SKIP_WITHOUT_GPU();
+  for (Precision p : {Precision::kHighest, Precision::kMedium}) {
+    NsOptions options;
+    options.precision = p;
+    const auto result = RunOne(SharedBackend(), std::vector<double>(40 * 70, 0.0), 40, 70, options);
+    ASSERT_OK(result.status);
+    for (double value : result.values) ASSERT_EQ(value, 0.0);
+  }
+}
 
 TEST(CudaBackendTest, ScaleInvarianceAndTranspose) {
   SKIP_WITHOUT_GPU();

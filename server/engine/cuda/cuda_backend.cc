@@ -209,8 +209,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   RETURN_IF_ERROR(CudaCall(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   const int64_t budget = options.memory_budget_bytes > 0 ? options.memory_budget_bytes
                                                          : static_cast<int64_t>(static_cast<double>(free_bytes) * 0.9);
-  std::string name = absl::StrFormat("%s (device %d, %.0f GB)", prop.name, options.device,
-                                     std::round(static_cast<double>(prop.totalGlobalMem) / 1e9));
+  // Memory in GiB (an H200's 143,771 MiB shows as "140 GiB"; the marketed "141 GB" is neither unit).
+  std::string name = absl::StrFormat("%s (device %d, %.0f GiB)", prop.name, options.device,
+                                     std::round(static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0)));
   auto impl = std::make_unique<Impl>(options.device, std::move(name), budget, options.pinned_cache_bytes);
   {
     // Surface stream / cuBLAS failures now rather than on the first task.
