@@ -12,8 +12,8 @@ namespace orthoserve::distributed_internal {
 // that covers the whole matrix.
 struct Assembled {
   int matrix = 0;
-  std::vector<char> in;   // view.rows × view.cols elements of the matrix dtype, row-major.
-  std::vector<char> out;  // The same in the result dtype.
+  std::vector<char> in;             // view.rows × view.cols elements of the matrix dtype, row-major.
+  std::vector<char> out;            // The same in the result dtype.
   const void* direct_in = nullptr;  // When set, NS reads here and writes `direct_out` instead.
   void* direct_out = nullptr;
 };

@@ -42,9 +42,9 @@ struct MatrixPlan {
   DType result_dtype = DType::kF32;
   NsOptions options;
   Algorithm algorithm = Algorithm::kAuto;
-  int partition_dim = 0;                // TP modes only: 0 or 1.
-  std::vector<BlockPlacement> blocks;   // One per trainer rank, ordered by trainer rank.
-  int owner = -1;                       // AUTO: the fleet rank that assembles it (AssignOwners).
+  int partition_dim = 0;               // TP modes only: 0 or 1.
+  std::vector<BlockPlacement> blocks;  // One per trainer rank, ordered by trainer rank.
+  int owner = -1;                      // AUTO: the fleet rank that assembles it (AssignOwners).
 };
 
 struct BatchPlan {
@@ -83,8 +83,8 @@ void AssignOwners(BatchPlan& plan);
 // caller and must stay valid for the ExecuteBatch call; `in` and `out` must not overlap. An
 // empty block may be omitted (or have null buffers).
 struct LocalBlock {
-  int matrix = 0;        // Index into BatchPlan::matrices.
-  int trainer_rank = 0;  // Which placement of that matrix this is.
+  int matrix = 0;            // Index into BatchPlan::matrices.
+  int trainer_rank = 0;      // Which placement of that matrix this is.
   const void* in = nullptr;  // block.numel() elements of the matrix's dtype, row-major.
   void* out = nullptr;       // block.numel() elements of the matrix's result_dtype.
 };

@@ -65,8 +65,7 @@ void BatchContext::IndexLocal(absl::Span<const LocalBlock> local) {
     }
     if (local_index_[lb.matrix][lb.trainer_rank] != nullptr) {
       Fail(lb.matrix,
-           absl::InvalidArgumentError(
-               absl::StrCat(what, ": two local blocks for trainer rank ", lb.trainer_rank)),
+           absl::InvalidArgumentError(absl::StrCat(what, ": two local blocks for trainer rank ", lb.trainer_rank)),
            FailureKind::kPrimary);
       continue;
     }

@@ -31,9 +31,8 @@ absl::Status GuardedReducer::Reduce(absl::Span<T> values, bool is_double) {
     stopped_by_peer_ = true;
     return absl::InternalError(absl::StrCat(what_, ": fleet ranks disagree on the size of a tp_distributed reduction"));
   }
-  absl::Status status = ctx_.Collect(absl::StrCat(what_, " tp_distributed all-reduce"), [&] {
-    return ctx_.collective().AllReduceSum(values, ctx_.timeout());
-  });
+  absl::Status status = ctx_.Collect(absl::StrCat(what_, " tp_distributed all-reduce"),
+                                     [&] { return ctx_.collective().AllReduceSum(values, ctx_.timeout()); });
   if (!status.ok()) collective_error_ = status;
   return status;
 }

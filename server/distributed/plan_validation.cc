@@ -34,10 +34,10 @@ absl::Status CheckRowShardedLayout(const MatrixPlan& m, int world, const std::st
                                                      sizes[r]));
     }
     if (b.row_offset != offsets[r] || b.col_offset != 0 || b.cols != m.view.cols) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " row_sharded blocks: rank ", r, " of ", world, " holds ", BlockString(b), " of a ",
-          ShapeTuple(m.shape), " matrix, expected its torch.chunk row shard ",
-          BlockString(Block{offsets[r], 0, sizes[r], m.view.cols})));
+      return absl::InvalidArgumentError(absl::StrCat(what, " row_sharded blocks: rank ", r, " of ", world, " holds ",
+                                                     BlockString(b), " of a ", ShapeTuple(m.shape),
+                                                     " matrix, expected its torch.chunk row shard ",
+                                                     BlockString(Block{offsets[r], 0, sizes[r], m.view.cols})));
     }
   }
   return absl::OkStatus();
@@ -53,13 +53,13 @@ absl::Status CheckTpLayout(const MatrixPlan& m, int world, const std::string& wh
   for (int r = 0; r < world; ++r) {
     const Block& b = m.blocks[r].block;
     if (sizes[r] == 0 && b.empty()) continue;
-    const Block expected = by_rows ? Block{offsets[r], 0, sizes[r], m.view.cols}
-                                   : Block{0, offsets[r], m.view.rows, sizes[r]};
+    const Block expected =
+        by_rows ? Block{offsets[r], 0, sizes[r], m.view.cols} : Block{0, offsets[r], m.view.rows, sizes[r]};
     if (!(b == expected)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", AlgorithmName(m.algorithm), " blocks (partition_dim ", m.partition_dim, "): trainer rank ", r,
-          " of ", world, " holds ", BlockString(b), " of the ", m.view.rows, "x", m.view.cols,
-          " matrix, expected its torch.chunk shard ", BlockString(expected)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", AlgorithmName(m.algorithm), " blocks (partition_dim ", m.partition_dim,
+                       "): trainer rank ", r, " of ", world, " holds ", BlockString(b), " of the ", m.view.rows, "x",
+                       m.view.cols, " matrix, expected its torch.chunk shard ", BlockString(expected)));
     }
   }
   return absl::OkStatus();
@@ -89,8 +89,8 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
   RETURN_IF_ERROR(ValidateNsOptionsForShape(m.options, view, absl::StrCat(what, " options")));
   const bool tp_sharded = m.algorithm == Algorithm::kTpDuplicated || m.algorithm == Algorithm::kTpDistributed;
   if (tp_sharded && m.partition_dim != 0 && m.partition_dim != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " partition_dim: ", m.partition_dim, " must be 0 or 1 for ",
-                                                   AlgorithmName(m.algorithm)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " partition_dim: ", m.partition_dim, " must be 0 or 1 for ", AlgorithmName(m.algorithm)));
   }
   if (m.algorithm == Algorithm::kAuto && (m.owner < -1 || m.owner >= plan.fleet_world)) {
     return absl::InvalidArgumentError(
@@ -114,8 +114,8 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
     const int expected = FleetRankOfTrainer(r, world, plan.fleet_world);
     if (p.fleet_rank != expected) {
       return absl::InvalidArgumentError(absl::StrCat(what, " blocks: trainer rank ", r, " of ", world,
-                                                     " is placed on fleet rank ", p.fleet_rank, ", expected ",
-                                                     expected, " of ", plan.fleet_world));
+                                                     " is placed on fleet rank ", p.fleet_rank, ", expected ", expected,
+                                                     " of ", plan.fleet_world));
     }
     blocks.push_back(p.block);
   }
@@ -135,8 +135,8 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
 
   // Blocks orthogonalized as matrices of their own (TP_BLOCKWISE) or split locally
   // (TP_DISTRIBUTED along rows) need split_qkv to divide each block's rows.
-  const bool per_block_qkv = m.algorithm == Algorithm::kTpBlockwise ||
-                             (m.algorithm == Algorithm::kTpDistributed && m.partition_dim == 0);
+  const bool per_block_qkv =
+      m.algorithm == Algorithm::kTpBlockwise || (m.algorithm == Algorithm::kTpDistributed && m.partition_dim == 0);
   if (per_block_qkv && !m.options.split_qkv.empty()) {
     for (int r = 0; r < world; ++r) {
       const Block& b = m.blocks[r].block;
@@ -160,8 +160,7 @@ std::vector<absl::Status> ValidatePlan(const BatchPlan& plan) {
   std::vector<absl::Status> statuses;
   statuses.reserve(plan.matrices.size());
   for (const MatrixPlan& m : plan.matrices) {
-    statuses.push_back(group.ok() ? ValidateMatrix(plan, m)
-                                  : Annotate(group, absl::StrCat("matrix \"", m.name, "\"")));
+    statuses.push_back(group.ok() ? ValidateMatrix(plan, m) : Annotate(group, absl::StrCat("matrix \"", m.name, "\"")));
   }
   return statuses;
 }

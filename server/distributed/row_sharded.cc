@@ -37,8 +37,8 @@ absl::Status RunRowSharded(BatchContext& ctx) {
       for (size_t i = start; i < order.size() && i < start + world; ++i) {
         round.push_back(OwnedMatrix{order[i], static_cast<int>(i - start)});
       }
-      RETURN_IF_ERROR(AssembleOnOwners(
-          ctx, round, absl::StrCat("row_sharded ", DTypeName(dtypes[g]), " round ", start / world)));
+      RETURN_IF_ERROR(
+          AssembleOnOwners(ctx, round, absl::StrCat("row_sharded ", DTypeName(dtypes[g]), " round ", start / world)));
     }
   }
   return absl::OkStatus();

@@ -67,8 +67,8 @@ absl::Status ExchangeStatuses(BatchContext& ctx) {
     for (size_t m = 0; m < matrices; ++m) {
       const StatusRecord& r = all[p * matrices + m];
       if (r.code != 0 && !decided[m]) {
-        ctx.SetStatus(static_cast<int>(m), absl::Status(static_cast<absl::StatusCode>(r.code),
-                                                        messages.substr(cursor, r.message_bytes)));
+        ctx.SetStatus(static_cast<int>(m),
+                      absl::Status(static_cast<absl::StatusCode>(r.code), messages.substr(cursor, r.message_bytes)));
         decided[m] = true;
       }
       cursor += r.message_bytes;

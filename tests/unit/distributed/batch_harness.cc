@@ -137,8 +137,7 @@ std::vector<char> AssembleResult(const BatchPlan& plan, const BatchData& data, i
   std::vector<char> whole(static_cast<size_t>(mp.view.numel()) * ElementSize(mp.result_dtype), '\xff');
   for (const BlockPlacement& p : mp.blocks) {
     if (p.block.empty()) continue;
-    CopyBlockIn(data.out[m][p.trainer_rank].data(), p.block, ElementSize(mp.result_dtype), whole.data(),
-                mp.view.cols);
+    CopyBlockIn(data.out[m][p.trainer_rank].data(), p.block, ElementSize(mp.result_dtype), whole.data(), mp.view.cols);
   }
   return whole;
 }

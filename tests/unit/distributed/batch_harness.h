@@ -52,8 +52,8 @@ std::vector<char> RandomMatrix(Matrix2d view, DType dtype, uint32_t seed);
 // What the trainers hold: each matrix's whole input, and per trainer rank its input block and
 // an output block filled with a NaN sentinel (so a result never written shows).
 struct BatchData {
-  std::vector<std::vector<char>> whole;                  // [matrix]
-  std::vector<std::vector<std::vector<char>>> in, out;   // [matrix][trainer rank]
+  std::vector<std::vector<char>> whole;                 // [matrix]
+  std::vector<std::vector<std::vector<char>>> in, out;  // [matrix][trainer rank]
 };
 BatchData MakeData(const BatchPlan& plan, const std::vector<MatrixSpec>& specs);
 

@@ -82,11 +82,16 @@ enum class WorldKind { kOne, kTwo, kSame, kDouble, kFive };
 
 int TrainerWorld(WorldKind kind, int s) {
   switch (kind) {
-    case WorldKind::kOne: return 1;
-    case WorldKind::kTwo: return 2;
-    case WorldKind::kSame: return s;
-    case WorldKind::kDouble: return 2 * s;
-    case WorldKind::kFive: return 5;
+    case WorldKind::kOne:
+      return 1;
+    case WorldKind::kTwo:
+      return 2;
+    case WorldKind::kSame:
+      return s;
+    case WorldKind::kDouble:
+      return 2 * s;
+    case WorldKind::kFive:
+      return 5;
   }
   return 1;
 }

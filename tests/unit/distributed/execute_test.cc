@@ -57,13 +57,14 @@ TEST(ExecuteTest, OneRankFleetOnLocalCollective) {
     EXPECT_GT(result->flops, 0);
     EXPECT_GT(result->compute_time, absl::ZeroDuration());
     for (int m : {0, 1, 2, 3}) {
-      EXPECT_TRUE(SameBytes(AssembleResult(plan, data, m),
-                            WholeReference(SharedCpuBackend(), plan.matrices[m], data.whole[m])))
+      EXPECT_TRUE(
+          SameBytes(AssembleResult(plan, data, m), WholeReference(SharedCpuBackend(), plan.matrices[m], data.whole[m])))
           << specs[m].name << " W " << w;
     }
-    EXPECT_LE(RelativeFrobenius(ToF32(DType::kF32, AssembleResult(plan, data, 4)),
-                                ToF32(DType::kF32, WholeReference(SharedCpuBackend(), plan.matrices[4], data.whole[4]))),
-              1e-5);
+    EXPECT_LE(
+        RelativeFrobenius(ToF32(DType::kF32, AssembleResult(plan, data, 4)),
+                          ToF32(DType::kF32, WholeReference(SharedCpuBackend(), plan.matrices[4], data.whole[4]))),
+        1e-5);
     EXPECT_TRUE(SameBytes(AssembleResult(plan, data, 5),
                           BlockwiseReference(SharedCpuBackend(), plan.matrices[5], data.whole[5])));
   }
@@ -71,8 +72,8 @@ TEST(ExecuteTest, OneRankFleetOnLocalCollective) {
 
 TEST(ExecuteTest, ChoosesOwnersWhenThePlanHasNone) {
   std::vector<MatrixSpec> specs;
-  for (int i = 0; i < 4; ++i) specs.push_back(Spec("m" + std::to_string(i), {6 + 2 * i, 8}, Algorithm::kAuto,
-                                                   Layout::kGrid, 0, 20 + i));
+  for (int i = 0; i < 4; ++i)
+    specs.push_back(Spec("m" + std::to_string(i), {6 + 2 * i, 8}, Algorithm::kAuto, Layout::kGrid, 0, 20 + i));
   BatchPlan plan = MakePlan(4, 2, specs);
   for (MatrixPlan& m : plan.matrices) m.owner = -1;
   BatchData data = MakeData(plan, specs);
@@ -88,8 +89,8 @@ TEST(ExecuteTest, ChoosesOwnersWhenThePlanHasNone) {
   EXPECT_GT(flops[0], 0);
   EXPECT_GT(flops[1], 0);
   for (int m = 0; m < 4; ++m) {
-    EXPECT_TRUE(SameBytes(AssembleResult(plan, data, m),
-                          WholeReference(SharedCpuBackend(), plan.matrices[m], data.whole[m])));
+    EXPECT_TRUE(
+        SameBytes(AssembleResult(plan, data, m), WholeReference(SharedCpuBackend(), plan.matrices[m], data.whole[m])));
   }
 }
 
@@ -128,8 +129,8 @@ TEST(ExecuteTest, BadLocalBlocksFailTheirMatrixOnly) {
   EXPECT_THAT(result->matrices[2], StatusIs(absl::StatusCode::kInvalidArgument,
                                             AllOf(HasSubstr("matrix \"foreign\""), HasSubstr("trainer rank 5"))));
   EXPECT_OK(result->matrices[3]);
-  EXPECT_TRUE(SameBytes(AssembleResult(plan, data, 3),
-                        WholeReference(SharedCpuBackend(), plan.matrices[3], data.whole[3])));
+  EXPECT_TRUE(
+      SameBytes(AssembleResult(plan, data, 3), WholeReference(SharedCpuBackend(), plan.matrices[3], data.whole[3])));
 
   // A block for a matrix the plan does not have cannot be attributed: every matrix fails.
   blocks = LocalBlocksOf(plan, data, 0);

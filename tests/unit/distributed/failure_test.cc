@@ -116,6 +116,7 @@ class BreakingCollective final : public Collective {
     if (absl::Status gate = Gate(); !gate.ok()) return gate;
     return inner_->Barrier(t);
   }
+
  private:
   // Counts the call; from the fail_at-th on, drops the Gloo member and fails.
   absl::Status Gate() {
@@ -190,8 +191,8 @@ TEST_P(FailureTest, InvalidMatrixIsSkippedOnEveryRankAndTheRestSucceed) {
   const std::vector<absl::StatusOr<BatchResult>> results = RunFleet(plan, data, {&SharedCpuBackend()});
   ASSERT_EQ(results.size(), static_cast<size_t>(s));
   for (const absl::Status& st : StatusesOf(results, 1)) {
-    EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument,
-                             AllOf(HasSubstr("matrix \"bad\""), HasSubstr("expected"))));
+    EXPECT_THAT(
+        st, StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("matrix \"bad\""), HasSubstr("expected"))));
   }
   // Its outputs were never written.
   for (const std::vector<char>& out : data.out[1]) {
@@ -276,7 +277,8 @@ TEST_P(FailureTest, TpDistributedParticipantFailureDoesNotHangOrDesync) {
     for (int r = 0; r < s; ++r) {
       if (r == s - 1) {
         backends.push_back(std::make_unique<VictimOnly>(
-            SharedCpuBackend(), std::make_unique<FaultyBackend>(SharedCpuBackend(), r, std::vector<Matrix2d>{}, fail_at)));
+            SharedCpuBackend(),
+            std::make_unique<FaultyBackend>(SharedCpuBackend(), r, std::vector<Matrix2d>{}, fail_at)));
       } else {
         backends.push_back(std::make_unique<FaultyBackend>(SharedCpuBackend(), r, std::vector<Matrix2d>{}));
       }
@@ -289,9 +291,9 @@ TEST_P(FailureTest, TpDistributedParticipantFailureDoesNotHangOrDesync) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a rank waited for a timeout";
     ASSERT_EQ(results.size(), static_cast<size_t>(s));
     for (const absl::Status& st : StatusesOf(results, 1)) {
-      EXPECT_THAT(st, StatusIs(absl::StatusCode::kInternal,
-                               AllOf(HasSubstr("matrix \"victim\""),
-                                     HasSubstr(absl::StrCat("fault on fleet rank ", s - 1)))));
+      EXPECT_THAT(
+          st, StatusIs(absl::StatusCode::kInternal,
+                       AllOf(HasSubstr("matrix \"victim\""), HasSubstr(absl::StrCat("fault on fleet rank ", s - 1)))));
     }
     for (size_t m : {0, 2, 3}) ExpectOkAndExact(plan, data, results, m);
   }

@@ -39,8 +39,7 @@ TEST(AssignOwnersTest, EqualMatricesSplitEvenly) {
 
 TEST(AssignOwnersTest, OneHugeMatrixGetsARankOfItsOwn) {
   // The 256x256 matrix costs more than all the small ones together.
-  std::vector<MatrixSpec> specs = {Auto({16, 16}), Auto({256, 256}), Auto({16, 16}), Auto({32, 16}),
-                                   Auto({16, 32})};
+  std::vector<MatrixSpec> specs = {Auto({16, 16}), Auto({256, 256}), Auto({16, 16}), Auto({32, 16}), Auto({16, 32})};
   const BatchPlan plan = MakePlan(1, 2, specs);
   EXPECT_EQ(Owners(plan), (std::vector<int>{1, 0, 1, 1, 1}));
   // Three ranks: the huge one alone, the small ones balanced over the other two, largest first.

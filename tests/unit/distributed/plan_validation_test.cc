@@ -53,7 +53,8 @@ TEST(PlanValidationTest, ValidPlansPassForEveryAlgorithmAndWorld) {
            Spec("d", {5, 7}, Algorithm::kTpDuplicated, Layout::kCols, 1),
            Spec("t", {2, 9}, Algorithm::kTpDistributed, Layout::kRows, 0),
            Spec("b", {5, 7}, Algorithm::kTpBlockwise, Layout::kWholeOnLast)});
-      for (const absl::Status& status : ValidatePlan(plan)) EXPECT_TRUE(status.ok()) << "W " << w << " S " << s << ": " << status;
+      for (const absl::Status& status : ValidatePlan(plan))
+        EXPECT_TRUE(status.ok()) << "W " << w << " S " << s << ": " << status;
     }
   }
 }
@@ -99,8 +100,8 @@ TEST(PlanValidationTest, RowShardedRejectsOtherLayoutsWithTheRightCounts) {
   BatchPlan reversed = MakePlan(2, 1, {Spec("w", {4, 6}, Algorithm::kRowSharded, Layout::kReversedRows)});
   EXPECT_THAT(ValidateOne(reversed),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("rank 0 of 2 holds rows [2, 4)"), HasSubstr("expected its torch.chunk row shard"),
-                             HasSubstr("rows [0, 2)"))));
+                       AllOf(HasSubstr("rank 0 of 2 holds rows [2, 4)"),
+                             HasSubstr("expected its torch.chunk row shard"), HasSubstr("rows [0, 2)"))));
 }
 
 TEST(PlanValidationTest, RowShardedAcceptsEmptyTrailingShards) {
@@ -138,18 +139,18 @@ TEST(PlanValidationTest, TpLayoutMustBeChunksAlongThePartitionDim) {
 TEST(PlanValidationTest, PlacementsMustMatchTheTrainerGroupAndFleet) {
   BatchPlan plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
   plan.matrices[0].blocks[1].fleet_rank = 1;  // Trainer 1 of 4 streams to fleet rank 0 of 2.
-  EXPECT_THAT(ValidateOne(plan),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("matrix \"w\" blocks"), HasSubstr("trainer rank 1 of 4 is placed on fleet rank 1"),
-                             HasSubstr("expected 0 of 2"))));
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w\" blocks"),
+                                                HasSubstr("trainer rank 1 of 4 is placed on fleet rank 1"),
+                                                HasSubstr("expected 0 of 2"))));
   plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
   plan.matrices[0].blocks.pop_back();
-  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          AllOf(HasSubstr("3 placements"), HasSubstr("4 ranks"))));
+  EXPECT_THAT(ValidateOne(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("3 placements"), HasSubstr("4 ranks"))));
   plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
   std::swap(plan.matrices[0].blocks[2], plan.matrices[0].blocks[3]);
-  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          HasSubstr("placement 2 is for trainer rank 3")));
+  EXPECT_THAT(ValidateOne(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("placement 2 is for trainer rank 3")));
   plan = MakePlan(2, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
   plan.matrices[0].owner = 2;
   EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
