@@ -58,11 +58,11 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 60.0, **client_kwargs) -> None:
         import orthoserve
 
         deadline = time.monotonic() + timeout
-        client = orthoserve.Client(self.address)
+        client = orthoserve.Client(self.address, **client_kwargs)
         last = None
         try:
             while time.monotonic() < deadline:
@@ -97,7 +97,8 @@ def require_binary() -> pathlib.Path:
     return binary
 
 
-def start_server(tmp_dir: pathlib.Path, extra_args=(), name: str = "server") -> ServerProcess:
+def start_server(tmp_dir: pathlib.Path, extra_args=(), name: str = "server", **client_kwargs) -> ServerProcess:
+    """A one-rank CPU server with `extra_args`, ready (checked with a Client(**client_kwargs))."""
     binary = require_binary()
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -106,7 +107,7 @@ def start_server(tmp_dir: pathlib.Path, extra_args=(), name: str = "server") -> 
             "--fleet-listen", f"127.0.0.1:{free_port()}", *extra_args]
     server = ServerProcess(args, address, tmp_dir / f"{name}-{port}.log")
     try:
-        server.wait_ready()
+        server.wait_ready(**client_kwargs)
     except Exception:
         server.stop()
         raise
