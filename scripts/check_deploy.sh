@@ -78,7 +78,7 @@ kubectl=$root/$venv/bin/kubectl
 kubernetes_validate=$root/$venv/bin/kubernetes-validate
 ((kv_from_project)) && kubernetes_validate=$root/.venv/bin/kubernetes-validate
 checks=(tests/deploy/deploy_checks.py)
-for tool in promtool yamllint curl; do
+for tool in promtool yamllint; do
   command -v "$tool" >/dev/null || die "${tool} not found (scripts/setup.sh installs it)"
 done
 # Run the schema validation without a network when the kernel lets us, to prove it is offline.
@@ -133,6 +133,11 @@ check "checker self-tests (tests/deploy/test_deploy_checks.py)" \
 orthoserve=$build_dir/bin/orthoserve
 orthoctl=$build_dir/bin/orthoctl
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# fetch URL FILE: HTTP GET with the standard library (no curl needed).
+fetch() {
+  "$py" -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=5).read())' \
+    "$1" "$2" 2>/dev/null
+}
 
 # check-config: every pod's environment (ConfigMap + env, as the kubelet builds it) is accepted.
 # Files the pod gets from Secrets are made up under $work/root and the paths pointed there.
@@ -263,7 +268,7 @@ else
   grpc_port=$(free_port) fleet_port=$(free_port) metrics_port=$(free_port)
   start_server live --listen "127.0.0.1:${grpc_port}" --fleet-listen "127.0.0.1:${fleet_port}" \
     --metrics-address "127.0.0.1:${metrics_port}" --backend cpu --world 1 --rank 0 --drain-timeout 10s
-  scrape() { curl -sf "http://127.0.0.1:${metrics_port}/metrics" -o "$work/scrape.txt"; }
+  scrape() { fetch "http://127.0.0.1:${metrics_port}/metrics" "$work/scrape.txt"; }
   for _ in $(seq 1 100); do
     scrape && break
     kill -0 "$live_pid" 2>/dev/null || break
@@ -283,9 +288,12 @@ else
     # prometheus-cpp writes no # TYPE line for a family without samples: one real request makes
     # the per-matrix series appear (and shows they count it).
     "$py" "${checks[0]}" write-npy "$work/m.npy" 64 32
-    check "one request through the server (orthoctl orthogonalize) is counted" bash -c \
-      "'$orthoctl' orthogonalize --server 127.0.0.1:${grpc_port} --timeout 60 --in '$work/m.npy' --out '$work/out.npy' &&
-       curl -sf http://127.0.0.1:${metrics_port}/metrics | grep -E '^orthoserve_(matrices|requests)_total\\{.*code=\"OK\".*\\} 1\$'"
+    one_request() {
+      "$orthoctl" orthogonalize --server "127.0.0.1:${grpc_port}" --timeout 60 --in "$work/m.npy" \
+        --out "$work/result.npy" && scrape &&
+        grep -E '^orthoserve_(matrices|requests)_total\{.*code="OK".*\} 1$' "$work/scrape.txt"
+    }
+    check "one request through the server (orthoctl orthogonalize) is counted" one_request
     scrape
     check "promtool check metrics on a live scrape" bash -c "promtool check metrics < '$work/scrape.txt'"
     check "dashboard and alert rules name only metrics the server exports (live scrape)" \
