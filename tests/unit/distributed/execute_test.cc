@@ -2,13 +2,16 @@
 // chosen when the plan has none, the caller's mistakes (wrong fleet size, bad local blocks), and
 // TP_DISTRIBUTED with split_qkv over row shards.
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/collective/local_collective.h"
 #include "tests/unit/distributed/batch_harness.h"
+#include "tests/util/rank_threads.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve::testing {
@@ -140,6 +143,74 @@ TEST(ExecuteTest, BadLocalBlocksFailTheirMatrixOnly) {
   for (const absl::Status& s : result->matrices) {
     EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix index 9")));
   }
+}
+
+// Forwards to another Collective and records the bytes each AllToAllv call sends to other ranks
+// and receives from them.
+class RecordingCollective final : public Collective {
+ public:
+  explicit RecordingCollective(Collective& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world() const override { return inner_.world(); }
+  std::string name() const override { return inner_.name(); }
+  absl::Status AllToAllv(const void* s, absl::Span<const size_t> sb, void* r, absl::Span<const size_t> rb,
+                         absl::Duration t) override {
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < world(); ++p) {
+      if (p == rank()) continue;
+      sent += sb[p];
+      received += rb[p];
+    }
+    all_to_allv.push_back({sent, received});
+    return inner_.AllToAllv(s, sb, r, rb, t);
+  }
+  absl::Status AllGatherv(const void* s, size_t sb, void* r, absl::Span<const size_t> rb, absl::Duration t) override {
+    return inner_.AllGatherv(s, sb, r, rb, t);
+  }
+  absl::Status AllReduceSum(absl::Span<float> v, absl::Duration t) override { return inner_.AllReduceSum(v, t); }
+  absl::Status AllReduceSum(absl::Span<double> v, absl::Duration t) override { return inner_.AllReduceSum(v, t); }
+  absl::Status Broadcast(void* d, size_t b, int root, absl::Duration t) override {
+    return inner_.Broadcast(d, b, root, t);
+  }
+  absl::Status Barrier(absl::Duration t) override { return inner_.Barrier(t); }
+
+  std::vector<std::pair<size_t, size_t>> all_to_allv;  // (sent, received) per call.
+
+ private:
+  Collective& inner_;
+};
+
+TEST(ExecuteTest, BlocksTravelInTheirDtypeAndResultsInTheResultDtype) {
+  // A bf16 16x24 matrix in two row blocks on two fleet ranks, fp32 results: the rank that does
+  // not own it sends its 8x24 block as bf16 (2 bytes each) and gets fp32 back (4 bytes each).
+  MatrixSpec spec = Spec("w", {16, 24}, Algorithm::kAuto, Layout::kRows, 0, 3);
+  spec.dtype = DType::kBF16;
+  const BatchPlan plan = MakePlan(2, 2, {spec});
+  BatchData data = MakeData(plan, {spec});
+  absl::StatusOr<std::vector<std::unique_ptr<Collective>>> group = MakeGlooGroup(2);
+  ASSERT_OK(group);
+  std::vector<std::unique_ptr<RecordingCollective>> recording;
+  for (int r = 0; r < 2; ++r) recording.push_back(std::make_unique<RecordingCollective>(*(*group)[r]));
+  std::vector<absl::StatusOr<BatchResult>> results(2, absl::UnknownError("not run"));
+  RunRanks(2, [&](int rank) {
+    std::vector<LocalBlock> local = LocalBlocksOf(plan, data, rank);
+    results[rank] = ExecuteBatch(plan, local, SharedCpuBackend(), *recording[rank], ExecuteOptions());
+  });
+  const int owner = plan.matrices[0].owner;
+  const int other = 1 - owner;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_OK(results[r]);
+    EXPECT_OK(results[r]->matrices[0]);
+  }
+  const size_t block = 8 * 24;
+  ASSERT_EQ(recording[other]->all_to_allv.size(), 2u);
+  EXPECT_EQ(recording[other]->all_to_allv[0], std::make_pair(block * 2, size_t{0}));
+  EXPECT_EQ(recording[other]->all_to_allv[1], std::make_pair(size_t{0}, block * 4));
+  ASSERT_EQ(recording[owner]->all_to_allv.size(), 2u);
+  EXPECT_EQ(recording[owner]->all_to_allv[0], std::make_pair(size_t{0}, block * 2));
+  EXPECT_EQ(recording[owner]->all_to_allv[1], std::make_pair(block * 4, size_t{0}));
+  EXPECT_TRUE(
+      SameBytes(AssembleResult(plan, data, 0), WholeReference(SharedCpuBackend(), plan.matrices[0], data.whole[0])));
 }
 
 TEST(ExecuteTest, TpDistributedSplitQkvOverRowShards) {
