@@ -171,11 +171,12 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
   return grpc::Status::OK;
 }
 
-void FakeServer::Start() {
+void FakeServer::Start(std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:0", credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(service.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   server = builder.BuildAndStart();

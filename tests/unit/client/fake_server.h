@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "orthoserve/v1/orthogonalizer.grpc.pb.h"
 
@@ -49,8 +50,8 @@ struct FakeServer {
   std::unique_ptr<grpc::Server> server;
   std::string address;
 
-  // Starts serving; configure `service` first.
-  void Start();
+  // Starts serving (plaintext unless `credentials` are given); configure `service` first.
+  void Start(std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   ~FakeServer();
 };
 
