@@ -138,6 +138,9 @@ TEST_P(CudaCoefficientSweepTest, EveryCoefficientSetMatchesReference) {
   options.precision = std::get<1>(GetParam());
   if (options.coefficients == CoefficientType::kPolarExpress) options.steps = 10;  // Past the list: repeat last.
   if (options.coefficients == CoefficientType::kDeepseekV4) options.steps = 12;
+  // aol's list is tuned for exactly 4 steps; cycling back to its first triple maps σ ≈ 1 to a
+  // negative value, which amplifies single-ulp bf16 differences (1.8e-2 on the CPU backend).
+  if (options.coefficients == CoefficientType::kAol) options.steps = 4;
   const std::vector<double> g = RandomMatrix(96, 160, 23);
   const auto result = RunOne(SharedBackend(), g, 96, 160, options);
   ASSERT_OK(result.status);
@@ -247,6 +250,10 @@ struct OwnedTask {
   }
 };
 
+// Runs one task on its own; the status is returned by value (not a reference into Run's
+// temporary result vector).
+absl::Status RunAlone(Backend& backend, const NsTask& task) { return backend.Run(absl::MakeConstSpan(&task, 1))[0]; }
+
 std::vector<std::unique_ptr<OwnedTask>> MixedTasks() {
   std::vector<std::unique_ptr<OwnedTask>> tasks;
   tasks.push_back(std::make_unique<OwnedTask>(64, 128, Precision::kMedium, DType::kF32, DType::kF32, 1));
@@ -267,8 +274,7 @@ TEST(CudaBackendTest, PipelinedBatchEqualsTasksRunAlone) {
   auto alone = MixedTasks();
   for (size_t i = 0; i < alone.size(); ++i) {
     ASSERT_OK(statuses[i]);
-    const std::vector<absl::Status> one = SharedBackend().Run(absl::MakeConstSpan(&alone[i]->task, 1));
-    ASSERT_OK(one[0]);
+    ASSERT_OK(RunAlone(SharedBackend(), alone[i]->task));
     EXPECT_EQ(together[i]->out, alone[i]->out) << "task " << i << " differs between the batch and a run alone";
   }
 }
@@ -276,7 +282,7 @@ TEST(CudaBackendTest, PipelinedBatchEqualsTasksRunAlone) {
 TEST(CudaBackendTest, ConcurrentCallersGetTheSameBits) {
   SKIP_WITHOUT_GPU();
   auto expected = MixedTasks();
-  for (auto& t : expected) ASSERT_OK(SharedBackend().Run(absl::MakeConstSpan(&t->task, 1))[0]);
+  for (auto& t : expected) ASSERT_OK(RunAlone(SharedBackend(), t->task));
   std::vector<std::vector<std::unique_ptr<OwnedTask>>> per_thread(4);
   std::vector<std::thread> threads;
   for (auto& tasks : per_thread) {
@@ -323,10 +329,10 @@ TEST(CudaBackendTest, OverBudgetTaskIsResourceExhaustedAndOthersRun) {
 
   // The small results are right, and the backend keeps working after the failures.
   OwnedTask reference(64, 96, Precision::kHighest, DType::kF32, DType::kF32, 12);
-  ASSERT_OK(SharedBackend().Run({reference.task})[0]);
+  ASSERT_OK(RunAlone(SharedBackend(), reference.task));
   EXPECT_EQ(fits.out, reference.out);
   OwnedTask again(64, 96, Precision::kHighest, DType::kF32, DType::kF32, 12);
-  ASSERT_OK(small.Run({again.task})[0]);
+  ASSERT_OK(RunAlone(small, again.task));
   EXPECT_EQ(again.out, reference.out);
 }
 
@@ -342,7 +348,7 @@ TEST(CudaBackendTest, FailedKernelLaunchBecomesStatusAndNextTaskRuns) {
   EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInternal, HasSubstr("cudaErrorInvalidConfiguration")));
   ASSERT_OK(statuses[1]);
   OwnedTask expected(64, 64, Precision::kMedium, DType::kF32, DType::kF32, 22);
-  ASSERT_OK(backend.Run({expected.task})[0]);
+  ASSERT_OK(RunAlone(backend, expected.task));
   EXPECT_EQ(second.out, expected.out);
 }
 
