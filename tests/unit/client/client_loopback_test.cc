@@ -126,23 +126,23 @@ TEST_F(ClientLoopbackTest, StreamFailureReturnsTheServersStatus) {
 TEST_F(ClientLoopbackTest, ResultsArriveWhileLaterMatricesAreStillBeingSent) {
   // The server sends result 0 and then stops reading until the client has seen it. A client that
   // wrote everything before reading would stall on flow control with 16 MiB still unsent.
-  absl::Notification gate;
-  server_.service->gate = &gate;
+  auto gate = std::make_shared<absl::Notification>();
+  server_.service->gate = gate;
   server_.service->chunk_bytes = 1 << 20;
   auto client = Connect(server_);
   const std::vector<float> small = Ramp(16, 1.0f), big = Ramp(2048 * 2048, 1.0f);
   std::vector<MatrixInput> inputs = {Input("first", {4, 4}, small), Input("big", {2048, 2048}, big)};
   auto out = client->Step(StepOptions{}, inputs, [&](const MatrixOutput& o) {
-    if (o.index == 0) gate.Notify();
+    if (o.index == 0) gate->Notify();
   });
   ASSERT_OK(out);
-  EXPECT_TRUE(gate.HasBeenNotified());
+  EXPECT_TRUE(gate->HasBeenNotified());
   EXPECT_EQ(AsFloats((*out)[1])[12345], 2 * big[12345]);
 }
 
 TEST_F(ClientLoopbackTest, DeadlineExceeded) {
-  absl::Notification never;
-  server_.service->gate = &never;
+  auto never = std::make_shared<absl::Notification>();
+  server_.service->gate = never;
   ClientOptions options;
   options.address = server_.address;
   options.timeout = absl::Milliseconds(500);
@@ -151,7 +151,7 @@ TEST_F(ClientLoopbackTest, DeadlineExceeded) {
   const std::vector<float> a = Ramp(16, 1.0f);
   std::vector<MatrixInput> inputs = {Input("a", {4, 4}, a), Input("b", {4, 4}, a)};
   EXPECT_THAT((*client)->Step(StepOptions{}, inputs), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
-  never.Notify();  // Lets the server's handler finish before `never` goes away.
+  never->Notify();  // Lets the server's handler finish promptly.
 }
 
 TEST_F(ClientLoopbackTest, ServerProtocolViolationIsInternal) {

@@ -151,8 +151,9 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
       chunk.mutable_chunk()->set_data(out.substr(off, chunk_bytes));
       stream->Write(chunk);
     }
-    if (i == 0 && gate != nullptr) {
-      while (!gate->WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+    std::shared_ptr<absl::Notification> wait_for = gate;
+    if (i == 0 && wait_for != nullptr) {
+      while (!wait_for->WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
         if (context->IsCancelled() || std::chrono::system_clock::now() > context->deadline()) {
           return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
         }

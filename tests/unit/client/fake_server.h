@@ -23,7 +23,9 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
   std::string required_token;        // When set, calls without "Bearer <token>" are UNAUTHENTICATED.
   int fleet_rank = 0;
   std::vector<std::string> members;  // Advertised fleet (fleet_world = size, or 1 when empty).
-  absl::Notification* gate = nullptr;  // When set, the stream waits on it after sending result 0.
+  // When set, the stream waits on it after sending result 0 (shared: a handler may still be
+  // leaving the wait when the test's copy goes away).
+  std::shared_ptr<absl::Notification> gate;
   bool send_extra_byte = false;        // Protocol violation: one byte more than the block.
 
   std::atomic<int> streams{0};
