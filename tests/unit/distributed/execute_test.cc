@@ -75,8 +75,10 @@ TEST(ExecuteTest, OneRankFleetOnLocalCollective) {
 
 TEST(ExecuteTest, ChoosesOwnersWhenThePlanHasNone) {
   std::vector<MatrixSpec> specs;
-  for (int i = 0; i < 4; ++i)
+  specs.reserve(4);
+  for (int i = 0; i < 4; ++i) {
     specs.push_back(Spec("m" + std::to_string(i), {6 + 2 * i, 8}, Algorithm::kAuto, Layout::kGrid, 0, 20 + i));
+  }
   BatchPlan plan = MakePlan(4, 2, specs);
   for (MatrixPlan& m : plan.matrices) m.owner = -1;
   BatchData data = MakeData(plan, specs);
