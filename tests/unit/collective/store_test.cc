@@ -1,11 +1,11 @@
 // Tests of InMemoryStore and PrefixStore: blocking Get/Wait with timeouts, atomic Add, scoping.
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -66,13 +66,13 @@ TEST(InMemoryStoreTest, AddStartsAtZeroAndIsAtomicAcrossThreads) {
 
   constexpr int kThreads = 4;
   constexpr int kAdds = 500;
-  absl::Mutex mu;
+  std::mutex mu;
   std::multiset<int64_t> seen;
   RunRanks(kThreads, [&](int rank) {
     for (int i = 0; i < kAdds; ++i) {
       absl::StatusOr<int64_t> v = store.Add("shared", 1);
       ASSERT_OK(v);
-      absl::MutexLock lock(&mu);
+      std::lock_guard<std::mutex> lock(mu);
       seen.insert(*v);
     }
   });
