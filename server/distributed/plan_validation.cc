@@ -111,8 +111,14 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
                                                      p.trainer_rank, "; placements must be ordered by trainer rank 0..",
                                                      world - 1, " with one per rank"));
     }
+    if (p.fleet_rank < 0 || p.fleet_rank >= plan.fleet_world) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " blocks: trainer rank ", r, " of ", world,
+                                                     " is placed on fleet rank ", p.fleet_rank, ", outside the ",
+                                                     plan.fleet_world, "-rank fleet"));
+    }
+    // A lone trainer (W = 1) may stream to any fleet rank; a group's ranks are spread evenly.
     const int expected = FleetRankOfTrainer(r, world, plan.fleet_world);
-    if (p.fleet_rank != expected) {
+    if (world > 1 && p.fleet_rank != expected) {
       return absl::InvalidArgumentError(absl::StrCat(what, " blocks: trainer rank ", r, " of ", world,
                                                      " is placed on fleet rank ", p.fleet_rank, ", expected ", expected,
                                                      " of ", plan.fleet_world));

@@ -99,6 +99,37 @@ TEST(ExecuteTest, ChoosesOwnersWhenThePlanHasNone) {
   }
 }
 
+TEST(ExecuteTest, LoneTrainerOnAnyFleetRank) {
+  // W = 1 streaming to the last of 3 fleet ranks: every algorithm still gives its result there.
+  std::vector<MatrixSpec> specs = {
+      Spec("a", {9, 6}, Algorithm::kAuto, Layout::kRows, 0, 4),
+      Spec("r", {9, 6}, Algorithm::kRowSharded, Layout::kRows, 0, 4),
+      Spec("g", {9, 6}, Algorithm::kGathered, Layout::kRows, 0, 4),
+      Spec("d", {9, 6}, Algorithm::kTpDuplicated, Layout::kRows, 0, 4),
+      Spec("t", {9, 6}, Algorithm::kTpDistributed, Layout::kCols, 1, 4),
+      Spec("b", {9, 6}, Algorithm::kTpBlockwise, Layout::kRows, 0, 4),
+  };
+  BatchPlan plan = MakePlan(1, 3, specs);
+  for (MatrixPlan& m : plan.matrices) m.blocks[0].fleet_rank = 2;
+  AssignOwners(plan);
+  BatchData data = MakeData(plan, specs);
+  std::vector<absl::StatusOr<BatchResult>> results = RunFleet(plan, data, {&SharedCpuBackend()});
+  ASSERT_EQ(results.size(), 3u);
+  for (const absl::StatusOr<BatchResult>& r : results) {
+    ASSERT_OK(r);
+    for (const absl::Status& st : r->matrices) EXPECT_OK(st);
+  }
+  for (int m = 0; m < 6; ++m) {
+    const std::vector<char> got = AssembleResult(plan, data, m);
+    const std::vector<char> want = WholeReference(SharedCpuBackend(), plan.matrices[m], data.whole[m]);
+    if (m == 4) {
+      EXPECT_LE(RelativeFrobenius(ToF32(DType::kF32, got), ToF32(DType::kF32, want)), 1e-5);
+    } else {
+      EXPECT_TRUE(SameBytes(got, want)) << specs[m].name;  // Blockwise of one whole block is whole NS.
+    }
+  }
+}
+
 TEST(ExecuteTest, RejectsACollectiveOfAnotherFleetSize) {
   const std::vector<MatrixSpec> specs = {Spec("a", {4, 4}, Algorithm::kAuto, Layout::kRows)};
   const BatchPlan plan = MakePlan(2, 2, specs);

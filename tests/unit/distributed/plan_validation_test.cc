@@ -143,6 +143,18 @@ TEST(PlanValidationTest, PlacementsMustMatchTheTrainerGroupAndFleet) {
                                           AllOf(HasSubstr("matrix \"w\" blocks"),
                                                 HasSubstr("trainer rank 1 of 4 is placed on fleet rank 1"),
                                                 HasSubstr("expected 0 of 2"))));
+  // A lone trainer may stream to any fleet rank, but to one that exists.
+  plan = MakePlan(1, 3, {Spec("w", {8, 6}, Algorithm::kRowSharded, Layout::kRows)});
+  plan.matrices[0].blocks[0].fleet_rank = 2;
+  EXPECT_OK(ValidateOne(plan));
+  plan.matrices[0].blocks[0].fleet_rank = 3;
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("matrix \"w\" blocks"),
+                                                HasSubstr("trainer rank 0 of 1 is placed on fleet rank 3, outside the "
+                                                          "3-rank fleet"))));
+  plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
+  plan.matrices[0].blocks[3].fleet_rank = -1;
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the 2-rank fleet")));
   plan = MakePlan(4, 2, {Spec("w", {8, 6}, Algorithm::kAuto, Layout::kRows)});
   plan.matrices[0].blocks.pop_back();
   EXPECT_THAT(ValidateOne(plan),
