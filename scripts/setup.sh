@@ -19,7 +19,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libopenblas-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus yamllint
-  python3 python3-venv python3-dev
+  python3 python3-venv python3-dev python3-numpy
 )
 
 if [[ "${ORTHOSERVE_SKIP_APT:-0}" != 1 ]]; then

@@ -16,8 +16,11 @@ namespace {
 constexpr absl::Duration kRpcTimeout = absl::Seconds(20);
 constexpr absl::Duration kMaxPoll = absl::Seconds(10);
 
+// Every call waits for the channel to be ready (the coordinator may still be starting, or
+// restarting) until its deadline, instead of failing at once on a refused connection.
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  context.set_wait_for_ready(true);
 }
 
 absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
@@ -59,7 +62,6 @@ absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration
     const absl::Duration wait = std::max(absl::ZeroDuration(), std::min(left, kMaxPoll));
     grpc::ClientContext context;
     SetDeadline(context, wait + kRpcTimeout);
-    context.set_wait_for_ready(true);  // The coordinator may still be starting.
     fleet::v1::StoreGetRequest request;
     request.set_key(std::string(key));
     request.set_timeout_ms(absl::ToInt64Milliseconds(wait));

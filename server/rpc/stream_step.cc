@@ -179,7 +179,8 @@ absl::Status StreamStep::ReadHeader() {
           absl::StrCat("fleet rank ", s_.fleet_->rank(), " is not ready: the fleet of ", s_.fleet_->world(),
                        " ranks has not formed yet; retry"));
     }
-    const int target = FleetRankOfTrainer(header_.rank(), world_, s_.fleet_->world());
+    // A group's trainer ranks are spread evenly over the fleet; a lone client may use any rank.
+    const int target = world_ == 1 ? s_.fleet_->rank() : FleetRankOfTrainer(header_.rank(), world_, s_.fleet_->world());
     if (target != s_.fleet_->rank()) {
       std::string address;
       for (const FleetMemberInfo& m : s_.fleet_->members()) {
