@@ -108,8 +108,7 @@ int Main() {
   }
   std::printf("# collective_bench: %s, world %d (ranks are threads in one process, loopback TCP)\n",
               (*group)[0]->name().c_str(), world);
-  std::printf("# %-10s %12s %12s %10s %10s %8s\n", "op", "size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-              "#wrong");
+  std::printf("# %-10s %12s %12s %10s %10s %8s\n", "op", "size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   int failures = 0;
   const std::vector<std::string> ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',');
   for (const std::string& op : ops) {

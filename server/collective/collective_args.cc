@@ -53,8 +53,8 @@ size_t ChunkBegin(size_t n, int world, int r) {
 }
 
 absl::Status BrokenStatus(const char* name, const absl::Status& cause) {
-  return absl::UnavailableError(absl::StrCat(name, " collective is broken by an earlier error (", cause.ToString(),
-                                             "); re-form the group"));
+  return absl::UnavailableError(
+      absl::StrCat(name, " collective is broken by an earlier error (", cause.ToString(), "); re-form the group"));
 }
 
 }  // namespace orthoserve::collective_internal

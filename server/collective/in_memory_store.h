@@ -33,8 +33,7 @@ class InMemoryStore final : public Store {
 
  private:
   // Keys of `keys` not in the map yet.
-  std::vector<std::string> MissingLocked(const std::vector<std::string>& keys) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> MissingLocked(const std::vector<std::string>& keys) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::mutex mu_;
   std::condition_variable changed_;

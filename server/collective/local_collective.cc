@@ -40,9 +40,7 @@ absl::Status LocalCollective::AllGatherv(const void* send, size_t send_bytes, vo
 
 absl::Status LocalCollective::AllReduceSum(absl::Span<float> values, absl::Duration timeout) { return CheckUsable(); }
 
-absl::Status LocalCollective::AllReduceSum(absl::Span<double> values, absl::Duration timeout) {
-  return CheckUsable();
-}
+absl::Status LocalCollective::AllReduceSum(absl::Span<double> values, absl::Duration timeout) { return CheckUsable(); }
 
 absl::Status LocalCollective::Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) {
   RETURN_IF_ERROR(CheckUsable());

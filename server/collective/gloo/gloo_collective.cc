@@ -95,8 +95,8 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Opt
   }
   if (options.store == nullptr) return absl::InvalidArgumentError("GlooCollective: store must be set");
   if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("GlooCollective: timeout must be positive, got ",
-                                                   absl::FormatDuration(options.timeout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooCollective: timeout must be positive, got ", absl::FormatDuration(options.timeout)));
   }
   if (options.hostname.empty() && options.interface.empty()) {
     return absl::InvalidArgumentError("GlooCollective: set hostname or interface to bind");
@@ -232,8 +232,8 @@ absl::Status GlooCollective::AllReduceSumImpl(absl::Span<T> values, absl::Durati
     if (count(to) > 0) sends.push_back({to, begin(to) * sizeof(T), count(to) * sizeof(T)});
     if (mine > 0) recvs.push_back({from, from * mine * sizeof(T), mine * sizeof(T)});
   }
-  RETURN_IF_ERROR(Exchange("AllReduceSum (reduce-scatter)", values.data(), n * sizeof(T), sends,
-                           contributions.data(), contributions.size() * sizeof(T), recvs, deadline));
+  RETURN_IF_ERROR(Exchange("AllReduceSum (reduce-scatter)", values.data(), n * sizeof(T), sends, contributions.data(),
+                           contributions.size() * sizeof(T), recvs, deadline));
 
   // Rank-order sum of the owned slice, written into place.
   T* slice = values.data() + begin(rank_);
@@ -253,8 +253,8 @@ absl::Status GlooCollective::AllReduceSumImpl(absl::Span<T> values, absl::Durati
     if (mine > 0) sends.push_back({to, begin(rank_) * sizeof(T), mine * sizeof(T)});
     if (count(from) > 0) recvs.push_back({from, begin(from) * sizeof(T), count(from) * sizeof(T)});
   }
-  return Exchange("AllReduceSum (all-gather)", values.data(), n * sizeof(T), sends, values.data(),
-                  n * sizeof(T), recvs, deadline);
+  return Exchange("AllReduceSum (all-gather)", values.data(), n * sizeof(T), sends, values.data(), n * sizeof(T), recvs,
+                  deadline);
 }
 
 absl::Status GlooCollective::AllReduceSum(absl::Span<float> values, absl::Duration timeout) {

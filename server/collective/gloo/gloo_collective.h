@@ -34,12 +34,12 @@ namespace orthoserve {
 class GlooCollective final : public Collective {
  public:
   struct Options {
-    int rank = 0;                         // This rank, in [0, world).
-    int world = 1;                        // Number of ranks in the group.
-    Store* store = nullptr;               // Rendezvous store; not owned; used only inside Create.
-    std::string prefix;                   // Scopes the store keys ("<prefix>/gloo/<rank>"), e.g. "gen-3".
-    std::string hostname = "127.0.0.1";   // Address (or name) to bind and advertise to peers.
-    std::string interface;                // Network interface to bind, e.g. "eth0"; overrides hostname.
+    int rank = 0;                                // This rank, in [0, world).
+    int world = 1;                               // Number of ranks in the group.
+    Store* store = nullptr;                      // Rendezvous store; not owned; used only inside Create.
+    std::string prefix;                          // Scopes the store keys ("<prefix>/gloo/<rank>"), e.g. "gen-3".
+    std::string hostname = "127.0.0.1";          // Address (or name) to bind and advertise to peers.
+    std::string interface;                       // Network interface to bind, e.g. "eth0"; overrides hostname.
     absl::Duration timeout = absl::Seconds(30);  // Bound on each rendezvous step (store wait, connect).
   };
 

@@ -199,9 +199,7 @@ void CheckAllReduceSum(std::vector<std::unique_ptr<Collective>>& group, size_t n
     ASSERT_GT(differ, 0u);
   }
   std::vector<std::vector<T>> results = inputs;
-  RunRanks(world, [&](int rank) {
-    ASSERT_OK(group[rank]->AllReduceSum(absl::MakeSpan(results[rank]), kTimeout));
-  });
+  RunRanks(world, [&](int rank) { ASSERT_OK(group[rank]->AllReduceSum(absl::MakeSpan(results[rank]), kTimeout)); });
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(results[r].size(), n);
     EXPECT_TRUE(n == 0 || std::memcmp(results[r].data(), expected.data(), n * sizeof(T)) == 0)

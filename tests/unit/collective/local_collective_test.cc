@@ -1,11 +1,12 @@
 // Tests of LocalCollective: world 1 copies, argument checks and the broken-after-error rule.
+#include "server/collective/local_collective.h"
+
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/collective/local_collective.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {
