@@ -42,6 +42,8 @@ class GroupClient {
   const std::string& member_address(int fleet_rank) const { return members_[fleet_rank]; }
   // The fleet rank trainer rank `rank` of a `world`-rank group streams to.
   int FleetRankFor(int rank, int world) const;
+  // The connection to fleet rank `fleet_rank` (0 <= fleet_rank < fleet_world()); owned here.
+  Client* member_client(int fleet_rank) const { return clients_[fleet_rank].get(); }
 
  private:
   GroupClient(std::vector<std::string> members, std::vector<std::unique_ptr<Client>> clients);

@@ -14,6 +14,8 @@
 #include "client/cpp/client.h"
 #include "client/cpp/group_client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/app/server.h"
 #include "tests/util/status_matchers.h"
@@ -225,6 +227,93 @@ TEST_F(RealServerTest, CallsWithoutTheTokenAreUnauthenticated) {
   absl::StatusOr<std::unique_ptr<Client>> direct = Client::Create(o);
   ASSERT_OK(direct);
   EXPECT_THAT((*direct)->Step(StepOptions{}, {&in, 1}), StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+}
+
+}  // namespace
+}  // namespace orthoserve::client
+
+namespace orthoserve::client {
+namespace {
+
+// A free loopback port (bound and released; the small race is acceptable in a test).
+int FreePort() {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> probe = builder.BuildAndStart();
+  probe->Shutdown();
+  return port;
+}
+
+TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
+  const int fleet_port = FreePort();
+  std::vector<std::unique_ptr<Server>> ranks;
+  std::vector<std::string> addresses;
+  for (int rank = 0; rank < 2; ++rank) {
+    addresses.push_back("127.0.0.1:" + std::to_string(FreePort()));
+    ServerOptions o;
+    o.listen = addresses.back();
+    o.metrics_address = "";
+    o.rank = rank;
+    o.world = 2;
+    o.fleet_listen = "127.0.0.1:" + std::to_string(fleet_port);
+    o.coordinator = o.fleet_listen;
+    o.service.chunk_bytes = 2048;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(o);
+    ASSERT_OK(server);
+    ranks.push_back(*std::move(server));
+  }
+  GroupClient::Options options;
+  options.client.address = addresses[1];  // Discover through rank 1.
+  options.client.timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<GroupClient>> group = GroupClient::Create(options);
+  for (int i = 0; i < 100 && (!group.ok() || (*group)->member_client(0)->Health().code() != absl::StatusCode::kOk ||
+                               (*group)->member_client(1)->Health().code() != absl::StatusCode::kOk);
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));  // The fleet forms in the background.
+    group = GroupClient::Create(options);
+  }
+  ASSERT_OK(group);
+  ASSERT_EQ((*group)->fleet_world(), 2);
+  EXPECT_EQ((*group)->member_address(0), addresses[0]);
+  EXPECT_EQ((*group)->member_address(1), addresses[1]);
+
+  const std::vector<float> g = Random(48 * 20, 6);
+  ClientOptions lone_options = options.client;
+  lone_options.address = addresses[0];
+  absl::StatusOr<std::unique_ptr<Client>> lone = Client::Create(lone_options);
+  ASSERT_OK(lone);
+  MatrixInput whole = Input("w", {48, 20}, g);
+  absl::StatusOr<std::vector<MatrixOutput>> reference = (*lone)->Step(StepOptions{}, {&whole, 1});
+  ASSERT_OK(reference);
+  ASSERT_OK((*reference)[0].status);
+  const std::vector<float> expected = AsFloats((*reference)[0]);
+
+  // W = 2 trainer ranks over S = 2: trainer rank r streams to fleet rank r.
+  std::vector<absl::StatusOr<std::vector<MatrixOutput>>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> trainers;
+  for (int rank = 0; rank < 2; ++rank) {
+    trainers.emplace_back([&, rank] {
+      MatrixInput in = Input("w", {48, 20}, g);
+      in.block = Block{24 * rank, 0, 24, 20};
+      in.data = g.data() + 24 * 20 * rank;
+      in.bytes = 24 * 20 * sizeof(float);
+      results[rank] = (*group)->Step("client-test", "fleet2", 1, rank, 2, {&in, 1});
+    });
+  }
+  for (std::thread& t : trainers) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_OK(results[rank]);
+    ASSERT_OK((*results[rank])[0].status);
+    ASSERT_TRUE((*group)->member_client(rank)->last_summary().has_value());
+    EXPECT_EQ((*group)->member_client(rank)->last_summary()->fleet_rank(), rank);
+    const std::vector<float> got = AsFloats((*results[rank])[0]);
+    ASSERT_EQ(got.size(), 24u * 20);
+    double worst = 0;
+    for (size_t k = 0; k < got.size(); ++k) worst = std::max(worst, std::fabs(double{got[k]} - expected[24 * 20 * rank + k]));
+    EXPECT_LE(worst, 1e-5) << "rank " << rank;
+  }
+  for (auto& server : ranks) server->Drain();
 }
 
 }  // namespace
