@@ -21,7 +21,8 @@ absl::Status RunAuto(BatchContext& ctx);
 absl::Status RunRowSharded(BatchContext& ctx);
 
 // GATHERED and TP_DUPLICATED: all-gather whole matrices (one all-gatherv per group of matrices
-// of bounded size, plan order), NS on every rank, each rank keeps its blocks.
+// of bounded size, plan order), NS on every rank holding a non-empty block, each rank keeps its
+// blocks.
 absl::Status RunGathered(BatchContext& ctx);
 
 // TP_DISTRIBUTED: one sharded NS per matrix in plan order over the whole fleet.

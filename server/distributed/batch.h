@@ -112,8 +112,8 @@ struct BatchResult {
 //    by numel descending (ties by plan order), rounds of S matrices with fleet rank i owning
 //    the i-th matrix of the round, two all-to-allv per round.
 //  - GATHERED and TP_DUPLICATED: every matrix all-gathered to every fleet rank (one
-//    all-gatherv per group of matrices of at most 256 MiB), NS everywhere, each rank keeps its
-//    blocks.
+//    all-gatherv per group of matrices of at most 256 MiB), NS on every rank that holds a
+//    non-empty block of it, each rank keeps its blocks.
 //  - TP_DISTRIBUTED: OrthogonalizeSharded over every fleet rank, each trainer block one
 //    NsShard, through a reducer that keeps the ranks in step when one of them fails mid-way
 //    (guarded_reducer.h).

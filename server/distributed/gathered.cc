@@ -1,6 +1,6 @@
 // GATHERED and TP_DUPLICATED (DESIGN §3): every matrix all-gathered to every fleet rank, NS on
-// every rank, each rank keeps its own blocks. The seed's fallback for layouts other than row
-// shards, and Emerging-Optimizers' "duplicated" tensor-parallel mode.
+// every rank that holds a block of it, each rank keeps its own blocks. The seed's fallback for
+// layouts other than row shards, and Emerging-Optimizers' "duplicated" tensor-parallel mode.
 #include <string>
 #include <vector>
 
@@ -43,10 +43,17 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
   }));
   send = std::vector<char>();
 
-  // A rank holding the whole matrix in one local block runs NS on the caller's buffers.
+  // A rank with no non-empty block of a matrix has no use for its result and skips its NS; a
+  // rank holding the whole matrix in one local block runs NS on the caller's buffers.
   std::vector<Assembled> whole;
+  std::vector<int> slot(group.size(), -1);
   whole.reserve(group.size());
-  for (int m : group) {
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int m = group[i];
+    bool needed = false;
+    for (int t : ctx.TrainersOn(m, me)) needed = needed || !ctx.matrix(m).blocks[t].block.empty();
+    if (!needed) continue;
+    slot[i] = static_cast<int>(whole.size());
     if (const LocalBlock* lb = WholeLocalBlock(ctx, m)) {
       Assembled direct;
       direct.matrix = m;
@@ -62,7 +69,9 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
     for (size_t i = 0; i < group.size(); ++i) {
       const MatrixPlan& mp = ctx.matrix(group[i]);
       for (int t : ctx.TrainersOn(group[i], p)) {
-        if (whole[i].direct_in == nullptr) PutBlock(mp, mp.blocks[t].block, in, whole[i]);
+        if (slot[i] >= 0 && whole[slot[i]].direct_in == nullptr) {
+          PutBlock(mp, mp.blocks[t].block, in, whole[slot[i]]);
+        }
         in += InBytes(mp, mp.blocks[t].block);
       }
     }
@@ -72,11 +81,11 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
 
   for (size_t i = 0; i < group.size(); ++i) {
     const int m = group[i];
-    if (!ctx.Ok(m) || whole[i].direct_in != nullptr) continue;
+    if (!ctx.Ok(m) || slot[i] < 0 || whole[slot[i]].direct_in != nullptr) continue;
     const MatrixPlan& mp = ctx.matrix(m);
     for (int t : ctx.TrainersOn(m, me)) {
       const LocalBlock* lb = ctx.Local(m, t);
-      if (lb != nullptr) GetBlock(mp, mp.blocks[t].block, whole[i], static_cast<char*>(lb->out));
+      if (lb != nullptr) GetBlock(mp, mp.blocks[t].block, whole[slot[i]], static_cast<char*>(lb->out));
     }
   }
   return absl::OkStatus();
