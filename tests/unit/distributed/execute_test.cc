@@ -246,6 +246,45 @@ TEST(ExecuteTest, BlocksTravelInTheirDtypeAndResultsInTheResultDtype) {
       SameBytes(AssembleResult(plan, data, 0), WholeReference(SharedCpuBackend(), plan.matrices[0], data.whole[0])));
 }
 
+TEST(ExecuteTest, RowShardedRoundsFollowTheSeed) {
+  // Grouped by dtype in order of first appearance (bf16 "d", then fp32), numel descending within
+  // a group, rounds of S = 2 with rank i owning the i-th: bf16 round 0 = [d]; fp32 round 0 =
+  // [b, c], round 1 = [a]. So rank 0 computes d, b and a; rank 1 computes c.
+  std::vector<MatrixSpec> specs = {
+      Spec("d", {6, 4}, Algorithm::kRowSharded, Layout::kRows, 0, 1),
+      Spec("a", {4, 4}, Algorithm::kRowSharded, Layout::kRows, 0, 2),
+      Spec("b", {8, 8}, Algorithm::kRowSharded, Layout::kRows, 0, 3),
+      Spec("c", {6, 6}, Algorithm::kRowSharded, Layout::kRows, 0, 4),
+  };
+  specs[0].dtype = DType::kBF16;
+  const BatchPlan plan = MakePlan(2, 2, specs);
+  BatchData data = MakeData(plan, specs);
+  absl::StatusOr<std::vector<std::unique_ptr<Collective>>> group = MakeGlooGroup(2);
+  ASSERT_OK(group);
+  std::vector<std::unique_ptr<RecordingCollective>> recording;
+  for (int r = 0; r < 2; ++r) recording.push_back(std::make_unique<RecordingCollective>(*(*group)[r]));
+  std::vector<absl::StatusOr<BatchResult>> results(2, absl::UnknownError("not run"));
+  RunRanks(2, [&](int rank) {
+    std::vector<LocalBlock> local = LocalBlocksOf(plan, data, rank);
+    results[rank] = ExecuteBatch(plan, local, SharedCpuBackend(), *recording[rank], ExecuteOptions());
+  });
+  auto flops = [&](int m) { return NsFlops(plan.matrices[m].view.rows, plan.matrices[m].view.cols, specs[m].options); };
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_OK(results[r]);
+    for (const absl::Status& st : results[r]->matrices) EXPECT_OK(st);
+    EXPECT_EQ(recording[r]->all_to_allv.size(), 6u) << "two all-to-allv per round, three rounds";
+  }
+  EXPECT_DOUBLE_EQ(results[0]->flops, flops(0) + flops(2) + flops(1));
+  EXPECT_DOUBLE_EQ(results[1]->flops, flops(3));
+  // Round 0 of fp32 (the second round overall): rank 1 receives rank 0's 3-row half of "c".
+  EXPECT_EQ(recording[1]->all_to_allv[2], std::make_pair(size_t{4 * 8 * 4}, size_t{3 * 6 * 4}));
+  for (int m = 0; m < 4; ++m) {
+    EXPECT_TRUE(
+        SameBytes(AssembleResult(plan, data, m), WholeReference(SharedCpuBackend(), plan.matrices[m], data.whole[m])))
+        << specs[m].name;
+  }
+}
+
 TEST(ExecuteTest, TpDistributedSplitQkvOverRowShards) {
   // 4 query groups of q+k+v = 2+1+1 rows; 4 trainer row shards keep whole groups.
   for (int s : {1, 2, 3}) {
