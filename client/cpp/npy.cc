@@ -96,7 +96,7 @@ struct Header {
   std::vector<int64_t> shape;
 };
 
-absl::StatusOr<Header> ParseHeaderDict(absl::string_view text) {
+absl::StatusOr<Header> ParseHeaderDict(absl::string_view text, const NpyReadOptions& options) {
   HeaderParser p(text);
   if (!p.Consume('{')) return Bad("header is not a dict");
   Header header;
@@ -110,6 +110,12 @@ absl::StatusOr<Header> ParseHeaderDict(absl::string_view text) {
         header.dtype = DType::kF32;
       } else if (descr == "<f2") {
         header.dtype = DType::kF16;
+      } else if (descr == "<V2" || descr == "|V2") {
+        if (!options.void2_as_bf16) {
+          return Bad(absl::StrCat("dtype '", descr, "' is raw 2-byte data (an ml_dtypes bfloat16 array?); "
+                                  "read it as bfloat16 explicitly (orthoctl --bf16)"));
+        }
+        header.dtype = DType::kBF16;
       } else if (descr == ">f4" || descr == ">f2") {
         return Bad(absl::StrCat("dtype '", descr, "' is big-endian; save little-endian data (arr.astype('<f4'))"));
       } else {
@@ -149,7 +155,7 @@ uint32_t ReadLe(const char* p, int bytes) {
 
 }  // namespace
 
-absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes) {
+absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, const NpyReadOptions& options) {
   if (bytes.size() < kMagicLen + 2 || std::memcmp(bytes.data(), kMagic, kMagicLen) != 0) {
     return Bad("not a .npy file (bad magic string)");
   }
@@ -169,7 +175,7 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes) {
   if (header_text.empty() || header_text.back() != '\n') return Bad("header does not end with a newline");
   header_text.remove_suffix(1);
   while (!header_text.empty() && header_text.back() == ' ') header_text.remove_suffix(1);
-  ASSIGN_OR_RETURN(Header header, ParseHeaderDict(header_text));
+  ASSIGN_OR_RETURN(Header header, ParseHeaderDict(header_text, options));
 
   NpyArray array;
   array.dtype = header.dtype;
@@ -197,8 +203,7 @@ absl::StatusOr<std::string> EncodeNpy(const NpyArray& array) {
   switch (array.dtype) {
     case DType::kF32: descr = "<f4"; break;
     case DType::kF16: descr = "<f2"; break;
-    case DType::kBF16:
-      return absl::InvalidArgumentError(".npy has no bfloat16 dtype; convert to float32 or float16 first");
+    case DType::kBF16: descr = "<V2"; break;
   }
   uint64_t count = 1;
   for (int64_t d : array.shape) {
@@ -232,13 +237,13 @@ absl::StatusOr<std::string> EncodeNpy(const NpyArray& array) {
   return out;
 }
 
-absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
+absl::StatusOr<NpyArray> ReadNpy(const std::string& path, const NpyReadOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::ostringstream contents;
   contents << in.rdbuf();
   if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  absl::StatusOr<NpyArray> array = ParseNpy(contents.str());
+  absl::StatusOr<NpyArray> array = ParseNpy(contents.str(), options);
   if (!array.ok()) return Annotate(array.status(), path);
   return array;
 }

@@ -178,7 +178,7 @@ int RunHealth(const std::vector<std::string>& args, std::ostream& out, std::ostr
 
 int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   FlagSet flags("orthoctl orthogonalize --in IN.npy --out OUT.npy [flags]",
-                "Reads a float32 ('<f4') or float16 ('<f2') C-order .npy array (2-D, or N-d viewed as shape[0] x "
+                "Reads a float32 ('<f4'), float16 ('<f2') or, with --bf16, bfloat16 ('<V2') C-order .npy array (2-D, or N-d viewed as shape[0] x "
                 "prod(rest)), orthogonalizes it on the server in one OrthogonalizeStream step (any size; chunked), "
                 "and writes the result in the input's dtype and shape. Unset options take the server defaults "
                 "(DESIGN §2).");
@@ -186,10 +186,15 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
   NsFlagValues ns;
   std::string in_path, out_path, name;
   int chunk_bytes = 0;
+  bool bf16 = false;
   flags.AddString("in", "IN.npy", "input array (required)", &in_path);
   flags.AddString("out", "OUT.npy", "output file (required; overwritten)", &out_path);
   flags.AddString("name", "NAME", "matrix name sent to the server (default: the input's file name)", &name);
   flags.AddInt("chunk-bytes", "N", "DataChunk size (default 4 MiB, lowered to the server's limit)", &chunk_bytes);
+  flags.AddBool("bf16",
+                "read a 2-byte void ('<V2', ml_dtypes bfloat16) input as bfloat16; the output is written as '<V2' "
+                "too (np.load(OUT).view(ml_dtypes.bfloat16))",
+                &bf16);
   AddNsFlags(&flags, &ns);
   AddConnectionFlags(&flags, &conn);
   if (int rc = ParseOrExit(flags, args, out, err); rc >= 0) return rc;
@@ -204,7 +209,9 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
   absl::StatusOr<v1::Algorithm> algorithm = AlgorithmFromFlags(ns);
   if (!algorithm.ok()) return Fail(err, kExitUsage, algorithm.status());
 
-  absl::StatusOr<client::NpyArray> array = client::ReadNpy(in_path);
+  client::NpyReadOptions read_options;
+  read_options.void2_as_bf16 = bf16;
+  absl::StatusOr<client::NpyArray> array = client::ReadNpy(in_path, read_options);
   if (!array.ok()) return Fail(err, kExitIo, array.status());
   absl::StatusOr<Matrix2d> m = ViewAs2d(array->shape, in_path + " shape " + ShapeText(array->shape));
   if (!m.ok()) return Fail(err, kExitIo, m.status());

@@ -184,10 +184,31 @@ TEST(Npy, RejectsDataOfTheWrongSize) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(trailing bytes)")));
 }
 
-TEST(Npy, EncodeRejectsBf16AndMismatchedData) {
-  NpyArray a = F32({2, 2}, 0.0f);
+TEST(Npy, Bf16TravelsAsTwoByteVoidOnlyWhenAskedFor) {
+  NpyArray a;
   a.dtype = DType::kBF16;
-  EXPECT_THAT(EncodeNpy(a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bfloat16")));
+  a.shape = {2, 2};
+  for (float v : {1.0f, -2.0f, 0.5f, 3.0f}) {
+    const uint16_t b = FloatToBf16(v);
+    a.data.push_back(static_cast<char>(b & 0xff));
+    a.data.push_back(static_cast<char>(b >> 8));
+  }
+  auto bytes = EncodeNpy(a);
+  ASSERT_OK(bytes);
+  EXPECT_THAT(*bytes, HasSubstr("'descr': '<V2'"));
+  EXPECT_THAT(ParseNpy(*bytes), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--bf16")));
+  NpyReadOptions options;
+  options.void2_as_bf16 = true;
+  auto back = ParseNpy(*bytes, options);
+  ASSERT_OK(back);
+  EXPECT_EQ(back->dtype, DType::kBF16);
+  EXPECT_EQ(back->data, a.data);
+  auto pipe = ParseNpy(Raw("{'descr': '|V2', 'fortran_order': False, 'shape': (2,), }", std::string(4, '\0')), options);
+  ASSERT_OK(pipe);
+  EXPECT_EQ(pipe->dtype, DType::kBF16);
+}
+
+TEST(Npy, EncodeRejectsMismatchedData) {
   NpyArray b = F32({2, 2}, 0.0f);
   b.data.pop_back();
   EXPECT_THAT(EncodeNpy(b), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 16")));
