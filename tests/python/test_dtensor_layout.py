@@ -12,12 +12,13 @@ def _check_layouts(rank, world):
 
     from orthoserve.torch import dtensor_block, dtensor_group, dtensor_shard
 
-    cases = [((1, ), (4,), (Shard(0),), (9, 6)), ((1,), (4,), (Shard(1),), (5, 7)),
-             ((1,), (4,), (Shard(0),), (3, 4, 2)), ((1,), (4,), (Shard(1),), (5, 6, 2)),
-             ((2,), (2, 2), (Replicate(), Shard(0)), (7, 3)), ((2,), (2, 2), (Shard(0), Shard(1)), (6, 8))]
+    cases = [(None, (4,), (Shard(0),), (9, 6)), (None, (4,), (Shard(1),), (5, 7)),
+             (None, (4,), (Shard(0),), (3, 4, 2)), (None, (4,), (Shard(1),), (5, 6, 2)),
+             (None, (2, 2), (Replicate(), Shard(0)), (7, 3)), (None, (2, 2), (Shard(0), Shard(1)), (6, 8))]
     names = []
+    meshes = {(4,): init_device_mesh("cpu", (4,)), (2, 2): init_device_mesh("cpu", (2, 2))}
     for _, mesh_shape, placements, shape in cases:
-        mesh = init_device_mesh("cpu", mesh_shape)
+        mesh = meshes[mesh_shape]
         full = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
         dt = distribute_tensor(full, mesh, placements)
         (r0, c0), (rows, cols) = dtensor_block(dt)
