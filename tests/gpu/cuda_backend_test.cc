@@ -268,6 +268,7 @@ TEST(CudaBackendTest, PipelinedBatchEqualsTasksRunAlone) {
   SKIP_WITHOUT_GPU();
   auto together = MixedTasks();
   std::vector<NsTask> batch;
+  batch.reserve(together.size());
   for (auto& t : together) batch.push_back(t->task);
   const std::vector<absl::Status> statuses = SharedBackend().Run(batch);
   ASSERT_EQ(statuses.size(), batch.size());
@@ -289,6 +290,7 @@ TEST(CudaBackendTest, ConcurrentCallersGetTheSameBits) {
     tasks = MixedTasks();
     threads.emplace_back([&tasks] {
       std::vector<NsTask> batch;
+      batch.reserve(tasks.size());
       for (auto& t : tasks) batch.push_back(t->task);
       for (const absl::Status& s : SharedBackend().Run(batch)) EXPECT_OK(s);
     });

@@ -30,6 +30,12 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 
+uint32_t Bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
 // A device allocation for the test, copied to and from host vectors.
 template <typename T>
 class DeviceVector {
@@ -162,6 +168,7 @@ TEST(NcclCollectiveTest, MultiGpuSumsAreRankOrderedAndIdentical) {
   std::vector<std::vector<char>> gathered(world);
   std::vector<absl::Status> statuses(world);
   std::vector<std::thread> threads;
+  threads.reserve(world);
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       NcclCollective::Options options;
@@ -182,8 +189,8 @@ TEST(NcclCollectiveTest, MultiGpuSumsAreRankOrderedAndIdentical) {
       if (!statuses[r].ok()) return;
       std::vector<char> mine(static_cast<size_t>(r + 1), static_cast<char>('a' + r));
       std::vector<size_t> recv_bytes(world);
-      for (int p = 0; p < world; ++p) recv_bytes[p] = static_cast<size_t>(p + 1);
-      gathered[r].assign(static_cast<size_t>(world * (world + 1) / 2), 0);
+      for (int p = 0; p < world; ++p) recv_bytes[p] = static_cast<size_t>(p) + 1;
+      gathered[r].assign(static_cast<size_t>(world) * static_cast<size_t>(world + 1) / 2, 0);
       statuses[r] = (*created)->AllGatherv(mine.data(), mine.size(), gathered[r].data(), recv_bytes, kTimeout);
     });
   }
@@ -197,8 +204,9 @@ TEST(NcclCollectiveTest, MultiGpuSumsAreRankOrderedAndIdentical) {
   for (int p = 0; p < world; ++p) expected_gather.insert(expected_gather.end(), p + 1, static_cast<char>('a' + p));
   for (int r = 0; r < world; ++r) {
     ASSERT_OK(statuses[r]);
-    EXPECT_EQ(std::memcmp(&results[r][0], &expected0, sizeof(float)), 0) << "rank " << r;
-    EXPECT_EQ(std::memcmp(&results[r][1], &expected1, sizeof(float)), 0) << "rank " << r;
+    // Bit-identical, not merely equal: compare the bit patterns.
+    EXPECT_EQ(Bits(results[r][0]), Bits(expected0)) << "rank " << r;
+    EXPECT_EQ(Bits(results[r][1]), Bits(expected1)) << "rank " << r;
     EXPECT_EQ(gathered[r], expected_gather) << "rank " << r;
   }
 }
