@@ -70,3 +70,12 @@ def test_algorithms():
     assert options.algorithm_value("tp_distributed") == pb.ALGORITHM_TP_DISTRIBUTED
     with pytest.raises(ValueError, match="unknown algorithm"):
         options.algorithm_value("ring")
+
+
+def test_base_client_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, orthoserve; orthoserve.Client('127.0.0.1:1'); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -7,7 +7,7 @@ and a Group may be used by one thread at a time.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
 

@@ -10,12 +10,10 @@ and extra scale), p -= lr·update. The orthogonalization of every parameter of a
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
 from orthoserve import layout
 from orthoserve.client import Client
