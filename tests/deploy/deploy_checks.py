@@ -554,6 +554,8 @@ def check_dockerfile_readme(dockerfile, readme):
     if not readme_setup:
         raise CheckError(f"{readme}: the first shell block does not run ./scripts/setup.sh")
     r_env, r_args = readme_setup[0]
+    if any(inv != readme_setup[0] for inv in readme_setup):
+        raise CheckError(f"{readme}: the first shell block calls ./scripts/setup.sh in different ways: {readme_setup}")
     m = re.search(r"\./(\S*?)/bin/orthoserve\b", block)
     if not m:
         raise CheckError(f"{readme}: the first shell block does not start <build dir>/bin/orthoserve")
