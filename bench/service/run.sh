@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Service overhead on loopback (DESIGN §9), side by side in one run by service_bench against one
+# CPU rank (--blas-threads 1 --workers 1):
+#  - overhead: a remote stream step vs the in-process CPU engine (one thread) on the same model
+#    matrices, alternately; target remote ≤ 1.15× engine;
+#  - transport: a steps = 0 stream step vs a raw loopback TCP echo of the same bytes, alternately;
+#    target stream throughput ≥ 0.5× raw.
+# Writes bench/results/service.md.
+#
+#   bench/service/run.sh
+#   REPS=3 LAYERS=2 bench/service/run.sh
+#
+# Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), MODEL_SHAPES (a GPT-2-small layer:
+# 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024), STREAM_MATRICES (16),
+# REPS (5), WARMUP (1), PRECISION (medium), PORT (47700; metrics and fleet ports at +100 and +50), OUT.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${ORTHOSERVE_BUILD_DIR:-$root/build-bench}
+model_shapes=${MODEL_SHAPES:-2304x768,768x768,3072x768,768x3072}
+layers=${LAYERS:-4}
+stream_shapes=${STREAM_SHAPES:-4096x1024}
+stream_matrices=${STREAM_MATRICES:-16}
+reps=${REPS:-5}
+warmup=${WARMUP:-1}
+precision=${PRECISION:-medium}
+port=${PORT:-47700}
+out=${OUT:-$root/bench/results/service.md}
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=OFF >/dev/null
+fi
+if ! cmake --build "$build" --target orthoserve orthoctl service_bench -- -j2 >"$build/service_bench.build.log" 2>&1; then
+  cat "$build/service_bench.build.log" >&2
+  exit 1
+fi
+
+n_shapes=$(echo "$model_shapes" | tr ',' '\n' | grep -c .)
+model_matrices=$((n_shapes * layers))
+tmp=$(mktemp -d)
+cleanup() {
+  "$root/deploy/local/fleet.sh" stop --dir "$tmp/fleet" || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+"$root/deploy/local/fleet.sh" start --world 1 --base-port "$port" --dir "$tmp/fleet" --bin "$build/bin" -- \
+  --blas-threads 1 --workers 1 --log-level warning
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+start=$(date -u '+%Y-%m-%d %H:%M')
+"$build/bench/service/service_bench" --server "127.0.0.1:$port" --model-shapes "$model_shapes" \
+  --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
+  --reps "$reps" --warmup "$warmup" --precision "$precision" | tee "$tmp/runs.jsonl"
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+uptime_line=$(uptime)
+
+mkdir -p "$(dirname "$out")"
+python3 - "$tmp/runs.jsonl" "$out" "$start" "$load_before" "$load_after" "$uptime_line" "$model_shapes" \
+  "$model_matrices" "$stream_shapes" "$stream_matrices" "$reps" "$warmup" "$precision" "$layers" <<'PY'
+import json, os, statistics, sys
+
+(runs_path, out, start, load_before, load_after, uptime_line, model_shapes, model_matrices, stream_shapes,
+ stream_matrices, reps, warmup, precision, layers) = sys.argv[1:]
+over, trans, identical = [], [], None
+for line in open(runs_path):
+    r = json.loads(line)
+    if "identical_results" in r:
+        identical = r["identical_results"]
+    elif r["part"] == "overhead":
+        over.append(r)
+    else:
+        trans.append(r)
+cpu = "unknown"
+for line in open("/proc/cpuinfo"):
+    if line.startswith("model name"):
+        cpu = line.split(":", 1)[1].strip()
+        break
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+L = ["# Service overhead on loopback: remote step vs in-process engine, streaming vs raw TCP\n"]
+L.append(f"Recorded by `bench/service/run.sh` on {start} UTC. Machine: {cpu}, {os.cpu_count()} cores, shared "
+         f"with other engineers' builds and tests: load average {load_before} before, {load_after} after "
+         f"(`uptime` at the end: `{uptime_line.strip()}`).\n")
+L.append("Server: one CPU rank, `deploy/local/fleet.sh start --world 1 ... -- --blas-threads 1 --workers 1` on "
+         "127.0.0.1. Client and engine: `bench/service/service_bench` (one process), measurements alternated "
+         f"side by side; {warmup} untimed pair first, then {reps} timed pairs; medians below.\n")
+if over:
+    e = med([r["engine_s"] for r in over])
+    w = med([r["remote_s"] for r in over])
+    s = med([r["remote_server_s"] for r in over])
+    f = med([r["first_result_s"] for r in over])
+    L.append("## Remote step vs in-process engine\n")
+    L.append(f"Work: {model_matrices} matrices, shapes {model_shapes} cycled ({layers} "
+             f"layer(s); the default shapes are a GPT-2-small layer's qkv, attention out, MLP up and down), fp32 in and out, quintic, 5 steps, {precision.upper()}, "
+             f"{over[0]['gflop']:.1f} GFLOP per step. *engine*: `CpuBackend::Run` (one thread) over all the "
+             "matrices in this process; *remote*: one `Client::Step` (stream) of the same matrices, first "
+             "byte sent to last result received; *server*: StepSummary.server_seconds. Results are "
+             f"{'bitwise identical' if identical else 'NOT identical'} between engine and remote.\n")
+    L.append("| | engine s | remote s | remote server s | first result after s |")
+    L.append("|---|---|---|---|---|")
+    for r in over:
+        L.append(f"| rep {r['rep']} | {r['engine_s']:.3f} | {r['remote_s']:.3f} | {r['remote_server_s']:.3f} | "
+                 f"{r['first_result_s']:.3f} |")
+    L.append(f"| **median** | **{e:.3f}** | **{w:.3f}** | {s:.3f} | {f:.3f} |")
+    pairs = ", ".join(f"{r['remote_s'] / r['engine_s']:.2f}" for r in over)
+    L.append(f"\nRemote / engine: **{w / e:.2f}×** (ratio of medians; per pair {pairs}). DESIGN §9 target: ≤ 1.15×.\n")
+if trans:
+    b = trans[0]["bytes_each_way"]
+    rw = med([r["raw_s"] for r in trans])
+    st = med([r["stream_s"] for r in trans])
+    f = med([r["first_result_s"] for r in trans])
+    L.append("## Transport-bound streaming (steps = 0) vs raw loopback TCP\n")
+    L.append(f"Work: {stream_matrices} matrices of {stream_shapes} fp32 (cycled), {b / 2**20:.0f} MiB each way, "
+             "NS with steps = 0 (normalize and scale only). *raw*: the same bytes sent over one loopback TCP "
+             "connection to an echo thread and received back concurrently (1 MiB send/recv calls); *stream*: one "
+             "`Client::Step` (4 MiB DataChunks). Throughput = bytes each way / wall time.\n")
+    L.append("| | raw s | raw GB/s | stream s | stream GB/s | stream server s | first result after s |")
+    L.append("|---|---|---|---|---|---|---|")
+    for r in trans:
+        L.append(f"| rep {r['rep']} | {r['raw_s']:.3f} | {b / r['raw_s'] / 1e9:.2f} | {r['stream_s']:.3f} | "
+                 f"{b / r['stream_s'] / 1e9:.2f} | {r['stream_server_s']:.3f} | {r['first_result_s']:.3f} |")
+    L.append(f"| **median** | {rw:.3f} | **{b / rw / 1e9:.2f}** | {st:.3f} | **{b / st / 1e9:.2f}** | | {f:.3f} |")
+    pairs = ", ".join(f"{r['raw_s'] / r['stream_s']:.2f}" for r in trans)
+    L.append(f"\nStream / raw throughput: **{rw / st:.2f}×** (ratio of medians; per pair {pairs}). "
+             "DESIGN §9 target: ≥ 0.5×. The first of the "
+             f"{stream_matrices} results arrives after {f / st * 100:.0f}% of the step (median; "
+             f"1/{stream_matrices} = {100 / int(stream_matrices):.0f}% if results stream back while later "
+             "matrices are still being sent, ~100% if the server waits for the whole batch).\n")
+open(out, "w").write("\n".join(L) + "\n")
+print("\n".join(L))
+PY
