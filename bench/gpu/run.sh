@@ -60,8 +60,8 @@ else
   TESTS="FAILED (see the log below)"
 fi
 CTEST_SUMMARY=$(grep -E "tests passed|tests failed|Test +#" "$WORK/ctest.log" | tail -8)
-SKIPS=$(cd "$BUILD" && for b in tests/gpu/*_gpu_test; do "$b" 2>/dev/null | grep -c "SKIPPED \]" || true; done | \
-        awk '{s += $1} END {print s + 0}')
+SKIPS=$(cd "$BUILD" && for b in tests/gpu/*_gpu_test; do "$b" 2>/dev/null | grep -E "^\[  SKIPPED \] [0-9]+ test"; done | \
+        awk '{s += $4} END {print s + 0}')
 [[ "$SKIPS" != "0" ]] && NOTES+=("$SKIPS GPU test cases reported SKIPPED (on one GPU: the multi-GPU NCCL case and the no-device checks).")
 
 log "C++ bench"
