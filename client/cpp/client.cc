@@ -36,7 +36,8 @@ absl::Status CheckInputs(absl::Span<const MatrixInput> inputs) {
   for (const MatrixInput& input : inputs) {
     RETURN_IF_ERROR(CheckInput(input).status());
     if (!names.insert(input.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("matrix name \"", input.name, "\" is used twice; names must be unique"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("matrix name \"", input.name, "\" is used twice; names must be unique"));
     }
   }
   return absl::OkStatus();
@@ -149,16 +150,16 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const
   v1::OrthogonalizeResponse response;
   RETURN_IF_ERROR(FromGrpcStatus(stub_->Orthogonalize(&context, request, &response)));
   if (response.results_size() != static_cast<int>(inputs.size())) {
-    return absl::InternalError(absl::StrCat("server protocol error: ", response.results_size(), " results for ",
-                                            inputs.size(), " matrices"));
+    return absl::InternalError(
+        absl::StrCat("server protocol error: ", response.results_size(), " results for ", inputs.size(), " matrices"));
   }
   std::vector<MatrixOutput> outputs;
   outputs.reserve(inputs.size());
   for (int i = 0; i < response.results_size(); ++i) {
     v1::MatrixResult* r = response.mutable_results(i);
     if (r->index() != i || r->name() != inputs[i].name) {
-      return absl::InternalError(absl::StrCat("server protocol error: result ", i, " is for matrix ", r->index(),
-                                              " \"", r->name(), "\""));
+      return absl::InternalError(
+          absl::StrCat("server protocol error: result ", i, " is for matrix ", r->index(), " \"", r->name(), "\""));
     }
     std::string data = std::move(*r->mutable_data());
     r->clear_data();

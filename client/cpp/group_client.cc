@@ -12,7 +12,8 @@ namespace orthoserve::client {
 absl::StatusOr<std::unique_ptr<GroupClient>> GroupClient::Create(const Options& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Client> seed, Client::Create(options.client));
   absl::StatusOr<v1::ServerInfo> info = seed->GetServerInfo();
-  if (!info.ok()) return Annotate(info.status(), absl::StrCat("discovering the fleet through ", options.client.address));
+  if (!info.ok())
+    return Annotate(info.status(), absl::StrCat("discovering the fleet through ", options.client.address));
   return CreateFromInfo(options, *info, std::move(seed));
 }
 

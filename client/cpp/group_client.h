@@ -26,8 +26,7 @@ class GroupClient {
 
   // Builds a group client from a ServerInfo already obtained (tests, callers that cache it),
   // with the same checks as Create. `seed` (may be null) serves its own fleet rank.
-  static absl::StatusOr<std::unique_ptr<GroupClient>> CreateFromInfo(const Options& options,
-                                                                     const v1::ServerInfo& info,
+  static absl::StatusOr<std::unique_ptr<GroupClient>> CreateFromInfo(const Options& options, const v1::ServerInfo& info,
                                                                      std::unique_ptr<Client> seed);
 
   // One step of trainer rank `rank` of a `world`-rank group, sent to fleet rank

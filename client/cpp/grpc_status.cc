@@ -8,7 +8,7 @@
 namespace orthoserve::client {
 namespace {
 
-#define ORTHOSERVE_SAME_CODE(grpc_code, absl_code)                                                      \
+#define ORTHOSERVE_SAME_CODE(grpc_code, absl_code)                                                              \
   static_assert(static_cast<int>(grpc::StatusCode::grpc_code) == static_cast<int>(absl::StatusCode::absl_code), \
                 "grpc and absl disagree on " #grpc_code)
 ORTHOSERVE_SAME_CODE(OK, kOk);

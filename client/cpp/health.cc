@@ -23,10 +23,14 @@ constexpr char kCheckMethod[] = "/grpc.health.v1.Health/Check";
 
 absl::string_view ServingStatusName(ServingStatus status) {
   switch (status) {
-    case ServingStatus::kUnknown: return "UNKNOWN";
-    case ServingStatus::kServing: return "SERVING";
-    case ServingStatus::kNotServing: return "NOT_SERVING";
-    case ServingStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown:
+      return "UNKNOWN";
+    case ServingStatus::kServing:
+      return "SERVING";
+    case ServingStatus::kNotServing:
+      return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
   }
   return "UNKNOWN";
 }
@@ -35,7 +39,7 @@ std::string EncodeHealthCheckRequest(absl::string_view service) {
   std::string out;
   if (service.empty()) return out;  // proto3: the default value is not written.
   out.push_back(static_cast<char>(WireFormatLite::MakeTag(1, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)));
-  for (uint64_t n = service.size(); ; n >>= 7) {  // Varint length.
+  for (uint64_t n = service.size();; n >>= 7) {  // Varint length.
     if (n < 0x80) {
       out.push_back(static_cast<char>(n));
       break;

@@ -20,28 +20,28 @@ namespace orthoserve::client {
 // One matrix (or this rank's block of it) to orthogonalize. The caller owns `data`, which must
 // stay valid and unchanged until the call that takes the input returns.
 struct MatrixInput {
-  std::string name;                                        // Unique within a call; names it in errors.
-  std::vector<int64_t> shape;                              // Global shape, >= 2 dims, each > 0.
-  DType dtype = DType::kF32;                               // Dtype of `data`.
-  std::optional<DType> result_dtype;                       // Dtype of the result; default `dtype`.
-  NsOptions options;                                       // Newton–Schulz options (DESIGN §2).
-  v1::Algorithm algorithm = v1::ALGORITHM_UNSPECIFIED;     // Distributed algorithm; default AUTO.
-  int partition_dim = 0;                                   // TP modes: 0 (rows) or 1 (cols).
-  std::optional<Block> block;                              // This rank's block; unset: whole matrix.
-  const void* data = nullptr;                              // Block elements, row-major, `dtype`.
-  size_t bytes = 0;                                        // Must be block.numel() · ElementSize(dtype).
+  std::string name;                                     // Unique within a call; names it in errors.
+  std::vector<int64_t> shape;                           // Global shape, >= 2 dims, each > 0.
+  DType dtype = DType::kF32;                            // Dtype of `data`.
+  std::optional<DType> result_dtype;                    // Dtype of the result; default `dtype`.
+  NsOptions options;                                    // Newton–Schulz options (DESIGN §2).
+  v1::Algorithm algorithm = v1::ALGORITHM_UNSPECIFIED;  // Distributed algorithm; default AUTO.
+  int partition_dim = 0;                                // TP modes: 0 (rows) or 1 (cols).
+  std::optional<Block> block;                           // This rank's block; unset: whole matrix.
+  const void* data = nullptr;                           // Block elements, row-major, `dtype`.
+  size_t bytes = 0;                                     // Must be block.numel() · ElementSize(dtype).
 };
 
 // The result of one matrix. On error `status` carries the server's code and message and `data`
 // is empty.
 struct MatrixOutput {
-  int index = 0;              // Position in the call's input list.
+  int index = 0;  // Position in the call's input list.
   std::string name;
-  absl::Status status;        // Per-matrix outcome (MatrixResult.code/message).
-  DType dtype = DType::kF32;  // Dtype of `data` (meaningful when status is OK).
-  std::vector<int64_t> shape; // Global shape, as sent.
-  Block block;                // The block `data` holds, in the 2-D view.
-  std::vector<char> data;     // Block elements, row-major.
+  absl::Status status;         // Per-matrix outcome (MatrixResult.code/message).
+  DType dtype = DType::kF32;   // Dtype of `data` (meaningful when status is OK).
+  std::vector<int64_t> shape;  // Global shape, as sent.
+  Block block;                 // The block `data` holds, in the 2-D view.
+  std::vector<char> data;      // Block elements, row-major.
 };
 
 // The group fields of a stream step. A lone client keeps the defaults.

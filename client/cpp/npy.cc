@@ -112,7 +112,8 @@ absl::StatusOr<Header> ParseHeaderDict(absl::string_view text, const NpyReadOpti
         header.dtype = DType::kF16;
       } else if (descr == "<V2" || descr == "|V2") {
         if (!options.void2_as_bf16) {
-          return Bad(absl::StrCat("dtype '", descr, "' is raw 2-byte data (an ml_dtypes bfloat16 array?); "
+          return Bad(absl::StrCat("dtype '", descr,
+                                  "' is raw 2-byte data (an ml_dtypes bfloat16 array?); "
                                   "read it as bfloat16 explicitly (orthoctl --bf16)"));
         }
         header.dtype = DType::kBF16;
@@ -190,8 +191,8 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, const NpyReadOptions&
   const uint64_t expected = count * ElementSize(header.dtype);
   const absl::string_view data = bytes.substr(prefix + header_len);
   if (data.size() != expected) {
-    return Bad(absl::StrCat("shape (", absl::StrJoin(header.shape, ", "), ") of ", DTypeName(header.dtype),
-                            " needs ", expected, " data bytes, the file has ", data.size(),
+    return Bad(absl::StrCat("shape (", absl::StrJoin(header.shape, ", "), ") of ", DTypeName(header.dtype), " needs ",
+                            expected, " data bytes, the file has ", data.size(),
                             data.size() < expected ? " (truncated)" : " (trailing bytes)"));
   }
   array.data.assign(data.begin(), data.end());
@@ -201,9 +202,15 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, const NpyReadOptions&
 absl::StatusOr<std::string> EncodeNpy(const NpyArray& array) {
   const char* descr = nullptr;
   switch (array.dtype) {
-    case DType::kF32: descr = "<f4"; break;
-    case DType::kF16: descr = "<f2"; break;
-    case DType::kBF16: descr = "<V2"; break;
+    case DType::kF32:
+      descr = "<f4";
+      break;
+    case DType::kF16:
+      descr = "<f2";
+      break;
+    case DType::kBF16:
+      descr = "<V2";
+      break;
   }
   uint64_t count = 1;
   for (int64_t d : array.shape) {

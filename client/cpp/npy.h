@@ -15,9 +15,9 @@
 namespace orthoserve::client {
 
 struct NpyArray {
-  DType dtype = DType::kF32;    // '<f4' is kF32, '<f2' is kF16, '<V2' (opt-in, see below) is kBF16.
-  std::vector<int64_t> shape;   // Any rank, including 0-d; dims >= 0.
-  std::vector<char> data;       // prod(shape) · ElementSize(dtype) bytes, C order.
+  DType dtype = DType::kF32;   // '<f4' is kF32, '<f2' is kF16, '<V2' (opt-in, see below) is kBF16.
+  std::vector<int64_t> shape;  // Any rank, including 0-d; dims >= 0.
+  std::vector<char> data;      // prod(shape) · ElementSize(dtype) bytes, C order.
 };
 
 struct NpyReadOptions {

@@ -75,14 +75,14 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResp
       const v1::DataChunk& c = response.chunk();
       const int i = c.index();
       if (i < 0 || i >= n || states_[i] != State::kReceiving) {
-        return absl::InternalError(absl::StrCat("server protocol error: data chunk for matrix ", i,
-                                                ", which has no open result"));
+        return absl::InternalError(
+            absl::StrCat("server protocol error: data chunk for matrix ", i, ", which has no open result"));
       }
       std::vector<char>& data = outputs_[i].data;
       if (data.size() + c.data().size() > expected_[i]) {
         return absl::InternalError(absl::StrCat("server protocol error: matrix ", i, " \"", names_[i], "\" got ",
-                                                data.size() + c.data().size(), " bytes, more than the ",
-                                                expected_[i], " of its block"));
+                                                data.size() + c.data().size(), " bytes, more than the ", expected_[i],
+                                                " of its block"));
       }
       data.insert(data.end(), c.data().begin(), c.data().end());
       if (data.size() < expected_[i]) return std::optional<int>();
@@ -101,8 +101,8 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResp
 absl::Status StepResultAssembler::CheckComplete() const {
   for (size_t i = 0; i < states_.size(); ++i) {
     if (states_[i] == State::kWaiting) {
-      return absl::InternalError(absl::StrCat("server protocol error: the stream ended without a result for matrix ",
-                                              i, " \"", names_[i], "\""));
+      return absl::InternalError(absl::StrCat("server protocol error: the stream ended without a result for matrix ", i,
+                                              " \"", names_[i], "\""));
     }
     if (states_[i] == State::kReceiving) {
       return absl::InternalError(absl::StrCat("server protocol error: the stream ended with matrix ", i, " \"",
@@ -110,7 +110,8 @@ absl::Status StepResultAssembler::CheckComplete() const {
                                               " bytes"));
     }
   }
-  if (!summary_.has_value()) return absl::InternalError("server protocol error: the stream ended without a StepSummary");
+  if (!summary_.has_value())
+    return absl::InternalError("server protocol error: the stream ended without a StepSummary");
   return absl::OkStatus();
 }
 

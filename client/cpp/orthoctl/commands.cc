@@ -131,8 +131,9 @@ std::string MainUsage() {
 }
 
 int RunInfo(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  FlagSet flags("orthoctl info [flags]", "Prints GetServerInfo: version, backend, device, fleet members, supported "
-                                         "options and limits.");
+  FlagSet flags("orthoctl info [flags]",
+                "Prints GetServerInfo: version, backend, device, fleet members, supported "
+                "options and limits.");
   ConnectionFlagValues conn;
   bool json = false;
   AddConnectionFlags(&flags, &conn);
@@ -178,7 +179,8 @@ int RunHealth(const std::vector<std::string>& args, std::ostream& out, std::ostr
 
 int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   FlagSet flags("orthoctl orthogonalize --in IN.npy --out OUT.npy [flags]",
-                "Reads a float32 ('<f4'), float16 ('<f2') or, with --bf16, bfloat16 ('<V2') C-order .npy array (2-D, or N-d viewed as shape[0] x "
+                "Reads a float32 ('<f4'), float16 ('<f2') or, with --bf16, bfloat16 ('<V2') C-order .npy array (2-D, "
+                "or N-d viewed as shape[0] x "
                 "prod(rest)), orthogonalizes it on the server in one OrthogonalizeStream step (any size; chunked), "
                 "and writes the result in the input's dtype and shape. Unset options take the server defaults "
                 "(DESIGN §2).");
@@ -237,10 +239,12 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
   const absl::Duration elapsed = absl::Now() - start;
   if (!result.ok()) return Fail(err, kExitRpc, result.status());
   MatrixOutput& output = (*result)[0];
-  if (!output.status.ok()) return Fail(err, kExitRpc, Annotate(output.status, absl::StrCat("matrix \"", input.name, "\"")));
+  if (!output.status.ok())
+    return Fail(err, kExitRpc, Annotate(output.status, absl::StrCat("matrix \"", input.name, "\"")));
   if (!(output.block == WholeBlock(*m))) {
-    return Fail(err, kExitRpc, absl::InternalError(absl::StrCat("server returned block ", BlockString(output.block),
-                                                                 ", not the whole matrix")));
+    return Fail(err, kExitRpc,
+                absl::InternalError(
+                    absl::StrCat("server returned block ", BlockString(output.block), ", not the whole matrix")));
   }
   client::NpyArray result_array;
   result_array.dtype = array->dtype;

@@ -26,8 +26,8 @@ absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags(const ConnectionFla
   client::ClientOptions o;
   o.address = v.server;
   if (!(v.timeout_seconds > 0) || !std::isfinite(v.timeout_seconds)) {
-    return absl::InvalidArgumentError(absl::StrCat("--timeout must be a positive number of seconds, got ",
-                                                   v.timeout_seconds));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout must be a positive number of seconds, got ", v.timeout_seconds));
   }
   o.timeout = absl::Seconds(v.timeout_seconds);
   o.tls_ca_file = v.tls_ca;
@@ -40,7 +40,8 @@ absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags(const ConnectionFla
     std::ostringstream text;
     text << in.rdbuf();
     o.bearer_token = std::string(absl::StripAsciiWhitespace(text.str()));
-    if (o.bearer_token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", v.token_file, " is empty"));
+    if (o.bearer_token.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--token-file ", v.token_file, " is empty"));
   }
   return o;
 }

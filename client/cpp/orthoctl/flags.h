@@ -23,8 +23,7 @@ class FlagSet {
   // A flag taking a value. `value_name` appears in the usage ("--steps N"); `help` should state
   // the default.
   void Add(const std::string& name, const std::string& value_name, const std::string& help, Setter set);
-  void AddString(const std::string& name, const std::string& value_name, const std::string& help,
-                 std::string* target);
+  void AddString(const std::string& name, const std::string& value_name, const std::string& help, std::string* target);
   void AddInt(const std::string& name, const std::string& value_name, const std::string& help, int* target);
   void AddDouble(const std::string& name, const std::string& value_name, const std::string& help, double* target);
   // A flag without a value; `--name=false` clears it.

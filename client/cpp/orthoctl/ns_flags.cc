@@ -58,8 +58,8 @@ absl::StatusOr<NsOptions> NsOptionsFromFlags(const NsFlagValues& v) {
   }
   if (!v.custom_coefficients.empty()) {
     if (!v.coefficients.empty() && o.coefficients != CoefficientType::kCustom) {
-      return absl::InvalidArgumentError(absl::StrCat("--custom-coefficients needs --coefficients custom, not ",
-                                                     v.coefficients));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--custom-coefficients needs --coefficients custom, not ", v.coefficients));
     }
     absl::StatusOr<std::vector<CoefficientTriple>> triples = ParseCustomCoefficients(v.custom_coefficients);
     if (!triples.ok()) return FlagError("--custom-coefficients", triples.status());
@@ -84,7 +84,8 @@ absl::StatusOr<NsOptions> NsOptionsFromFlags(const NsFlagValues& v) {
     for (const std::string& part : parts) {
       int64_t n = 0;
       if (!absl::SimpleAtoi(part, &n)) {
-        return absl::InvalidArgumentError(absl::StrCat("--split-qkv expects q,k,v integers, got \"", v.split_qkv, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--split-qkv expects q,k,v integers, got \"", v.split_qkv, "\""));
       }
       o.split_qkv.push_back(n);
     }

@@ -70,7 +70,7 @@ TEST_F(ClientLoopbackTest, StepChunksToTheServerLimitAndReassemblesResults) {
   std::vector<int> seen;
   auto out = client->Step(StepOptions{}, inputs, [&](const MatrixOutput& o) { seen.push_back(o.index); });
   ASSERT_OK(out);
-  EXPECT_EQ(client->chunk_bytes(), 1000u);                           // Lowered from 4 MiB by GetServerInfo.
+  EXPECT_EQ(client->chunk_bytes(), 1000u);                          // Lowered from 4 MiB by GetServerInfo.
   EXPECT_EQ(server_.service->largest_chunk_received.load(), 1000);  // 8400 bytes went as 8×1000 + 400.
   EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
   ASSERT_EQ(out->size(), 3u);
@@ -314,10 +314,10 @@ TEST_F(ClientLoopbackTest, OrthoctlSubcommands) {
   EXPECT_EQ(RunHealth({"--server", server_.address}, health_out, health_err), kExitOk);
   EXPECT_EQ(health_out.str(), "SERVING\n");
   std::ostringstream bench_out, bench_err;
-  ASSERT_EQ(RunBench({"--server", server_.address, "--shape", "16,8", "--matrices", "2", "--iters", "3", "--warmup",
-                      "1"},
-                     bench_out, bench_err),
-            kExitOk)
+  ASSERT_EQ(
+      RunBench({"--server", server_.address, "--shape", "16,8", "--matrices", "2", "--iters", "3", "--warmup", "1"},
+               bench_out, bench_err),
+      kExitOk)
       << bench_err.str();
   EXPECT_THAT(bench_out.str(), HasSubstr("latency:    median"));
   EXPECT_EQ(server_.service->streams.load(), 1 + 4);

@@ -128,8 +128,8 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
       }
       const int64_t size = static_cast<int64_t>(request.chunk().data().size());
       if (size > chunk_bytes) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("chunk of ", size, " bytes is over ",
-                                                                             chunk_bytes));
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("chunk of ", size, " bytes is over ", chunk_bytes));
       }
       int64_t prev = largest_chunk_received.load();
       while (size > prev && !largest_chunk_received.compare_exchange_weak(prev, size)) {

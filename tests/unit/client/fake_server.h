@@ -19,14 +19,14 @@ namespace orthoserve::client::testing {
 // Behaviour knobs are set before the first call; counters are read after calls return.
 class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
  public:
-  int64_t chunk_bytes = 1000;        // Advertised limit; chunks sent back are this size.
-  std::string required_token;        // When set, calls without "Bearer <token>" are UNAUTHENTICATED.
+  int64_t chunk_bytes = 1000;  // Advertised limit; chunks sent back are this size.
+  std::string required_token;  // When set, calls without "Bearer <token>" are UNAUTHENTICATED.
   int fleet_rank = 0;
   std::vector<std::string> members;  // Advertised fleet (fleet_world = size, or 1 when empty).
   // When set, the stream waits on it after sending result 0 (shared: a handler may still be
   // leaving the wait when the test's copy goes away).
   std::shared_ptr<absl::Notification> gate;
-  bool send_extra_byte = false;        // Protocol violation: one byte more than the block.
+  bool send_extra_byte = false;  // Protocol violation: one byte more than the block.
 
   std::atomic<int> streams{0};
   std::atomic<int64_t> largest_chunk_received{0};

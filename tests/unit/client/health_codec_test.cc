@@ -1,8 +1,7 @@
 // Hand encoding of grpc.health.v1 messages in client/cpp/health.h.
-#include "client/cpp/health.h"
-
 #include <string>
 
+#include "client/cpp/health.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/util/status_matchers.h"
@@ -15,7 +14,9 @@ using ::testing::HasSubstr;
 
 TEST(HealthCodec, RequestEncoding) {
   EXPECT_EQ(EncodeHealthCheckRequest(""), "");
-  EXPECT_EQ(EncodeHealthCheckRequest("abc"), std::string("\x0a\x03" "abc", 5));
+  EXPECT_EQ(EncodeHealthCheckRequest("abc"), std::string("\x0a\x03"
+                                                         "abc",
+                                                         5));
   const std::string long_name(200, 'x');
   const std::string encoded = EncodeHealthCheckRequest(long_name);
   EXPECT_EQ(encoded.substr(0, 3), std::string("\x0a\xc8\x01", 3));  // Varint 200.

@@ -178,8 +178,9 @@ TEST(Npy, RejectsMissingRepeatedOrUnknownKeys) {
 
 TEST(Npy, RejectsDataOfTheWrongSize) {
   const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
-  EXPECT_THAT(ParseNpy(Raw(dict, std::string(23, '\0'))),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 24 data bytes, the file has 23 (truncated)")));
+  EXPECT_THAT(
+      ParseNpy(Raw(dict, std::string(23, '\0'))),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 24 data bytes, the file has 23 (truncated)")));
   EXPECT_THAT(ParseNpy(Raw(dict, std::string(25, '\0'))),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(trailing bytes)")));
 }

@@ -74,10 +74,10 @@ TEST(FlagSet, HelpAndUsageListEveryFlag) {
   ASSERT_OK(flags.Parse({"--steps", "3", "--help", "--bogus"}));  // Stops at --help.
   EXPECT_TRUE(flags.help_requested());
   const std::string usage = flags.Usage();
-  for (const char* name : {"--coefficients NAME", "--custom-coefficients", "--steps N", "--precision", "--eps X",
-                           "--eps-mode", "--transpose", "--scale-mode", "--extra-scale", "--split-qkv",
-                           "--wire-dtype", "--algorithm", "--server HOST:PORT", "--timeout", "--token-file",
-                           "--tls-ca", "--tls-cert", "--tls-key", "--help"}) {
+  for (const char* name :
+       {"--coefficients NAME", "--custom-coefficients", "--steps N", "--precision", "--eps X", "--eps-mode",
+        "--transpose", "--scale-mode", "--extra-scale", "--split-qkv", "--wire-dtype", "--algorithm",
+        "--server HOST:PORT", "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(name));
   }
 }
@@ -127,14 +127,18 @@ TEST(NsFlags, BadValuesNameTheFlag) {
   EXPECT_THAT(ParseNs({"--precision", "low"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--precision")));
   EXPECT_THAT(ParseNs({"--eps-mode", "mul"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--eps-mode")));
   EXPECT_THAT(ParseNs({"--transpose", "yes"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--transpose")));
-  EXPECT_THAT(ParseNs({"--scale-mode", "rms"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--scale-mode")));
+  EXPECT_THAT(ParseNs({"--scale-mode", "rms"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--scale-mode")));
   EXPECT_THAT(ParseNs({"--steps", "five"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--steps")));
   EXPECT_THAT(ParseNs({"--steps", "101"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps = 101")));
   EXPECT_THAT(ParseNs({"--eps", "nan"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--eps")));
   EXPECT_THAT(ParseNs({"--eps", "-1"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eps = -1")));
-  EXPECT_THAT(ParseNs({"--extra-scale", "inf"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--extra-scale")));
-  EXPECT_THAT(ParseNs({"--split-qkv", "4,2"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly three")));
-  EXPECT_THAT(ParseNs({"--split-qkv", "4,x,2"}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--split-qkv")));
+  EXPECT_THAT(ParseNs({"--extra-scale", "inf"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--extra-scale")));
+  EXPECT_THAT(ParseNs({"--split-qkv", "4,2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly three")));
+  EXPECT_THAT(ParseNs({"--split-qkv", "4,x,2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--split-qkv")));
   EXPECT_THAT(ParseNs({"--coefficients", "cubic5", "--steps", "4"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cubic5")));
 }

@@ -208,7 +208,8 @@ TEST_F(RealServerTest, TwoRankGroupBlocksReassembleToTheWholeResult) {
     const std::vector<float> got = AsFloats(out);
     ASSERT_EQ(got.size(), 32u * 24);
     double worst = 0;
-    for (size_t k = 0; k < got.size(); ++k) worst = std::max(worst, std::fabs(double{got[k]} - expected[32 * 24 * rank + k]));
+    for (size_t k = 0; k < got.size(); ++k)
+      worst = std::max(worst, std::fabs(double{got[k]} - expected[32 * 24 * rank + k]));
     EXPECT_LE(worst, 1e-5) << "rank " << rank;
   }
 }
@@ -268,7 +269,7 @@ TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
   options.client.timeout = absl::Seconds(60);
   absl::StatusOr<std::unique_ptr<GroupClient>> group = GroupClient::Create(options);
   for (int i = 0; i < 100 && (!group.ok() || (*group)->member_client(0)->Health().code() != absl::StatusCode::kOk ||
-                               (*group)->member_client(1)->Health().code() != absl::StatusCode::kOk);
+                              (*group)->member_client(1)->Health().code() != absl::StatusCode::kOk);
        ++i) {
     absl::SleepFor(absl::Milliseconds(100));  // The fleet forms in the background.
     group = GroupClient::Create(options);
@@ -310,7 +311,8 @@ TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
     const std::vector<float> got = AsFloats((*results[rank])[0]);
     ASSERT_EQ(got.size(), 24u * 20);
     double worst = 0;
-    for (size_t k = 0; k < got.size(); ++k) worst = std::max(worst, std::fabs(double{got[k]} - expected[24 * 20 * rank + k]));
+    for (size_t k = 0; k < got.size(); ++k)
+      worst = std::max(worst, std::fabs(double{got[k]} - expected[24 * 20 * rank + k]));
     EXPECT_LE(worst, 1e-5) << "rank " << rank;
   }
   for (auto& server : ranks) server->Drain();

@@ -145,8 +145,7 @@ TEST(WriteStep, StopsWhenTheStreamBreaks) {
   std::vector<float> a(100);
   MatrixInput in = Input("a", {10, 10}, a);
   int writes = 0;
-  EXPECT_THAT(WriteStep(StepOptions{}, {&in, 1}, 8,
-                        [&](const v1::StreamRequest&) { return ++writes < 3; }),
+  EXPECT_THAT(WriteStep(StepOptions{}, {&in, 1}, 8, [&](const v1::StreamRequest&) { return ++writes < 3; }),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
   EXPECT_EQ(writes, 3);
 }
