@@ -215,7 +215,7 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
   read_options.void2_as_bf16 = bf16;
   absl::StatusOr<client::NpyArray> array = client::ReadNpy(in_path, read_options);
   if (!array.ok()) return Fail(err, kExitIo, array.status());
-  absl::StatusOr<Matrix2d> m = ViewAs2d(array->shape, in_path + " shape " + ShapeText(array->shape));
+  absl::StatusOr<Matrix2d> m = ViewAs2d(array->shape, in_path + " shape");
   if (!m.ok()) return Fail(err, kExitIo, m.status());
   absl::Status for_shape = ValidateNsOptionsForShape(*options, *m, "options");
   if (!for_shape.ok()) return Fail(err, kExitUsage, for_shape);
