@@ -94,6 +94,38 @@ TEST_F(ErrorsTest, FortranOrderAndInt32NpyAreRejected) {
   ExpectStillServing("unsupported .npy files");
 }
 
+TEST_F(ErrorsTest, ArraysThatAreNotMatricesAreRejected) {
+  const std::string vector = Path("vector.npy");
+  WriteRawNpy(vector, "{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }", std::string(20, '\0'));
+  ProcessResult r = RunOrthogonalize("vector", vector);
+  EXPECT_EQ(r.exit_code, kExitIo);
+  EXPECT_THAT(r.err, HasSubstr("vector.npy shape [5] has 1 dims; orthogonalization needs at least 2"));
+  const std::string empty = Path("empty.npy");
+  WriteRawNpy(empty, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }", "");
+  r = RunOrthogonalize("empty", empty);
+  EXPECT_EQ(r.exit_code, kExitIo);
+  EXPECT_THAT(r.err, HasSubstr("empty.npy shape [0, 4] has dim 0 = 0; every dim must be positive"));
+  // bfloat16 ('<V2') needs --bf16.
+  const std::string bf16 = Path("bf16.npy");
+  WriteRawNpy(bf16, "{'descr': '<V2', 'fortran_order': False, 'shape': (2, 3), }", std::string(12, '\0'));
+  r = RunOrthogonalize("bf16_without_flag", bf16);
+  EXPECT_EQ(r.exit_code, kExitIo);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.err, HasSubstr("--bf16"));
+  ExpectStillServing("arrays that are not matrices");
+}
+
+// A client deadline that expires while the server computes: DEADLINE_EXCEEDED, exit 2, and the
+// server goes on serving others.
+TEST_F(ErrorsTest, ClientDeadlineExpiresMidCall) {
+  const std::string big = Path("big.npy");
+  ASSERT_OK(client::WriteNpy(big, RandomArray(DType::kF32, {1024, 1024}, 2)));
+  ProcessResult r = RunOrthogonalize("deadline", big, {"--precision", "highest", "--timeout", "0.05"});
+  EXPECT_EQ(r.exit_code, kExitRpc);
+  EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
+  ExpectStillServing("a call whose deadline expired");
+}
+
 TEST_F(ErrorsTest, InvalidOptions) {
   const std::string in = GoodInput();
   // orthoctl validates options with the shared rules before sending anything.

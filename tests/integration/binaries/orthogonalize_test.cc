@@ -186,6 +186,26 @@ TEST_F(OrthogonalizeTest, EveryWireDtypeWithFloat32AndFloat16Inputs) {
   }
 }
 
+// A bfloat16 .npy ('<V2', ml_dtypes) read with --bf16 travels as bf16 and is written back as '<V2'.
+TEST_F(OrthogonalizeTest, Bfloat16NpyWithBf16Flag) {
+  const NpyArray in = RandomArray(DType::kBF16, {24, 40}, 15);
+  for (const char* precision : {"highest", "medium"}) {
+    NsOptions o;
+    o.precision = std::string(precision) == "highest" ? Precision::kHighest : Precision::kMedium;
+    ExpectMatches(absl::StrCat("npy_bf16_", precision), in, o, {"--bf16", "--precision", precision});
+    ExpectMatches(absl::StrCat("npy_bf16_wire_fp32_", precision), in, o, {"--bf16", "--precision", precision},
+                  DType::kF32);
+  }
+}
+
+// Chunking is invisible: tiny DataChunks give the same bytes as the default 4 MiB ones.
+TEST_F(OrthogonalizeTest, ChunkSizeDoesNotChangeTheResult) {
+  const NpyArray in = RandomArray(DType::kF32, {64, 96}, 16);
+  for (const char* chunk : {"7", "100", "4096"}) {
+    ExpectMatches(absl::StrCat("chunk_", chunk), in, NsOptions{}, {"--chunk-bytes", chunk});
+  }
+}
+
 // The wire dtype must matter: a float32 input sent as bf16 is rounded before the server computes
 // and its result comes back in bf16 precision (so it differs from the fp32 wire's answer).
 TEST_F(OrthogonalizeTest, Bf16WireRoundsInputAndResult) {

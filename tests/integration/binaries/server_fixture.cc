@@ -127,7 +127,9 @@ std::optional<client::NpyArray> BinariesTest::OrthogonalizeViaBinary(const std::
     ADD_FAILURE() << tag << ": orthoctl exited " << r.exit_code << "\nstdout: " << r.out << "\nstderr: " << r.err;
     return std::nullopt;
   }
-  absl::StatusOr<client::NpyArray> out = client::ReadNpy(out_path);
+  client::NpyReadOptions read_options;
+  read_options.void2_as_bf16 = in.dtype == DType::kBF16;  // orthoctl writes bf16 results as '<V2'.
+  absl::StatusOr<client::NpyArray> out = client::ReadNpy(out_path, read_options);
   std::error_code ignored;
   std::filesystem::remove(in_path, ignored);
   std::filesystem::remove(out_path, ignored);
