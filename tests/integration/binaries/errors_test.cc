@@ -164,8 +164,8 @@ TEST_F(ErrorsTest, ServerLimitOnMatrixSize) {
   ServerProcess limited = StartServer(Path("limited"), {"--max-matrix-elements", "64"});
   ASSERT_NE(limited.process, nullptr);
   const std::string in = GoodInput();  // 96 elements.
-  ProcessResult r = Orthoctl({"orthogonalize", "--in", in, "--out", Path("limited.out.npy")}, "limited_call",
-                             limited.address);
+  ProcessResult r =
+      Orthoctl({"orthogonalize", "--in", in, "--out", Path("limited.out.npy")}, "limited_call", limited.address);
   EXPECT_EQ(r.exit_code, kExitRpc);
   EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED"));
   EXPECT_THAT(r.err, HasSubstr("--max-matrix-elements"));

@@ -106,8 +106,8 @@ TEST_F(OrthogonalizeTest, EveryCoefficientSetPrecisionAndScaleMode) {
         o.coefficients = static_cast<CoefficientType>(coefficients.value);
         o.precision = static_cast<Precision>(precision.value);
         o.scale_mode = static_cast<ScaleMode>(scale.value);
-        std::vector<std::string> flags = {"--coefficients", coefficients.name, "--precision", precision.name,
-                                          "--scale-mode", scale.name};
+        std::vector<std::string> flags = {"--coefficients", coefficients.name, "--precision",
+                                          precision.name,   "--scale-mode",    scale.name};
         if (o.coefficients == CoefficientType::kCustom) {
           o.custom_coefficients = kCustomTriples;
           flags.push_back("--custom-coefficients");
@@ -172,15 +172,14 @@ TEST_F(OrthogonalizeTest, StepsEpsTransposeAndExtraScale) {
 TEST_F(OrthogonalizeTest, EveryWireDtypeWithFloat32AndFloat16Inputs) {
   for (DType npy : {DType::kF32, DType::kF16}) {
     const NpyArray in = RandomArray(npy, {40, 24}, 13);
-    for (std::optional<DType> wire :
-         {std::optional<DType>(), std::optional<DType>(DType::kF32), std::optional<DType>(DType::kBF16),
-          std::optional<DType>(DType::kF16)}) {
+    for (std::optional<DType> wire : {std::optional<DType>(), std::optional<DType>(DType::kF32),
+                                      std::optional<DType>(DType::kBF16), std::optional<DType>(DType::kF16)}) {
       for (const char* precision : {"highest", "medium"}) {
         NsOptions o;
         o.precision = std::string(precision) == "highest" ? Precision::kHighest : Precision::kMedium;
-        ExpectMatches(absl::StrCat("npy_", DTypeName(npy), "_wire_", wire ? WireName(*wire) : "default", "_",
-                                   precision),
-                      in, o, {"--precision", precision}, wire);
+        ExpectMatches(
+            absl::StrCat("npy_", DTypeName(npy), "_wire_", wire ? WireName(*wire) : "default", "_", precision), in, o,
+            {"--precision", precision}, wire);
       }
     }
   }
@@ -221,7 +220,7 @@ TEST_F(OrthogonalizeTest, Bf16WireRoundsInputAndResult) {
 }
 
 TEST_F(OrthogonalizeTest, SmallTallWideAndSquareShapesAgainstTheReference) {
-  const std::vector<std::vector<int64_t>> shapes = {{1, 1},  {1, 7},  {7, 1},   {2, 2},    {3, 50},
+  const std::vector<std::vector<int64_t>> shapes = {{1, 1},  {1, 7},   {7, 1},    {2, 2},   {3, 50},
                                                     {50, 3}, {64, 64}, {17, 130}, {130, 17}};
   uint32_t seed = 20;
   for (const std::vector<int64_t>& shape : shapes) {

@@ -35,8 +35,14 @@ ServerProcess StartServer(const std::string& log_prefix, const std::vector<std::
     }
     ServerProcess server;
     server.address = absl::StrCat("127.0.0.1:", *port);
-    std::vector<std::string> argv = {OrthoserveBinary(), "--listen", server.address, "--metrics-address", "",
-                                     "--blas-threads", "1", "--drain-timeout",
+    std::vector<std::string> argv = {OrthoserveBinary(),
+                                     "--listen",
+                                     server.address,
+                                     "--metrics-address",
+                                     "",
+                                     "--blas-threads",
+                                     "1",
+                                     "--drain-timeout",
                                      absl::StrCat(absl::ToInt64Seconds(kDrainTimeout), "s")};
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     const std::string prefix = absl::StrCat(log_prefix, ".", attempt);
@@ -111,8 +117,7 @@ ProcessResult BinariesTest::Orthoctl(const std::vector<std::string>& args, const
   return RunProcess(argv, Path(log));
 }
 
-std::optional<client::NpyArray> BinariesTest::OrthogonalizeViaBinary(const std::string& tag,
-                                                                     const client::NpyArray& in,
+std::optional<client::NpyArray> BinariesTest::OrthogonalizeViaBinary(const std::string& tag, const client::NpyArray& in,
                                                                      const std::vector<std::string>& flags) {
   const std::string in_path = Path(tag + ".in.npy");
   const std::string out_path = Path(tag + ".out.npy");

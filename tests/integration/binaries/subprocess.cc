@@ -97,7 +97,8 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (Running()) {
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(2));
   }
@@ -111,8 +112,7 @@ void Subprocess::Signal(int signal) {
 std::string Subprocess::Stdout() const { return ReadFileOrEmpty(log_prefix_ + ".out"); }
 std::string Subprocess::Stderr() const { return ReadFileOrEmpty(log_prefix_ + ".err"); }
 
-ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& log_prefix,
-                         absl::Duration timeout) {
+ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& log_prefix, absl::Duration timeout) {
   ProcessResult result;
   absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(argv, log_prefix);
   if (!p.ok()) {
