@@ -8,10 +8,14 @@
 #include "common/status.h"
 
 namespace orthoserve::client {
+namespace {
+
+absl::Status StreamBroken() { return absl::UnavailableError("the stream closed before the step was sent"); }
+
+}  // namespace
 
 absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write) {
-  const absl::Status broken = absl::UnavailableError("the stream closed before the step was sent");
   v1::StreamRequest request;
   v1::StepHeader* header = request.mutable_header();
   header->set_job(step.job);
@@ -20,19 +24,19 @@ absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> in
   header->set_rank(step.rank);
   header->set_world(step.world);
   header->set_num_matrices(static_cast<int>(inputs.size()));
-  if (!write(request)) return broken;
+  if (!write(request)) return StreamBroken();
   for (size_t i = 0; i < inputs.size(); ++i) {
     *request.mutable_spec() = ToSpec(inputs[i]);
-    if (!write(request)) return broken;
+    if (!write(request)) return StreamBroken();
     for (absl::string_view chunk : SplitChunks(inputs[i].data, inputs[i].bytes, chunk_bytes)) {
       v1::DataChunk* c = request.mutable_chunk();
       c->set_index(static_cast<int>(i));
       c->set_data(chunk.data(), chunk.size());
-      if (!write(request)) return broken;
+      if (!write(request)) return StreamBroken();
     }
   }
   request.mutable_end();
-  if (!write(request)) return broken;
+  if (!write(request)) return StreamBroken();
   return absl::OkStatus();
 }
 
