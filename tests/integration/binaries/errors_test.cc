@@ -191,7 +191,8 @@ TEST_F(ErrorsTest, HealthAndOrthogonalizeAgainstADeadPort) {
 // SIGTERM while a large matrix is being computed: the call in flight completes and the server exits 0.
 TEST(ServerLifecycleTest, SigtermDrainsACallInFlightAndExitsZero) {
   const std::string dir = MakeScratchDir();
-  ServerProcess server = StartServer(dir + "/server");
+  // rpc=1 logs "stream step ..." once a stream's header is read: the call is then in flight.
+  ServerProcess server = StartServer(dir + "/server", {"--log-verbose", "rpc=1"});
   ASSERT_NE(server.process, nullptr);
   const client::NpyArray in = RandomArray(DType::kF32, {1024, 1024}, 5);
   ASSERT_TRUE(client::WriteNpy(dir + "/in.npy", in).ok());
@@ -200,17 +201,24 @@ TEST(ServerLifecycleTest, SigtermDrainsACallInFlightAndExitsZero) {
                          "--out", dir + "/out.npy", "--precision", "highest", "--steps", "5"},
                         dir + "/call");
   ASSERT_TRUE(call.ok()) << call.status();
-  // Wait until the server has the step (it logs nothing per call, so give the upload time).
-  absl::SleepFor(absl::Milliseconds(300));
-  const bool still_running = (*call)->Running();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (server.process->Stderr().find("stream step") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_NE(server.process->Stderr().find("stream step"), std::string::npos) << server.process->Stderr();
   StopServerExpectCleanExit(server);
+  EXPECT_THAT(server.process->Stderr(), HasSubstr("draining: 1 calls in flight"));
   absl::StatusOr<int> code = (*call)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0) << (*call)->Stderr();
-  if (!still_running) std::cerr << "note: the call finished before SIGTERM; the drain had nothing in flight\n";
   absl::StatusOr<client::NpyArray> out = client::ReadNpy(dir + "/out.npy");
   ASSERT_TRUE(out.ok()) << out.status();
+  NsOptions highest;
+  highest.precision = Precision::kHighest;
+  absl::StatusOr<client::NpyArray> expected = EngineExpected(in, highest);
+  ASSERT_TRUE(expected.ok()) << expected.status();
   EXPECT_EQ(out->shape, in.shape);
+  EXPECT_TRUE(out->data == expected->data) << "the drained call's result differs from the in-process engine";
   // Afterwards the port is closed.
   ProcessResult after =
       RunProcess({OrthoctlBinary(), "health", "--server", server.address, "--timeout", "2"}, dir + "/after");

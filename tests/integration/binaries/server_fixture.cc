@@ -85,7 +85,6 @@ void StopServerExpectCleanExit(ServerProcess& server) {
   EXPECT_NE(server.process->Stderr().find("draining"), std::string::npos) << server.process->Stderr();
   std::cerr << "orthoserve " << server.address << " exited " << *code << " " << absl::FormatDuration(took)
             << " after SIGTERM\n";
-  server.process.reset();
 }
 
 std::string* BinariesTest::dir_ = nullptr;

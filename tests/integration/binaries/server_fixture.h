@@ -33,7 +33,8 @@ struct ServerProcess {
 // ADD_FAILUREs and returns an empty process when it does not come up.
 ServerProcess StartServer(const std::string& log_prefix, const std::vector<std::string>& extra_flags = {});
 
-// SIGTERMs the server and expects exit code 0 within kDrainTimeout (ADD_FAILURE otherwise, with the log).
+// SIGTERMs the server and expects exit code 0 within kDrainTimeout (failures carry the log). The
+// reaped process stays in `server` so its log can still be read.
 void StopServerExpectCleanExit(ServerProcess& server);
 
 // A new scratch directory under $TMPDIR (or /tmp).
