@@ -98,46 +98,87 @@ def require_binary() -> pathlib.Path:
 
 
 def start_server(tmp_dir: pathlib.Path, extra_args=(), name: str = "server", **client_kwargs) -> ServerProcess:
-    """A one-rank CPU server with `extra_args`, ready (checked with a Client(**client_kwargs))."""
+    """A one-rank CPU server with `extra_args`, ready (checked with a Client(**client_kwargs)). A server that
+    exits at start (its free port taken meanwhile) is started again on another port, up to 3 times."""
     binary = require_binary()
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    # No metrics endpoint (its default port is fixed) and a free fleet port, so servers never collide.
-    args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "",
-            "--fleet-listen", f"127.0.0.1:{free_port()}", *extra_args]
-    server = ServerProcess(args, address, tmp_dir / f"{name}-{port}.log")
-    try:
-        server.wait_ready(**client_kwargs)
-    except Exception:
-        server.stop()
-        raise
-    return server
+    for attempt in range(3):
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        # No metrics endpoint (its default port is fixed) and a free fleet port, so servers never collide.
+        args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "",
+                "--fleet-listen", f"127.0.0.1:{free_port()}", *extra_args]
+        server = ServerProcess(args, address, tmp_dir / f"{name}-{port}.log")
+        try:
+            server.wait_ready(**client_kwargs)
+            return server
+        except Exception:
+            exited_by_itself = server.proc.poll() is not None
+            server.stop()
+            if attempt == 2 or not exited_by_itself:
+                raise
+    raise AssertionError("unreachable")
 
 
 FLEET_SCRIPT = REPO / "deploy" / "local" / "fleet.sh"
 
 
-def start_fleet(tmp_dir: pathlib.Path, world: int):
-    """`world` server ranks on loopback forming one fleet (rank 0 coordinates); returns them by rank."""
-    binary = require_binary()
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+
+
+def _launch_fleet(tmp_dir: pathlib.Path, binary: pathlib.Path, world: int, attempt: int):
     fleet_ports = [free_port() for _ in range(world)]
     coordinator = f"127.0.0.1:{fleet_ports[0]}"
     ranks = []
-    try:
-        for r in range(world):
-            port = free_port()
-            address = f"127.0.0.1:{port}"
-            args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "", "--rank", str(r),
-                    "--world", str(world), "--coordinator", coordinator, "--fleet-listen",
-                    f"127.0.0.1:{fleet_ports[r]}", "--rendezvous-timeout", "60s"]
-            ranks.append(ServerProcess(args, address, tmp_dir / f"fleet-rank{r}-{port}.log"))
-        for s in ranks:
-            s.wait_ready()
-    except Exception:
-        for s in ranks:
-            s.stop()
-        raise
+    for r in range(world):
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "", "--rank", str(r),
+                "--world", str(world), "--coordinator", coordinator, "--fleet-listen", f"127.0.0.1:{fleet_ports[r]}",
+                "--rendezvous-timeout", "60s"]
+        ranks.append(ServerProcess(args, address, tmp_dir / f"fleet{attempt}-rank{r}-{port}.log"))
+        if r == 0:
+            # A rank that finds the coordinator's fleet port closed exits at once instead of retrying (seen with
+            # this server: "fleet coordinator StoreSet: ... Connection refused; exiting"), so start the others
+            # once rank 0 listens.
+            _wait_listening(fleet_ports[0], ranks[0].proc)
     return ranks
+
+
+def start_fleet(tmp_dir: pathlib.Path, world: int, attempts: int = 3):
+    """`world` server ranks on loopback forming one fleet (rank 0 coordinates); returns them by rank.
+
+    Ports are picked free but may be taken by another process before a rank binds them, so a fleet that
+    does not form (a rank exits, or no rank is ready in time) is torn down and started again on new ports."""
+    binary = require_binary()
+    failures = []
+    for attempt in range(attempts):
+        ranks = _launch_fleet(tmp_dir, binary, world, attempt)
+        deadline = time.monotonic() + 45
+        try:
+            for s in ranks:
+                while True:
+                    dead = [r for r, q in enumerate(ranks) if q.proc.poll() is not None]
+                    if dead:
+                        raise RuntimeError(f"fleet rank(s) {dead} exited")
+                    try:
+                        s.wait_ready(timeout=1.0)
+                        break
+                    except RuntimeError:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("fleet not ready after 45 s") from None
+            return ranks
+        except RuntimeError as e:
+            logs = "\n".join(f"--- rank {r}:\n{q.log_tail(1500)}" for r, q in enumerate(ranks))
+            failures.append(f"attempt {attempt}: {e}\n{logs}")
+            for s in reversed(ranks):
+                s.stop()
+    raise RuntimeError("could not start a fleet:\n" + "\n".join(failures))
 
 
 @pytest.fixture(scope="session")
