@@ -172,7 +172,7 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
   return grpc::Status::OK;
 }
 
-void FakeServer::Start(std::shared_ptr<grpc::ServerCredentials> credentials) {
+void FakeServer::Start(const std::shared_ptr<grpc::ServerCredentials>& credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;

@@ -53,7 +53,7 @@ struct FakeServer {
   std::string address;
 
   // Starts serving (plaintext unless `credentials` are given); configure `service` first.
-  void Start(std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+  void Start(const std::shared_ptr<grpc::ServerCredentials>& credentials = nullptr);
   ~FakeServer();
 };
 

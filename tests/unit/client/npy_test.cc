@@ -57,7 +57,8 @@ TEST(Npy, RoundTripsFloat32TwoD) {
 }
 
 TEST(Npy, RoundTripsFloat16NdAndOneD) {
-  for (std::vector<int64_t> shape : {std::vector<int64_t>{2, 3, 5}, std::vector<int64_t>{7}, std::vector<int64_t>{}}) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{2, 3, 5}, std::vector<int64_t>{7}, std::vector<int64_t>{}}) {
     NpyArray a;
     a.dtype = DType::kF16;
     a.shape = shape;

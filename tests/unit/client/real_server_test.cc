@@ -190,6 +190,7 @@ TEST_F(RealServerTest, TwoRankGroupBlocksReassembleToTheWholeResult) {
   EXPECT_EQ((*group)->fleet_world(), 1);
   std::vector<absl::StatusOr<std::vector<MatrixOutput>>> results(2, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
+  ranks.reserve(2);
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
       MatrixInput in = Input("w", {64, 24}, g);
@@ -293,6 +294,7 @@ TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
   // W = 2 trainer ranks over S = 2: trainer rank r streams to fleet rank r.
   std::vector<absl::StatusOr<std::vector<MatrixOutput>>> results(2, absl::UnknownError("not run"));
   std::vector<std::thread> trainers;
+  trainers.reserve(2);
   for (int rank = 0; rank < 2; ++rank) {
     trainers.emplace_back([&, rank] {
       MatrixInput in = Input("w", {48, 20}, g);
