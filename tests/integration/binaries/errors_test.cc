@@ -54,7 +54,7 @@ class ErrorsTest : public BinariesTest {
   }
 
   std::string GoodInput() {
-    const std::string path = Path("good.npy");
+    std::string path = Path("good.npy");
     EXPECT_OK(client::WriteNpy(path, RandomArray(DType::kF32, {8, 12}, 1)));
     return path;
   }
