@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -61,10 +62,17 @@ double ProcessCpuSeconds(int pid) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-double FleetCpuSeconds(const Fleet& fleet) {
-  double total = 0;
-  for (int pid : fleet.pids) total += ProcessCpuSeconds(pid);
-  return total;
+// CPU seconds of each of the fleet's server processes, in --*-pids order.
+std::vector<double> FleetCpuSeconds(const Fleet& fleet) {
+  std::vector<double> seconds;
+  for (int pid : fleet.pids) seconds.push_back(ProcessCpuSeconds(pid));
+  return seconds;
+}
+
+std::vector<double> Minus(const std::vector<double>& after, const std::vector<double>& before) {
+  std::vector<double> d(after.size());
+  for (size_t i = 0; i < after.size(); ++i) d[i] = after[i] - before[i];
+  return d;
 }
 
 absl::StatusOr<std::vector<int>> ParsePids(const std::string& text) {
@@ -110,17 +118,17 @@ using Results = std::vector<std::vector<char>>;
 
 struct Measurement {
   double wall_s = 0;
-  double server_s = 0;  // Largest StepSummary.server_seconds among the trainer ranks.
-  double cpu_s = 0;     // Server processes' CPU time during the step.
+  double server_s = 0;        // Largest StepSummary.server_seconds among the trainer ranks.
+  std::vector<double> cpu_s;  // Each server process's CPU time during the step.
 };
 
 absl::StatusOr<Measurement> RunLone(Fleet& fleet, const std::vector<MatrixInput>& inputs, Results* results) {
   Measurement m;
-  const double cpu0 = FleetCpuSeconds(fleet);
+  const std::vector<double> cpu0 = FleetCpuSeconds(fleet);
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(std::vector<MatrixOutput> out, fleet.lone->Step(client::StepOptions{}, inputs));
   m.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
-  m.cpu_s = FleetCpuSeconds(fleet) - cpu0;
+  m.cpu_s = Minus(FleetCpuSeconds(fleet), cpu0);
   RETURN_IF_ERROR(CheckOutputs(out, inputs.size()));
   if (auto summary = fleet.lone->last_summary()) m.server_s = summary->server_seconds();
   if (results != nullptr) {
@@ -135,7 +143,7 @@ absl::StatusOr<Measurement> RunGroup(Fleet& fleet, const std::vector<std::vector
   const int world = static_cast<int>(per_rank.size());
   std::vector<absl::StatusOr<std::vector<MatrixOutput>>> outs(world, absl::UnknownError("not run"));
   Measurement m;
-  const double cpu0 = FleetCpuSeconds(fleet);
+  const std::vector<double> cpu0 = FleetCpuSeconds(fleet);
   const absl::Time start = absl::Now();
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -144,7 +152,7 @@ absl::StatusOr<Measurement> RunGroup(Fleet& fleet, const std::vector<std::vector
   }
   for (std::thread& t : threads) t.join();
   m.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
-  m.cpu_s = FleetCpuSeconds(fleet) - cpu0;
+  m.cpu_s = Minus(FleetCpuSeconds(fleet), cpu0);
   if (results != nullptr) results->clear();
   for (int r = 0; r < world; ++r) {
     if (!outs[r].ok()) return Annotate(outs[r].status(), absl::StrCat("trainer rank ", r));
@@ -172,8 +180,10 @@ std::string LoadAverage1() {
 void Print(const std::string& mode, const Fleet& fleet, int rep, const Measurement& m) {
   std::cout << absl::StrFormat(
                    "{\"mode\": \"%s\", \"fleet\": \"%s\", \"rep\": %d, \"wall_s\": %.6f, \"server_s\": %.6f, "
-                   "\"server_cpu_s\": %.3f, \"load1\": %s}",
-                   mode, fleet.name, rep, m.wall_s, m.server_s, m.cpu_s, LoadAverage1())
+                   "\"rank_cpu_s\": [%s], \"load1\": %s}",
+                   mode, fleet.name, rep, m.wall_s, m.server_s,
+                   absl::StrJoin(m.cpu_s, ", ", [](std::string* o, double v) { absl::StrAppendFormat(o, "%.2f", v); }),
+                   LoadAverage1())
             << std::endl;
 }
 
@@ -267,9 +277,9 @@ int Main(int argc, char** argv) {
   orthoctl::FlagSet flags("fleet_bench [flags]",
                           "Times one batch of --matrices random matrices on fleet A and fleet B alternately "
                           "(A, B, A, B, ...), --reps times each, per mode; prints one JSON line per step.");
-  Config c{"127.0.0.1:47100", "127.0.0.1:47200", "A", "B", "", "", "1024x1024", "medium", "lone,group"};
-  flags.AddString("a", "HOST:PORT", "fleet A seed rank (default 127.0.0.1:47100)", &c.a_address);
-  flags.AddString("b", "HOST:PORT", "fleet B seed rank (default 127.0.0.1:47200)", &c.b_address);
+  Config c{"127.0.0.1:47600", "127.0.0.1:47610", "A", "B", "", "", "1024x1024", "medium", "lone,group"};
+  flags.AddString("a", "HOST:PORT", "fleet A seed rank (default 127.0.0.1:47600)", &c.a_address);
+  flags.AddString("b", "HOST:PORT", "fleet B seed rank (default 127.0.0.1:47610)", &c.b_address);
   flags.AddString("a-name", "NAME", "label of fleet A (default A)", &c.a_name);
   flags.AddString("b-name", "NAME", "label of fleet B (default B)", &c.b_name);
   flags.AddString("a-pids", "PID,...", "fleet A server pids, for CPU time (default none)", &c.a_pids);

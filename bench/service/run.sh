@@ -12,7 +12,7 @@
 #
 # Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), MODEL_SHAPES (a GPT-2-small layer:
 # 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024), STREAM_MATRICES (16),
-# REPS (5), WARMUP (1), PRECISION (medium), PORT (47700; metrics and fleet ports at +100 and +50), OUT.
+# REPS (5), WARMUP (1), PRECISION (medium), PORT (47800; metrics and fleet ports at +100 and +50), OUT.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,7 +24,7 @@ stream_matrices=${STREAM_MATRICES:-16}
 reps=${REPS:-5}
 warmup=${WARMUP:-1}
 precision=${PRECISION:-medium}
-port=${PORT:-47700}
+port=${PORT:-47800}
 out=${OUT:-$root/bench/results/service.md}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -47,6 +47,7 @@ trap cleanup EXIT
 "$root/deploy/local/fleet.sh" start --world 1 --base-port "$port" --dir "$tmp/fleet" --bin "$build/bin" -- \
   --blas-threads 1 --workers 1 --log-level warning
 
+tree="HEAD $(git -C "$root" log -1 --format=%h 2>/dev/null || echo unknown), orthoserve built $(date -u -r "$build/bin/orthoserve" '+%Y-%m-%d %H:%M') UTC"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date -u '+%Y-%m-%d %H:%M')
 "$build/bench/service/service_bench" --server "127.0.0.1:$port" --model-shapes "$model_shapes" \
@@ -57,11 +58,11 @@ uptime_line=$(uptime)
 
 mkdir -p "$(dirname "$out")"
 python3 - "$tmp/runs.jsonl" "$out" "$start" "$load_before" "$load_after" "$uptime_line" "$model_shapes" \
-  "$model_matrices" "$stream_shapes" "$stream_matrices" "$reps" "$warmup" "$precision" "$layers" <<'PY'
+  "$model_matrices" "$stream_shapes" "$stream_matrices" "$reps" "$warmup" "$precision" "$layers" "$tree" <<'PY'
 import json, os, statistics, sys
 
 (runs_path, out, start, load_before, load_after, uptime_line, model_shapes, model_matrices, stream_shapes,
- stream_matrices, reps, warmup, precision, layers) = sys.argv[1:]
+ stream_matrices, reps, warmup, precision, layers, tree) = sys.argv[1:]
 over, trans, identical = [], [], None
 for line in open(runs_path):
     r = json.loads(line)
@@ -80,7 +81,7 @@ med = lambda xs: statistics.median(xs) if xs else float("nan")
 L = ["# Service overhead on loopback: remote step vs in-process engine, streaming vs raw TCP\n"]
 L.append(f"Recorded by `bench/service/run.sh` on {start} UTC. Machine: {cpu}, {os.cpu_count()} cores, shared "
          f"with other engineers' builds and tests: load average {load_before} before, {load_after} after "
-         f"(`uptime` at the end: `{uptime_line.strip()}`).\n")
+         f"(`uptime` at the end: `{uptime_line.strip()}`). Tree: {tree}.\n")
 L.append("Server: one CPU rank, `deploy/local/fleet.sh start --world 1 ... -- --blas-threads 1 --workers 1` on "
          "127.0.0.1. Client and engine: `bench/service/service_bench` (one process), measurements alternated "
          f"side by side; {warmup} untimed pair first, then {reps} timed pairs; medians below.\n")

@@ -205,7 +205,7 @@ absl::StatusOr<double> TimeRawEcho(const char* data, size_t data_size, size_t by
 }
 
 struct Config {
-  std::string server = "127.0.0.1:47700";
+  std::string server = "127.0.0.1:47800";
   std::string model_shapes = "2304x768,768x768,3072x768,768x3072";
   std::string stream_shapes = "4096x1024";
   std::string precision = "medium";
@@ -294,7 +294,7 @@ int Main(int argc, char** argv) {
                           "(overhead), then a raw loopback TCP echo and a steps = 0 stream step of the same bytes "
                           "(transport); prints one JSON line per measurement.");
   Config c;
-  flags.AddString("server", "HOST:PORT", "server (default 127.0.0.1:47700)", &c.server);
+  flags.AddString("server", "HOST:PORT", "server (default 127.0.0.1:47800)", &c.server);
   flags.AddString("model-shapes", "RxC,...", "overhead shapes, cycled (default GPT-2 small layer)", &c.model_shapes);
   flags.AddInt("model-matrices", "N", "overhead matrices per step (default 16: four layers)", &c.model_matrices);
   flags.AddString("stream-shapes", "RxC,...", "transport shapes, cycled (default 4096x1024)", &c.stream_shapes);
