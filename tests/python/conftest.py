@@ -143,9 +143,8 @@ def _launch_fleet(tmp_dir: pathlib.Path, binary: pathlib.Path, world: int, attem
                 "--rendezvous-timeout", "60s"]
         ranks.append(ServerProcess(args, address, tmp_dir / f"fleet{attempt}-rank{r}-{port}.log"))
         if r == 0:
-            # A rank that finds the coordinator's fleet port closed exits at once instead of retrying (seen with
-            # this server: "fleet coordinator StoreSet: ... Connection refused; exiting"), so start the others
-            # once rank 0 listens.
+            # Start the other ranks once rank 0 listens: builds before c514312 made a rank that found the
+            # coordinator's port closed exit at once ("fleet coordinator StoreSet: ... Connection refused").
             _wait_listening(fleet_ports[0], ranks[0].proc)
     return ranks
 
