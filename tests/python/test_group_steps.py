@@ -16,20 +16,20 @@ from conftest import start_server
 SHAPE = (20, 14)
 
 
-def full_matrix(seed=0):
-    return torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
+def full_matrix(seed=0, shape=SHAPE):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def run_group(client, world, dim, algorithm, step, job="group-test", partition_dim=None, name="w"):
+def run_group(client, world, dim, algorithm, step, job="group-test", partition_dim=None, name="w", shape=SHAPE):
     """Every rank's step in its own thread; returns the assembled result."""
-    full = full_matrix()
-    blocks = orthoserve.chunk_blocks(SHAPE, world, dim)
+    full = full_matrix(shape=shape)
+    blocks = orthoserve.chunk_blocks(shape, world, dim)
     results, failures = [None] * world, []
 
     def rank_main(rank):
         try:
             (r0, c0), (rows, cols) = blocks[rank]
-            shard = orthoserve.Shard(name, SHAPE, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
+            shard = orthoserve.Shard(name, shape, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
                                      algorithm=algorithm, partition_dim=partition_dim, precision="highest")
             [results[rank]] = client.group(job, f"{algorithm}-{dim}-{world}", rank, world).step(step, [shard])
         except Exception as e:  # noqa: BLE001 - reported by the main thread
@@ -42,7 +42,7 @@ def run_group(client, world, dim, algorithm, step, job="group-test", partition_d
         t.join(120)
     if failures:
         raise failures[0]
-    out = torch.empty(SHAPE)
+    out = torch.empty(shape)
     for ((r0, c0), (rows, cols)), block in zip(blocks, results):
         assert block.shape == (rows, cols)
         out[r0:r0 + rows, c0:c0 + cols] = block
@@ -58,6 +58,14 @@ def test_exact_algorithms_match_the_whole_matrix(client, world):
     for out in outs:
         assert (out - ref).abs().max().item() <= 1e-5
         assert torch.equal(out, outs[0])
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "row_sharded", "gathered"])
+def test_ranks_with_empty_blocks_take_part(client, algorithm):
+    # 3 rows over 4 ranks: torch.chunk gives rank 3 no rows; it still sends its (empty) block.
+    shape = (3, 10)
+    out = run_group(client, 4, 0, algorithm, 7, shape=shape, job=f"empty-{algorithm}")
+    assert (out - oracle.scaled(full_matrix(shape=shape), "spectral")).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("dim", [0, 1])
