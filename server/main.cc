@@ -100,8 +100,7 @@ int main(int argc, char** argv) {
     raw->Drain();
   });
   waiter.detach();
-  raw->Wait();
-  absl::Status formation = raw->fleet().formation_status();
+  absl::Status formation = raw->Wait();
   server->reset();
   if (!formation.ok()) {
     std::cerr << "orthoserve: " << formation.message() << "\n";

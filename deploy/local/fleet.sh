@@ -6,8 +6,8 @@
 #   deploy/local/fleet.sh stop  [--dir DIR]
 #   deploy/local/fleet.sh status [--dir DIR]
 #
-# Rank r serves the public API on 127.0.0.1:(P + r) and /metrics on 127.0.0.1:(P + 100 + r);
-# rank 0 serves the internal fleet service on 127.0.0.1:(P + 50). Logs and pid files go to DIR
+# Rank r serves the public API on 127.0.0.1:(P + r), its internal fleet address on
+# 127.0.0.1:(P + 50 + r) (rank 0's is the coordinator) and /metrics on 127.0.0.1:(P + 100 + r). Logs and pid files go to DIR
 # (default /tmp/orthoserve-fleet). `start` returns once every rank reports SERVING (through
 # `orthoctl health` when it is built, else the rank's log), or fails after --wait seconds with the
 # logs' tails. `stop` sends SIGTERM (graceful drain), then SIGKILL after 15 s.
@@ -70,7 +70,7 @@ case "$cmd" in
     for ((r = 0; r < world; r++)); do
       "$bin/orthoserve" --rank "$r" --world "$world" \
         --listen "127.0.0.1:$((base + r))" --metrics-address "127.0.0.1:$((base + 100 + r))" \
-        --fleet-listen "127.0.0.1:$((base + 50))" --coordinator "127.0.0.1:$((base + 50))" \
+        --fleet-listen "127.0.0.1:$((base + 50 + r))" --coordinator "127.0.0.1:$((base + 50))" \
         "${extra[@]}" >"$dir/rank$r.log" 2>&1 &
       echo $! >"$dir/rank$r.pid"
     done

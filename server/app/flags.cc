@@ -29,8 +29,9 @@ ABSL_FLAG(std::string, rank, "0",
           "This rank in the fleet, or \"auto\": from ORTHOSERVE_POD_INDEX or the trailing -N of $HOSTNAME.");
 ABSL_FLAG(int, world, 1, "Number of fleet ranks S; 1 runs a self-contained server.");
 ABSL_FLAG(std::string, coordinator, "", "Rank 0's fleet address HOST:PORT; required when --world > 1.");
-ABSL_FLAG(std::string, fleet_listen, "127.0.0.1:50061",
-          "Internal fleet address: rank 0 serves the fleet service here; every rank binds Gloo on its host.");
+ABSL_FLAG(std::string, fleet_listen, "",
+          "Internal fleet address HOST:PORT (required when --world > 1): every rank answers gRPC health there "
+          "(liveness), rank 0 serves the fleet service, and Gloo binds on its host. Empty: none.");
 ABSL_FLAG(int64_t, max_matrix_elements, int64_t{1} << 28, "Largest matrix accepted, in elements (global shape).");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30, "Matrix bytes the server holds in flight at most.");
 ABSL_FLAG(int64_t, max_tenant_inflight_bytes, int64_t{2} << 30, "Matrix bytes one tenant holds in flight at most.");
@@ -42,6 +43,8 @@ ABSL_FLAG(absl::Duration, rendezvous_timeout, absl::Seconds(60),
           "How long a group step waits for all its trainer ranks before it is aborted.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight.");
+ABSL_FLAG(absl::Duration, fleet_peer_timeout, absl::Seconds(15),
+          "A fleet rank unheard of this long counts as lost; the fleet then stops, to be restarted and re-formed.");
 ABSL_FLAG(absl::Duration, stall_warning, absl::Seconds(60), "Warn about trainer ranks missing for this long.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
@@ -58,7 +61,7 @@ const char* const kFlagNames[] = {
     "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "workers",
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
-    "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "stall_warning", "tls_cert",
+    "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<int> ResolveRank(const std::string& text) {
@@ -126,6 +129,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.stall_warning = absl::GetFlag(FLAGS_stall_warning);
+  o.peer_timeout = absl::GetFlag(FLAGS_fleet_peer_timeout);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

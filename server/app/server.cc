@@ -56,6 +56,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.rank < 0 || o.rank >= o.world) {
     return absl::InvalidArgumentError(absl::StrCat("--rank = ", o.rank, " is out of range for --world = ", o.world));
   }
+  if (o.world > 1 && o.fleet_listen.empty()) {
+    return absl::InvalidArgumentError("--fleet-listen is required when --world > 1: give this rank's internal HOST:PORT");
+  }
   if (o.world > 1 && o.coordinator.empty()) {
     return absl::InvalidArgumentError("--coordinator is required when --world > 1: give rank 0's --fleet-listen");
   }
@@ -63,6 +66,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       o.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--rendezvous-timeout and --collective-timeout must be positive");
   }
+  if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
   if (o.service.max_message_bytes < 4096 || o.service.max_message_bytes > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError("--max-message-bytes must be between 4096 and 2^31 - 1");
   }
@@ -110,6 +114,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, credentials, &server->port_);
+  // Without this gRPC binds with SO_REUSEPORT, and a second server on a busy port would start
+  // silently and share its traffic; a port in use must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.service.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.service.max_message_bytes));
 
@@ -129,6 +136,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.rendezvous_timeout = o.service.rendezvous_timeout;
   f.collective_timeout = o.collective_timeout;
   f.stall_warning = o.stall_warning;
+  f.peer_timeout = o.peer_timeout;
   f.backend = server->backend_.get();
   f.metrics = server->metrics_.get();
   o.service.version = ORTHOSERVE_VERSION;
@@ -166,9 +174,10 @@ void Server::WatchHealth() {
       last = ready;
       first = false;
     }
-    absl::Status formation = fleet_->formation_status();
+    absl::Status formation = fleet_->Health();
     if (!formation.ok()) {
-      LOG_ERROR("server") << "the fleet could not form: " << formation << "; exiting";
+      LOG_ERROR("server") << "the fleet is lost: " << formation << "; exiting so that the fleet can form anew";
+      fleet_lost_ = formation;
       drained_ = true;
       cv_.notify_all();
       return;
@@ -177,9 +186,10 @@ void Server::WatchHealth() {
   }
 }
 
-void Server::Wait() {
+absl::Status Server::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return drained_; });
+  return fleet_lost_;
 }
 
 void Server::Drain() {
@@ -189,6 +199,7 @@ void Server::Drain() {
     draining_ = true;
     cv_.notify_all();
   }
+  if (server_ == nullptr) return;  // Create failed before the server started: nothing to drain.
   if (health_.joinable()) health_.join();
   LOG_INFO("server") << "draining: " << service_->inflight() << " calls in flight, up to "
                      << absl::FormatDuration(options_.drain_timeout);

@@ -28,10 +28,11 @@ struct ServerOptions {
   int rank = 0;                                 // Fleet rank.
   int world = 1;                                // Fleet size S.
   std::string coordinator;                      // Rank 0's fleet address (world > 1).
-  std::string fleet_listen = "127.0.0.1:50061"; // Rank 0's fleet service; Gloo's bind host.
+  std::string fleet_listen;                     // Internal address (health, fleet service on rank 0, Gloo host).
   ServiceOptions service;                       // Limits and reported settings.
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration stall_warning = absl::Seconds(60);
+  absl::Duration peer_timeout = absl::Seconds(15);   // A fleet peer silent this long is lost.
   absl::Duration drain_timeout = absl::Seconds(30);
   std::string tls_cert;       // PEM certificate chain; with tls_key enables TLS.
   std::string tls_key;        // PEM private key.
@@ -55,8 +56,9 @@ class Server {
   int fleet_port() const { return fleet_->fleet_port(); }
   Fleet& fleet() { return *fleet_; }
 
-  // Blocks until Drain() has finished (or the server failed to form its fleet).
-  void Wait();
+  // Blocks until Drain() has finished or the fleet is lost; returns why the server stopped
+  // (OK after a drain; the fleet's error when it could not form or was lost).
+  absl::Status Wait();
   // Graceful stop: readiness off, new calls refused, calls in flight given until the drain
   // timeout, then everything torn down. Idempotent; safe from any thread but a gRPC handler.
   void Drain();
@@ -79,6 +81,7 @@ class Server {
   std::condition_variable cv_;
   bool draining_ = false;
   bool drained_ = false;
+  absl::Status fleet_lost_;
   std::thread health_;
 };
 

@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& 
   return std::unique_ptr<Coordinator>(new Coordinator(options));
 }
 
-Coordinator::Coordinator(const Options& options) : options_(options), cursors_(options.fleet_world, 0) {
+Coordinator::Coordinator(const Options& options)
+    : options_(options), cursors_(options.fleet_world, 0), last_read_(options.fleet_world, absl::InfinitePast()) {
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -151,6 +152,16 @@ void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Statu
                {});
 }
 
+std::vector<int> Coordinator::SilentReaders(absl::Duration silence) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> silent;
+  const absl::Time now = absl::Now();
+  for (size_t r = 0; r < last_read_.size(); ++r) {
+    if (last_read_[r] != absl::InfinitePast() && now - last_read_[r] > silence) silent.push_back(static_cast<int>(r));
+  }
+  return silent;
+}
+
 std::vector<LogEntry> Coordinator::Read(int reader, int64_t from, absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   const absl::Time deadline = absl::Now() + timeout;
@@ -162,7 +173,10 @@ std::vector<LogEntry> Coordinator::Read(int reader, int64_t from, absl::Duration
   }
   std::vector<LogEntry> out;
   if (shutdown_) return out;
-  if (reader >= 0 && reader < static_cast<int>(cursors_.size())) cursors_[reader] = std::max(cursors_[reader], from);
+  if (reader >= 0 && reader < static_cast<int>(cursors_.size())) {
+    cursors_[reader] = std::max(cursors_[reader], from);
+    last_read_[reader] = absl::Now();
+  }
   for (int64_t i = std::max(from, first_index_); i < first_index_ + static_cast<int64_t>(log_.size()); ++i) {
     out.push_back(log_[i - first_index_]);
   }

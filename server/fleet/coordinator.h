@@ -72,6 +72,9 @@ class Coordinator {
   // Steps waiting for ranks (for tests and metrics).
   size_t pending_steps() const;
 
+  // Fleet ranks that have read the log before but not within `silence` (a peer that died).
+  std::vector<int> SilentReaders(absl::Duration silence) const;
+
   // Wakes readers and stops the timer thread; later calls are no-ops.
   void Shutdown();
 
@@ -97,6 +100,7 @@ class Coordinator {
   std::deque<LogEntry> log_;  // log_.front().index == first_index_.
   int64_t first_index_ = 0;
   std::vector<int64_t> cursors_;  // Next index each fleet rank will read.
+  std::vector<absl::Time> last_read_;  // When each fleet rank last read; InfinitePast: never.
   bool shutdown_ = false;
   std::thread timer_;
 };

@@ -97,6 +97,17 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
   }
 }
 
+absl::Status Executor::Health(absl::Duration silence) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  const absl::Duration quiet = absl::Now() - last_contact_;
+  if (quiet > silence) {
+    return absl::UnavailableError(
+        absl::StrCat("the coordinator's log has been unreachable for ", absl::FormatDuration(quiet)));
+  }
+  return absl::OkStatus();
+}
+
 void Executor::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason) {
   absl::Status sent = options_.log->Abort(key, trainer_rank, reason);
   if (!sent.ok()) LOG_WARNING("fleet") << "could not report the abort of " << key.ToString() << ": " << sent;
@@ -118,6 +129,10 @@ void Executor::Loop() {
       continue;
     }
     backoff = absl::Milliseconds(50);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_contact_ = absl::Now();
+    }
     for (const LogEntry& entry : *entries) {
       if (entry.index < next) continue;
       next = entry.index + 1;
@@ -174,6 +189,8 @@ void Executor::Apply(const LogEntry& entry) {
     if (options_.metrics != nullptr) options_.metrics->StepAborted("collective");
     outcome.status = absl::UnavailableError(
         absl::StrCat("step ", entry.key.ToString(), " failed in the fleet: ", result.status().ToString()));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.ok()) broken_ = outcome.status;
   } else {
     outcome.matrices = std::move(result->matrices);
     outcome.collective_time = result->collective_time;

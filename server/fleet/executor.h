@@ -45,6 +45,11 @@ class Executor {
   // Steps submitted here and not yet executed.
   size_t waiting() const;
 
+  // OK while this rank can run batches. UNAVAILABLE once a batch's collective failed (the
+  // group is broken for good), or when the coordinator's log has been unreachable for longer
+  // than `silence`.
+  absl::Status Health(absl::Duration silence) const;
+
   void Shutdown();
 
  private:
@@ -61,6 +66,8 @@ class Executor {
   mutable std::mutex mu_;
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_;
   bool stopping_ = false;
+  absl::Status broken_;                   // First collective failure.
+  absl::Time last_contact_ = absl::Now(); // Last successful read of the log.
   std::thread thread_;
 };
 

@@ -6,6 +6,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "server/collective/gloo/gloo_collective.h"
 #include "server/collective/in_memory_store.h"
@@ -39,6 +40,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     return absl::InvalidArgumentError(
         "--coordinator is required when --world > 1: give rank 0's fleet address (its --fleet-listen)");
   }
+  if (options.world > 1 && options.fleet_listen.empty()) {
+    return absl::InvalidArgumentError("--fleet-listen is required when --world > 1 (this rank's internal address)");
+  }
   std::unique_ptr<Fleet> fleet(new Fleet(options));
   Coordinator::Options c;
   c.fleet_world = options.world;
@@ -57,26 +61,16 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   }
   if (options.world == 1) {
     fleet->collective_ = std::make_unique<LocalCollective>();
+    RETURN_IF_ERROR(fleet->ServeFleetPort());
     RETURN_IF_ERROR(fleet->Form());
     return fleet;
   }
-  if (options.rank == 0) {
-    auto service = std::make_unique<FleetService>(fleet->store_.get(), fleet->coordinator_.get());
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(options.fleet_listen, grpc::InsecureServerCredentials(), &fleet->fleet_port_);
-    builder.SetMaxReceiveMessageSize(256 << 20);
-    builder.SetMaxSendMessageSize(256 << 20);
-    builder.RegisterService(service.get());
-    fleet->fleet_server_ = builder.BuildAndStart();
-    if (fleet->fleet_server_ == nullptr || fleet->fleet_port_ == 0) {
-      return absl::UnavailableError(absl::StrCat("--fleet-listen ", options.fleet_listen, " cannot be bound"));
-    }
-    fleet->fleet_service_ = std::move(service);
-  } else {
+  if (options.rank != 0) {
     auto channel = MakeFleetChannel(options.coordinator);
     fleet->store_ = std::make_unique<GrpcStore>(channel);
     fleet->log_ = std::make_unique<RemoteLogSource>(channel);
   }
+  RETURN_IF_ERROR(fleet->ServeFleetPort());
   Fleet* raw = fleet.get();
   fleet->formation_ = std::thread([raw] {
     absl::Status formed = raw->Form();
@@ -87,6 +81,29 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     raw->formation_status_ = formed;
   });
   return fleet;
+}
+
+absl::Status Fleet::ServeFleetPort() {
+  if (options_.fleet_listen.empty()) return absl::OkStatus();
+  // Every rank answers grpc.health.v1 here while its process runs (a liveness signal that does
+  // not depend on fleet formation); rank 0 of a multi-rank fleet also serves the fleet service.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.fleet_listen, grpc::InsecureServerCredentials(), &fleet_port_);
+  // Without this gRPC binds with SO_REUSEPORT, and a second server on a busy port would start
+  // silently and share its traffic; a port in use must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  if (options_.rank == 0 && options_.world > 1) {
+    fleet_service_ = std::make_unique<FleetService>(store_.get(), coordinator_.get());
+    builder.RegisterService(fleet_service_.get());
+  }
+  fleet_server_ = builder.BuildAndStart();
+  if (fleet_server_ == nullptr || fleet_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--fleet-listen ", options_.fleet_listen, " cannot be bound"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Fleet::Form() {
@@ -155,6 +172,21 @@ void Fleet::Shutdown() {
 absl::Status Fleet::formation_status() const {
   std::lock_guard<std::mutex> lock(mu_);
   return formation_status_;
+}
+
+absl::Status Fleet::Health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!formation_status_.ok()) return formation_status_;
+  if (executor_ == nullptr || options_.world == 1) return absl::OkStatus();
+  RETURN_IF_ERROR(executor_->Health(options_.peer_timeout));
+  if (coordinator_ != nullptr) {
+    std::vector<int> silent = coordinator_->SilentReaders(options_.peer_timeout);
+    if (!silent.empty()) {
+      return absl::UnavailableError(absl::StrCat("fleet rank ", silent[0], " has not been heard from for over ",
+                                                 absl::FormatDuration(options_.peer_timeout)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<FleetMemberInfo> Fleet::members() const {

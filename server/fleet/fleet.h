@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "grpcpp/impl/codegen/service_type.h"
 #include "server/collective/collective.h"
 #include "server/collective/store.h"
 #include "server/engine/backend.h"
@@ -42,13 +43,15 @@ class Fleet {
     int rank = 0;                          // This rank, 0 <= rank < world.
     int world = 1;                         // S.
     std::string coordinator;               // Rank 0's fleet HOST:PORT; required when world > 1.
-    std::string fleet_listen = "127.0.0.1:50061";  // Where rank 0 serves the fleet service; its host
-                                                   // is also the address Gloo binds on every rank.
+    std::string fleet_listen;              // This rank's internal address: grpc health on every rank, the
+                                           // fleet service on rank 0, and the host Gloo binds. Empty: none
+                                           // (allowed only for world 1).
     std::string advertise_address;         // This rank's public HOST:PORT, listed to clients.
     absl::Duration rendezvous_timeout = absl::Seconds(60);
     absl::Duration collective_timeout = absl::Seconds(60);
     absl::Duration stall_warning = absl::Seconds(60);
     absl::Duration join_timeout = absl::Minutes(10);  // How long formation waits for peers.
+    absl::Duration peer_timeout = absl::Seconds(15);  // Silence after which a peer counts as lost.
     Backend* backend = nullptr;            // Not owned.
     Metrics* metrics = nullptr;            // Optional, not owned.
   };
@@ -63,8 +66,14 @@ class Fleet {
   bool ready() const { return ready_.load(); }
   // The formation error, if formation failed (the process should exit).
   absl::Status formation_status() const;
+
+  // OK while the fleet is forming or formed and whole. UNAVAILABLE once it is lost for good: a
+  // batch's collective failed, the coordinator stopped answering, or (on rank 0) a peer stopped
+  // polling the log for --fleet-peer-timeout. The fleet does not re-form in place: a rank that
+  // sees this exits so that its supervisor restarts it, and the ranks form a new fleet together.
+  absl::Status Health() const;
   std::vector<FleetMemberInfo> members() const;
-  // The port rank 0's fleet service bound (resolves ":0"); 0 elsewhere.
+  // The port the fleet address bound (resolves ":0"); 0 without one.
   int fleet_port() const { return fleet_port_; }
 
   // Replaces this rank's advertised address once its real port is known (one-rank fleets only,
@@ -81,6 +90,7 @@ class Fleet {
 
  private:
   explicit Fleet(const Options& options) : options_(options) {}
+  absl::Status ServeFleetPort();
   absl::Status Form();
 
   const Options options_;

@@ -126,7 +126,9 @@ absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const
 
 absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(int reader, int64_t from, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, std::min(timeout, kMaxPoll) + kRpcTimeout);
+  // A short margin: the executor polls continuously and must notice a dead coordinator (and its
+  // own shutdown) within a few seconds.
+  SetDeadline(context, std::min(timeout, kMaxPoll) + absl::Seconds(2));
   fleet::v1::ReadLogRequest request;
   request.set_reader(reader);
   request.set_from(from);

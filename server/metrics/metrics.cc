@@ -1,7 +1,6 @@
 // Implementation of server/metrics/metrics.h.
 #include "server/metrics/metrics.h"
 
-#include <exception>
 
 #include "absl/strings/str_cat.h"
 
@@ -112,22 +111,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   m->device_memory_->Add({{"kind", "budget"}});
 
   if (!options.address.empty()) {
-    try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(options.address);
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics-address ", options.address, " cannot be served: ", e.what()));
-    }
-    m->exposer_->RegisterCollectable(m->registry_);
+    auto exposer = HttpExposer::Create(options.address, m->registry_);
+    if (!exposer.ok()) return exposer.status();
+    m->exposer_ = std::move(*exposer);
   }
   return m;
 }
 
-int Metrics::port() const {
-  if (exposer_ == nullptr) return 0;
-  std::vector<int> ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports[0];
-}
+int Metrics::port() const { return exposer_ == nullptr ? 0 : exposer_->port(); }
 
 void Metrics::RequestDone(absl::string_view method, absl::string_view code, absl::Duration duration) {
   requests_->Add({{"method", std::string(method)}, {"code", std::string(code)}}).Increment();

@@ -13,11 +13,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/metrics/http_exposer.h"
 
 namespace orthoserve {
 
@@ -34,7 +34,7 @@ class Metrics {
     std::string device;
   };
 
-  // INVALID_ARGUMENT if the exposer cannot bind `address` (message names it).
+  // INVALID_ARGUMENT for a malformed `address`, UNAVAILABLE when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const Options& options);
 
   // The port the exposer listens on (resolves ":0"), or 0 without an exposer.
@@ -64,7 +64,7 @@ class Metrics {
   Metrics() = default;
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpExposer> exposer_;
 
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* matrices_ = nullptr;

@@ -3,7 +3,10 @@
 // batch, every result checked against the engine's answer computed here; then a trainer
 // process killed mid-step: the other three get ABORTED within the rendezvous timeout and the
 // next step succeeds.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <random>
 #include <string>
@@ -48,6 +52,29 @@ std::string BuildDir() {
 }
 
 int Shell(const std::string& command) { return std::system(command.c_str()); }
+
+bool PortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return free;
+}
+
+// A base port P for deploy/local/fleet.sh whose ranks' ports (P + r, P + 50 + r, P + 100 + r)
+// are all free now, searched from a point that differs between processes.
+int FreeBasePort(int world) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 20000 + static_cast<int>((getpid() * 7919 + attempt * 131) % 3000) * 10;
+    bool ok = true;
+    for (int r = 0; r < world && ok; ++r) ok = PortFree(base + r) && PortFree(base + 50 + r) && PortFree(base + 100 + r);
+    if (ok) return base;
+  }
+  return 0;
+}
 
 // One matrix of the mixed batch, with how its blocks are laid out over the W trainer ranks.
 struct Case {
@@ -106,7 +133,7 @@ double RelativeError(const float* a, const float* b, size_t n) {
 class FleetTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    base_port_ = 30000 + static_cast<int>(getpid() % 2000) * 10;
+    base_port_ = FreeBasePort(kFleet);
     dir_ = ::testing::TempDir() + "/fleet-" + std::to_string(getpid());
     std::string cmd = absl::StrCat(ORTHOSERVE_FLEET_SCRIPT, " start --world ", kFleet, " --base-port ", base_port_,
                                    " --dir ", dir_, " --bin ", BuildDir(), "/bin -- --rendezvous-timeout ",
@@ -332,6 +359,64 @@ TEST_F(FleetTest, KilledTrainerAbortsTheOthersAndTheNextStepSucceeds) {
     CopyBlockOut(expected.data(), c.shape.cols, b, sizeof(float), part.data());
     EXPECT_EQ(0, std::memcmp((*out)[0].data.data(), part.data(), part.size() * sizeof(float))) << "rank " << r;
   }
+}
+
+}  // namespace
+}  // namespace orthoserve
+
+namespace orthoserve {
+namespace {
+
+// Whether `pid` runs (a zombie left for an init that does not reap counts as gone).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_text, name, state;
+  if (!(stat >> pid_text >> name >> state)) return false;
+  return state != "Z" && state != "X";
+}
+
+pid_t PidOf(const std::string& dir, int rank) {
+  std::ifstream in(dir + "/rank" + std::to_string(rank) + ".pid");
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+// A fleet that loses a rank stops as a whole (every rank exits non-zero within the peer
+// timeout), and a restarted fleet forms anew and serves.
+TEST(FleetLossTest, LosingARankStopsTheFleetAndARestartFormsItAgain) {
+  const int base = FreeBasePort(3);
+  const std::string dir = ::testing::TempDir() + "/fleet-loss-" + std::to_string(getpid());
+  const std::string start = absl::StrCat(ORTHOSERVE_FLEET_SCRIPT, " start --world 3 --base-port ", base, " --dir ",
+                                         dir, " --bin ", BuildDir(), "/bin -- --fleet-peer-timeout 2s");
+  ASSERT_EQ(Shell(start), 0);
+  const pid_t rank0 = PidOf(dir, 0);
+  const pid_t rank1 = PidOf(dir, 1);
+  ASSERT_EQ(kill(PidOf(dir, 2), SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  while ((Alive(rank0) || Alive(rank1)) && absl::Now() - killed < absl::Seconds(20)) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_FALSE(Alive(rank0)) << "rank 0 kept running without rank 2";
+  EXPECT_FALSE(Alive(rank1)) << "rank 1 kept running without rank 2";
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(15));
+
+  // The supervisor (here: the script) starts the ranks again; the new fleet serves.
+  ASSERT_EQ(Shell(start), 0);
+  client::ClientOptions options;
+  options.address = absl::StrCat("127.0.0.1:", base + 2);
+  auto c = client::Client::Create(options);
+  ASSERT_OK(c);
+  std::vector<float> m = Random({12, 9}, 3);
+  MatrixInput in;
+  in.name = "after";
+  in.shape = {12, 9};
+  in.data = m.data();
+  in.bytes = m.size() * sizeof(float);
+  auto out = (*c)->Step(client::StepOptions{}, {in});
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (out.ok()) EXPECT_OK((*out)[0].status);
+  Shell(absl::StrCat(ORTHOSERVE_FLEET_SCRIPT, " stop --dir ", dir));
 }
 
 }  // namespace

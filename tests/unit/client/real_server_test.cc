@@ -258,8 +258,9 @@ TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
     o.metrics_address = "";
     o.rank = rank;
     o.world = 2;
-    o.fleet_listen = "127.0.0.1:" + std::to_string(fleet_port);
-    o.coordinator = o.fleet_listen;
+    // Every rank has its own internal address; rank 0's is the coordinator.
+    o.fleet_listen = "127.0.0.1:" + std::to_string(rank == 0 ? fleet_port : FreePort());
+    o.coordinator = "127.0.0.1:" + std::to_string(fleet_port);
     o.service.chunk_bytes = 2048;
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(o);
     ASSERT_OK(server);
