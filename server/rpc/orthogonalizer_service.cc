@@ -103,6 +103,10 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
   compute_->Schedule([&] {
     metrics_->queue_depth().Decrement();
     metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
+    if (context->IsCancelled()) {
+      promise.set_value(absl::CancelledError("the client cancelled the call or its deadline passed"));
+      return;
+    }
     promise.set_value(RunLocalBatch(std::move(matrices), *backend_));
   });
   absl::StatusOr<BatchResult> result = future.get();

@@ -289,9 +289,15 @@ void StreamStep::ScheduleLone(int index) {
     s_.metrics_->queue_depth().Decrement();
     s_.metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
     Matrix& m = matrices_[index];
-    std::vector<char> out(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
-    absl::StatusOr<BatchResult> result =
-        RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.data.data(), out.data()}}, *s_.backend_);
+    std::vector<char> out;
+    absl::StatusOr<BatchResult> result;
+    if (context_->IsCancelled()) {
+      // The client is gone (cancelled, or its deadline passed): do not compute for nobody.
+      result = absl::CancelledError("the client cancelled the stream or its deadline passed");
+    } else {
+      out.resize(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
+      result = RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.data.data(), out.data()}}, *s_.backend_);
+    }
     absl::Status status = result.ok() ? result->matrices[0] : result.status();
     if (result.ok()) {
       s_.metrics_->StageTime(Stage::kCompute, result->compute_time);
