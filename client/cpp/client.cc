@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/chunking.h"
-#include "client/cpp/grpc_status.h"
+#include "proto/convert/grpc_status.h"
 #include "client/cpp/health.h"
 #include "client/cpp/step_protocol.h"
 #include "common/status.h"

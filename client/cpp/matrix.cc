@@ -2,7 +2,7 @@
 #include "client/cpp/matrix.h"
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/grpc_status.h"
+#include "proto/convert/grpc_status.h"
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
 

@@ -1,6 +1,6 @@
-// The one place where absl::Status and grpc::Status convert into each other. The canonical
-// codes are numerically equal (checked below), so the code passes through unchanged and the
-// message is kept. Header-only; include it only from code that links gRPC.
+// The one place where grpc::Status and absl::Status meet, for the server and the client. The
+// canonical codes are numerically equal (google.rpc.Code), which grpc_status.cc checks at
+// compile time.
 #pragma once
 
 #include <string>
@@ -10,25 +10,13 @@
 
 namespace orthoserve {
 
-static_assert(static_cast<int>(absl::StatusCode::kCancelled) == static_cast<int>(grpc::StatusCode::CANCELLED));
-static_assert(static_cast<int>(absl::StatusCode::kInvalidArgument) ==
-              static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
-static_assert(static_cast<int>(absl::StatusCode::kResourceExhausted) ==
-              static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
-static_assert(static_cast<int>(absl::StatusCode::kAborted) == static_cast<int>(grpc::StatusCode::ABORTED));
-static_assert(static_cast<int>(absl::StatusCode::kUnavailable) == static_cast<int>(grpc::StatusCode::UNAVAILABLE));
-static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
-              static_cast<int>(grpc::StatusCode::UNAUTHENTICATED));
+// Same code and message; OK maps to OK.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+grpc::Status ToGrpcStatus(const absl::Status& status);
 
-inline grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-inline absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
+// A google.rpc.Code number from the wire (MatrixResult.code) as an absl::Status; numbers outside
+// 0..16 become UNKNOWN with the number kept in the message.
+absl::Status StatusFromCode(int code, const std::string& message);
 
 // "OK", "INVALID_ARGUMENT", ... as used in metric labels.
 inline std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }

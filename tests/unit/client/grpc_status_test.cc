@@ -1,5 +1,5 @@
-// grpc::Status <-> absl::Status mapping of client/cpp/grpc_status.h.
-#include "client/cpp/grpc_status.h"
+// grpc::Status <-> absl::Status mapping of proto/convert/grpc_status.h.
+#include "proto/convert/grpc_status.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

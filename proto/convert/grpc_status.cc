@@ -1,11 +1,11 @@
-// Implementation of client/cpp/grpc_status.h.
-#include "client/cpp/grpc_status.h"
+// Implementation of proto/convert/grpc_status.h.
+#include "proto/convert/grpc_status.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace orthoserve::client {
+namespace orthoserve {
 namespace {
 
 #define ORTHOSERVE_SAME_CODE(grpc_code, absl_code)                                                              \
@@ -52,4 +52,4 @@ absl::Status StatusFromCode(int code, const std::string& message) {
   return absl::Status(static_cast<absl::StatusCode>(code), message);
 }
 
-}  // namespace orthoserve::client
+}  // namespace orthoserve
