@@ -85,14 +85,17 @@ absl::Status CpuBackend::RunOne(const NsTask& task) {
   const NsKernelArgs& args = *task.args;
   const int64_t rows = task.shape.rows;
   const int64_t cols = task.shape.cols;
-  const int64_t gram = args.transpose ? cols : rows;
+  // With no steps the result is elementwise (normalize, round, scale), so the orientation does not
+  // matter and the two transposes are skipped.
+  const bool transpose = args.transpose && !args.schedule.empty();
+  const int64_t gram = transpose ? cols : rows;
 
   std::vector<WorkingShard> shards(1);
-  RETURN_IF_ERROR(Allocate(shards[0], gram, args.transpose ? rows : cols));
+  RETURN_IF_ERROR(Allocate(shards[0], gram, transpose ? rows : cols));
   WorkingShard& s = shards[0];
-  LoadWorking(task.in_dtype, task.in, rows, cols, args.transpose, s.y.data(), s.x.data());
+  LoadWorking(task.in_dtype, task.in, rows, cols, transpose, s.y.data(), s.x.data());
   RETURN_IF_ERROR(RunNsLoop(*pool_, args, gram, shards, nullptr));
-  StoreWorking(s.x.data(), rows, cols, args.transpose, args.scale, s.y.data(), task.out_dtype, task.out);
+  StoreWorking(s.x.data(), rows, cols, transpose, args.scale, s.y.data(), task.out_dtype, task.out);
   return absl::OkStatus();
 }
 
