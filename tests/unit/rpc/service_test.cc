@@ -2,6 +2,7 @@
 // client against the engine's own answer, and every kind of bad input with its code.
 #include <fstream>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -334,6 +335,54 @@ TEST_F(ServiceTest, ConcurrentClientsAllGetTheirOwnResults) {
   }
   for (std::thread& t : clients) t.join();
   EXPECT_EQ(ok.load(), 6);
+}
+
+}  // namespace
+}  // namespace orthoserve::testing
+
+namespace orthoserve::testing {
+namespace {
+
+// A bounded load test on loopback (DESIGN §8): 8 clients × 20 steps of mixed shapes and dtypes
+// at once, every response checked against the engine; limited in count and by a deadline.
+TEST(ServiceLoadTest, EveryResponseUnderConcurrentLoadIsCorrect) {
+  ServerOptions options = TestServerOptions();
+  options.service.chunk_bytes = 8192;
+  auto server = Server::Create(options);
+  ASSERT_OK(server);
+  auto stub = StubFor(**server);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  std::atomic<int> checked{0};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(100 + c);
+      for (int step = 0; step < 20 && absl::Now() < deadline; ++step) {
+        NsOptions ns;
+        ns.precision = rng() % 2 ? Precision::kHighest : Precision::kMedium;
+        const DType dtype = static_cast<DType>(rng() % 3);
+        const int n = 1 + static_cast<int>(rng() % 3);
+        std::vector<v1::StreamRequest> messages = {HeaderMessage(n)};
+        std::vector<std::pair<Matrix2d, std::string>> inputs;
+        for (int i = 0; i < n; ++i) {
+          Matrix2d m{1 + static_cast<int64_t>(rng() % 48), 1 + static_cast<int64_t>(rng() % 48)};
+          inputs.emplace_back(m, Bytes(RandomMatrix(m.rows, m.cols, rng()), dtype));
+          AppendMatrix(messages, i, Spec("m", {m.rows, m.cols}, dtype, ns), inputs.back().second, 1000);
+        }
+        messages.push_back(EndMessage());
+        StreamOutcome out = RunStream(*stub, messages);
+        for (int i = 0; i < n; ++i) {
+          const bool ok = out.status.ok() && out.results[i].code() == 0 &&
+                          out.data[i] == Reference(inputs[i].second, inputs[i].first, dtype, dtype, ns);
+          (ok ? checked : wrong)++;
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(checked.load(), 100);
 }
 
 }  // namespace
