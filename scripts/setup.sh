@@ -18,7 +18,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libopenblas-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus yamllint
+  prometheus yamllint openssl
   python3 python3-venv python3-dev python3-numpy
 )
 
