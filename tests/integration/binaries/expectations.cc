@@ -29,20 +29,6 @@ Backend& OneThreadCpuBackend() {
   return *backend;
 }
 
-// The reference's arguments for a rows × cols matrix (the reference's own tables and scales).
-RefArgs RefArgsFor(const NsOptions& o, int64_t rows, int64_t cols) {
-  RefArgs args;
-  std::vector<RefTriple> custom;
-  for (const CoefficientTriple& t : o.custom_coefficients) custom.push_back({t.a, t.b, t.c});
-  args.schedule = RefSchedule(o.coefficients, o.steps, custom);
-  args.medium = o.precision == Precision::kMedium;
-  args.eps = o.eps;
-  args.eps_add = o.eps_mode == EpsMode::kAdd;
-  args.transpose = o.transpose == TransposeMode::kOn || (o.transpose == TransposeMode::kAuto && rows > cols);
-  args.scale = RefScale(rows, cols, o.scale_mode, o.extra_scale);
-  return args;
-}
-
 Matrix2d ViewOf(const std::vector<int64_t>& shape) {
   Matrix2d m{shape.empty() ? 0 : shape[0], 1};
   for (size_t i = 1; i < shape.size(); ++i) m.cols *= shape[i];

@@ -34,9 +34,6 @@ struct NsRun {
 NsRun RunNs(Backend& backend, const std::vector<double>& g, int64_t rows, int64_t cols, const NsOptions& options,
             DType in_dtype = DType::kF32, DType out_dtype = DType::kF32);
 
-// Reference arguments for `options` on a rows × cols matrix (the test's own tables).
-RefArgs RefArgsFor(const NsOptions& options, int64_t rows, int64_t cols);
-
 // The reference for `options` on g (as seen in `in_dtype`).
 std::vector<double> Reference(const std::vector<double>& g, int64_t rows, int64_t cols, const NsOptions& options,
                               DType in_dtype = DType::kF32);

@@ -184,4 +184,17 @@ std::vector<double> TransposeOf(const std::vector<double>& m, int64_t rows, int6
   return t;
 }
 
+RefArgs RefArgsFor(const NsOptions& o, int64_t rows, int64_t cols) {
+  RefArgs args;
+  std::vector<RefTriple> custom;
+  for (const CoefficientTriple& t : o.custom_coefficients) custom.push_back({t.a, t.b, t.c});
+  args.schedule = RefSchedule(o.coefficients, o.steps, custom);
+  args.medium = o.precision == Precision::kMedium;
+  args.eps = o.eps;
+  args.eps_add = o.eps_mode == EpsMode::kAdd;
+  args.transpose = o.transpose == TransposeMode::kOn || (o.transpose == TransposeMode::kAuto && rows > cols);
+  args.scale = RefScale(rows, cols, o.scale_mode, o.extra_scale);
+  return args;
+}
+
 }  // namespace orthoserve::testing

@@ -31,6 +31,10 @@ struct RefArgs {
   double scale = 1.0;
 };
 
+// The reference's arguments for `options` on a rows × cols matrix, from the reference's own
+// tables and scales (shared by the engine tests and the binaries' integration test).
+RefArgs RefArgsFor(const NsOptions& options, int64_t rows, int64_t cols);
+
 // scale · NS(g) for a row-major rows × cols matrix `g` (the input values as the backend sees
 // them, already widened from the input dtype). Medium: x = bf16(fp32(g) / fp32(divisor));
 // A = bf16(X·Xᵀ); B = bf16(b·A + c·A·A); X = bf16(a·X + B·X) (c = 0: bf16(a·X + b·A·X)), the
