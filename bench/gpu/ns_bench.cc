@@ -1,14 +1,19 @@
 // GPU Newton–Schulz benchmark: for each shape and precision, the device-side NS loop of the CUDA
-// backend (normalize + steps on a resident matrix, timed with CUDA events) and the end-to-end
-// CudaBackend::Run of a host matrix (upload, NS, download; wall clock). Medians of --iters runs
-// after --warmup. Prints one CSV line per case:
-//   shape,precision,device_ms,device_tflops,e2e_ms
+// backend (normalize + steps on a resident matrix, timed with CUDA events) with its symmetric
+// strip products and, beside it, with every product a full GEMM; then the end-to-end
+// CudaBackend::Run of a host matrix (upload, NS, download; wall clock), without and with CUDA
+// graphs. Medians of --iters runs after --warmup. Prints one CSV line per case:
+//   shape,precision,device_ms,device_tflops,device_full_gemm_ms,e2e_ms,e2e_graphs_ms
+// With --group=N it then times N same-shape matrices (each shape, MEDIUM) as one Run call (one
+// strided batch) against N calls of one, and prints
+//   group,shape,count,one_call_ms,separate_calls_ms
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/ns_options.h"
+#include "server/engine/cuda/context.h"
 #include "server/engine/cuda/cuda_backend.h"
 #include "server/engine/cuda/kernels.h"
 #include "server/engine/cuda/ns_steps.h"
@@ -45,6 +51,7 @@ struct Flags {
   int warmup = 2;
   int steps = 5;
   bool e2e = true;
+  int group = 0;
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -71,12 +78,14 @@ Flags ParseFlags(int argc, char** argv) {
       BENCH_CHECK(absl::SimpleAtoi(value("warmup"), &f.warmup) && f.warmup >= 0);
     } else if (!value("steps").empty()) {
       BENCH_CHECK(absl::SimpleAtoi(value("steps"), &f.steps) && f.steps >= 0);
+    } else if (!value("group").empty()) {
+      BENCH_CHECK(absl::SimpleAtoi(value("group"), &f.group) && f.group > 0);
     } else if (arg == "--no-e2e") {
       f.e2e = false;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shapes=RxC,...] [--precisions=medium,highest,high] [--iters=N] [--warmup=N] "
-                   "[--steps=N] [--no-e2e]\n",
+                   "[--steps=N] [--no-e2e] [--group=N]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -84,8 +93,9 @@ Flags ParseFlags(int argc, char** argv) {
   return f;
 }
 
-// Device-only: normalize a resident fp32 matrix and run the steps, as the backend does.
-double DeviceMs(int64_t rows, int64_t cols, const NsOptions& options, const Flags& flags) {
+// Device-only: normalize a resident fp32 matrix and run the steps, as the backend does, with the
+// strip products from `symmetric_min_size` on (a huge value makes every product a full GEMM).
+double DeviceMs(int64_t rows, int64_t cols, const NsOptions& options, const Flags& flags, int64_t symmetric_min_size) {
   const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
   const cuda::GemmPrecision prec = cuda::ForPrecision(options.precision);
   const bool is_x = args.transpose;
@@ -94,29 +104,29 @@ double DeviceMs(int64_t rows, int64_t cols, const NsOptions& options, const Flag
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& v : host) v = normal(rng);
+  const int64_t scratch_doubles = cuda::SumSquaresScratch(numel, 1) + 1;
   void *g = nullptr, *x0 = nullptr, *x1 = nullptr, *a = nullptr, *b = nullptr, *scratch = nullptr;
   BENCH_CHECK(cudaMalloc(&g, numel * sizeof(float)) == cudaSuccess);
   BENCH_CHECK(cudaMalloc(&x0, numel * prec.element_size()) == cudaSuccess);
   BENCH_CHECK(cudaMalloc(&x1, numel * prec.element_size()) == cudaSuccess);
   BENCH_CHECK(cudaMalloc(&a, m * m * prec.element_size()) == cudaSuccess);
   BENCH_CHECK(cudaMalloc(&b, m * m * prec.element_size()) == cudaSuccess);
-  BENCH_CHECK(cudaMalloc(&scratch, (cuda::kSumSquaresScratch + 1) * sizeof(double)) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&scratch, scratch_doubles * sizeof(double)) == cudaSuccess);
   BENCH_CHECK(cudaMemcpy(g, host.data(), numel * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-  cudaStream_t stream = nullptr;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-  cublasHandle_t blas = nullptr;
-  BENCH_CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
-  BENCH_CHECK(cublasSetStream(blas, stream) == CUBLAS_STATUS_SUCCESS);
+  auto ctx = cuda::Context::Create();
+  BENCH_CHECK(ctx.ok());
+  const cuda::BlasDevice dev = (*ctx)->Blas(prec, symmetric_min_size);
+  cudaStream_t stream = dev.main.stream;
   cudaEvent_t start, stop;
   BENCH_CHECK(cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess);
   double* sums = static_cast<double*>(scratch);
-  const cuda::NsDevice dev{blas, stream, prec};
+  double* sumsq = sums + scratch_doubles - 1;
   std::vector<double> ms;
   for (int it = 0; it < flags.warmup + flags.iters; ++it) {
     BENCH_CHECK(cudaEventRecord(start, stream) == cudaSuccess);
-    BENCH_CHECK(cuda::SumSquares(DType::kF32, g, numel, sums, sums + cuda::kSumSquaresScratch, stream) == cudaSuccess);
-    BENCH_CHECK(cuda::Normalize(DType::kF32, g, numel, sums + cuda::kSumSquaresScratch, static_cast<float>(args.eps),
-                                false, prec.dtype, x0, stream) == cudaSuccess);
+    BENCH_CHECK(cuda::SumSquares(DType::kF32, g, numel, 1, sums, sumsq, stream) == cudaSuccess);
+    BENCH_CHECK(cuda::Normalize(DType::kF32, g, numel, 1, sumsq, static_cast<float>(args.eps), false, prec.dtype, x0,
+                                stream) == cudaSuccess);
     BENCH_CHECK(cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{x0, is_x, m, n}, x1, a, b).ok());
     BENCH_CHECK(cudaEventRecord(stop, stream) == cudaSuccess);
     BENCH_CHECK(cudaEventSynchronize(stop) == cudaSuccess);
@@ -126,29 +136,43 @@ double DeviceMs(int64_t rows, int64_t cols, const NsOptions& options, const Flag
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cublasDestroy(blas);
-  cudaStreamDestroy(stream);
+  ctx->reset();
   for (void* p : {g, x0, x1, a, b, scratch}) cudaFree(p);
   return Median(ms);
 }
 
-// End to end through the backend: host fp32 in, host fp32 out.
-double EndToEndMs(CudaBackend& backend, int64_t rows, int64_t cols, const NsOptions& options, const Flags& flags) {
-  std::vector<float> in(static_cast<size_t>(rows * cols)), out(in.size());
+// End to end through the backend: `count` host fp32 matrices in, host fp32 out, either in one
+// Run call or in `count` calls of one.
+double EndToEndMs(CudaBackend& backend, int64_t rows, int64_t cols, const NsOptions& options, const Flags& flags,
+                  int count = 1, bool one_call = true) {
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : in) v = normal(rng);
+  std::vector<std::vector<float>> in(count), out(count);
   const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
-  const NsTask task{Matrix2d{rows, cols}, DType::kF32, in.data(), DType::kF32, out.data(), &args};
+  std::vector<NsTask> tasks;
+  for (int j = 0; j < count; ++j) {
+    in[j].resize(static_cast<size_t>(rows * cols));
+    out[j].resize(in[j].size());
+    for (float& v : in[j]) v = normal(rng);
+    tasks.push_back(NsTask{Matrix2d{rows, cols}, DType::kF32, in[j].data(), DType::kF32, out[j].data(), &args});
+  }
+  auto check = [](const std::vector<absl::Status>& statuses) {
+    for (const absl::Status& s : statuses) {
+      if (!s.ok()) {
+        std::fprintf(stderr, "ns_bench: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+    }
+  };
   std::vector<double> ms;
   for (int it = 0; it < flags.warmup + flags.iters; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<absl::Status> s = backend.Run(absl::MakeConstSpan(&task, 1));
-    const auto t1 = std::chrono::steady_clock::now();
-    if (!s[0].ok()) {
-      std::fprintf(stderr, "ns_bench: %s\n", s[0].ToString().c_str());
-      std::exit(1);
+    if (one_call) {
+      check(backend.Run(tasks));
+    } else {
+      for (const NsTask& t : tasks) check(backend.Run(absl::MakeConstSpan(&t, 1)));
     }
+    const auto t1 = std::chrono::steady_clock::now();
     if (it >= flags.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   return Median(ms);
@@ -157,22 +181,39 @@ double EndToEndMs(CudaBackend& backend, int64_t rows, int64_t cols, const NsOpti
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   auto backend = CudaBackend::Create(CudaBackend::Options{});
-  if (!backend.ok()) {
-    std::fprintf(stderr, "ns_bench: %s\n", backend.status().ToString().c_str());
+  CudaBackend::Options with_graphs;
+  with_graphs.cuda_graphs = true;
+  auto graphed = CudaBackend::Create(with_graphs);
+  if (!backend.ok() || !graphed.ok()) {
+    std::fprintf(stderr, "ns_bench: %s\n",
+                 (backend.ok() ? graphed.status() : backend.status()).ToString().c_str());
     return 1;
   }
   std::fprintf(stderr, "ns_bench on %s\n", (*backend)->Info().device.c_str());
-  std::printf("shape,precision,device_ms,device_tflops,e2e_ms\n");
+  std::printf("shape,precision,device_ms,device_tflops,device_full_gemm_ms,e2e_ms,e2e_graphs_ms\n");
   for (const auto& [rows, cols] : flags.shapes) {
     for (const std::string& p : flags.precisions) {
       NsOptions options;
       options.steps = flags.steps;
       BENCH_CHECK(ParsePrecision(p, &options.precision).ok());
-      const double dev_ms = DeviceMs(rows, cols, options, flags);
+      const double dev_ms = DeviceMs(rows, cols, options, flags, CudaBackend::Options{}.symmetric_min_size);
       const double tflops = NsFlops(rows, cols, options) / (dev_ms * 1e-3) / 1e12;
+      const double full_ms = DeviceMs(rows, cols, options, flags, std::numeric_limits<int64_t>::max());
       const double e2e_ms = flags.e2e ? EndToEndMs(**backend, rows, cols, options, flags) : -1;
-      std::printf("%lldx%lld,%s,%.3f,%.1f,%.3f\n", static_cast<long long>(rows), static_cast<long long>(cols),
-                  p.c_str(), dev_ms, tflops, e2e_ms);
+      const double graph_ms = flags.e2e ? EndToEndMs(**graphed, rows, cols, options, flags) : -1;
+      std::printf("%lldx%lld,%s,%.3f,%.1f,%.3f,%.3f,%.3f\n", static_cast<long long>(rows),
+                  static_cast<long long>(cols), p.c_str(), dev_ms, tflops, full_ms, e2e_ms, graph_ms);
+      std::fflush(stdout);
+    }
+  }
+  if (flags.group > 0) {
+    NsOptions options;
+    options.steps = flags.steps;
+    for (const auto& [rows, cols] : flags.shapes) {
+      const double together = EndToEndMs(**backend, rows, cols, options, flags, flags.group, true);
+      const double apart = EndToEndMs(**backend, rows, cols, options, flags, flags.group, false);
+      std::printf("group,%lldx%lld,%d,%.3f,%.3f\n", static_cast<long long>(rows), static_cast<long long>(cols),
+                  flags.group, together, apart);
       std::fflush(stdout);
     }
   }

@@ -69,6 +69,11 @@ if ! timeout 200 "$BUILD/bench/gpu/orthoserve_gpu_ns_bench" --shapes=$SHAPES --p
     --iters="$ITERS" >"$WORK/ours.csv" 2>"$WORK/ours.err"; then
   NOTES+=("C++ bench failed or timed out: $(tail -1 "$WORK/ours.err")")
 fi
+# Many small matrices: 32 same-shape tasks in one Run call (one strided batch) vs 32 calls.
+if ! timeout 60 "$BUILD/bench/gpu/orthoserve_gpu_ns_bench" --shapes=256x256,1024x1024 --precisions=medium \
+    --iters="$ITERS" --group=32 --no-e2e 2>>"$WORK/ours.err" | grep '^group,' >"$WORK/group.csv"; then
+  NOTES+=("grouped bench failed or timed out: $(tail -1 "$WORK/ours.err")")
+fi
 
 log "torch bench"
 "$PYTHON" "$ROOT/bench/gpu/torch_ns.py" --shapes=$SHAPES --precisions=medium,highest --iters="$ITERS" \
@@ -121,20 +126,31 @@ log "report"
   echo "- GPU: $GPU_NAME"
   echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown); $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "- Loop: quintic, 5 steps, median of $ITERS after 2 warmup. 'ours device' = normalize + steps on a"
-  echo "  resident matrix (CUDA events); 'ours e2e' = CudaBackend::Run from host fp32 to host fp32 (wall"
-  echo "  clock, includes both copies); 'torch' = the same loop in PyTorch (bf16 for MEDIUM, fp32 without"
-  echo "  TF32 for HIGHEST). TFLOP/s count every product whole (NsFlops)."
+  echo "  resident matrix (CUDA events), symmetric products in strips; 'full GEMM' = the same with every"
+  echo "  product a full GEMM; 'ours e2e' = CudaBackend::Run from host fp32 to host fp32 (wall clock,"
+  echo "  includes both copies), without / with CUDA graphs; 'torch' = the same loop in PyTorch (bf16 for"
+  echo "  MEDIUM, fp32 without TF32 for HIGHEST). TFLOP/s count every product whole (NsFlops)."
   echo "- GPU tests (ctest -L gpu): $TESTS"
   echo
-  echo "| shape | precision | ours device ms | ours TFLOP/s | ours e2e ms | torch ms | torch TFLOP/s | torch / ours |"
-  echo "|---|---|---:|---:|---:|---:|---:|---:|"
-  tail -n +2 "$WORK/ours.csv" 2>/dev/null | while IFS=, read -r shape prec dms dtf ems; do
+  echo "| shape | precision | ours device ms | ours TFLOP/s | full GEMM ms | ours e2e ms | e2e graphs ms | torch ms | torch TFLOP/s | torch / ours |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  tail -n +2 "$WORK/ours.csv" 2>/dev/null | while IFS=, read -r shape prec dms dtf fms ems gms; do
     t=$(grep "^$shape,$prec," "$WORK/torch.csv" 2>/dev/null | head -1)
     tms=$(echo "$t" | cut -d, -f3)
     ttf=$(echo "$t" | cut -d, -f4)
     ratio=$( [[ -n "$tms" ]] && awk -v a="$tms" -v b="$dms" 'BEGIN { printf "%.2fx", a / b }' || echo "-")
-    echo "| $shape | $prec | $dms | $dtf | $ems | ${tms:--} | ${ttf:--} | $ratio |"
+    echo "| $shape | $prec | $dms | $dtf | $fms | $ems | $gms | ${tms:--} | ${ttf:--} | $ratio |"
   done
+  if [[ -s "$WORK/group.csv" ]]; then
+    echo
+    echo "Same-shape matrices, MEDIUM, end to end (CudaBackend::Run, host fp32 in and out):"
+    echo
+    echo "| shape | matrices | one Run call (strided batch) ms | one call each ms | speedup |"
+    echo "|---|---:|---:|---:|---:|"
+    while IFS=, read -r _ shape count one sep; do
+      echo "| $shape | $count | $one | $sep | $(awk -v a="$sep" -v b="$one" 'BEGIN { printf "%.2fx", a / b }') |"
+    done <"$WORK/group.csv"
+  fi
   if [[ -n "$E2E" ]]; then
     echo
     echo "End-to-end through orthoserve --backend=cuda on loopback (orthoctl bench, 1 fp32 matrix per step):"

@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu (OpenBLAS) or cuda (one GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend cuda.");
 ABSL_FLAG(int64_t, device_memory_budget, 0, "Bytes of GPU memory the cuda backend may hold; 0 = 90% of free memory.");
+ABSL_FLAG(bool, cuda_graphs, false,
+          "--backend cuda: replay each Newton-Schulz step loop as a CUDA graph (captured once per shape and buffers; "
+          "same results, fewer launches).");
 ABSL_FLAG(int, workers, 2, "Concurrent compute jobs for lone clients (matrices computed at once).");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per product (cpu backend).");
 ABSL_FLAG(std::string, rank, "0",
@@ -58,7 +61,7 @@ namespace orthoserve {
 namespace {
 
 const char* const kFlagNames[] = {
-    "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "workers",
+    "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "workers",
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
@@ -112,6 +115,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.backend.kind = absl::GetFlag(FLAGS_backend);
   o.backend.device = absl::GetFlag(FLAGS_device);
   o.backend.device_memory_budget = absl::GetFlag(FLAGS_device_memory_budget);
+  o.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.backend.cpu_threads = absl::GetFlag(FLAGS_blas_threads);
   o.workers = absl::GetFlag(FLAGS_workers);
   ASSIGN_OR_RETURN(o.rank, ResolveRank(absl::GetFlag(FLAGS_rank)));

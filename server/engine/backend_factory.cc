@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     CudaBackend::Options cuda;
     cuda.device = options.device;
     cuda.memory_budget_bytes = options.device_memory_budget;
+    cuda.cuda_graphs = options.cuda_graphs;
     auto backend = CudaBackend::Create(cuda);
     if (!backend.ok()) return backend.status();
     return std::unique_ptr<Backend>(std::move(*backend));

@@ -14,6 +14,7 @@ struct BackendOptions {
   int cpu_threads = 1;                 // BLAS threads per matrix (cpu).
   int device = 0;                      // GPU ordinal (cuda).
   int64_t device_memory_budget = 0;    // Bytes of device memory the pools may hold; 0 = 90% of free (cuda).
+  bool cuda_graphs = false;            // Replay each NS step loop as a CUDA graph (cuda).
 };
 
 // INVALID_ARGUMENT for an unknown kind or bad option; FAILED_PRECONDITION for "cuda" in a build

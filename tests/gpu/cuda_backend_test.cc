@@ -59,6 +59,10 @@ TEST(CudaBackendTest, CreateRejectsBadOptions) {
   bad_budget.memory_budget_bytes = -1;
   EXPECT_THAT(CudaBackend::Create(bad_budget),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("memory_budget_bytes")));
+  CudaBackend::Options bad_strips;
+  bad_strips.symmetric_min_size = 0;
+  EXPECT_THAT(CudaBackend::Create(bad_strips),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("symmetric_min_size")));
 }
 
 TEST(CudaBackendTest, InfoNamesTheDevice) {
@@ -343,7 +347,8 @@ TEST(CudaBackendTest, FailedKernelLaunchBecomesStatusAndNextTaskRuns) {
   auto created = CudaBackend::Create(CudaBackend::Options{});
   ASSERT_OK(created);
   CudaBackend& backend = **created;
-  OwnedTask first(64, 64, Precision::kMedium, DType::kF32, DType::kF32, 21);
+  // Different shapes: two groups, the first of which fails.
+  OwnedTask first(64, 80, Precision::kMedium, DType::kF32, DType::kF32, 21);
   OwnedTask second(64, 64, Precision::kMedium, DType::kF32, DType::kF32, 22);
   backend.InjectLaunchFailuresForTest(1);
   const auto statuses = backend.Run({first.task, second.task});
@@ -352,6 +357,87 @@ TEST(CudaBackendTest, FailedKernelLaunchBecomesStatusAndNextTaskRuns) {
   OwnedTask expected(64, 64, Precision::kMedium, DType::kF32, DType::kF32, 22);
   ASSERT_OK(RunAlone(backend, expected.task));
   EXPECT_EQ(second.out, expected.out);
+}
+
+TEST(CudaBackendTest, FailedLaunchInAGroupFailsEachOfItsTasks) {
+  SKIP_WITHOUT_GPU();
+  auto created = CudaBackend::Create(CudaBackend::Options{});
+  ASSERT_OK(created);
+  CudaBackend& backend = **created;
+  OwnedTask a(64, 64, Precision::kMedium, DType::kF32, DType::kF32, 31);
+  OwnedTask b(64, 64, Precision::kMedium, DType::kF32, DType::kF32, 32);
+  OwnedTask other(48, 64, Precision::kMedium, DType::kF32, DType::kF32, 33);
+  backend.InjectLaunchFailuresForTest(1);
+  const auto statuses = backend.Run({a.task, other.task, b.task});
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInternal, HasSubstr("cudaErrorInvalidConfiguration")));
+  EXPECT_THAT(statuses[2], StatusIs(absl::StatusCode::kInternal, HasSubstr("cudaErrorInvalidConfiguration")));
+  EXPECT_OK(statuses[1]);
+}
+
+// Same-shape tasks run as one strided batch; each result has the bits of the task run alone.
+TEST(CudaBackendTest, GroupedSameShapeTasksEqualTasksRunAlone) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [rows, cols, precision, count] :
+       {std::make_tuple(int64_t{96}, int64_t{160}, Precision::kMedium, 12),
+        std::make_tuple(int64_t{1100}, int64_t{1030}, Precision::kMedium, 3),
+        std::make_tuple(int64_t{1030}, int64_t{1100}, Precision::kHighest, 2),
+        std::make_tuple(int64_t{200}, int64_t{72}, Precision::kHigh, 5)}) {
+    std::vector<std::unique_ptr<OwnedTask>> group;
+    std::vector<NsTask> batch;
+    for (int j = 0; j < count; ++j) {
+      group.push_back(std::make_unique<OwnedTask>(rows, cols, precision, DType::kF32, DType::kF32, 40 + j));
+      batch.push_back(group.back()->task);
+    }
+    const std::vector<absl::Status> statuses = SharedBackend().Run(batch);
+    for (int j = 0; j < count; ++j) {
+      ASSERT_OK(statuses[j]);
+      OwnedTask alone(rows, cols, precision, DType::kF32, DType::kF32, 40 + j);
+      ASSERT_OK(RunAlone(SharedBackend(), alone.task));
+      EXPECT_EQ(group[j]->out, alone.out) << rows << "x" << cols << " task " << j << " of " << count;
+    }
+  }
+}
+
+// Graph replay: the first call captures, the next ones replay; every result has the bits of the
+// backend without graphs.
+TEST(CudaBackendTest, CudaGraphsGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  CudaBackend::Options options;
+  options.cuda_graphs = true;
+  auto created = CudaBackend::Create(options);
+  ASSERT_OK(created);
+  CudaBackend& graphed = **created;
+  auto expected = MixedTasks();
+  for (auto& t : expected) ASSERT_OK(RunAlone(SharedBackend(), t->task));
+  int64_t captures_after_first = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto tasks = MixedTasks();
+    std::vector<NsTask> batch;
+    for (auto& t : tasks) batch.push_back(t->task);
+    for (const absl::Status& s : graphed.Run(batch)) ASSERT_OK(s);
+    for (size_t i = 0; i < tasks.size(); ++i) EXPECT_EQ(tasks[i]->out, expected[i]->out) << "round " << round << " task " << i;
+    if (round == 0) captures_after_first = graphed.GraphCaptures();
+  }
+  EXPECT_GT(captures_after_first, 0);
+  EXPECT_EQ(SharedBackend().GraphCaptures(), 0);
+}
+
+// The strip products and a full GEMM compute the same function (up to rounding).
+TEST(CudaBackendTest, StripProductsAgreeWithFullGemms) {
+  SKIP_WITHOUT_GPU();
+  CudaBackend::Options options;
+  options.symmetric_min_size = int64_t{1} << 40;
+  auto created = CudaBackend::Create(options);
+  ASSERT_OK(created);
+  for (Precision precision : {Precision::kHighest, Precision::kMedium}) {
+    OwnedTask strips(1100, 1536, precision, DType::kF32, DType::kF32, 51);
+    OwnedTask full(1100, 1536, precision, DType::kF32, DType::kF32, 51);
+    ASSERT_OK(RunAlone(SharedBackend(), strips.task));
+    ASSERT_OK(RunAlone(**created, full.task));
+    const std::vector<double> a = gpu_testing::Unpack(strips.out, DType::kF32);
+    const std::vector<double> b = gpu_testing::Unpack(full.out, DType::kF32);
+    EXPECT_LT(RelativeError(a, b), precision == Precision::kHighest ? 1e-5 : 2e-2);
+  }
 }
 
 }  // namespace

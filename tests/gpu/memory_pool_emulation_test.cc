@@ -1,7 +1,7 @@
 // MemoryPool (server/engine/cuda/memory_pool.cc) on the CPU: linked against a host emulation of
 // cudaMalloc / cudaFree / cudaHostAlloc / cudaFreeHost that counts calls and can refuse
 // allocations, so the budget, reuse, eviction and out-of-memory paths are checked without a GPU.
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -42,8 +42,8 @@ const char* cudaGetErrorName(cudaError_t e) {
 }
 const char* cudaGetErrorString(cudaError_t) { return "emulated"; }
 // cuda_status.cc also refers to these; the pool never calls them.
-const char* cublasGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMULATED"; }
-const char* cublasGetStatusString(cublasStatus_t) { return "emulated"; }
+const char* cublasLtGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMULATED"; }
+const char* cublasLtGetStatusString(cublasStatus_t) { return "emulated"; }
 }
 
 namespace orthoserve::cuda {

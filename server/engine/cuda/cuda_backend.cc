@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
@@ -19,12 +21,14 @@ namespace orthoserve {
 
 using cuda::CudaCall;
 
-CudaBackend::Impl::Impl(int device_in, std::string name, int64_t budget_in, int64_t pinned_cache)
+CudaBackend::Impl::Impl(int device_in, std::string name, int64_t budget_in, const CudaBackend::Options& options)
     : device(device_in),
       device_name(std::move(name)),
       budget(budget_in),
+      cuda_graphs(options.cuda_graphs),
+      symmetric_min_size(options.symmetric_min_size),
       device_pool(cuda::MemoryPool::Options{cuda::MemoryPool::Kind::kDevice, budget_in, 0}),
-      pinned_pool(cuda::MemoryPool::Options{cuda::MemoryPool::Kind::kPinnedHost, 0, pinned_cache}) {}
+      pinned_pool(cuda::MemoryPool::Options{cuda::MemoryPool::Kind::kPinnedHost, 0, options.pinned_cache_bytes}) {}
 
 absl::StatusOr<std::unique_ptr<CudaBackend::Impl::Lease>> CudaBackend::Impl::Take() {
   RETURN_IF_ERROR(CudaCall(cudaSetDevice(device), "cudaSetDevice"));
@@ -67,79 +71,180 @@ absl::Status CheckTask(const NsTask& task) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, size_t index, const NsTask& task) {
-  const NsKernelArgs& args = *task.args;
-  const cuda::GemmPrecision prec = cuda::ForPrecision(args.precision);
-  const int64_t rows = task.shape.rows, cols = task.shape.cols, numel = rows * cols;
-  const bool is_x = args.transpose;  // The row-major buffer read column-major is Gᵀ: X itself when transposing.
-  const int64_t m = is_x ? cols : rows;
-  const int64_t n = is_x ? rows : cols;
-  const size_t in_bytes = static_cast<size_t>(numel) * ElementSize(task.in_dtype);
-  const size_t out_bytes = static_cast<size_t>(numel) * ElementSize(task.out_dtype);
-  const size_t io_bytes = std::max(in_bytes, out_bytes);
-  const size_t x_bytes = static_cast<size_t>(numel) * prec.element_size();
-  const size_t mm_bytes = static_cast<size_t>(m * m) * prec.element_size();
-  const std::string what = absl::StrCat("task ", index, " (", rows, "x", cols, ")");
+namespace {
 
+// Per-task sizes of a task's buffers.
+struct TaskSizes {
+  int64_t numel, m, n;
+  bool is_x;
+  size_t in_bytes, out_bytes, io_bytes, x_bytes, mm_bytes;
+};
+
+TaskSizes SizesOf(const NsTask& task) {
+  const cuda::GemmPrecision prec = cuda::ForPrecision(task.args->precision);
+  TaskSizes z;
+  z.numel = task.shape.rows * task.shape.cols;
+  z.is_x = task.args->transpose;  // The row-major buffer read column-major is Gᵀ: X itself when transposing.
+  z.m = z.is_x ? task.shape.cols : task.shape.rows;
+  z.n = z.is_x ? task.shape.rows : task.shape.cols;
+  z.in_bytes = static_cast<size_t>(z.numel) * ElementSize(task.in_dtype);
+  z.out_bytes = static_cast<size_t>(z.numel) * ElementSize(task.out_dtype);
+  z.io_bytes = std::max(z.in_bytes, z.out_bytes);
+  z.x_bytes = static_cast<size_t>(z.numel) * prec.element_size();
+  z.mm_bytes = static_cast<size_t>(z.m * z.m) * prec.element_size();
+  return z;
+}
+
+size_t NormsBytes(const TaskSizes& z, int64_t count) {
+  return static_cast<size_t>(cuda::SumSquaresScratch(z.numel, count) + count) * sizeof(double);
+}
+
+bool SameArgs(const NsKernelArgs& x, const NsKernelArgs& y) {
+  return &x == &y || (x.schedule == y.schedule && x.precision == y.precision && x.eps == y.eps &&
+                      x.eps_mode == y.eps_mode && x.transpose == y.transpose && x.scale == y.scale);
+}
+
+bool SameGroup(const NsTask& x, const NsTask& y) {
+  return x.shape.rows == y.shape.rows && x.shape.cols == y.shape.cols && x.in_dtype == y.in_dtype &&
+         x.out_dtype == y.out_dtype && SameArgs(*x.args, *y.args);
+}
+
+}  // namespace
+
+int64_t GroupBytes(const NsTask& task, int64_t count) {
   using Pool = cuda::MemoryPool;
-  const size_t need = Pool::RoundUp(io_bytes) + 2 * Pool::RoundUp(x_bytes) + 2 * Pool::RoundUp(mm_bytes);
-  if (budget > 0 && static_cast<int64_t>(need) > budget) {
+  const TaskSizes z = SizesOf(task);
+  const size_t c = static_cast<size_t>(count);
+  return static_cast<int64_t>(Pool::RoundUp(c * z.io_bytes) + 2 * Pool::RoundUp(c * z.x_bytes) +
+                              2 * Pool::RoundUp(c * z.mm_bytes) + Pool::RoundUp(NormsBytes(z, count)));
+}
+
+std::vector<std::vector<size_t>> GroupTasks(absl::Span<const NsTask> tasks, const std::vector<absl::Status>& statuses,
+                                            int64_t max_group_bytes) {
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (!statuses[i].ok()) continue;
+    const int64_t numel = tasks[i].shape.numel();
+    bool placed = false;
+    for (std::vector<size_t>& g : groups) {
+      const int64_t count = static_cast<int64_t>(g.size()) + 1;
+      if (SameGroup(tasks[g.front()], tasks[i]) && count <= CudaBackend::kMaxGroup &&
+          count * numel <= CudaBackend::kMaxGroupElements && GroupBytes(tasks[i], count) <= max_group_bytes) {
+        g.push_back(i);
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) groups.push_back({i});
+  }
+  return groups;
+}
+
+absl::StatusOr<void*> CudaBackend::Impl::Steps(cuda::Context& ctx, const cuda::BlasDevice& dev,
+                                               const NsKernelArgs& args, const cuda::WorkMatrix& x, void* x1, void* a,
+                                               void* b) {
+  if (!cuda_graphs || args.schedule.empty()) return cuda::RunSchedule(dev, args.schedule, x, x1, a, b);
+  // Everything the captured calls depend on: buffers, shape, batch, precision, strips, coefficients.
+  cuda::StepGraphs::Key key{reinterpret_cast<int64_t>(x.data),
+                            reinterpret_cast<int64_t>(x1),
+                            reinterpret_cast<int64_t>(a),
+                            reinterpret_cast<int64_t>(b),
+                            x.is_x,
+                            x.m,
+                            x.n,
+                            x.batch,
+                            static_cast<int64_t>(dev.precision.data_type),
+                            static_cast<int64_t>(dev.precision.compute),
+                            dev.symmetric_min_size};
+  for (const CoefficientTriple& t : args.schedule) {
+    for (double v : {t.a, t.b, t.c}) key.push_back(absl::bit_cast<int64_t>(v));
+  }
+  void* result = nullptr;
+  const int64_t before = ctx.graphs.captures();
+  RETURN_IF_ERROR(ctx.graphs.Run(key, dev.main.stream, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(result, cuda::RunSchedule(dev, args.schedule, x, x1, a, b));
+    return absl::OkStatus();
+  }));
+  graph_captures += ctx.graphs.captures() - before;
+  // A replayed graph leaves the result where the captured loop did: after an odd number of
+  // steps in x1, else in x.
+  return result != nullptr ? result : (args.schedule.size() % 2 == 1 ? x1 : x.data);
+}
+
+absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, absl::Span<const NsTask> tasks,
+                                        const std::vector<size_t>& members) {
+  const NsTask& first = tasks[members.front()];
+  const NsKernelArgs& args = *first.args;
+  const cuda::GemmPrecision prec = cuda::ForPrecision(args.precision);
+  const TaskSizes z = SizesOf(first);
+  const int64_t count = static_cast<int64_t>(members.size());
+  const size_t c = members.size();
+  const std::string what =
+      count == 1 ? absl::StrCat("task ", members.front(), " (", first.shape.rows, "x", first.shape.cols, ")")
+                 : absl::StrCat("group of ", count, " tasks (", first.shape.rows, "x", first.shape.cols, ")");
+
+  const int64_t need = GroupBytes(first, count);
+  if (budget > 0 && need > budget) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " needs ", need, " bytes of device memory, more than the backend's budget of ", budget, " bytes"));
   }
-  slot.task = &task;
-  slot.index = index;
-  ASSIGN_OR_RETURN(slot.io, device_pool.Acquire(io_bytes, what));
-  ASSIGN_OR_RETURN(slot.x0, device_pool.Acquire(x_bytes, what));
-  ASSIGN_OR_RETURN(slot.x1, device_pool.Acquire(x_bytes, what));
-  ASSIGN_OR_RETURN(slot.a, device_pool.Acquire(mm_bytes, what));
-  ASSIGN_OR_RETURN(slot.b, device_pool.Acquire(mm_bytes, what));
-  ASSIGN_OR_RETURN(slot.pinned_in, pinned_pool.Acquire(in_bytes, what));
-  ASSIGN_OR_RETURN(slot.pinned_out, pinned_pool.Acquire(out_bytes, what));
+  slot.members = members;
+  ASSIGN_OR_RETURN(slot.io, device_pool.Acquire(c * z.io_bytes, what));
+  ASSIGN_OR_RETURN(slot.x0, device_pool.Acquire(c * z.x_bytes, what));
+  ASSIGN_OR_RETURN(slot.x1, device_pool.Acquire(c * z.x_bytes, what));
+  ASSIGN_OR_RETURN(slot.a, device_pool.Acquire(c * z.mm_bytes, what));
+  ASSIGN_OR_RETURN(slot.b, device_pool.Acquire(c * z.mm_bytes, what));
+  ASSIGN_OR_RETURN(slot.norms, device_pool.Acquire(NormsBytes(z, count), what));
+  ASSIGN_OR_RETURN(slot.pinned_in, pinned_pool.Acquire(c * z.in_bytes, what));
+  ASSIGN_OR_RETURN(slot.pinned_out, pinned_pool.Acquire(c * z.out_bytes, what));
 
-  // Upload on the copy stream; the host copy into pinned memory overlaps the previous task's
+  // Upload on the copy stream; the host copies into pinned memory overlap the previous group's
   // compute, which is already enqueued.
-  std::memcpy(slot.pinned_in.data(), task.in, in_bytes);
-  RETURN_IF_ERROR(
-      CudaCall(cudaMemcpyAsync(slot.io.data(), slot.pinned_in.data(), in_bytes, cudaMemcpyHostToDevice, ctx.h2d.get()),
-               "cudaMemcpyAsync(H2D)"));
+  for (size_t j = 0; j < c; ++j) {
+    std::memcpy(slot.pinned_in.as<char>() + j * z.in_bytes, tasks[members[j]].in, z.in_bytes);
+  }
+  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(slot.io.data(), slot.pinned_in.data(), c * z.in_bytes,
+                                           cudaMemcpyHostToDevice, ctx.h2d.get()),
+                           "cudaMemcpyAsync(H2D)"));
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.uploaded.get(), ctx.h2d.get()), "cudaEventRecord"));
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.compute.get(), slot.uploaded.get(), 0), "cudaStreamWaitEvent"));
 
   cudaStream_t s = ctx.compute.get();
+  double* scratch = slot.norms.as<double>();
+  double* sums = scratch + cuda::SumSquaresScratch(z.numel, count);
   RETURN_IF_ERROR(
-      CudaCall(cuda::SumSquares(task.in_dtype, slot.io.data(), numel, ctx.sumsq_scratch(), ctx.device_scalar(0), s),
-               "SumSquares"));
+      CudaCall(cuda::SumSquares(first.in_dtype, slot.io.data(), z.numel, count, scratch, sums, s), "SumSquares"));
   if (TakeInjectedFailure()) {
     RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
   }
-  RETURN_IF_ERROR(
-      CudaCall(cuda::Normalize(task.in_dtype, slot.io.data(), numel, ctx.device_scalar(0), static_cast<float>(args.eps),
-                               args.eps_mode == EpsMode::kAdd, prec.dtype, slot.x0.data(), s),
-               "Normalize"));
-  cuda::NsDevice dev{ctx.blas.get(), s, prec};
-  ASSIGN_OR_RETURN(void* result, cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{slot.x0.data(), is_x, m, n},
-                                                   slot.x1.data(), slot.a.data(), slot.b.data()));
-  RETURN_IF_ERROR(CudaCall(
-      cuda::ScaleConvert(prec.dtype, result, numel, static_cast<float>(args.scale), task.out_dtype, slot.io.data(), s),
-      "ScaleConvert"));
+  RETURN_IF_ERROR(CudaCall(cuda::Normalize(first.in_dtype, slot.io.data(), z.numel, count, sums,
+                                           static_cast<float>(args.eps), args.eps_mode == EpsMode::kAdd, prec.dtype,
+                                           slot.x0.data(), s),
+                           "Normalize"));
+  const cuda::BlasDevice dev = ctx.Blas(prec, symmetric_min_size);
+  ASSIGN_OR_RETURN(void* result, Steps(ctx, dev, args, cuda::WorkMatrix{slot.x0.data(), z.is_x, z.m, z.n, count},
+                                       slot.x1.data(), slot.a.data(), slot.b.data()));
+  RETURN_IF_ERROR(CudaCall(cuda::ScaleConvert(prec.dtype, result, count * z.numel, static_cast<float>(args.scale),
+                                              first.out_dtype, slot.io.data(), s),
+                           "ScaleConvert"));
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.computed.get(), s), "cudaEventRecord"));
 
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.d2h.get(), slot.computed.get(), 0), "cudaStreamWaitEvent"));
-  RETURN_IF_ERROR(CudaCall(
-      cudaMemcpyAsync(slot.pinned_out.data(), slot.io.data(), out_bytes, cudaMemcpyDeviceToHost, ctx.d2h.get()),
-      "cudaMemcpyAsync(D2H)"));
+  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(slot.pinned_out.data(), slot.io.data(), c * z.out_bytes,
+                                           cudaMemcpyDeviceToHost, ctx.d2h.get()),
+                           "cudaMemcpyAsync(D2H)"));
   return CudaCall(cudaEventRecord(slot.downloaded.get(), ctx.d2h.get()), "cudaEventRecord");
 }
 
-absl::Status CudaBackend::Impl::Finish(cuda::Slot& slot) {
-  absl::Status status = CudaCall(cudaEventSynchronize(slot.downloaded.get()), "cudaEventSynchronize");
-  if (status.ok()) {
-    const size_t out_bytes = static_cast<size_t>(slot.task->shape.numel()) * ElementSize(slot.task->out_dtype);
-    std::memcpy(slot.task->out, slot.pinned_out.data(), out_bytes);
+void CudaBackend::Impl::Finish(cuda::Slot& slot, absl::Span<const NsTask> tasks, std::vector<absl::Status>& results) {
+  const absl::Status status = CudaCall(cudaEventSynchronize(slot.downloaded.get()), "cudaEventSynchronize");
+  for (size_t j = 0; j < slot.members.size(); ++j) {
+    const NsTask& task = tasks[slot.members[j]];
+    const size_t out_bytes = static_cast<size_t>(task.shape.numel()) * ElementSize(task.out_dtype);
+    if (status.ok()) std::memcpy(task.out, slot.pinned_out.as<char>() + j * out_bytes, out_bytes);
+    results[slot.members[j]] = status;
   }
   slot.Clear();
-  return status;
 }
 
 std::vector<absl::Status> CudaBackend::Impl::Run(absl::Span<const NsTask> tasks) {
@@ -153,32 +258,44 @@ std::vector<absl::Status> CudaBackend::Impl::Run(absl::Span<const NsTask> tasks)
     return results;
   }
   cuda::Context& ctx = ***lease;
-  cuda::Slot* pending = nullptr;  // The previous task, still in flight.
+  // A group may take a quarter of the budget, so the pipeline's two slots fit with room to spare.
+  const int64_t max_group_bytes = budget > 0 ? std::min<int64_t>(budget / 4, int64_t{1} << 30) : int64_t{1} << 30;
+  const std::vector<std::vector<size_t>> groups = GroupTasks(tasks, results, max_group_bytes);
+  std::deque<std::vector<size_t>> queue(groups.begin(), groups.end());
+  cuda::Slot* pending = nullptr;  // The previous group, still in flight.
   int next_slot = 0;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    if (!results[i].ok()) continue;
+  while (!queue.empty()) {
+    const std::vector<size_t> members = std::move(queue.front());
+    queue.pop_front();
     cuda::Slot& slot = ctx.slots[next_slot];
-    absl::Status status = Enqueue(ctx, slot, i, tasks[i]);
+    absl::Status status = Enqueue(ctx, slot, tasks, members);
     if (absl::IsResourceExhausted(status) && pending != nullptr) {
-      // The previous task's memory may be what is missing: finish it, then try once more.
+      // The previous group's memory may be what is missing: finish it, then try once more.
       ctx.SyncAll();
       slot.Clear();
-      results[pending->index] = Finish(*pending);
+      Finish(*pending, tasks, results);
       pending = nullptr;
-      status = Enqueue(ctx, slot, i, tasks[i]);
+      status = Enqueue(ctx, slot, tasks, members);
     }
-    if (!status.ok()) {
-      // Nothing of this task may still run when its memory goes back to the pool.
+    if (absl::IsResourceExhausted(status) && members.size() > 1) {
+      // Too large together: run the members one at a time instead.
       ctx.SyncAll();
       slot.Clear();
-      results[i] = status;
+      for (auto it = members.rbegin(); it != members.rend(); ++it) queue.push_front({*it});
       continue;
     }
-    if (pending != nullptr) results[pending->index] = Finish(*pending);
+    if (!status.ok()) {
+      // Nothing of this group may still run when its memory goes back to the pool.
+      ctx.SyncAll();
+      slot.Clear();
+      for (size_t m : members) results[m] = status;
+      continue;
+    }
+    if (pending != nullptr) Finish(*pending, tasks, results);
     pending = &slot;
     next_slot ^= 1;
   }
-  if (pending != nullptr) results[pending->index] = Finish(*pending);
+  if (pending != nullptr) Finish(*pending, tasks, results);
   return results;
 }
 
@@ -189,6 +306,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (options.memory_budget_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory_budget_bytes = ", options.memory_budget_bytes, " must be >= 0 (0 = 90% of free memory)"));
+  }
+  if (options.symmetric_min_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("symmetric_min_size = ", options.symmetric_min_size, " must be >= 1"));
   }
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
@@ -212,7 +333,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   // Memory in GiB (an H200's 143,771 MiB shows as "140 GiB"; the marketed "141 GB" is neither unit).
   std::string name = absl::StrFormat("%s (device %d, %.0f GiB)", prop.name, options.device,
                                      std::round(static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0)));
-  auto impl = std::make_unique<Impl>(options.device, std::move(name), budget, options.pinned_cache_bytes);
+  auto impl = std::make_unique<Impl>(options.device, std::move(name), budget, options);
   {
     // Surface stream / cuBLAS failures now rather than on the first task.
     ASSIGN_OR_RETURN(auto lease, impl->Take());
@@ -229,6 +350,8 @@ absl::Status CudaBackend::RunSharded(const NsShardedTask& task, SumReducer& redu
 }
 
 int64_t CudaBackend::DeviceBytesHeld() const { return impl_->device_pool.held_bytes(); }
+
+int64_t CudaBackend::GraphCaptures() const { return impl_->graph_captures.load(); }
 
 void CudaBackend::InjectLaunchFailuresForTest(int count) { impl_->injected_failures.store(count); }
 

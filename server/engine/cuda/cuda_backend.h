@@ -5,11 +5,15 @@
 // Contract (beyond backend.h). Create returns FAILED_PRECONDITION when the machine has no usable
 // CUDA device or driver, INVALID_ARGUMENT for a device ordinal out of range or a negative budget.
 // Device memory comes from a caching pool bounded by `memory_budget_bytes`; a task that does not
-// fit gets RESOURCE_EXHAUSTED and later tasks run normally. Tasks of one Run call are pipelined:
-// task i+1 is uploaded while task i computes and task i−1 downloads. Results depend only on the
-// task (never on the batch it arrives in): each task runs on its own with a fixed sequence of
-// cuBLAS calls chosen from its shape and precision. Thread-safe: concurrent calls each take
-// their own streams and cuBLAS handle from a pool and share the memory pools.
+// fit gets RESOURCE_EXHAUSTED and later tasks run normally. Tasks of one Run call with the same
+// shape, dtypes and kernel arguments are grouped (up to kMaxGroup tasks, kMaxGroupElements
+// elements in all) and run as one strided batch; groups are pipelined: group i+1 is uploaded
+// while group i computes and group i−1 downloads. A device failure inside a group fails each of
+// its tasks with the same status. Results depend only on the task, never on the batch or group it
+// arrives in: the call sequence follows from its shape and precision, and every product uses the
+// algorithm chosen for one instance whatever the group size (lt_gemm.h). Thread-safe: concurrent
+// calls each take their own streams, cuBLASLt state and graphs from a pool and share the memory
+// pools.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +33,16 @@ class CudaBackend final : public Backend {
     int device = 0;                   // CUDA device ordinal.
     int64_t memory_budget_bytes = 0;  // Device bytes the pool may hold; 0 = 90% of the free memory at start.
     int64_t pinned_cache_bytes = int64_t{1} << 30;  // Pinned host staging kept for reuse.
+    // Replay each group's step loop as a CUDA graph (captured once per shape and buffers, see
+    // step_graphs.h): one launch instead of one per GEMM and kernel. Same results either way.
+    bool cuda_graphs = false;
+    // Symmetric products (X·Xᵀ, A·A) of matrices with m at least this compute the upper
+    // triangle in strips; smaller ones use one full GEMM (products.h).
+    int64_t symmetric_min_size = 1024;
   };
+
+  static constexpr int64_t kMaxGroup = 64;
+  static constexpr int64_t kMaxGroupElements = int64_t{4} << 20;
 
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const Options& options);
   ~CudaBackend() override;
@@ -41,8 +54,11 @@ class CudaBackend final : public Backend {
   // Bytes of device memory the pool holds now (in use + cached).
   int64_t DeviceBytesHeld() const;
 
-  // Test hook: the next `count` tasks launch their normalization kernel with an invalid
-  // configuration, so the task fails with INTERNAL "...cudaErrorInvalidConfiguration...".
+  // Step graphs captured so far, over every context (0 without cuda_graphs).
+  int64_t GraphCaptures() const;
+
+  // Test hook: the next `count` groups (or sharded tasks) launch their normalization kernel with
+  // an invalid configuration, so their tasks fail with INTERNAL "...cudaErrorInvalidConfiguration...".
   void InjectLaunchFailuresForTest(int count);
 
   class Impl;

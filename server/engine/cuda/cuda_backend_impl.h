@@ -12,12 +12,13 @@
 #include "server/engine/cuda/context.h"
 #include "server/engine/cuda/cuda_backend.h"
 #include "server/engine/cuda/memory_pool.h"
+#include "server/engine/cuda/ns_steps.h"
 
 namespace orthoserve {
 
 class CudaBackend::Impl {
  public:
-  Impl(int device, std::string device_name, int64_t budget, int64_t pinned_cache);
+  Impl(int device, std::string device_name, int64_t budget, const CudaBackend::Options& options);
 
   // A context taken from the pool (or made) for one call; goes back when destroyed.
   class Lease {
@@ -46,17 +47,25 @@ class CudaBackend::Impl {
   const int device;
   const std::string device_name;
   const int64_t budget;
+  const bool cuda_graphs;
+  const int64_t symmetric_min_size;
   std::atomic<int> injected_failures{0};
+  std::atomic<int64_t> graph_captures{0};
   cuda::MemoryPool device_pool;
   cuda::MemoryPool pinned_pool;
 
  private:
   void Return(std::unique_ptr<cuda::Context> ctx);
 
-  // Enqueues task `index` into `slot`: staging, upload, NS, download.
-  absl::Status Enqueue(cuda::Context& ctx, cuda::Slot& slot, size_t index, const NsTask& task);
-  // Waits for the slot's download, copies the result out and frees the slot.
-  absl::Status Finish(cuda::Slot& slot);
+  // Enqueues the group `members` of `tasks` into `slot`: staging, upload, NS, download.
+  absl::Status Enqueue(cuda::Context& ctx, cuda::Slot& slot, absl::Span<const NsTask> tasks,
+                       const std::vector<size_t>& members);
+  // Waits for the slot's download, copies the results out, sets each member's status and frees
+  // the slot.
+  void Finish(cuda::Slot& slot, absl::Span<const NsTask> tasks, std::vector<absl::Status>& results);
+  // Enqueues the step loop of `x`, replayed from a graph when cuda_graphs is on.
+  absl::StatusOr<void*> Steps(cuda::Context& ctx, const cuda::BlasDevice& dev, const NsKernelArgs& args,
+                              const cuda::WorkMatrix& x, void* x1, void* a, void* b);
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<cuda::Context>> free_ ABSL_GUARDED_BY(mu_);  // Destroyed before the pools.
@@ -64,5 +73,15 @@ class CudaBackend::Impl {
 
 // INVALID_ARGUMENT unless the task's pointers, shape and args are usable.
 absl::Status CheckTask(const NsTask& task);
+
+// Groups the tasks whose status is OK into runs of the same shape, dtypes and kernel arguments
+// (in order of first appearance), each within CudaBackend::kMaxGroup tasks, kMaxGroupElements
+// elements and `max_group_bytes` of working set (a single task always forms a group).
+std::vector<std::vector<size_t>> GroupTasks(absl::Span<const NsTask> tasks, const std::vector<absl::Status>& statuses,
+                                            int64_t max_group_bytes);
+
+// Device bytes a group of `count` tasks like `task` needs at once (I/O, two copies of X, A, B and
+// the norms' scratch), in pool units.
+int64_t GroupBytes(const NsTask& task, int64_t count);
 
 }  // namespace orthoserve

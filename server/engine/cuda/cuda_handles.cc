@@ -19,18 +19,6 @@ absl::StatusOr<Event> CreateEvent(bool timing) {
   return Event(e);
 }
 
-absl::StatusOr<CublasHandle> CreateCublas(cudaStream_t stream) {
-  cublasHandle_t h = nullptr;
-  RETURN_IF_ERROR(CublasCall(cublasCreate(&h), "cublasCreate"));
-  CublasHandle owned(h);
-  RETURN_IF_ERROR(CublasCall(cublasSetStream(h, stream), "cublasSetStream"));
-  // Precision is chosen per call through the compute type; the handle itself never allows
-  // TF32 or reduced-precision reductions behind our back.
-  RETURN_IF_ERROR(CublasCall(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
-  RETURN_IF_ERROR(CublasCall(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode"));
-  return owned;
-}
-
 absl::StatusOr<DeviceMemory> AllocateDevice(size_t bytes) {
   void* p = nullptr;
   RETURN_IF_ERROR(CudaCall(cudaMalloc(&p, bytes), "cudaMalloc"));

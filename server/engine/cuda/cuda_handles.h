@@ -1,9 +1,10 @@
-// RAII owners for the CUDA runtime and cuBLAS handles the backend uses: streams, events, cuBLAS
-// handles, device and pinned host allocations. Each is move-only and releases its handle in the
-// destructor (errors there are ignored: nothing can be done about them during teardown).
+// RAII owners for the CUDA runtime and cuBLASLt handles the backend uses: streams, events, CUDA
+// graphs, cuBLASLt handles and descriptors, device and pinned host allocations. Each is
+// move-only and releases its handle in the destructor (errors there are ignored: nothing can be
+// done about them during teardown).
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -48,8 +49,23 @@ struct StreamTraits {
 struct EventTraits {
   static void Release(cudaEvent_t e) { cudaEventDestroy(e); }
 };
-struct CublasTraits {
-  static void Release(cublasHandle_t h) { cublasDestroy(h); }
+struct GraphTraits {
+  static void Release(cudaGraph_t g) { cudaGraphDestroy(g); }
+};
+struct GraphExecTraits {
+  static void Release(cudaGraphExec_t g) { cudaGraphExecDestroy(g); }
+};
+struct LtHandleTraits {
+  static void Release(cublasLtHandle_t h) { cublasLtDestroy(h); }
+};
+struct LtMatmulDescTraits {
+  static void Release(cublasLtMatmulDesc_t d) { cublasLtMatmulDescDestroy(d); }
+};
+struct LtLayoutTraits {
+  static void Release(cublasLtMatrixLayout_t l) { cublasLtMatrixLayoutDestroy(l); }
+};
+struct LtPreferenceTraits {
+  static void Release(cublasLtMatmulPreference_t p) { cublasLtMatmulPreferenceDestroy(p); }
 };
 struct DeviceMemoryTraits {
   static void Release(void* p) { cudaFree(p); }
@@ -60,14 +76,18 @@ struct PinnedMemoryTraits {
 
 using Stream = Owned<cudaStream_t, StreamTraits>;
 using Event = Owned<cudaEvent_t, EventTraits>;
-using CublasHandle = Owned<cublasHandle_t, CublasTraits>;
+using Graph = Owned<cudaGraph_t, GraphTraits>;
+using GraphExec = Owned<cudaGraphExec_t, GraphExecTraits>;
+using LtHandle = Owned<cublasLtHandle_t, LtHandleTraits>;
+using LtMatmulDesc = Owned<cublasLtMatmulDesc_t, LtMatmulDescTraits>;
+using LtLayout = Owned<cublasLtMatrixLayout_t, LtLayoutTraits>;
+using LtPreference = Owned<cublasLtMatmulPreference_t, LtPreferenceTraits>;
 using DeviceMemory = Owned<void*, DeviceMemoryTraits>;
 using PinnedMemory = Owned<void*, PinnedMemoryTraits>;
 
 // Creators; errors as cuda_status.h (INTERNAL, RESOURCE_EXHAUSTED for allocations).
 absl::StatusOr<Stream> CreateStream();  // Non-blocking with respect to the legacy stream.
 absl::StatusOr<Event> CreateEvent(bool timing = false);
-absl::StatusOr<CublasHandle> CreateCublas(cudaStream_t stream);  // Bound to `stream`, default math mode.
 absl::StatusOr<DeviceMemory> AllocateDevice(size_t bytes);
 absl::StatusOr<PinnedMemory> AllocatePinned(size_t bytes);
 

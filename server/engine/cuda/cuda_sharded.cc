@@ -55,7 +55,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   ASSIGN_OR_RETURN(auto lease, Take());
   cuda::Context& ctx = **lease;
   cudaStream_t s = ctx.compute.get();
-  cuda::NsDevice dev{ctx.blas.get(), s, prec};
+  const cuda::BlasDevice dev = ctx.Blas(prec, symmetric_min_size);
 
   std::vector<DeviceShard> shards(task.shards.size());
   cuda::MemoryPool::Block a, b, gram, pinned_gram;
@@ -94,7 +94,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   // Norm: the local sum of squares (shards in order), all-reduced in double.
   double sumsq = 0;
   for (DeviceShard& d : shards) {
-    RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(),
+    RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), 1,
                                               ctx.sumsq_scratch(), ctx.device_scalar(0), s),
                              "SumSquares"));
     RETURN_IF_ERROR(
@@ -111,7 +111,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   for (DeviceShard& d : shards) {
     if (TakeInjectedFailure()) RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
     RETURN_IF_ERROR(CudaCall(
-        cuda::Normalize(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), ctx.device_scalar(1),
+        cuda::Normalize(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), 1, ctx.device_scalar(1),
                         static_cast<float>(args.eps), args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
         "Normalize"));
   }

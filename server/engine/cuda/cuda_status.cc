@@ -26,7 +26,7 @@ absl::Status CudaCall(cudaError_t error, absl::string_view call) {
 
 absl::Status CublasCall(cublasStatus_t status, absl::string_view call) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  std::string message = absl::StrCat(call, ": ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
+  std::string message = absl::StrCat(call, ": ", cublasLtGetStatusName(status), ": ", cublasLtGetStatusString(status));
   if (status == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }

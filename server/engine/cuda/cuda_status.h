@@ -2,7 +2,7 @@
 // own name and message for the error. Only for code inside server/engine/cuda.
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"

@@ -49,31 +49,36 @@ __device__ double BlockSum(double v) {
   return total;
 }
 
+// Block (x, j) sums its part of matrix j into partial[j·gridDim.x + x].
 __global__ void SumSquaresPartial(DType t, const void* x, int64_t n, double* partial) {
+  const int64_t base = blockIdx.y * n;
   double acc = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const double v = Load(t, x, i);
+    const double v = Load(t, x, base + i);
     acc += v * v;
   }
   const double total = BlockSum(acc);
-  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+  if (threadIdx.x == 0) partial[blockIdx.y * gridDim.x + blockIdx.x] = total;
 }
 
+// Block j sums the `count` partials of matrix j.
 __global__ void SumPartials(const double* partial, int count, double* result) {
+  const double* mine = partial + static_cast<int64_t>(blockIdx.x) * count;
   double acc = 0;
-  for (int i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
+  for (int i = threadIdx.x; i < count; i += kThreads) acc += mine[i];
   const double total = BlockSum(acc);
-  if (threadIdx.x == 0) *result = total;
+  if (threadIdx.x == 0) result[blockIdx.x] = total;
 }
 
 __global__ void NormalizeKernel(DType in_t, const void* in, int64_t n, const double* sumsq, float eps, bool add_eps,
                                 DType work, void* out) {
-  const float norm = static_cast<float>(sqrt(*sumsq));
+  const int64_t base = blockIdx.y * n;
+  const float norm = static_cast<float>(sqrt(sumsq[blockIdx.y]));
   const float d = add_eps ? norm + eps : fmaxf(norm, eps);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Store(work, out, i, Load(in_t, in, i) / d);
+    Store(work, out, base + i, Load(in_t, in, base + i) / d);
   }
 }
 
@@ -84,11 +89,28 @@ __global__ void ScaleConvertKernel(DType x_t, const void* x, int64_t n, float sc
   }
 }
 
+constexpr int kTile = 32;
+
+// Block (bx, by, j) writes the kTile × kTile tile at rows [bx·kTile, +kTile), cols [by·kTile,
+// +kTile) of matrix j's lower triangle from the transposed upper tile, through shared memory so
+// that both the reads and the writes walk columns (coalesced).
 template <typename T>
-__global__ void MirrorKernel(T* c, int64_t m, int64_t ld) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t col = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y;
-  if (row < m && col < m && row > col) c[row + col * ld] = c[col + row * ld];
+__global__ void MirrorKernel(T* base, int64_t m, int64_t ld, int64_t stride) {
+  if (blockIdx.x < blockIdx.y) return;  // Upper tiles are sources only.
+  __shared__ T tile[kTile][kTile + 1];
+  T* c = base + blockIdx.z * stride;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile, c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  // tile[j][x] = C(c0 + x, r0 + j): rows [c0, +kTile) of columns [r0, +kTile), upper (or diagonal).
+  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+    const int64_t row = c0 + threadIdx.x, col = r0 + j;
+    if (row < m && col < m) tile[j][threadIdx.x] = c[row + col * ld];
+  }
+  __syncthreads();
+  // C(r0 + x, c0 + j) = C(c0 + j, r0 + x) = tile[x][j], strictly below the diagonal only.
+  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+    const int64_t row = r0 + threadIdx.x, col = c0 + j;
+    if (row < m && col < m && row > col) c[row + col * ld] = tile[threadIdx.x][j];
+  }
 }
 
 __global__ void AccumulateKernel(DType src_t, const void* src, int64_t n, float* dst, bool first) {
@@ -108,20 +130,27 @@ unsigned GridFor(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 8)));
 }
 
+// Partial sums per matrix: depends only on n, so the summation order is fixed for a given size.
+int SumSquaresBlocks(int64_t n) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kSumSquaresMaxScratch, (n + kThreads * 8 - 1) / (kThreads * 8))));
+}
+
 }  // namespace
 
-cudaError_t SumSquares(DType dtype, const void* x, int64_t n, double* scratch, double* result, cudaStream_t stream) {
-  // The block count depends only on n, so the summation order is fixed for a given size.
-  const int blocks = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(kSumSquaresScratch, (n + kThreads * 8 - 1) / (kThreads * 8))));
-  SumSquaresPartial<<<blocks, kThreads, 0, stream>>>(dtype, x, n, scratch);
-  SumPartials<<<1, kThreads, 0, stream>>>(scratch, blocks, result);
+int64_t SumSquaresScratch(int64_t n, int64_t batch) { return SumSquaresBlocks(n) * batch; }
+
+cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* scratch, double* result,
+                       cudaStream_t stream) {
+  const int blocks = SumSquaresBlocks(n);
+  SumSquaresPartial<<<dim3(blocks, static_cast<unsigned>(batch)), kThreads, 0, stream>>>(dtype, x, n, scratch);
+  SumPartials<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(scratch, blocks, result);
   return cudaGetLastError();
 }
 
-cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, const double* sumsq, float eps, bool add_eps,
-                      DType work, void* out, cudaStream_t stream) {
-  NormalizeKernel<<<GridFor(n), kThreads, 0, stream>>>(in_dtype, in, n, sumsq, eps, add_eps, work, out);
+cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, float eps,
+                      bool add_eps, DType work, void* out, cudaStream_t stream) {
+  NormalizeKernel<<<dim3(GridFor(n), static_cast<unsigned>(batch)), kThreads, 0, stream>>>(in_dtype, in, n, sumsq,
+                                                                                          eps, add_eps, work, out);
   return cudaGetLastError();
 }
 
@@ -131,13 +160,15 @@ cudaError_t ScaleConvert(DType x_dtype, const void* x, int64_t n, float scale, D
   return cudaGetLastError();
 }
 
-cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, cudaStream_t stream) {
-  const dim3 block(32, 8);
-  const dim3 grid(static_cast<unsigned>((m + 31) / 32), static_cast<unsigned>((m + 7) / 8));
+cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, int64_t batch, int64_t stride,
+                        cudaStream_t stream) {
+  const unsigned tiles = static_cast<unsigned>((m + kTile - 1) / kTile);
+  const dim3 block(kTile, 8);
+  const dim3 grid(tiles, tiles, static_cast<unsigned>(batch));
   if (dtype == DType::kF32) {
-    MirrorKernel<float><<<grid, block, 0, stream>>>(static_cast<float*>(c), m, ld);
+    MirrorKernel<float><<<grid, block, 0, stream>>>(static_cast<float*>(c), m, ld, stride);
   } else {
-    MirrorKernel<uint16_t><<<grid, block, 0, stream>>>(static_cast<uint16_t*>(c), m, ld);
+    MirrorKernel<uint16_t><<<grid, block, 0, stream>>>(static_cast<uint16_t*>(c), m, ld, stride);
   }
   return cudaGetLastError();
 }

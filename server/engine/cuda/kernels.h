@@ -12,24 +12,33 @@
 
 namespace orthoserve::cuda {
 
-// Doubles of scratch SumSquares needs.
-inline constexpr int kSumSquaresScratch = 1024;
+// Batched kernels work on `batch` matrices of `n` elements each, stored back to back.
 
-// *result = Σ x² over `n` elements of `dtype`, accumulated in double in a fixed order (the same
-// bits every run for the same input). `scratch` holds kSumSquaresScratch doubles.
-cudaError_t SumSquares(DType dtype, const void* x, int64_t n, double* scratch, double* result, cudaStream_t stream);
+// Doubles of scratch SumSquares needs for `batch` matrices of `n` elements: at most
+// kSumSquaresMaxScratch per matrix.
+inline constexpr int64_t kSumSquaresMaxScratch = 1024;
+int64_t SumSquaresScratch(int64_t n, int64_t batch);
 
-// out[i] = work(in[i] / d) with d = max(√sumsq, eps) (add_eps false) or √sumsq + eps, computed
-// in fp32; `work` is kF32 or kBF16 (rounded to nearest even). `sumsq` is a device scalar.
-cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, const double* sumsq, float eps, bool add_eps,
-                      DType work, void* out, cudaStream_t stream);
+// result[j] = Σ x² over the `n` elements of matrix j, accumulated in double in an order fixed by
+// n alone (the same bits every run, whatever the batch). `scratch` holds SumSquaresScratch
+// doubles; `batch` <= 65535.
+cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* scratch, double* result,
+                       cudaStream_t stream);
+
+// out[j·n + i] = work(in[j·n + i] / d_j) with d_j = max(√sumsq[j], eps) (add_eps false) or
+// √sumsq[j] + eps, computed in fp32; `work` is kF32 or kBF16 (rounded to nearest even). `sumsq`
+// holds `batch` device doubles.
+cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, float eps,
+                      bool add_eps, DType work, void* out, cudaStream_t stream);
 
 // out[i] = out_dtype(float(x[i]) · scale): the final widening, scaling and narrowing.
 cudaError_t ScaleConvert(DType x_dtype, const void* x, int64_t n, float scale, DType out_dtype, void* out,
                          cudaStream_t stream);
 
-// Copies the upper triangle (row <= col) of the column-major m × m matrix `c` onto its lower one.
-cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, cudaStream_t stream);
+// Copies the upper triangle (row <= col) of each column-major m × m matrix onto its lower one;
+// matrix j starts `stride` elements after matrix j − 1.
+cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, int64_t batch, int64_t stride,
+                        cudaStream_t stream);
 
 // dst[i] = (first ? 0 : dst[i]) + float(src[i]) for `n` elements of `src_dtype`.
 cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* dst, bool first, cudaStream_t stream);

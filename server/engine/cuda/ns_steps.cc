@@ -4,47 +4,66 @@
 #include <utility>
 
 #include "common/status.h"
-#include "server/engine/cuda/cuda_status.h"
 
 namespace orthoserve::cuda {
 
-absl::Status Gram(const NsDevice& dev, const WorkMatrix& x, void* a) {
-  return SymmetricProduct(dev.blas, dev.stream, dev.precision, x.data, /*stored_transposed=*/!x.is_x, x.m, x.n, x.ld(),
-                          1.0f, 0.0f, a, x.m);
+absl::Status Gram(const BlasDevice& dev, const WorkMatrix& x, void* a) {
+  SymmetricProblem p;
+  p.p = x.data;
+  p.stored_transposed = !x.is_x;
+  p.m = x.m;
+  p.k = x.n;
+  p.ld = x.ld();
+  p.batch = x.batch;
+  p.stride_p = x.numel();
+  p.d = a;
+  p.ldd = x.m;
+  p.stride_d = x.m * x.m;
+  return SymmetricProduct(dev, p);
 }
 
-absl::Status Update(const NsDevice& dev, const CoefficientTriple& t, const void* a, void* b_buf, const WorkMatrix& x,
-                    void* x_next) {
-  const size_t es = dev.precision.element_size();
-  const int64_t m = x.m;
+absl::Status Update(const BlasDevice& dev, const CoefficientTriple& t, const void* a, void* b_buf,
+                    const WorkMatrix& x, void* x_next) {
+  const int64_t m = x.m, mm = m * m;
   const void* mult = a;  // The m × m left factor: B, or A when c = 0.
   float alpha = static_cast<float>(t.b);
   if (t.c != 0) {
-    // B = c·(A·A) + b·A with A symmetric, so A·A = A·Aᵀ (a symmetric product).
-    RETURN_IF_ERROR(
-        CudaCall(cudaMemcpyAsync(b_buf, a, static_cast<size_t>(m * m) * es, cudaMemcpyDeviceToDevice, dev.stream),
-                 "cudaMemcpyAsync"));
-    RETURN_IF_ERROR(SymmetricProduct(dev.blas, dev.stream, dev.precision, a, false, m, m, m, static_cast<float>(t.c),
-                                     static_cast<float>(t.b), b_buf, m));
+    // B = c·(A·A) + b·A with A symmetric, so A·A = A·Aᵀ (a symmetric product with C = A).
+    SymmetricProblem p;
+    p.p = a;
+    p.m = m;
+    p.k = m;
+    p.ld = m;
+    p.batch = x.batch;
+    p.stride_p = mm;
+    p.alpha = static_cast<float>(t.c);
+    p.beta = static_cast<float>(t.b);
+    p.c = a;
+    p.d = b_buf;
+    p.ldd = m;
+    p.stride_d = mm;
+    RETURN_IF_ERROR(SymmetricProduct(dev, p));
     mult = b_buf;
     alpha = 1.0f;
   }
-  // x_next starts as X so the GEMM's beta = a adds a·X before the single rounding.
-  RETURN_IF_ERROR(CudaCall(
-      cudaMemcpyAsync(x_next, x.data, static_cast<size_t>(x.numel()) * es, cudaMemcpyDeviceToDevice, dev.stream),
-      "cudaMemcpyAsync"));
-  const float beta = static_cast<float>(t.a);
+  // x_next = a·X + M·X: C = X, D = x_next.
+  const GemmOperands o{alpha, nullptr, nullptr, static_cast<float>(t.a), x.data, x_next};
   if (x.is_x) {
     // X' = a·X + M·X: (m × m)(m × n).
-    return Gemm(dev.blas, dev.precision, CUBLAS_OP_N, CUBLAS_OP_N, m, x.n, m, alpha, mult, m, x.data, m, beta, x_next,
-                m);
+    GemmOperands ox = o;
+    ox.a = mult;
+    ox.b = x.data;
+    return Gemm(dev, GemmProblem{CUBLAS_OP_N, CUBLAS_OP_N, m, x.n, m, m, m, m, x.batch, mm, x.numel(), x.numel()}, ox);
   }
   // Xᵀ' = a·Xᵀ + Xᵀ·Mᵀ = a·Xᵀ + Xᵀ·M (M symmetric): (n × m)(m × m).
-  return Gemm(dev.blas, dev.precision, CUBLAS_OP_N, CUBLAS_OP_N, x.n, m, m, alpha, x.data, x.n, mult, m, beta, x_next,
-              x.n);
+  GemmOperands ot = o;
+  ot.a = x.data;
+  ot.b = mult;
+  return Gemm(dev, GemmProblem{CUBLAS_OP_N, CUBLAS_OP_N, x.n, m, m, x.n, m, x.n, x.batch, x.numel(), mm, x.numel()},
+              ot);
 }
 
-absl::StatusOr<void*> RunSchedule(const NsDevice& dev, const std::vector<CoefficientTriple>& schedule, WorkMatrix x,
+absl::StatusOr<void*> RunSchedule(const BlasDevice& dev, const std::vector<CoefficientTriple>& schedule, WorkMatrix x,
                                   void* x1, void* a, void* b) {
   void* next = x1;
   for (const CoefficientTriple& t : schedule) {

@@ -2,9 +2,7 @@
 #include "server/engine/cuda/products.h"
 
 #include <algorithm>
-#include <limits>
 
-#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/engine/cuda/cuda_status.h"
 #include "server/engine/cuda/kernels.h"
@@ -12,65 +10,65 @@
 namespace orthoserve::cuda {
 namespace {
 
-bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
-
 const char* Offset(const void* p, int64_t elements, size_t element_size) {
   return static_cast<const char*>(p) + elements * static_cast<int64_t>(element_size);
 }
 
 }  // namespace
 
-GemmPrecision ForPrecision(Precision precision) {
-  switch (precision) {
-    case Precision::kMedium:
-      return GemmPrecision{DType::kBF16, CUDA_R_16BF, CUBLAS_COMPUTE_32F};
-    case Precision::kHigh:
-      return GemmPrecision{DType::kF32, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
-    case Precision::kHighest:
-      break;
-  }
-  return GemmPrecision{DType::kF32, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+absl::Status Gemm(const BlasDevice& dev, const GemmProblem& problem, const GemmOperands& operands) {
+  return dev.lt->Run(dev.precision, problem, operands, dev.main.workspace, dev.main.stream);
 }
 
-absl::Status Gemm(cublasHandle_t handle, const GemmPrecision& p, cublasOperation_t op_a, cublasOperation_t op_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
-                  float beta, void* c, int64_t ldc) {
-  if (!FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldb) || !FitsInt(ldc)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GEMM of ", m, "x", n, "x", k, " exceeds cuBLAS's 32-bit dimensions"));
-  }
-  // Scale type float for all three compute types (CUBLAS_COMPUTE_32F*).
-  return CublasCall(cublasGemmEx(handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                 &alpha, a, p.data_type, static_cast<int>(lda), b, p.data_type, static_cast<int>(ldb),
-                                 &beta, c, p.data_type, static_cast<int>(ldc), p.compute, CUBLAS_GEMM_DEFAULT),
-                    "cublasGemmEx");
+std::vector<int64_t> SymmetricStrips(int64_t m, int64_t min_size) {
+  // Strips of 1/8 of m (rounded up to 128 rows, at least 512): the upper triangle plus the
+  // diagonal blocks cost (S+1)/(2S) of the full product, 56% for S = 8.
+  const int64_t count = std::min<int64_t>(8, m / 512);
+  if (m < min_size || count < 2) return {0, m};
+  int64_t height = (m + count - 1) / count;
+  height = (height + 127) / 128 * 128;
+  std::vector<int64_t> starts;
+  for (int64_t r0 = 0; r0 < m; r0 += height) starts.push_back(r0);
+  starts.push_back(m);
+  return starts;
 }
 
-absl::Status SymmetricProduct(cublasHandle_t handle, cudaStream_t stream, const GemmPrecision& p, const void* pbuf,
-                              bool stored_transposed, int64_t m, int64_t k, int64_t ld, float alpha, float beta,
-                              void* c, int64_t ldc) {
-  const size_t es = p.element_size();
+absl::Status SymmetricProduct(const BlasDevice& dev, const SymmetricProblem& s) {
+  const size_t es = dev.precision.element_size();
   // P rows [r0, ...) as the left operand and Pᵀ columns [r0, ...) as the right one.
-  const cublasOperation_t op_left = stored_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_right = stored_transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
-  auto rows_from = [&](int64_t r0) { return Offset(pbuf, stored_transposed ? r0 * ld : r0, es); };
+  const cublasOperation_t op_left = s.stored_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_right = s.stored_transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
+  auto rows_from = [&](int64_t r0) { return Offset(s.p, s.stored_transposed ? r0 * s.ld : r0, es); };
+  auto block_at = [&](const void* base, int64_t r0) { return base == nullptr ? nullptr : Offset(base, r0 + r0 * s.ldd, es); };
 
-  if (m < kSymmetricMinSize) {
-    RETURN_IF_ERROR(Gemm(handle, p, op_left, op_right, m, m, k, alpha, pbuf, ld, pbuf, ld, beta, c, ldc));
-  } else {
-    // Strips of 1/8 of m (rounded up to 128 rows, at least 512): the upper triangle plus the
-    // diagonal blocks cost (S+1)/(2S) of the full product, 56% for S = 8.
-    const int64_t strips = std::min<int64_t>(8, m / 512);
-    int64_t height = (m + strips - 1) / strips;
-    height = (height + 127) / 128 * 128;
-    for (int64_t r0 = 0; r0 < m; r0 += height) {
-      const int64_t r1 = std::min(m, r0 + height);
-      void* c_block = const_cast<char*>(Offset(c, r0 + r0 * ldc, es));
-      RETURN_IF_ERROR(Gemm(handle, p, op_left, op_right, r1 - r0, m - r0, k, alpha, rows_from(r0), ld, rows_from(r0),
-                           ld, beta, c_block, ldc));
+  const std::vector<int64_t> strips = SymmetricStrips(s.m, dev.symmetric_min_size);
+  const size_t count = strips.size() - 1;
+  // Lanes: the main one first, then as many side lanes as there are further strips.
+  const size_t lanes = std::min(count, 1 + dev.side.size());
+  if (lanes > 1) {
+    RETURN_IF_ERROR(CudaCall(cudaEventRecord(dev.fork, dev.main.stream), "cudaEventRecord(fork)"));
+    for (size_t l = 1; l < lanes; ++l) {
+      RETURN_IF_ERROR(
+          CudaCall(cudaStreamWaitEvent(dev.side[l - 1].stream, dev.fork, 0), "cudaStreamWaitEvent(fork)"));
     }
   }
-  return CudaCall(MirrorUpper(p.dtype, c, m, ldc, stream), "MirrorUpper");
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t r0 = strips[i], r1 = strips[i + 1];
+    const Lane& lane = i % lanes == 0 ? dev.main : dev.side[i % lanes - 1];
+    // Strip [r0, r1) × [r0, m): the whole product when there is a single strip.
+    const GemmProblem g{op_left, op_right, r1 - r0, s.m - r0, s.k, s.ld, s.ld, s.ldd, s.batch, s.stride_p, s.stride_p,
+                        s.stride_d};
+    const GemmOperands o{s.alpha, rows_from(r0), rows_from(r0), s.beta, block_at(s.c, r0),
+                         const_cast<char*>(block_at(s.d, r0))};
+    RETURN_IF_ERROR(dev.lt->Run(dev.precision, g, o, lane.workspace, lane.stream));
+  }
+  for (size_t l = 1; l < lanes; ++l) {
+    const Lane& lane = dev.side[l - 1];
+    RETURN_IF_ERROR(CudaCall(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord(join)"));
+    RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(dev.main.stream, lane.done, 0), "cudaStreamWaitEvent(join)"));
+  }
+  return CudaCall(MirrorUpper(dev.precision.dtype, s.d, s.m, s.ldd, s.batch, s.stride_d, dev.main.stream),
+                  "MirrorUpper");
 }
 
 }  // namespace orthoserve::cuda

@@ -1,50 +1,63 @@
-// The matrix products of Newton–Schulz on cuBLAS at each precision: a plain GEMM with the
-// beta-accumulating epilogue, and the symmetric product P·Pᵀ that computes only the upper
-// triangle (in row strips) and mirrors it.
-//
-// Every buffer is column-major device memory. With HIGHEST the operands and accumulation are
-// fp32 (CUBLAS_COMPUTE_32F, no TF32); HIGH uses CUBLAS_COMPUTE_32F_FAST_TF32; MEDIUM reads
-// bf16, accumulates in fp32 and writes bf16: C = bf16(alpha·op(A)·op(B) + beta·C), one rounding
-// per output. Calls enqueue on the handle's stream and return without waiting.
+// The matrix products of Newton–Schulz on cuBLASLt (lt_gemm.h): a plain GEMM with its epilogue,
+// and the symmetric product P·Pᵀ that computes only the upper triangle (in row strips, fanned out
+// over several streams) and mirrors it. Both run `batch` same-shape instances at fixed strides.
+// Calls enqueue work and return without waiting.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
-#include "common/dtype.h"
-#include "common/ns_options.h"
+#include "server/engine/cuda/lt_gemm.h"
 
 namespace orthoserve::cuda {
 
-struct GemmPrecision {
-  DType dtype = DType::kF32;  // Element type of the working buffers (kF32 or kBF16).
-  cudaDataType_t data_type = CUDA_R_32F;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  size_t element_size() const { return ElementSize(dtype); }
-};
-
-GemmPrecision ForPrecision(Precision precision);
-
-// Matrices at least this large (m) use the strip form of SymmetricProduct.
+// Matrices at least this large (m) use the strip form of SymmetricProduct by default.
 inline constexpr int64_t kSymmetricMinSize = 1024;
 
-// C = alpha·op(A)·op(B) + beta·C with C m × n. INVALID_ARGUMENT when a dimension exceeds int;
-// INTERNAL "cublasGemmEx: CUBLAS_STATUS_...".
-absl::Status Gemm(cublasHandle_t handle, const GemmPrecision& p, cublasOperation_t op_a, cublasOperation_t op_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
-                  float beta, void* c, int64_t ldc);
+// A stream, the cuBLASLt workspace products on it use, and an event that marks its work done.
+struct Lane {
+  cudaStream_t stream = nullptr;
+  Workspace workspace;
+  cudaEvent_t done = nullptr;
+};
 
-// C (m × m, leading dim ldc) = alpha·P·Pᵀ + beta·C for P of m × k. P is stored column-major
-// with leading dim `ld`, either as P itself (`stored_transposed` false) or as Pᵀ (k × m).
-// For m >= kSymmetricMinSize only the upper triangle is computed, one GEMM per row strip
-// [r0, r1) × [r0, m), then mirrored, so C is exactly symmetric; smaller C uses one full GEMM
-// followed by the same mirror. The strip layout depends only on m, never on other tasks.
-absl::Status SymmetricProduct(cublasHandle_t handle, cudaStream_t stream, const GemmPrecision& p, const void* pbuf,
-                              bool stored_transposed, int64_t m, int64_t k, int64_t ld, float alpha, float beta,
-                              void* c, int64_t ldc);
+// Where the products of one caller run. Everything is ordered on `main`; the strips of a
+// symmetric product may fan out to the `side` lanes (forked from `main` through `fork` and joined
+// back before the product returns), so several strip GEMMs fill the GPU at once.
+struct BlasDevice {
+  LtGemm* lt = nullptr;
+  Lane main;
+  std::vector<Lane> side;
+  cudaEvent_t fork = nullptr;
+  GemmPrecision precision;
+  int64_t symmetric_min_size = kSymmetricMinSize;  // Below it: one full GEMM, then the mirror.
+};
+
+// D = alpha·op(A)·op(B) + beta·C on the main lane.
+absl::Status Gemm(const BlasDevice& dev, const GemmProblem& problem, const GemmOperands& operands);
+
+// D = alpha·P·Pᵀ + beta·C (m × m, C and D with leading dim ldd) for P of m × k, per instance.
+struct SymmetricProblem {
+  const void* p = nullptr;
+  bool stored_transposed = false;  // P is held as Pᵀ (k × m, column-major) rather than as P.
+  int64_t m = 0, k = 0, ld = 0;    // ld: P's (or Pᵀ's) leading dim.
+  int64_t batch = 1;
+  int64_t stride_p = 0;            // Elements from one instance's P to the next.
+  float alpha = 1.0f, beta = 0.0f;
+  const void* c = nullptr;         // Null when beta = 0.
+  void* d = nullptr;
+  int64_t ldd = 0, stride_d = 0;   // C shares D's layout.
+};
+
+// Row starts of the strips for an m × m result: strip i covers rows [s[i], s[i+1]) (s ends with
+// m) and columns [s[i], m). m < min_size gives {0, m}: one full GEMM. The layout depends only on
+// m and min_size — never on the batch or on other tasks.
+std::vector<int64_t> SymmetricStrips(int64_t m, int64_t min_size);
+
+// The product; the result is exactly symmetric (the upper triangle is mirrored onto the lower).
+absl::Status SymmetricProduct(const BlasDevice& dev, const SymmetricProblem& problem);
 
 }  // namespace orthoserve::cuda

@@ -1,0 +1,43 @@
+// Implementation of server/engine/cuda/step_graphs.h.
+#include "server/engine/cuda/step_graphs.h"
+
+#include <utility>
+
+#include "common/status.h"
+#include "server/engine/cuda/cuda_status.h"
+
+namespace orthoserve::cuda {
+
+absl::Status StepGraphs::Run(const Key& key, cudaStream_t stream, absl::FunctionRef<absl::Status()> enqueue) {
+  ++clock_;
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    it->second.last_use = clock_;
+    return CudaCall(cudaGraphLaunch(it->second.exec.get(), stream), "cudaGraphLaunch");
+  }
+  // Thread-local mode: only this thread's unsafe calls are refused while capturing; other
+  // callers of the backend keep allocating freely.
+  RETURN_IF_ERROR(CudaCall(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
+  const absl::Status enqueued = enqueue();
+  cudaGraph_t raw = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &raw);
+  Graph graph(raw);
+  RETURN_IF_ERROR(enqueued);
+  RETURN_IF_ERROR(CudaCall(ended, "cudaStreamEndCapture"));
+  cudaGraphExec_t raw_exec = nullptr;
+  RETURN_IF_ERROR(CudaCall(cudaGraphInstantiate(&raw_exec, graph.get(), 0), "cudaGraphInstantiate"));
+  GraphExec exec(raw_exec);
+  ++captures_;
+  if (graphs_.size() >= kCapacity) {
+    auto oldest = graphs_.begin();
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    graphs_.erase(oldest);
+  }
+  Entry& entry = graphs_[key];
+  entry.exec = std::move(exec);
+  entry.last_use = clock_;
+  return CudaCall(cudaGraphLaunch(entry.exec.get(), stream), "cudaGraphLaunch");
+}
+
+}  // namespace orthoserve::cuda
