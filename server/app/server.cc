@@ -182,6 +182,7 @@ void Server::WatchHealth() {
       cv_.notify_all();
       return;
     }
+    metrics_->device_memory("used").Set(static_cast<double>(backend_->DeviceMemoryInUseBytes()));
     cv_.wait_for(lock, std::chrono::milliseconds(200));
   }
 }

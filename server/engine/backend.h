@@ -108,6 +108,11 @@ class Backend {
   // Runs one sharded task; `reducer` connects the participants. Errors as Run, plus whatever
   // the reducer returns.
   virtual absl::Status RunSharded(const NsShardedTask& task, SumReducer& reducer) = 0;
+
+  // Bytes of device memory tasks use now (free blocks a pool keeps cached are not counted), for
+  // the orthoserve_device_memory_bytes{kind="used"} gauge. Backends without device memory of
+  // their own (cpu) keep the default, 0. Thread-safe.
+  virtual int64_t DeviceMemoryInUseBytes() const { return 0; }
 };
 
 }  // namespace orthoserve

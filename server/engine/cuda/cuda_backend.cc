@@ -351,6 +351,8 @@ absl::Status CudaBackend::RunSharded(const NsShardedTask& task, SumReducer& redu
 
 int64_t CudaBackend::DeviceBytesHeld() const { return impl_->device_pool.held_bytes(); }
 
+int64_t CudaBackend::DeviceMemoryInUseBytes() const { return impl_->device_pool.in_use_bytes(); }
+
 int64_t CudaBackend::GraphCaptures() const { return impl_->graph_captures.load(); }
 
 void CudaBackend::InjectLaunchFailuresForTest(int count) { impl_->injected_failures.store(count); }

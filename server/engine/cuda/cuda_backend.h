@@ -51,8 +51,10 @@ class CudaBackend final : public Backend {
   std::vector<absl::Status> Run(absl::Span<const NsTask> tasks) override;
   absl::Status RunSharded(const NsShardedTask& task, SumReducer& reducer) override;
 
-  // Bytes of device memory the pool holds now (in use + cached).
+  // Bytes of device memory the pool holds now (in use + cached), and the part tasks use; the
+  // per-context cuBLASLt workspaces and scratch are counted in neither.
   int64_t DeviceBytesHeld() const;
+  int64_t DeviceMemoryInUseBytes() const override;
 
   // Step graphs captured so far, over every context (0 without cuda_graphs).
   int64_t GraphCaptures() const;

@@ -1,0 +1,161 @@
+// The Prometheus endpoint of a real server: an in-process orthoserve Server (server/app) on
+// 127.0.0.1:0 with the CPU backend and /metrics on an ephemeral port. Traffic from the C++ client
+// (a streamed step with one bad matrix, a unary call, an info call) must show up in the scraped
+// families with the right labels and values, and the endpoint must answer other paths and
+// methods with 404 / 405.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/app/server.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve::client {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// One HTTP/1.1 exchange with 127.0.0.1:port; returns the whole response ("" on a socket error).
+std::string Http(int port, const std::string& request_line) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = request_line + "\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return response;
+}
+
+// Sample lines of a text exposition: "name{labels}" → value (comments skipped).
+std::map<std::string, double> Samples(const std::string& response) {
+  std::map<std::string, double> samples;
+  const size_t body = response.find("\r\n\r\n");
+  for (absl::string_view line : absl::StrSplit(response.substr(body == std::string::npos ? 0 : body + 4), '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double value = 0;
+    if (space == absl::string_view::npos || !absl::SimpleAtod(line.substr(space + 1), &value)) continue;
+    samples[std::string(line.substr(0, space))] = value;
+  }
+  return samples;
+}
+
+std::vector<float> Ramp(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+  return v;
+}
+
+MatrixInput Input(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& data) {
+  MatrixInput in;
+  in.name = name;
+  in.shape = std::move(shape);
+  in.data = data.data();
+  in.bytes = data.size() * sizeof(float);
+  return in;
+}
+
+TEST(MetricsScrapeTest, TrafficShowsUpInTheScrapedFamilies) {
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_address = "127.0.0.1:0";
+  o.fleet_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(o);
+  ASSERT_OK(server);
+  ASSERT_GT((*server)->metrics_port(), 0);
+  ClientOptions co;
+  co.address = "127.0.0.1:" + std::to_string((*server)->port());
+  co.timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  ASSERT_OK(client);
+  absl::Status health = (*client)->Health();
+  for (int i = 0; i < 100 && !health.ok(); ++i) {  // The fleet forms in the background.
+    absl::SleepFor(absl::Milliseconds(100));
+    health = (*client)->Health();
+  }
+  ASSERT_OK(health);
+
+  const std::vector<float> a = Ramp(64 * 32), b = Ramp(96 * 40);
+  std::vector<MatrixInput> step = {Input("a", {64, 32}, a), Input("bad", {96, 40}, b)};
+  step[1].options.split_qkv = {3, 2, 2};  // 96 rows are not divisible by 7: an in-band error.
+  absl::StatusOr<std::vector<MatrixOutput>> streamed = (*client)->Step(StepOptions{}, step);
+  ASSERT_OK(streamed);
+  ASSERT_OK((*streamed)[0].status);
+  ASSERT_FALSE((*streamed)[1].status.ok());
+  const std::vector<MatrixInput> unary = {Input("b", {96, 40}, b)};
+  ASSERT_OK((*client)->Orthogonalize(unary));
+  ASSERT_OK((*client)->GetServerInfo());
+
+  const int port = (*server)->metrics_port();
+  std::map<std::string, double> s;
+  // RequestDone is recorded as the RPC ends, which may be just after the client saw its reply.
+  for (int i = 0; i < 50; ++i) {
+    s = Samples(Http(port, "GET /metrics HTTP/1.1"));
+    if (s["orthoserve_requests_total{code=\"OK\",method=\"Orthogonalize\"}"] >= 1 &&
+        s["orthoserve_requests_total{code=\"OK\",method=\"OrthogonalizeStream\"}"] >= 1) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(s["orthoserve_requests_total{code=\"OK\",method=\"OrthogonalizeStream\"}"], 1);
+  EXPECT_EQ(s["orthoserve_requests_total{code=\"OK\",method=\"Orthogonalize\"}"], 1);
+  EXPECT_EQ(s["orthoserve_request_duration_seconds_count{method=\"OrthogonalizeStream\"}"], 1);
+  EXPECT_GT(s["orthoserve_request_duration_seconds_sum{method=\"OrthogonalizeStream\"}"], 0);
+  // Per-matrix outcomes: the good one OK, the bad one with its code.
+  double ok_matrices = 0, failed_matrices = 0;
+  for (const auto& [name, value] : s) {
+    if (!absl::StartsWith(name, "orthoserve_matrices_total{")) continue;
+    if (absl::StrContains(name, "method=\"OrthogonalizeStream\"")) {
+      (absl::StrContains(name, "code=\"OK\"") ? ok_matrices : failed_matrices) += value;
+    }
+  }
+  EXPECT_EQ(ok_matrices, 1);
+  EXPECT_EQ(failed_matrices, 1);
+  EXPECT_GE(s["orthoserve_received_bytes_total{method=\"OrthogonalizeStream\"}"], a.size() * 4.0);
+  EXPECT_GE(s["orthoserve_sent_bytes_total{method=\"OrthogonalizeStream\"}"], a.size() * 4.0);
+  EXPECT_GT(s["orthoserve_newton_schulz_flops_total"], 0);
+  EXPECT_EQ(s["orthoserve_inflight_requests"], 0);
+  EXPECT_EQ(s["orthoserve_fleet_ready"], 1);
+  EXPECT_EQ(s["orthoserve_fleet_size"], 1);
+  // The CPU backend has no device memory: both gauges exist and read 0.
+  ASSERT_EQ(s.count("orthoserve_device_memory_bytes{kind=\"used\"}"), 1u);
+  EXPECT_EQ(s["orthoserve_device_memory_bytes{kind=\"used\"}"], 0);
+  EXPECT_EQ(s["orthoserve_device_memory_bytes{kind=\"budget\"}"], 0);
+  bool build_info = false;
+  for (const auto& [name, value] : s) {
+    if (absl::StartsWith(name, "orthoserve_build_info{") && absl::StrContains(name, "backend=\"cpu\"")) {
+      build_info = value == 1;
+    }
+  }
+  EXPECT_TRUE(build_info);
+
+  EXPECT_THAT(Http(port, "GET /metrics HTTP/1.1"), HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_THAT(Http(port, "GET /other HTTP/1.1"), StartsWith("HTTP/1.1 404"));
+  EXPECT_THAT(Http(port, "POST /metrics HTTP/1.1"), StartsWith("HTTP/1.1 405"));
+  (*server)->Drain();
+}
+
+}  // namespace
+}  // namespace orthoserve::client
