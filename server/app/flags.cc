@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu (OpenBLAS) or cuda (one GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend cuda.");
 ABSL_FLAG(int64_t, device_memory_budget, 0, "Bytes of GPU memory the cuda backend may hold; 0 = 90% of free memory.");
+ABSL_FLAG(std::string, collective, "auto",
+          "The fleet's collective group when --world > 1: gloo (TCP, any backend), nccl (one GPU per rank, --backend "
+          "cuda) or auto (nccl on cuda, gloo on cpu).");
 ABSL_FLAG(bool, cuda_graphs, false,
           "--backend cuda: replay each Newton-Schulz step loop as a CUDA graph (captured once per shape and buffers; "
           "same results, fewer launches).");
@@ -61,7 +64,7 @@ namespace orthoserve {
 namespace {
 
 const char* const kFlagNames[] = {
-    "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "workers",
+    "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "collective", "workers",
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
@@ -122,6 +125,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.world = absl::GetFlag(FLAGS_world);
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.fleet_listen = absl::GetFlag(FLAGS_fleet_listen);
+  o.collective = absl::GetFlag(FLAGS_collective);
   o.service.max_matrix_elements = absl::GetFlag(FLAGS_max_matrix_elements);
   o.service.admission.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.service.admission.max_tenant_inflight_bytes = absl::GetFlag(FLAGS_max_tenant_inflight_bytes);

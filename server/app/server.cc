@@ -46,6 +46,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
 
 }  // namespace
 
+std::string ResolveCollective(const ServerOptions& o) {
+  if (o.world == 1) return "local";
+  if (o.collective != "auto") return o.collective;
+  return o.backend.kind == "cuda" && ORTHOSERVE_WITH_CUDA ? "nccl" : "gloo";
+}
+
 absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.listen.empty()) return absl::InvalidArgumentError("--listen is empty; give HOST:PORT");
   if (o.backend.kind != "cpu" && o.backend.kind != "cuda") {
@@ -67,6 +73,17 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--rendezvous-timeout and --collective-timeout must be positive");
   }
   if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
+  if (o.collective != "auto" && o.collective != "gloo" && o.collective != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--collective \"", o.collective, "\" is not one of auto, gloo, nccl"));
+  }
+  if (o.collective == "nccl" && o.backend.kind != "cuda") {
+    return absl::InvalidArgumentError("--collective nccl needs --backend cuda (one GPU per rank); use gloo on cpu");
+  }
+  if (o.collective == "nccl" && !ORTHOSERVE_WITH_CUDA) {
+    return absl::FailedPreconditionError(
+        "--collective nccl: this build has no NCCL; rebuild with -DORTHOSERVE_WITH_CUDA=ON or use --collective gloo");
+  }
   if (o.service.max_message_bytes < 4096 || o.service.max_message_bytes > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError("--max-message-bytes must be between 4096 and 2^31 - 1");
   }
@@ -137,6 +154,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.collective_timeout = o.collective_timeout;
   f.stall_warning = o.stall_warning;
   f.peer_timeout = o.peer_timeout;
+  f.collective = ResolveCollective(o);
+  f.device = o.backend.device;
   f.backend = server->backend_.get();
   f.metrics = server->metrics_.get();
   o.service.version = ORTHOSERVE_VERSION;
@@ -154,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   }
   LOG_INFO("server") << "orthoserve " << ORTHOSERVE_VERSION << " rank " << o.rank << "/" << o.world << " serving on "
                      << o.listen << " (port " << server->port_ << "), backend " << info.name << " (" << info.device
-                     << "), metrics " << (o.metrics_address.empty() ? "off" : o.metrics_address);
+                     << "), collective " << f.collective << ", metrics " << (o.metrics_address.empty() ? "off" : o.metrics_address);
   Server* raw = server.get();
   server->health_ = std::thread([raw] { raw->WatchHealth(); });
   return server;

@@ -29,6 +29,7 @@ struct ServerOptions {
   int world = 1;                                // Fleet size S.
   std::string coordinator;                      // Rank 0's fleet address (world > 1).
   std::string fleet_listen;                     // Internal address (health, fleet service on rank 0, Gloo host).
+  std::string collective = "auto";              // auto|gloo|nccl: the fleet's collective group (world > 1).
   ServiceOptions service;                       // Limits and reported settings.
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration stall_warning = absl::Seconds(60);
@@ -43,6 +44,10 @@ struct ServerOptions {
 // Checks every option that can be checked without binding an address or starting the backend
 // (what `orthoserve --check-config` runs). INVALID_ARGUMENT naming the flag.
 absl::Status ValidateServerOptions(const ServerOptions& options);
+
+// The collective a fleet of these options joins: "local" for world 1 (no group), else --collective,
+// with "auto" meaning "nccl" on --backend cuda and "gloo" on cpu. Assumes valid options.
+std::string ResolveCollective(const ServerOptions& options);
 
 class Server {
  public:

@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -11,6 +12,9 @@
 #include "server/collective/gloo/gloo_collective.h"
 #include "server/collective/in_memory_store.h"
 #include "server/collective/local_collective.h"
+#if ORTHOSERVE_WITH_CUDA
+#include "server/collective/nccl/nccl_collective.h"
+#endif
 #include "server/fleet/fleet_client.h"
 #include "server/fleet/fleet_service.h"
 
@@ -36,6 +40,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
         absl::StrCat("--rank = ", options.rank, " is out of range for --world = ", options.world));
   }
   if (options.backend == nullptr) return absl::InvalidArgumentError("Fleet needs a backend");
+  if (options.world > 1 && options.collective != "gloo" && options.collective != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("collective \"", options.collective, "\" is not one of gloo, nccl"));
+  }
   if (options.world > 1 && options.coordinator.empty()) {
     return absl::InvalidArgumentError(
         "--coordinator is required when --world > 1: give rank 0's fleet address (its --fleet-listen)");
@@ -106,22 +113,45 @@ absl::Status Fleet::ServeFleetPort() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<Collective>> Fleet::JoinCollective() {
+  const Options& o = options_;
+  if (o.collective == "nccl") {
+#if ORTHOSERVE_WITH_CUDA
+    NcclCollective::Options n;
+    n.rank = o.rank;
+    n.world = o.world;
+    n.device = o.device;
+    n.store = store_.get();
+    n.id_key = "gen-0/nccl/unique_id";
+    n.init_timeout = o.join_timeout;
+    LOG_INFO("fleet") << "joining a fleet of " << o.world << " ranks through " << o.coordinator << " (nccl on device "
+                      << o.device << ")";
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclCollective> nccl, NcclCollective::Create(n));
+    return std::unique_ptr<Collective>(std::move(nccl));
+#else
+    return absl::FailedPreconditionError("collective nccl: this build has no NCCL");
+#endif
+  }
+  GlooCollective::Options g;
+  g.rank = o.rank;
+  g.world = o.world;
+  g.store = store_.get();
+  g.prefix = "gen-0";
+  std::string host = HostOf(o.fleet_listen);
+  if (IsWildcard(host)) host = HostOf(o.advertise_address);
+  g.hostname = IsWildcard(host) ? "127.0.0.1" : host;
+  g.timeout = o.join_timeout;
+  LOG_INFO("fleet") << "joining a fleet of " << o.world << " ranks through " << o.coordinator << " (gloo on "
+                    << g.hostname << ")";
+  ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> gloo, GlooCollective::Create(g));
+  return std::unique_ptr<Collective>(std::move(gloo));
+}
+
 absl::Status Fleet::Form() {
   const Options& o = options_;
   if (o.world > 1) {
     RETURN_IF_ERROR(store_->Set(absl::StrCat("member/", o.rank), o.advertise_address));
-    GlooCollective::Options g;
-    g.rank = o.rank;
-    g.world = o.world;
-    g.store = store_.get();
-    g.prefix = "gen-0";
-    std::string host = HostOf(o.fleet_listen);
-    if (IsWildcard(host)) host = HostOf(o.advertise_address);
-    g.hostname = IsWildcard(host) ? "127.0.0.1" : host;
-    g.timeout = o.join_timeout;
-    LOG_INFO("fleet") << "joining a fleet of " << o.world << " ranks through " << o.coordinator << " (gloo on "
-                      << g.hostname << ")";
-    ASSIGN_OR_RETURN(collective_, GlooCollective::Create(g));
+    ASSIGN_OR_RETURN(collective_, JoinCollective());
   }
   std::vector<FleetMemberInfo> members;
   for (int r = 0; r < o.world; ++r) {

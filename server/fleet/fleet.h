@@ -4,7 +4,8 @@
 // and the collective is LocalCollective.
 //
 // For S > 1, rank 0 serves the orthoserve.fleet.v1 service on its fleet address; every rank
-// publishes its public address in the store, joins a Gloo group over the store and then reports
+// publishes its public address in the store, joins a collective group over the store (Gloo over
+// TCP, or NCCL with one GPU per rank, its unique id passed through the store) and then reports
 // ready. Formation runs in the background: until it completes, ready() is false and Submit
 // fails with UNAVAILABLE. Thread-safe.
 #pragma once
@@ -52,6 +53,8 @@ class Fleet {
     absl::Duration stall_warning = absl::Seconds(60);
     absl::Duration join_timeout = absl::Minutes(10);  // How long formation waits for peers.
     absl::Duration peer_timeout = absl::Seconds(15);  // Silence after which a peer counts as lost.
+    std::string collective = "gloo";       // world > 1: "gloo" (TCP) or "nccl" (this rank's GPU `device`).
+    int device = 0;                        // CUDA device ordinal for nccl.
     Backend* backend = nullptr;            // Not owned.
     Metrics* metrics = nullptr;            // Optional, not owned.
   };
@@ -92,6 +95,8 @@ class Fleet {
   explicit Fleet(const Options& options) : options_(options) {}
   absl::Status ServeFleetPort();
   absl::Status Form();
+  // Joins this rank's collective group (world > 1): Gloo or NCCL as Options::collective says.
+  absl::StatusOr<std::unique_ptr<Collective>> JoinCollective();
 
   const Options options_;
   std::unique_ptr<Store> store_;

@@ -1,0 +1,100 @@
+// ValidateServerOptions (server/app/server.h): every option it checks, bad, gives its specific
+// code and names the flag; and ResolveCollective picks the fleet's collective group.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/app/server.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using ::orthoserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ServerOptions Fleet2(const std::string& backend) {
+  ServerOptions o;
+  o.world = 2;
+  o.rank = 1;
+  o.fleet_listen = "127.0.0.1:7001";
+  o.coordinator = "127.0.0.1:7000";
+  o.backend.kind = backend;
+  return o;
+}
+
+TEST(ServerOptionsTest, DefaultsAreValid) {
+  EXPECT_OK(ValidateServerOptions(ServerOptions{}));
+  EXPECT_OK(ValidateServerOptions(Fleet2("cpu")));
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(ServerOptions&)> change;
+  absl::StatusCode code;
+  std::string names;  // Substring of the message: the flag.
+};
+
+TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
+  const std::vector<BadCase> cases = {
+      {"empty listen", [](ServerOptions& o) { o.listen = ""; }, absl::StatusCode::kInvalidArgument, "--listen"},
+      {"backend", [](ServerOptions& o) { o.backend.kind = "tpu"; }, absl::StatusCode::kInvalidArgument, "--backend"},
+      {"blas threads", [](ServerOptions& o) { o.backend.cpu_threads = 0; }, absl::StatusCode::kInvalidArgument,
+       "--blas-threads"},
+      {"world", [](ServerOptions& o) { o.world = 0; }, absl::StatusCode::kInvalidArgument, "--world"},
+      {"rank", [](ServerOptions& o) { o.rank = 2; }, absl::StatusCode::kInvalidArgument, "--rank"},
+      {"fleet listen", [](ServerOptions& o) { o.fleet_listen = ""; }, absl::StatusCode::kInvalidArgument,
+       "--fleet-listen"},
+      {"coordinator", [](ServerOptions& o) { o.coordinator = ""; }, absl::StatusCode::kInvalidArgument,
+       "--coordinator"},
+      {"collective timeout", [](ServerOptions& o) { o.collective_timeout = absl::ZeroDuration(); },
+       absl::StatusCode::kInvalidArgument, "--collective-timeout"},
+      {"peer timeout", [](ServerOptions& o) { o.peer_timeout = absl::Seconds(-1); },
+       absl::StatusCode::kInvalidArgument, "--fleet-peer-timeout"},
+      {"collective name", [](ServerOptions& o) { o.collective = "mpi"; }, absl::StatusCode::kInvalidArgument,
+       "--collective \"mpi\" is not one of auto, gloo, nccl"},
+      {"nccl on cpu", [](ServerOptions& o) { o.collective = "nccl"; }, absl::StatusCode::kInvalidArgument,
+       "--collective nccl needs --backend cuda"},
+      {"workers", [](ServerOptions& o) { o.workers = 0; }, absl::StatusCode::kInvalidArgument, "--workers"},
+      {"chunk bytes", [](ServerOptions& o) { o.service.chunk_bytes = 100; }, absl::StatusCode::kInvalidArgument,
+       "--chunk-bytes"},
+      {"message bytes", [](ServerOptions& o) { o.service.max_message_bytes = 1; },
+       absl::StatusCode::kInvalidArgument, "--max-message-bytes"},
+  };
+  for (const BadCase& c : cases) {
+    ServerOptions o = Fleet2("cpu");
+    c.change(o);
+    EXPECT_THAT(ValidateServerOptions(o), StatusIs(c.code, HasSubstr(c.names))) << c.name;
+  }
+}
+
+TEST(ServerOptionsTest, NcclNeedsACudaBuild) {
+  ServerOptions o = Fleet2("cuda");
+  o.collective = "nccl";
+  if (ORTHOSERVE_WITH_CUDA) {
+    EXPECT_OK(ValidateServerOptions(o));
+  } else {
+    EXPECT_THAT(ValidateServerOptions(o), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no NCCL")));
+  }
+}
+
+TEST(ServerOptionsTest, ResolveCollective) {
+  EXPECT_EQ(ResolveCollective(ServerOptions{}), "local") << "one rank needs no group";
+  ServerOptions cuda_one;
+  cuda_one.backend.kind = "cuda";
+  EXPECT_EQ(ResolveCollective(cuda_one), "local");
+  EXPECT_EQ(ResolveCollective(Fleet2("cpu")), "gloo");
+  EXPECT_EQ(ResolveCollective(Fleet2("cuda")), ORTHOSERVE_WITH_CUDA ? "nccl" : "gloo");
+  ServerOptions gloo_on_gpus = Fleet2("cuda");
+  gloo_on_gpus.collective = "gloo";
+  EXPECT_EQ(ResolveCollective(gloo_on_gpus), "gloo");
+  ServerOptions nccl = Fleet2("cuda");
+  nccl.collective = "nccl";
+  EXPECT_EQ(ResolveCollective(nccl), "nccl");
+}
+
+}  // namespace
+}  // namespace orthoserve
