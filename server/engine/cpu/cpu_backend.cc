@@ -85,9 +85,16 @@ absl::Status CpuBackend::RunOne(const NsTask& task) {
   const NsKernelArgs& args = *task.args;
   const int64_t rows = task.shape.rows;
   const int64_t cols = task.shape.cols;
-  // With no steps the result is elementwise (normalize, round, scale), so the orientation does not
-  // matter and the two transposes are skipped.
-  const bool transpose = args.transpose && !args.schedule.empty();
+  if (args.schedule.empty()) {
+    // With no steps the result is elementwise (normalize, round, scale): the orientation does not
+    // matter, and it is computed in two passes from `in` to `out` without a working matrix.
+    const int64_t count = rows * cols;
+    const float divisor = NormDivisor(SumOfSquaresOf(task.in_dtype, task.in, count), args.eps, args.eps_mode);
+    NormalizeScaleStore(task.in_dtype, task.in, count, divisor, args.precision == Precision::kMedium, args.scale,
+                        task.out_dtype, task.out);
+    return absl::OkStatus();
+  }
+  const bool transpose = args.transpose;
   const int64_t gram = transpose ? cols : rows;
 
   std::vector<WorkingShard> shards(1);

@@ -11,6 +11,9 @@ namespace orthoserve {
 namespace {
 
 constexpr int64_t kTile = 16;
+// Elements per block of the single-pass functions: a multiple of 4 (SumOfSquares' partial sums),
+// small enough that a block and its converted copy stay in the L1 cache.
+constexpr int64_t kBlock = 2048;
 
 // dst (cols × rows) = srcᵀ for src rows × cols, in 16×16 tiles through a local buffer so that
 // reads and writes both use whole cache lines.
@@ -32,6 +35,21 @@ void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
 
 void Scale(const float* __restrict src, int64_t count, double scale, float* __restrict dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(static_cast<double>(src[i]) * scale);
+}
+
+bool IsF32Aligned(DType dtype, const void* p) {
+  return dtype == DType::kF32 && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0;
+}
+
+// Adds x² to the four partial sums s[i % 4] (i counted from the block's start); the tail of a
+// block whose count is not a multiple of 4 goes to s[0]. Blocks of a multiple of 4 elements in
+// a row, and then one last block of any size, give the sums of one call over all of them.
+void AccumulateSquares(const float* x, int64_t count, double s[4]) {
+  int64_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
+  }
+  for (; i < count; ++i) s[0] += static_cast<double>(x[i]) * x[i];
 }
 
 }  // namespace
@@ -61,7 +79,7 @@ void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, do
     Transpose(x, cols, rows, scratch);
     oriented = scratch;
   }
-  const bool direct = dtype == DType::kF32 && reinterpret_cast<uintptr_t>(out) % alignof(float) == 0;
+  const bool direct = IsF32Aligned(dtype, out);
   float* scaled = direct ? static_cast<float*>(out) : scratch;
   Scale(oriented, count, scale, scaled);
   if (!direct) ConvertFromF32(dtype, scaled, static_cast<size_t>(count), out);
@@ -70,11 +88,20 @@ void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, do
 double SumOfSquares(const float* x, int64_t count) {
   // Four partial sums keep the loop from being one long dependency chain; the order is fixed.
   double s[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= count; i += 4) {
-    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
+  AccumulateSquares(x, count, s);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+double SumOfSquaresOf(DType dtype, const void* in, int64_t count) {
+  if (IsF32Aligned(dtype, in)) return SumOfSquares(static_cast<const float*>(in), count);
+  const size_t elem = ElementSize(dtype);
+  float block[kBlock];
+  double s[4] = {0, 0, 0, 0};
+  for (int64_t i = 0; i < count; i += kBlock) {
+    const int64_t n = std::min(kBlock, count - i);
+    ConvertToF32(dtype, static_cast<const char*>(in) + i * elem, static_cast<size_t>(n), block);
+    AccumulateSquares(block, n, s);
   }
-  for (; i < count; ++i) s[0] += static_cast<double>(x[i]) * x[i];
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
@@ -89,6 +116,23 @@ void NormalizeInPlace(float* x, int64_t count, float divisor, bool round_bf16) {
   }
   if (round_bf16) {
     RoundToBf16InPlace(x, count);
+  }
+}
+
+void NormalizeScaleStore(DType in_dtype, const void* in, int64_t count, float divisor, bool round_bf16, double scale,
+                         DType out_dtype, void* out) {
+  const size_t in_elem = ElementSize(in_dtype);
+  const size_t out_elem = ElementSize(out_dtype);
+  const bool direct = IsF32Aligned(out_dtype, out);
+  float x[kBlock];
+  float scaled[kBlock];
+  for (int64_t i = 0; i < count; i += kBlock) {
+    const int64_t n = std::min(kBlock, count - i);
+    ConvertToF32(in_dtype, static_cast<const char*>(in) + i * in_elem, static_cast<size_t>(n), x);
+    NormalizeInPlace(x, n, divisor, round_bf16);
+    float* dst = direct ? static_cast<float*>(out) + i : scaled;
+    Scale(x, n, scale, dst);
+    if (!direct) ConvertFromF32(out_dtype, scaled, static_cast<size_t>(n), static_cast<char*>(out) + i * out_elem);
   }
 }
 

@@ -24,6 +24,10 @@ void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, do
 // Σ x², accumulated in double (exact products, rounding only in the additions).
 double SumOfSquares(const float* x, int64_t count);
 
+// SumOfSquares of `count` elements of `dtype` at `in` (unaligned allowed) widened to fp32, bit
+// for bit, without a widened copy: reads `in` once.
+double SumOfSquaresOf(DType dtype, const void* in, int64_t count);
+
 // The fp32 divisor of the normalization for a squared norm `sum_squares`: max(‖X‖_F, eps) for
 // kMax, ‖X‖_F + eps for kAdd, computed in double and rounded once to fp32.
 float NormDivisor(double sum_squares, double eps, EpsMode mode);
@@ -32,5 +36,12 @@ float NormDivisor(double sum_squares, double eps, EpsMode mode);
 // zero divisor (an all-zero matrix with eps = 0) leaves the zeros as they are instead of making
 // NaN.
 void NormalizeInPlace(float* x, int64_t count, float divisor, bool round_bf16);
+
+// NS with no steps, which is elementwise: out = scale · NormalizeInPlace(in widened to fp32),
+// bit for bit what LoadWorking, NormalizeInPlace and StoreWorking (no transpose) give, in one
+// pass from `in` to `out` without a working matrix. `in` holds `count` elements of `in_dtype`,
+// `out` receives `count` elements of `out_dtype`; either may be unaligned.
+void NormalizeScaleStore(DType in_dtype, const void* in, int64_t count, float divisor, bool round_bf16, double scale,
+                         DType out_dtype, void* out);
 
 }  // namespace orthoserve

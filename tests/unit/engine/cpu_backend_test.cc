@@ -2,6 +2,7 @@
 // sharded participant makes (even with no shards), and MEDIUM's bf16 results.
 #include "server/engine/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -119,6 +120,58 @@ TEST(CpuBackendTest, ReducerErrorsAbortTheTask) {
   NsShardedTask task{{NsShard{{2, 4}, DType::kF32, in.data(), DType::kF32, out.data()}}, 1, 2, &args};
   EXPECT_THAT(CpuBackendWithThreads(1).RunSharded(task, reducer),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer 2")));
+}
+
+TEST(CpuBackendTest, NoStepsGivesTheBitsOfTheWorkingMatrixPath) {
+  // Run computes steps = 0 in two passes straight from `in` to `out`; a one-participant sharded
+  // task along dim 1 still goes through the working matrix (load, sum of squares, normalize,
+  // store) in the same order, so the two must agree bit for bit — for every dtype pair,
+  // precision and eps mode, counts that are not multiples of 4 or of the block, unaligned
+  // buffers, and an all-zero matrix.
+  struct Case {
+    int64_t rows, cols;
+    size_t misalign;  // Bytes added to both buffer addresses.
+    bool zeros;
+  };
+  const std::vector<Case> cases = {{7, 5, 0, false}, {3, 2049, 0, false}, {64, 100, 0, false},
+                                   {9, 700, 2, false}, {6, 6, 0, true}};
+  int compared = 0;
+  for (const Case& c : cases) {
+    std::vector<double> g = RandomMatrix(c.rows, c.cols, 75);
+    if (c.zeros) std::fill(g.begin(), g.end(), 0.0);
+    for (DType in_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (DType out_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (Precision precision : {Precision::kMedium, Precision::kHighest}) {
+          for (EpsMode eps_mode : {EpsMode::kMax, EpsMode::kAdd}) {
+            NsKernelArgs args;
+            args.precision = precision;
+            args.eps_mode = eps_mode;
+            args.eps = c.zeros ? 0.0 : 1e-7;
+            args.transpose = true;  // Ignored without steps.
+            args.scale = 1.7;
+            const std::vector<char> packed = Pack(g, in_dtype);
+            const size_t out_bytes = packed.size() / ElementSize(in_dtype) * ElementSize(out_dtype);
+            std::vector<char> in(packed.size() + c.misalign), run_out(out_bytes + c.misalign),
+                sharded_out(out_bytes + c.misalign);
+            std::memcpy(in.data() + c.misalign, packed.data(), packed.size());
+            const Matrix2d shape{c.rows, c.cols};
+            NsTask task{shape, in_dtype, in.data() + c.misalign, out_dtype, run_out.data() + c.misalign, &args};
+            const std::vector<absl::Status> run = CpuBackendWithThreads(1).Run({task});
+            ASSERT_OK(run[0]);
+            NsShardedTask sharded{
+                {NsShard{shape, in_dtype, in.data() + c.misalign, out_dtype, sharded_out.data() + c.misalign}},
+                1, c.rows, &args};
+            CountingReducer lone;
+            ASSERT_OK(CpuBackendWithThreads(1).RunSharded(sharded, lone));
+            EXPECT_EQ(run_out, sharded_out) << c.rows << "x" << c.cols << " " << DTypeName(in_dtype) << " -> "
+                                            << DTypeName(out_dtype) << " " << PrecisionName(precision);
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 5 * 9 * 4);
 }
 
 TEST(CpuBackendTest, MediumResultsAreBf16ValuesAndHighestAreNot) {
