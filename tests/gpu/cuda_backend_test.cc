@@ -194,11 +194,17 @@ TEST(CudaBackendTest, SplitQkvRunsEachPartAsItsOwnMatrix) {
 TEST(CudaBackendTest, ZeroMatrixStaysZero) {
   SKIP_WITHOUT_GPU();
   for (Precision p : {Precision::kHighest, Precision::kMedium}) {
-    NsOptions options;
-    options.precision = p;
-    const auto result = RunOne(SharedBackend(), std::vector<double>(40 * 70, 0.0), 40, 70, options);
-    ASSERT_OK(result.status);
-    for (double value : result.values) ASSERT_EQ(value, 0.0);
+    for (double eps : {1e-7, 0.0}) {  // eps = 0: a zero divisor, skipped as on the CPU backend.
+      for (EpsMode mode : {EpsMode::kMax, EpsMode::kAdd}) {
+        NsOptions options;
+        options.precision = p;
+        options.eps = eps;
+        options.eps_mode = mode;
+        const auto result = RunOne(SharedBackend(), std::vector<double>(40 * 70, 0.0), 40, 70, options);
+        ASSERT_OK(result.status);
+        for (double value : result.values) ASSERT_EQ(value, 0.0) << "eps " << eps;
+      }
+    }
   }
 }
 
@@ -398,8 +404,8 @@ TEST(CudaBackendTest, GroupedSameShapeTasksEqualTasksRunAlone) {
   }
 }
 
-// Graph replay: the first call captures, the next ones replay; every result has the bits of the
-// backend without graphs.
+// Graph replay: the first call runs eagerly, the second captures, the next ones replay; every
+// result has the bits of the backend without graphs.
 TEST(CudaBackendTest, CudaGraphsGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   CudaBackend::Options options;
@@ -409,16 +415,19 @@ TEST(CudaBackendTest, CudaGraphsGiveTheSameBits) {
   CudaBackend& graphed = **created;
   auto expected = MixedTasks();
   for (auto& t : expected) ASSERT_OK(RunAlone(SharedBackend(), t->task));
-  int64_t captures_after_first = 0;
-  for (int round = 0; round < 3; ++round) {
+  std::vector<int64_t> captures;
+  for (int round = 0; round < 4; ++round) {
     auto tasks = MixedTasks();
     std::vector<NsTask> batch;
     for (auto& t : tasks) batch.push_back(t->task);
     for (const absl::Status& s : graphed.Run(batch)) ASSERT_OK(s);
     for (size_t i = 0; i < tasks.size(); ++i) EXPECT_EQ(tasks[i]->out, expected[i]->out) << "round " << round << " task " << i;
-    if (round == 0) captures_after_first = graphed.GraphCaptures();
+    captures.push_back(graphed.GraphCaptures());
   }
-  EXPECT_GT(captures_after_first, 0);
+  EXPECT_EQ(captures[0], 0) << "the first call of a shape runs without a graph";
+  EXPECT_GT(captures[1], 0) << "the second captures";
+  EXPECT_EQ(captures[2], captures[1]) << "later calls replay";
+  EXPECT_EQ(captures[3], captures[1]);
   EXPECT_EQ(SharedBackend().GraphCaptures(), 0);
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/cuda/kernels.h"
 #include "server/engine/cuda/ns_steps.h"
@@ -35,6 +36,7 @@ struct Emulation {
   int64_t matmul_calls = 0;
   int64_t batched_calls = 0;        // Calls with a batch count > 1.
   bool refuse_batched = false;      // cublasLtMatmulAlgoCheck refuses strided batches.
+  int64_t fail_call = 0;            // cublasLtMatmul call number (1-based) that fails; 0: none.
   std::set<cudaStream_t> streams;   // Streams a product ran on.
   std::vector<std::string> errors;  // Contract violations.
   // Stream protocol.
@@ -42,7 +44,7 @@ struct Emulation {
   cudaEvent_t fork = nullptr;
   int64_t fork_epoch = 0;
   std::map<cudaStream_t, int64_t> waited_epoch;  // Fork epoch each side stream last waited on.
-  std::map<cudaStream_t, bool> unjoined;         // Side stream with work main has not waited for.
+  std::map<cudaStream_t, bool> unjoined;         // Side stream forked and not yet joined back.
   std::map<cudaEvent_t, cudaStream_t> recorded;  // Event → stream it was last recorded on.
 };
 Emulation g;
@@ -135,22 +137,36 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, c
   }
   return CUBLAS_STATUS_SUCCESS;
 }
+// Preference data: [0] max workspace, [1] allowed reduction schemes (cuBLASLt's default: all).
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
   *pref = new cublasLtMatmulPreferenceOpaque_t{};
+  (*pref)->data[1] = CUBLASLT_REDUCTION_SCHEME_MASK;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
   delete pref;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
-                                                    const void*, size_t) {
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t size) {
+  if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && size == sizeof(uint64_t)) {
+    pref->data[0] = *static_cast<const uint64_t*>(buf);
+  } else if (attr == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK && size == sizeof(uint32_t)) {
+    pref->data[1] = *static_cast<const uint32_t*>(buf);
+  } else {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                                              cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatrixLayout_t, cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int* found) {
+  if ((pref->data[1] & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0) {
+    g.errors.push_back("split-K partials may be reduced in the output type (a second rounding in bf16)");
+  }
+  if (pref->data[0] == 0) g.errors.push_back("no workspace limit given to the heuristic");
   if (L(a).batch != 1 || L(b).batch != 1 || L(c).batch != 1) {
     g.errors.push_back("the heuristic was asked about a batched problem (the algorithm must not depend on the batch)");
   }
@@ -173,6 +189,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo, void*, size_t,
                               cudaStream_t stream) {
   ++g.matmul_calls;
+  if (g.matmul_calls == g.fail_call) return CUBLAS_STATUS_EXECUTION_FAILED;
   g.streams.insert(stream);
   if (stream != g.main) {
     if (g.waited_epoch[stream] != g.fork_epoch) g.errors.push_back("a side stream ran a product before the fork");
@@ -242,6 +259,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (event == g.fork) {
     g.waited_epoch[stream] = g.fork_epoch;
+    g.unjoined[stream] = true;
   } else if (stream == g.main) {
     g.unjoined[g.recorded[event]] = false;
   }
@@ -298,7 +316,8 @@ struct LayoutCase {
 
 // Runs the step loop on `batch` random matrices (seeds 7, 8, ...) through the emulation and
 // returns each matrix's scaled result; fails the test on any contract violation it saw.
-std::vector<std::vector<double>> RunEmulated(const LayoutCase& c, bool refuse_batched) {
+std::vector<std::vector<double>> RunEmulated(const LayoutCase& c, bool refuse_batched, int64_t fail_call = 0,
+                                             absl::Status* status = nullptr) {
   NsOptions o;
   o.precision = c.precision;
   o.transpose = c.transpose;
@@ -342,8 +361,13 @@ std::vector<std::vector<double>> RunEmulated(const LayoutCase& c, bool refuse_ba
   g.main = dev.main.stream;
   g.fork = dev.fork;
   g.refuse_batched = refuse_batched;
+  g.fail_call = fail_call;
   auto result = cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{x0.data(), is_x, m, n, c.batch}, x1.data(),
                                   a.data(), b.data());
+  if (status != nullptr) {
+    *status = result.status();
+    return {};
+  }
   EXPECT_OK(result);
   for (const std::string& e : g.errors) ADD_FAILURE() << e;
   if (!result.ok()) return {};
@@ -418,6 +442,18 @@ TEST(CudaLayoutEmulation, StripsFanOutOverTheSideStreams) {
   RunEmulated(LayoutCase{"small", 40, 72, Precision::kMedium, TransposeMode::kAuto, CoefficientType::kQuintic, 1, 1, 3},
               false);
   EXPECT_EQ(g.streams.size(), 1u) << "one full product stays on the main stream";
+}
+
+// A product that fails on a side stream: the error comes back as INTERNAL with cuBLASLt's name,
+// and every forked side stream has still been joined back into the main one.
+TEST(CudaLayoutEmulation, FailedStripStillJoinsTheSideStreams) {
+  absl::Status status;
+  RunEmulated(LayoutCase{"strips", 1040, 1030, Precision::kMedium, TransposeMode::kAuto, CoefficientType::kQuintic, 1,
+                         1, 5},
+              false, /*fail_call=*/2, &status);
+  EXPECT_THAT(status, ::orthoserve::testing::StatusIs(absl::StatusCode::kInternal, ::testing::HasSubstr("cublasLtMatmul")));
+  EXPECT_FALSE(g.unjoined.empty());
+  for (const auto& [stream, pending] : g.unjoined) EXPECT_FALSE(pending) << "a side stream was left forked";
 }
 
 // When the single-instance algorithm cannot run the strided batch, each instance runs alone with

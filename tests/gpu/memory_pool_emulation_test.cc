@@ -4,8 +4,15 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,14 +21,23 @@
 
 namespace {
 
+// The emulated driver: thread-safe counters and the bytes it has handed out.
+std::mutex g_mu;
 int g_mallocs = 0;
 int g_frees = 0;
 size_t g_driver_limit = 0;  // Allocations larger than this fail like a full device (0 = no limit).
+std::map<void*, size_t> g_live;
+size_t g_live_bytes = 0;
+size_t g_peak_bytes = 0;
 
 cudaError_t Allocate(void** p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
   if (g_driver_limit != 0 && bytes > g_driver_limit) return cudaErrorMemoryAllocation;
   *p = std::malloc(bytes);
   ++g_mallocs;
+  g_live[*p] = bytes;
+  g_live_bytes += bytes;
+  g_peak_bytes = std::max(g_peak_bytes, g_live_bytes);
   return cudaSuccess;
 }
 
@@ -31,6 +47,9 @@ extern "C" {
 cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes); }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return Allocate(p, bytes); }
 cudaError_t cudaFree(void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_live_bytes -= g_live[p];
+  g_live.erase(p);
   std::free(p);
   ++g_frees;
   return cudaSuccess;
@@ -60,6 +79,7 @@ class MemoryPoolTest : public ::testing::Test {
     g_mallocs = 0;
     g_frees = 0;
     g_driver_limit = 0;
+    g_peak_bytes = g_live_bytes;
   }
 };
 
@@ -141,6 +161,47 @@ TEST_F(MemoryPoolTest, BlocksMoveWithoutDoubleRelease) {
   pool.Trim();
   EXPECT_EQ(pool.held_bytes(), 0);
   EXPECT_EQ(g_frees, 1);
+}
+
+// Concurrent callers under a budget: the driver never holds more than the budget (allocations
+// are reserved under the lock, frees happen outside it), every request either fits or gets
+// RESOURCE_EXHAUSTED, and after Trim every allocation has been freed.
+TEST_F(MemoryPoolTest, ConcurrentCallersStayWithinTheBudget) {
+  static constexpr int64_t kBudget = 16 * kMiB;
+  const size_t live_before = g_live_bytes;
+  {
+    MemoryPool pool(MemoryPool::Options{MemoryPool::Kind::kDevice, kBudget, 0});
+    std::vector<std::thread> threads;
+    std::atomic<int> granted{0}, refused{0};
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&pool, &granted, &refused, t] {
+        std::mt19937 rng(static_cast<uint32_t>(t));
+        std::uniform_int_distribution<size_t> size(1, 6 * kMiB);
+        for (int i = 0; i < 300; ++i) {
+          auto a = pool.Acquire(size(rng), "concurrent");
+          auto b = pool.Acquire(size(rng), "concurrent");
+          for (auto* block : {&a, &b}) {
+            if (block->ok()) {
+              ++granted;
+              static_cast<char*>((*block)->data())[0] = 1;  // The memory is usable.
+            } else {
+              EXPECT_THAT(block->status(), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("budget")));
+              ++refused;
+            }
+          }
+          EXPECT_LE(pool.held_bytes(), kBudget);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_GT(granted.load(), 0);
+    EXPECT_EQ(pool.in_use_bytes(), 0);
+    pool.Trim();
+    EXPECT_EQ(pool.held_bytes(), 0);
+  }
+  EXPECT_LE(g_peak_bytes - live_before, static_cast<size_t>(kBudget));
+  EXPECT_EQ(g_live_bytes, live_before);
+  EXPECT_EQ(g_mallocs, g_frees);
 }
 
 }  // namespace

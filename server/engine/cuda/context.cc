@@ -64,6 +64,9 @@ void Context::SyncAll() {
   cudaStreamSynchronize(compute.get());
   cudaStreamSynchronize(d2h.get());
   for (const Stream& s : side_streams) cudaStreamSynchronize(s.get());
+  // Clear the error state left by whatever failed, so that it is not reported again by the next
+  // launch of another task (sticky device errors are reported again anyway).
+  cudaGetLastError();
 }
 
 }  // namespace orthoserve::cuda

@@ -55,8 +55,8 @@ struct Context {
   double* device_scalar(int i) const;  // i in [0, 8).
   double* host_scalar(int i) const;
 
-  // Waits for everything enqueued on every stream of the context; errors are ignored (used on
-  // error paths before memory is released).
+  // Waits for everything enqueued on every stream of the context and clears the thread's last
+  // error; errors are ignored (used on error paths before memory is released).
   void SyncAll();
 };
 

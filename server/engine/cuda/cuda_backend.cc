@@ -218,7 +218,7 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, ab
     RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
   }
   RETURN_IF_ERROR(CudaCall(cuda::Normalize(first.in_dtype, slot.io.data(), z.numel, count, sums,
-                                           static_cast<float>(args.eps), args.eps_mode == EpsMode::kAdd, prec.dtype,
+                                           args.eps, args.eps_mode == EpsMode::kAdd, prec.dtype,
                                            slot.x0.data(), s),
                            "Normalize"));
   const cuda::BlasDevice dev = ctx.Blas(prec, symmetric_min_size);
@@ -258,6 +258,7 @@ std::vector<absl::Status> CudaBackend::Impl::Run(absl::Span<const NsTask> tasks)
     return results;
   }
   cuda::Context& ctx = ***lease;
+  cudaGetLastError();  // An error an earlier call left on this thread is not this call's.
   // A group may take a quarter of the budget, so the pipeline's two slots fit with room to spare.
   const int64_t max_group_bytes = budget > 0 ? std::min<int64_t>(budget / 4, int64_t{1} << 30) : int64_t{1} << 30;
   const std::vector<std::vector<size_t>> groups = GroupTasks(tasks, results, max_group_bytes);

@@ -112,7 +112,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     if (TakeInjectedFailure()) RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
     RETURN_IF_ERROR(CudaCall(
         cuda::Normalize(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), 1, ctx.device_scalar(1),
-                        static_cast<float>(args.eps), args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
+                        args.eps, args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
         "Normalize"));
   }
 
@@ -139,9 +139,11 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     RETURN_IF_ERROR(
         CudaCall(cuda::ScaleConvert(DType::kF32, gram.data(), static_cast<int64_t>(mm), 1.0f, prec.dtype, a.data(), s),
                  "ScaleConvert"));
+    // B depends on the summed Gram only: made once per step, applied to every local shard.
+    ASSIGN_OR_RETURN(const cuda::Multiplier mult, cuda::MakeMultiplier(dev, t, a.data(), b.data(), m, 1));
     for (DeviceShard& d : shards) {
       void* next = d.x.data == d.x0.data() ? d.x1.data() : d.x0.data();
-      RETURN_IF_ERROR(cuda::Update(dev, t, a.data(), b.data(), d.x, next));
+      RETURN_IF_ERROR(cuda::ApplyMultiplier(dev, t, mult, d.x, next));
       d.x.data = next;
     }
   }

@@ -71,14 +71,17 @@ __global__ void SumPartials(const double* partial, int count, double* result) {
   if (threadIdx.x == 0) result[blockIdx.x] = total;
 }
 
-__global__ void NormalizeKernel(DType in_t, const void* in, int64_t n, const double* sumsq, float eps, bool add_eps,
+// The divisor is formed in double and rounded once to fp32, as the CPU backend does; a zero
+// divisor (an all-zero matrix with eps = 0) leaves the values as they are (zeros).
+__global__ void NormalizeKernel(DType in_t, const void* in, int64_t n, const double* sumsq, double eps, bool add_eps,
                                 DType work, void* out) {
   const int64_t base = blockIdx.y * n;
-  const float norm = static_cast<float>(sqrt(sumsq[blockIdx.y]));
-  const float d = add_eps ? norm + eps : fmaxf(norm, eps);
+  const double norm = sqrt(sumsq[blockIdx.y]);
+  const float d = static_cast<float>(add_eps ? norm + eps : fmax(norm, eps));
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Store(work, out, base + i, Load(in_t, in, base + i) / d);
+    const float v = Load(in_t, in, base + i);
+    Store(work, out, base + i, d != 0.0f ? v / d : v);
   }
 }
 
@@ -147,7 +150,7 @@ cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, dou
   return cudaGetLastError();
 }
 
-cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, float eps,
+cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, double eps,
                       bool add_eps, DType work, void* out, cudaStream_t stream) {
   NormalizeKernel<<<dim3(GridFor(n), static_cast<unsigned>(batch)), kThreads, 0, stream>>>(in_dtype, in, n, sumsq,
                                                                                           eps, add_eps, work, out);

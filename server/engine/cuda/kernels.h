@@ -25,10 +25,11 @@ int64_t SumSquaresScratch(int64_t n, int64_t batch);
 cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* scratch, double* result,
                        cudaStream_t stream);
 
-// out[j·n + i] = work(in[j·n + i] / d_j) with d_j = max(√sumsq[j], eps) (add_eps false) or
-// √sumsq[j] + eps, computed in fp32; `work` is kF32 or kBF16 (rounded to nearest even). `sumsq`
-// holds `batch` device doubles.
-cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, float eps,
+// out[j·n + i] = work(in[j·n + i] / d_j) with d_j = fp32(max(√sumsq[j], eps)) (add_eps false) or
+// fp32(√sumsq[j] + eps), the divisor formed in double and rounded once, the division in fp32 (no
+// division when d_j = 0, as on the CPU backend); `work` is kF32 or kBF16 (rounded to nearest
+// even). `sumsq` holds `batch` device doubles.
+cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, double eps,
                       bool add_eps, DType work, void* out, cudaStream_t stream);
 
 // out[i] = out_dtype(float(x[i]) · scale): the final widening, scaling and narrowing.

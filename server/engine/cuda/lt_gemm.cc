@@ -32,6 +32,16 @@ absl::StatusOr<LtLayout> MakeLayout(cudaDataType_t type, int64_t rows, int64_t c
   return layout;
 }
 
+// Stored (pre-op) shapes: A is m × k or k × m, B is k × n or n × k.
+struct StoredShapes {
+  int64_t a_rows, a_cols, b_rows, b_cols;
+};
+
+StoredShapes StoredShapesOf(const GemmProblem& g) {
+  const bool ta = g.op_a != CUBLAS_OP_N, tb = g.op_b != CUBLAS_OP_N;
+  return StoredShapes{ta ? g.k : g.m, ta ? g.m : g.k, tb ? g.n : g.k, tb ? g.k : g.n};
+}
+
 const char* Offset(const void* p, int64_t elements, size_t element_size) {
   return static_cast<const char*>(p) + elements * static_cast<int64_t>(element_size);
 }
@@ -68,12 +78,7 @@ absl::StatusOr<const LtGemm::Plan*> LtGemm::PlanFor(const GemmPrecision& p, cons
                 g.lda,
                 g.ldb,
                 g.ldc,
-                g.batch,
-                g.stride_a,
-                g.stride_b,
-                g.stride_c,
-                static_cast<int64_t>(workspace_bytes),
-                0};
+                static_cast<int64_t>(workspace_bytes)};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (!FitsInt(g.m) || !FitsInt(g.n) || !FitsInt(g.k) || !FitsInt(g.lda) || !FitsInt(g.ldb) || !FitsInt(g.ldc) ||
       !FitsInt(g.batch) || g.batch < 1) {
@@ -90,48 +95,73 @@ absl::StatusOr<const LtGemm::Plan*> LtGemm::PlanFor(const GemmPrecision& p, cons
                              "cublasLtMatmulDescSetAttribute(TRANSA)"));
   RETURN_IF_ERROR(CublasCall(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
                              "cublasLtMatmulDescSetAttribute(TRANSB)"));
+  const StoredShapes z = StoredShapesOf(g);
+  ASSIGN_OR_RETURN(plan->a, MakeLayout(p.data_type, z.a_rows, z.a_cols, g.lda, 1, 0));
+  ASSIGN_OR_RETURN(plan->b, MakeLayout(p.data_type, z.b_rows, z.b_cols, g.ldb, 1, 0));
+  ASSIGN_OR_RETURN(plan->c, MakeLayout(p.data_type, g.m, g.n, g.ldc, 1, 0));
 
-  // Stored (pre-op) shapes: A is m × k or k × m, B is k × n or n × k.
-  const bool ta = g.op_a != CUBLAS_OP_N, tb = g.op_b != CUBLAS_OP_N;
-  const int64_t a_rows = ta ? g.k : g.m, a_cols = ta ? g.m : g.k;
-  const int64_t b_rows = tb ? g.n : g.k, b_cols = tb ? g.k : g.n;
-  ASSIGN_OR_RETURN(plan->a, MakeLayout(p.data_type, a_rows, a_cols, g.lda, g.batch, g.stride_a));
-  ASSIGN_OR_RETURN(plan->b, MakeLayout(p.data_type, b_rows, b_cols, g.ldb, g.batch, g.stride_b));
-  ASSIGN_OR_RETURN(plan->c, MakeLayout(p.data_type, g.m, g.n, g.ldc, g.batch, g.stride_c));
-  ASSIGN_OR_RETURN(plan->a1, MakeLayout(p.data_type, a_rows, a_cols, g.lda, 1, 0));
-  ASSIGN_OR_RETURN(plan->b1, MakeLayout(p.data_type, b_rows, b_cols, g.ldb, 1, 0));
-  ASSIGN_OR_RETURN(plan->c1, MakeLayout(p.data_type, g.m, g.n, g.ldc, 1, 0));
-
-  // The algorithm for one instance: the same whatever the batch count.
   cublasLtMatmulPreference_t raw_pref = nullptr;
   RETURN_IF_ERROR(CublasCall(cublasLtMatmulPreferenceCreate(&raw_pref), "cublasLtMatmulPreferenceCreate"));
   LtPreference pref(raw_pref);
   const uint64_t max_workspace = workspace_bytes;
   RETURN_IF_ERROR(CublasCall(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                   &max_workspace, sizeof(max_workspace)),
-                             "cublasLtMatmulPreferenceSetAttribute"));
+                             "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)"));
+  // Split-K partials in fp32 only: never reduced in (or through) the bf16 output.
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  RETURN_IF_ERROR(CublasCall(
+      cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                           sizeof(schemes)),
+      "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)"));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  RETURN_IF_ERROR(CublasCall(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc, plan->a1.get(), plan->b1.get(),
-                                                            plan->c1.get(), plan->c1.get(), raw_pref, 1, &result,
+  RETURN_IF_ERROR(CublasCall(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc, plan->a.get(), plan->b.get(),
+                                                            plan->c.get(), plan->c.get(), raw_pref, 1, &result,
                                                             &found),
                              "cublasLtMatmulAlgoGetHeuristic"));
   if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-    return absl::ResourceExhaustedError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic: no algorithm for a ", g.m, "x",
-                                                     g.n, "x", g.k, " product within ", workspace_bytes,
-                                                     " bytes of workspace"));
+    return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic: no algorithm for a ", g.m, "x", g.n, "x",
+                                            g.k, " product within ", workspace_bytes, " bytes of workspace"));
   }
   plan->algo = result.algo;
-  plan->workspace_bytes = result.workspaceSize;
-  if (g.batch > 1) {
-    cublasLtMatmulHeuristicResult_t check{};
-    const cublasStatus_t s = cublasLtMatmulAlgoCheck(handle_.get(), desc, plan->a.get(), plan->b.get(),
-                                                     plan->c.get(), plan->c.get(), &plan->algo, &check);
-    plan->batched = s == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_bytes;
+  if (plans_.size() >= kMaxPlans) {
+    plans_.clear();
+    batches_.clear();
   }
-  if (plans_.size() >= kMaxPlans) plans_.clear();  // A server sees few shapes; this bounds a pathological mix.
   const Plan* out = plan.get();
   plans_.emplace(key, std::move(plan));
+  return out;
+}
+
+absl::StatusOr<const LtGemm::Batch*> LtGemm::BatchFor(const GemmPrecision& p, const GemmProblem& g, const Plan& plan,
+                                                      size_t workspace_bytes) {
+  const BatchKey key{static_cast<int64_t>(p.data_type),
+                     static_cast<int64_t>(p.compute),
+                     static_cast<int64_t>(g.op_a),
+                     static_cast<int64_t>(g.op_b),
+                     g.m,
+                     g.n,
+                     g.k,
+                     g.lda,
+                     g.ldb,
+                     g.ldc,
+                     static_cast<int64_t>(workspace_bytes),
+                     g.batch,
+                     g.stride_a,
+                     g.stride_b,
+                     g.stride_c};
+  if (auto it = batches_.find(key); it != batches_.end()) return it->second.get();
+  auto batch = std::make_unique<Batch>();
+  const StoredShapes z = StoredShapesOf(g);
+  ASSIGN_OR_RETURN(batch->a, MakeLayout(p.data_type, z.a_rows, z.a_cols, g.lda, g.batch, g.stride_a));
+  ASSIGN_OR_RETURN(batch->b, MakeLayout(p.data_type, z.b_rows, z.b_cols, g.ldb, g.batch, g.stride_b));
+  ASSIGN_OR_RETURN(batch->c, MakeLayout(p.data_type, g.m, g.n, g.ldc, g.batch, g.stride_c));
+  cublasLtMatmulHeuristicResult_t check{};
+  const cublasStatus_t s = cublasLtMatmulAlgoCheck(handle_.get(), plan.desc.get(), batch->a.get(), batch->b.get(),
+                                                   batch->c.get(), batch->c.get(), &plan.algo, &check);
+  batch->batched = s == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_bytes;
+  const Batch* out = batch.get();
+  batches_.emplace(key, std::move(batch));
   return out;
 }
 
@@ -140,21 +170,25 @@ absl::Status LtGemm::Run(const GemmPrecision& p, const GemmProblem& g, const Gem
   if (o.c == nullptr && o.beta != 0.0f) return absl::InvalidArgumentError("GEMM with beta != 0 needs a C operand");
   ASSIGN_OR_RETURN(const Plan* plan, PlanFor(p, g, ws.bytes));
   const void* c = o.c != nullptr ? o.c : o.d;
-  if (g.batch == 1 || plan->batched) {
-    const bool one = g.batch == 1;
-    return CublasCall(cublasLtMatmul(handle_.get(), plan->desc.get(), &o.alpha, o.a, one ? plan->a1.get() : plan->a.get(),
-                                     o.b, one ? plan->b1.get() : plan->b.get(), &o.beta, c,
-                                     one ? plan->c1.get() : plan->c.get(), o.d, one ? plan->c1.get() : plan->c.get(),
-                                     &plan->algo, ws.data, ws.bytes, stream),
+  const Batch* batch = nullptr;
+  if (g.batch > 1) {
+    ASSIGN_OR_RETURN(batch, BatchFor(p, g, *plan, ws.bytes));
+  }
+  if (g.batch == 1 || batch->batched) {
+    const LtLayout& a = batch != nullptr ? batch->a : plan->a;
+    const LtLayout& b = batch != nullptr ? batch->b : plan->b;
+    const LtLayout& cd = batch != nullptr ? batch->c : plan->c;
+    return CublasCall(cublasLtMatmul(handle_.get(), plan->desc.get(), &o.alpha, o.a, a.get(), o.b, b.get(), &o.beta,
+                                     c, cd.get(), o.d, cd.get(), &plan->algo, ws.data, ws.bytes, stream),
                       "cublasLtMatmul");
   }
   const size_t es = p.element_size();
   for (int64_t i = 0; i < g.batch; ++i) {
     RETURN_IF_ERROR(CublasCall(
-        cublasLtMatmul(handle_.get(), plan->desc.get(), &o.alpha, Offset(o.a, i * g.stride_a, es), plan->a1.get(),
-                       Offset(o.b, i * g.stride_b, es), plan->b1.get(), &o.beta, Offset(c, i * g.stride_c, es),
-                       plan->c1.get(), const_cast<char*>(Offset(o.d, i * g.stride_c, es)), plan->c1.get(),
-                       &plan->algo, ws.data, ws.bytes, stream),
+        cublasLtMatmul(handle_.get(), plan->desc.get(), &o.alpha, Offset(o.a, i * g.stride_a, es), plan->a.get(),
+                       Offset(o.b, i * g.stride_b, es), plan->b.get(), &o.beta, Offset(c, i * g.stride_c, es),
+                       plan->c.get(), const_cast<char*>(Offset(o.d, i * g.stride_c, es)), plan->c.get(), &plan->algo,
+                       ws.data, ws.bytes, stream),
         "cublasLtMatmul"));
   }
   return absl::OkStatus();

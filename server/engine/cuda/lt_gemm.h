@@ -10,16 +10,21 @@
 // product and beta·C are formed in fp32 and rounded once to bf16 (the contract's single fused
 // rounding per output element).
 //
+// Split-K partial sums are kept in fp32 (the reduction schemes that would round them to the
+// output type, bf16 in MEDIUM, are excluded), so the single rounding holds for every algorithm.
+//
 // Batch independence. The algorithm (kernel, tiles, split-K, ...) is chosen once per problem
-// *without* its batch count — by the heuristic for one instance — and reused for every batch
-// count, so an instance gets the same bits whether it runs alone or in a batch of 64. When that
-// algorithm cannot run the strided batch (cublasLtMatmulAlgoCheck says so), the instances run
-// one after another with it instead: slower, same bits.
+// *without* its batch count — by the heuristic for one instance, cached under the instance's
+// key — and reused for every batch count, so an instance is meant to get the same bits whether
+// it runs alone or in a batch of 64 (cuBLASLt documents bitwise reproducibility only for
+// identical calls; tests/gpu checks this property on the device). When that algorithm cannot run
+// the strided batch (cublasLtMatmulAlgoCheck says so), the instances run one after another with
+// it instead: slower, same bits.
 //
 // Thread-compatible: one LtGemm per context; calls enqueue on the given stream and return
 // without waiting. Errors: INVALID_ARGUMENT for a dimension beyond cuBLASLt's 32-bit sizes,
-// INTERNAL "cublasLtMatmul: CUBLAS_STATUS_...: ..." for library failures, RESOURCE_EXHAUSTED
-// when no algorithm fits the workspace.
+// INTERNAL "cublasLtMatmul: CUBLAS_STATUS_...: ..." for library failures and when no algorithm
+// fits the workspace.
 #pragma once
 
 #include <cublasLt.h>
@@ -82,28 +87,34 @@ class LtGemm {
   absl::Status Run(const GemmPrecision& precision, const GemmProblem& problem, const GemmOperands& operands,
                    const Workspace& workspace, cudaStream_t stream);
 
-  // Problems planned so far (each plan holds descriptors and the chosen algorithm).
+  // Single-instance problems planned so far (each with its descriptors and algorithm).
   size_t plan_count() const { return plans_.size(); }
 
  private:
-  // A planned problem: descriptors for the batch and for one instance, and the algorithm.
+  // One instance's problem: the operation, its layouts and the algorithm, shared by every batch.
   struct Plan {
     LtMatmulDesc desc;
-    LtLayout a, b, c;     // With the batch count and strides.
-    LtLayout a1, b1, c1;  // One instance.
+    LtLayout a, b, c;
     cublasLtMatmulAlgo_t algo{};
-    size_t workspace_bytes = 0;
-    bool batched = false;  // The algorithm runs the strided batch in one call.
   };
-  using Key = std::array<int64_t, 16>;
-  static constexpr size_t kMaxPlans = 512;
+  // The layouts of one batch count and strides, for a plan.
+  struct Batch {
+    LtLayout a, b, c;
+    bool batched = false;  // The plan's algorithm runs the strided batch in one call.
+  };
+  using Key = std::array<int64_t, 11>;       // Precision, ops, sizes, leading dims, workspace.
+  using BatchKey = std::array<int64_t, 15>;  // Key + batch and strides.
+  static constexpr size_t kMaxPlans = 4096;  // A server sees few shapes; this bounds a pathological mix.
 
   explicit LtGemm(LtHandle handle) : handle_(std::move(handle)) {}
   absl::StatusOr<const Plan*> PlanFor(const GemmPrecision& precision, const GemmProblem& problem,
                                       size_t workspace_bytes);
+  absl::StatusOr<const Batch*> BatchFor(const GemmPrecision& precision, const GemmProblem& problem, const Plan& plan,
+                                        size_t workspace_bytes);
 
   LtHandle handle_;
   absl::flat_hash_map<Key, std::unique_ptr<Plan>> plans_;
+  absl::flat_hash_map<BatchKey, std::unique_ptr<Batch>> batches_;  // Cleared with plans_.
 };
 
 }  // namespace orthoserve::cuda

@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -86,12 +87,17 @@ class MemoryPool {
   static size_t RoundUp(size_t bytes);
 
  private:
+  // The *Locked helpers take blocks out of the books and hand them back to be freed. Acquire
+  // frees and allocates under the mutex (so the driver never holds more than the budget);
+  // Release past the cache cap (the pinned pool, which has no budget) and Trim free outside it,
+  // since cudaFree / cudaFreeHost may wait for the device.
   void Release(void* data, size_t size);
-  void FreeLocked(void* data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees cached blocks, largest first, until `held_ + need <= budget` or none is left.
-  void EvictLocked(size_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees every cached block.
-  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Free(const std::vector<void*>& blocks) const;
+  void Allocate(size_t size, void** data, int* error) const;
+  // Takes cached blocks, largest first, until `held_ + need <= budget` or none is left.
+  std::vector<void*> EvictLocked(size_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes every cached block.
+  std::vector<void*> FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;

@@ -22,45 +22,49 @@ absl::Status Gram(const BlasDevice& dev, const WorkMatrix& x, void* a) {
   return SymmetricProduct(dev, p);
 }
 
-absl::Status Update(const BlasDevice& dev, const CoefficientTriple& t, const void* a, void* b_buf,
-                    const WorkMatrix& x, void* x_next) {
+absl::StatusOr<Multiplier> MakeMultiplier(const BlasDevice& dev, const CoefficientTriple& t, const void* a,
+                                          void* b_buf, int64_t m, int64_t batch) {
+  if (t.c == 0) return Multiplier{a, static_cast<float>(t.b)};
+  // B = c·(A·A) + b·A with A symmetric, so A·A = A·Aᵀ (a symmetric product with C = A).
+  SymmetricProblem p;
+  p.p = a;
+  p.m = m;
+  p.k = m;
+  p.ld = m;
+  p.batch = batch;
+  p.stride_p = m * m;
+  p.alpha = static_cast<float>(t.c);
+  p.beta = static_cast<float>(t.b);
+  p.c = a;
+  p.d = b_buf;
+  p.ldd = m;
+  p.stride_d = m * m;
+  RETURN_IF_ERROR(SymmetricProduct(dev, p));
+  return Multiplier{b_buf, 1.0f};
+}
+
+absl::Status ApplyMultiplier(const BlasDevice& dev, const CoefficientTriple& t, const Multiplier& mult,
+                             const WorkMatrix& x, void* x_next) {
   const int64_t m = x.m, mm = m * m;
-  const void* mult = a;  // The m × m left factor: B, or A when c = 0.
-  float alpha = static_cast<float>(t.b);
-  if (t.c != 0) {
-    // B = c·(A·A) + b·A with A symmetric, so A·A = A·Aᵀ (a symmetric product with C = A).
-    SymmetricProblem p;
-    p.p = a;
-    p.m = m;
-    p.k = m;
-    p.ld = m;
-    p.batch = x.batch;
-    p.stride_p = mm;
-    p.alpha = static_cast<float>(t.c);
-    p.beta = static_cast<float>(t.b);
-    p.c = a;
-    p.d = b_buf;
-    p.ldd = m;
-    p.stride_d = mm;
-    RETURN_IF_ERROR(SymmetricProduct(dev, p));
-    mult = b_buf;
-    alpha = 1.0f;
-  }
-  // x_next = a·X + M·X: C = X, D = x_next.
-  const GemmOperands o{alpha, nullptr, nullptr, static_cast<float>(t.a), x.data, x_next};
+  // x_next = a·X + alpha·M·X: C = X, D = x_next.
+  GemmOperands o{mult.alpha, nullptr, nullptr, static_cast<float>(t.a), x.data, x_next};
   if (x.is_x) {
     // X' = a·X + M·X: (m × m)(m × n).
-    GemmOperands ox = o;
-    ox.a = mult;
-    ox.b = x.data;
-    return Gemm(dev, GemmProblem{CUBLAS_OP_N, CUBLAS_OP_N, m, x.n, m, m, m, m, x.batch, mm, x.numel(), x.numel()}, ox);
+    o.a = mult.data;
+    o.b = x.data;
+    return Gemm(dev, GemmProblem{CUBLAS_OP_N, CUBLAS_OP_N, m, x.n, m, m, m, m, x.batch, mm, x.numel(), x.numel()}, o);
   }
   // Xᵀ' = a·Xᵀ + Xᵀ·Mᵀ = a·Xᵀ + Xᵀ·M (M symmetric): (n × m)(m × m).
-  GemmOperands ot = o;
-  ot.a = x.data;
-  ot.b = mult;
+  o.a = x.data;
+  o.b = mult.data;
   return Gemm(dev, GemmProblem{CUBLAS_OP_N, CUBLAS_OP_N, x.n, m, m, x.n, m, x.n, x.batch, x.numel(), mm, x.numel()},
-              ot);
+              o);
+}
+
+absl::Status Update(const BlasDevice& dev, const CoefficientTriple& t, const void* a, void* b_buf,
+                    const WorkMatrix& x, void* x_next) {
+  ASSIGN_OR_RETURN(const Multiplier mult, MakeMultiplier(dev, t, a, b_buf, x.m, x.batch));
+  return ApplyMultiplier(dev, t, mult, x, x_next);
 }
 
 absl::StatusOr<void*> RunSchedule(const BlasDevice& dev, const std::vector<CoefficientTriple>& schedule, WorkMatrix x,

@@ -34,9 +34,22 @@ struct WorkMatrix {
 // a (m × m per matrix) = X·Xᵀ, exactly symmetric.
 absl::Status Gram(const BlasDevice& dev, const WorkMatrix& x, void* a);
 
-// From the Gram `a`: B = b·A + c·A·A into `b_buf` (skipped when c = 0), then
-// x_next = a·X + B·X (or a·X + b·(A·X) when c = 0), each as one product whose epilogue adds the
-// other term before the single rounding per output. `x_next` has x's layout.
+// The m × m left factor M of a step's update X' = a·X + alpha·M·X: B = b·A + c·A·A (one product
+// whose epilogue adds b·A before the single rounding) written to `b_buf`, with alpha = 1; or,
+// when c = 0, A itself with alpha = b (no product).
+struct Multiplier {
+  const void* data = nullptr;  // `batch` m × m matrices.
+  float alpha = 1.0f;
+};
+absl::StatusOr<Multiplier> MakeMultiplier(const BlasDevice& dev, const CoefficientTriple& t, const void* a,
+                                          void* b_buf, int64_t m, int64_t batch);
+
+// x_next = a·X + alpha·M·X as one product whose epilogue adds a·X before the single rounding per
+// output. `x_next` has x's layout; M has x's batch.
+absl::Status ApplyMultiplier(const BlasDevice& dev, const CoefficientTriple& t, const Multiplier& mult,
+                             const WorkMatrix& x, void* x_next);
+
+// One step's update from the Gram `a`: MakeMultiplier, then ApplyMultiplier.
 absl::Status Update(const BlasDevice& dev, const CoefficientTriple& t, const void* a, void* b_buf,
                     const WorkMatrix& x, void* x_next);
 

@@ -14,6 +14,36 @@ const char* Offset(const void* p, int64_t elements, size_t element_size) {
   return static_cast<const char*>(p) + elements * static_cast<int64_t>(element_size);
 }
 
+// The lane of strip i of `count` over `lanes` lanes, back and forth (0, 1, 2, 3, 3, 2, 1, 0, ...):
+// strips shrink from first to last, so this pairs a large one with a small one on every lane.
+size_t LaneOf(size_t i, size_t lanes) {
+  const size_t phase = i % (2 * lanes);
+  return phase < lanes ? phase : 2 * lanes - 1 - phase;
+}
+
+// Joins the side lanes forked so far back into the main one when it goes out of scope, also on
+// an error path: the main stream then orders everything, and a stream capture stays joined.
+class JoinLanes {
+ public:
+  explicit JoinLanes(const BlasDevice& dev) : dev_(dev) {}
+  ~JoinLanes() { (void)Join(); }
+  void Forked(size_t lanes) { forked_ = lanes; }
+  absl::Status Join() {
+    absl::Status status;
+    for (size_t l = 1; l < forked_; ++l) {
+      const Lane& lane = dev_.side[l - 1];
+      if (status.ok()) status = CudaCall(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord(join)");
+      if (status.ok()) status = CudaCall(cudaStreamWaitEvent(dev_.main.stream, lane.done, 0), "cudaStreamWaitEvent(join)");
+    }
+    forked_ = 0;
+    return status;
+  }
+
+ private:
+  const BlasDevice& dev_;
+  size_t forked_ = 0;
+};
+
 }  // namespace
 
 absl::Status Gemm(const BlasDevice& dev, const GemmProblem& problem, const GemmOperands& operands) {
@@ -45,16 +75,19 @@ absl::Status SymmetricProduct(const BlasDevice& dev, const SymmetricProblem& s) 
   const size_t count = strips.size() - 1;
   // Lanes: the main one first, then as many side lanes as there are further strips.
   const size_t lanes = std::min(count, 1 + dev.side.size());
+  JoinLanes join(dev);
   if (lanes > 1) {
     RETURN_IF_ERROR(CudaCall(cudaEventRecord(dev.fork, dev.main.stream), "cudaEventRecord(fork)"));
     for (size_t l = 1; l < lanes; ++l) {
       RETURN_IF_ERROR(
           CudaCall(cudaStreamWaitEvent(dev.side[l - 1].stream, dev.fork, 0), "cudaStreamWaitEvent(fork)"));
+      join.Forked(l + 1);
     }
   }
   for (size_t i = 0; i < count; ++i) {
     const int64_t r0 = strips[i], r1 = strips[i + 1];
-    const Lane& lane = i % lanes == 0 ? dev.main : dev.side[i % lanes - 1];
+    const size_t l = LaneOf(i, lanes);
+    const Lane& lane = l == 0 ? dev.main : dev.side[l - 1];
     // Strip [r0, r1) × [r0, m): the whole product when there is a single strip.
     const GemmProblem g{op_left, op_right, r1 - r0, s.m - r0, s.k, s.ld, s.ld, s.ldd, s.batch, s.stride_p, s.stride_p,
                         s.stride_d};
@@ -62,11 +95,7 @@ absl::Status SymmetricProduct(const BlasDevice& dev, const SymmetricProblem& s) 
                          const_cast<char*>(block_at(s.d, r0))};
     RETURN_IF_ERROR(dev.lt->Run(dev.precision, g, o, lane.workspace, lane.stream));
   }
-  for (size_t l = 1; l < lanes; ++l) {
-    const Lane& lane = dev.side[l - 1];
-    RETURN_IF_ERROR(CudaCall(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord(join)"));
-    RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(dev.main.stream, lane.done, 0), "cudaStreamWaitEvent(join)"));
-  }
+  RETURN_IF_ERROR(join.Join());
   return CudaCall(MirrorUpper(dev.precision.dtype, s.d, s.m, s.ldd, s.batch, s.stride_d, dev.main.stream),
                   "MirrorUpper");
 }

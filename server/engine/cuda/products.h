@@ -26,7 +26,8 @@ struct Lane {
 
 // Where the products of one caller run. Everything is ordered on `main`; the strips of a
 // symmetric product may fan out to the `side` lanes (forked from `main` through `fork` and joined
-// back before the product returns), so several strip GEMMs fill the GPU at once.
+// back before the product returns, also when it fails), so several strip GEMMs fill the GPU at
+// once.
 struct BlasDevice {
   LtGemm* lt = nullptr;
   Lane main;

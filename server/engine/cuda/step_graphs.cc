@@ -14,6 +14,11 @@ absl::Status StepGraphs::Run(const Key& key, cudaStream_t stream, absl::Function
     it->second.last_use = clock_;
     return CudaCall(cudaGraphLaunch(it->second.exec.get(), stream), "cudaGraphLaunch");
   }
+  if (!seen_.contains(key)) {
+    if (seen_.size() >= 8 * kCapacity) seen_.clear();
+    seen_.insert(key);
+    return enqueue();
+  }
   // Thread-local mode: only this thread's unsafe calls are refused while capturing; other
   // callers of the backend keep allocating freely.
   RETURN_IF_ERROR(CudaCall(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
@@ -21,8 +26,11 @@ absl::Status StepGraphs::Run(const Key& key, cudaStream_t stream, absl::Function
   cudaGraph_t raw = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &raw);
   Graph graph(raw);
-  RETURN_IF_ERROR(enqueued);
-  RETURN_IF_ERROR(CudaCall(ended, "cudaStreamEndCapture"));
+  if (!enqueued.ok() || ended != cudaSuccess) {
+    cudaGetLastError();  // The failed capture's error is returned here, not left for the next launch.
+    RETURN_IF_ERROR(enqueued);
+    return CudaCall(ended, "cudaStreamEndCapture");
+  }
   cudaGraphExec_t raw_exec = nullptr;
   RETURN_IF_ERROR(CudaCall(cudaGraphInstantiate(&raw_exec, graph.get(), 0), "cudaGraphInstantiate"));
   GraphExec exec(raw_exec);

@@ -1,8 +1,10 @@
 // StepGraphs: CUDA graphs of the Newton–Schulz step loop, cached per context.
 //
 // Run either replays a cached graph (one launch for every GEMM and kernel of the loop) or, on a
-// miss, captures what `enqueue` puts on `stream` (and on the side streams it forks and joins),
-// instantiates it, caches it and launches it. The key must name everything the captured work
+// miss, runs `enqueue` directly the first time a key is seen (so that cuBLASLt plans and lazily
+// loaded kernels exist before any capture) and, the second time, captures what it puts on
+// `stream` (and on the side streams it forks and joins), instantiates it, caches it and launches
+// it. The key must name everything the captured work
 // depends on — buffer addresses, shapes, batch, precision, coefficients — since a graph replays
 // the exact calls it captured. Steady-state training repeats the same shapes, and the memory
 // pool hands back the same blocks for the same requests, so most calls hit. At most kCapacity
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "server/engine/cuda/cuda_handles.h"
@@ -39,6 +42,7 @@ class StepGraphs {
     uint64_t last_use = 0;
   };
   absl::flat_hash_map<Key, Entry> graphs_;
+  absl::flat_hash_set<Key> seen_;  // Keys run once without a graph; cleared when it grows large.
   uint64_t clock_ = 0;
   int64_t captures_ = 0;
 };
