@@ -37,6 +37,7 @@ struct Emulation {
   int64_t batched_calls = 0;        // Calls with a batch count > 1.
   bool refuse_batched = false;      // cublasLtMatmulAlgoCheck refuses strided batches.
   int64_t fail_call = 0;            // cublasLtMatmul call number (1-based) that fails; 0: none.
+  int32_t split_k = 1;              // SPLITK_NUM of the algorithms the heuristic hands out.
   std::set<cudaStream_t> streams;   // Streams a product ran on.
   std::vector<std::string> errors;  // Contract violations.
   // Stream protocol.
@@ -173,6 +174,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = AlgoId(D(desc), L(a), L(b), L(c));
+  results[0].algo.data[1] = static_cast<uint64_t>(g.split_k);
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *found = 1;
   return CUBLAS_STATUS_SUCCESS;
@@ -246,6 +248,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   }
   return CUBLAS_STATUS_SUCCESS;
 }
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr, void* buf, size_t size,
+                                                    size_t* written) {
+  if (attr != CUBLASLT_ALGO_CONFIG_SPLITK_NUM || size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  *static_cast<int32_t*>(buf) = static_cast<int32_t>(algo->data[1]);
+  *written = sizeof(int32_t);
+  return CUBLAS_STATUS_SUCCESS;
+}
 const char* cublasLtGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMULATED"; }
 const char* cublasLtGetStatusString(cublasStatus_t) { return "emulated"; }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
@@ -317,7 +327,7 @@ struct LayoutCase {
 // Runs the step loop on `batch` random matrices (seeds 7, 8, ...) through the emulation and
 // returns each matrix's scaled result; fails the test on any contract violation it saw.
 std::vector<std::vector<double>> RunEmulated(const LayoutCase& c, bool refuse_batched, int64_t fail_call = 0,
-                                             absl::Status* status = nullptr) {
+                                             absl::Status* status = nullptr, int32_t split_k = 1) {
   NsOptions o;
   o.precision = c.precision;
   o.transpose = c.transpose;
@@ -362,6 +372,7 @@ std::vector<std::vector<double>> RunEmulated(const LayoutCase& c, bool refuse_ba
   g.fork = dev.fork;
   g.refuse_batched = refuse_batched;
   g.fail_call = fail_call;
+  g.split_k = split_k;
   auto result = cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{x0.data(), is_x, m, n, c.batch}, x1.data(),
                                   a.data(), b.data());
   if (status != nullptr) {
@@ -466,6 +477,16 @@ TEST(CudaLayoutEmulation, RefusedBatchRunsInstancesWithTheSameBits) {
   EXPECT_EQ(g.matmul_calls, 45);
   EXPECT_EQ(g.batched_calls, 0);
   EXPECT_EQ(batched, apart);
+}
+
+// A split-K algorithm never runs a strided batch: each instance is its own (identical) call.
+TEST(CudaLayoutEmulation, SplitKAlgorithmsRunInstancesOneByOne) {
+  const LayoutCase c{"split_k", 40, 72, Precision::kMedium, TransposeMode::kAuto, CoefficientType::kQuintic, 5, 3, 15};
+  const std::vector<std::vector<double>> batched = RunEmulated(c, false);
+  const std::vector<std::vector<double>> split = RunEmulated(c, false, 0, nullptr, /*split_k=*/4);
+  EXPECT_EQ(g.matmul_calls, 45);
+  EXPECT_EQ(g.batched_calls, 0);
+  EXPECT_EQ(batched, split);
 }
 
 // Batch independence of the layout logic: matrix j of a batch equals the same matrix alone.

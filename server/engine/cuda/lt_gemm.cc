@@ -156,10 +156,17 @@ absl::StatusOr<const LtGemm::Batch*> LtGemm::BatchFor(const GemmPrecision& p, co
   ASSIGN_OR_RETURN(batch->a, MakeLayout(p.data_type, z.a_rows, z.a_cols, g.lda, g.batch, g.stride_a));
   ASSIGN_OR_RETURN(batch->b, MakeLayout(p.data_type, z.b_rows, z.b_cols, g.ldb, g.batch, g.stride_b));
   ASSIGN_OR_RETURN(batch->c, MakeLayout(p.data_type, g.m, g.n, g.ldc, g.batch, g.stride_c));
+  // A split-K algorithm sums K in parts whose scheduling may depend on the whole grid, batch
+  // included; its instances run one by one — identical calls, identical bits.
+  int32_t splits = 1;
+  size_t written = 0;
+  const bool split_k = cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                            sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+                       splits > 1;
   cublasLtMatmulHeuristicResult_t check{};
   const cublasStatus_t s = cublasLtMatmulAlgoCheck(handle_.get(), plan.desc.get(), batch->a.get(), batch->b.get(),
                                                    batch->c.get(), batch->c.get(), &plan.algo, &check);
-  batch->batched = s == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_bytes;
+  batch->batched = !split_k && s == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_bytes;
   const Batch* out = batch.get();
   batches_.emplace(key, std::move(batch));
   return out;

@@ -17,9 +17,10 @@
 // *without* its batch count — by the heuristic for one instance, cached under the instance's
 // key — and reused for every batch count, so an instance is meant to get the same bits whether
 // it runs alone or in a batch of 64 (cuBLASLt documents bitwise reproducibility only for
-// identical calls; tests/gpu checks this property on the device). When that algorithm cannot run
-// the strided batch (cublasLtMatmulAlgoCheck says so), the instances run one after another with
-// it instead: slower, same bits.
+// identical calls; tests/gpu checks this property on the device). When that algorithm splits K
+// (its partial sums might be scheduled by the whole grid, batch included) or cannot run the
+// strided batch (cublasLtMatmulAlgoCheck says so), the instances run one after another with it
+// instead — identical calls, identical bits, more launches.
 //
 // Thread-compatible: one LtGemm per context; calls enqueue on the given stream and return
 // without waiting. Errors: INVALID_ARGUMENT for a dimension beyond cuBLASLt's 32-bit sizes,
