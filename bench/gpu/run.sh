@@ -43,7 +43,8 @@ if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSER
   exit 1
 fi
 log "build"
-TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test)
+# Every test labelled `gpu` (ctest -L gpu below runs them all) and the bench.
+TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test cuda_layout_emulation_gpu_test memory_pool_emulation_gpu_test)
 for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test; do
   ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^$t:" && TARGETS+=("$t")
 done
