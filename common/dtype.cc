@@ -27,6 +27,31 @@ uint16_t LoadU16(const void* src, size_t i) {
   return v;
 }
 
+// The index of the first of `count` unaligned `Bits` values at `data` whose `mask` bits are all
+// set (the exponent of a NaN or Inf), or -1. Blocks of a constant size are counted first — a
+// loop without an early exit, which compilers vectorize — and only a block that holds one is
+// searched element by element.
+template <typename Bits>
+int64_t FindAllOnes(const void* data, size_t count, Bits mask) {
+  constexpr size_t kBlock = 256;
+  const char* p = static_cast<const char*>(data);
+  auto at = [p](size_t i) {
+    Bits bits;
+    std::memcpy(&bits, p + i * sizeof(Bits), sizeof(Bits));
+    return bits;
+  };
+  size_t start = 0;
+  for (; start + kBlock <= count; start += kBlock) {
+    int found = 0;
+    for (size_t i = 0; i < kBlock; ++i) found += (at(start + i) & mask) == mask;
+    if (found > 0) break;
+  }
+  for (size_t i = start; i < count; ++i) {
+    if ((at(i) & mask) == mask) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 }  // namespace
 
 size_t ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
@@ -140,23 +165,9 @@ void ConvertFromF32(DType dtype, const float* src, size_t count, void* dst) {
 
 int64_t FindNonFinite(DType dtype, const void* data, size_t count) {
   switch (dtype) {
-    case DType::kF32:
-      for (size_t i = 0; i < count; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, static_cast<const char*>(data) + 4 * i, 4);
-        if ((bits & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(i);
-      }
-      return -1;
-    case DType::kBF16:
-      for (size_t i = 0; i < count; ++i) {
-        if ((LoadU16(data, i) & 0x7f80u) == 0x7f80u) return static_cast<int64_t>(i);
-      }
-      return -1;
-    case DType::kF16:
-      for (size_t i = 0; i < count; ++i) {
-        if ((LoadU16(data, i) & 0x7c00u) == 0x7c00u) return static_cast<int64_t>(i);
-      }
-      return -1;
+    case DType::kF32: return FindAllOnes<uint32_t>(data, count, 0x7f800000u);
+    case DType::kBF16: return FindAllOnes<uint16_t>(data, count, 0x7f80u);
+    case DType::kF16: return FindAllOnes<uint16_t>(data, count, 0x7c00u);
   }
   return -1;
 }

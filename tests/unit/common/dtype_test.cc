@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/util/status_matchers.h"
@@ -130,6 +131,39 @@ TEST(Convert, FindNonFinite) {
   EXPECT_EQ(FindNonFinite(DType::kBF16, bf, 2), 1);
   uint16_t h[] = {0x3c00, 0x3c00, 0xfc00};
   EXPECT_EQ(FindNonFinite(DType::kF16, h, 3), 2);
+}
+
+TEST(Convert, FindNonFiniteFindsTheFirstInLongArrays) {
+  // Long arrays are scanned in blocks; the first NaN or Inf must be found wherever it lies
+  // (first and last element of a block, a later block, the tail past the last whole block),
+  // the first of two wins, and the largest finite values are not flagged.
+  const size_t count = 256 * 4 + 37;
+  struct Kind {
+    DType dtype;
+    uint32_t finite_max, inf, nan;
+  };
+  for (const Kind& k : {Kind{DType::kF32, 0x7f7fffffu, 0x7f800000u, 0xffc00001u},
+                        Kind{DType::kBF16, 0x7f7fu, 0xff80u, 0x7fc1u}, Kind{DType::kF16, 0x7bffu, 0x7c00u, 0xfe01u}}) {
+    const size_t elem = ElementSize(k.dtype);
+    std::vector<char> data(count * elem);
+    auto set = [&](size_t i, uint32_t bits) { std::memcpy(data.data() + i * elem, &bits, elem); };
+    for (size_t i = 0; i < count; ++i) set(i, k.finite_max);
+    EXPECT_EQ(FindNonFinite(k.dtype, data.data(), count), -1) << DTypeName(k.dtype);
+    for (size_t bad : {size_t{0}, size_t{255}, size_t{256}, size_t{700}, size_t{1024}, count - 1}) {
+      set(bad, bad % 2 ? k.inf : k.nan);
+      EXPECT_EQ(FindNonFinite(k.dtype, data.data(), count), static_cast<int64_t>(bad)) << DTypeName(k.dtype);
+      EXPECT_EQ(FindNonFinite(k.dtype, data.data(), bad), -1) << DTypeName(k.dtype) << " " << bad;
+      set(count - 1, k.inf);
+      EXPECT_EQ(FindNonFinite(k.dtype, data.data(), count), static_cast<int64_t>(bad)) << DTypeName(k.dtype);
+      set(bad, k.finite_max);
+      set(count - 1, k.finite_max);
+    }
+    // Unaligned data.
+    std::vector<char> shifted(data.size() + 1);
+    std::memcpy(shifted.data() + 1, data.data(), data.size());
+    std::memcpy(shifted.data() + 1 + 300 * elem, &k.inf, elem);
+    EXPECT_EQ(FindNonFinite(k.dtype, shifted.data() + 1, count), 300) << DTypeName(k.dtype);
+  }
 }
 
 TEST(Convert, ParseDType) {
