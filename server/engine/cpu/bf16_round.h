@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "server/engine/cpu/elementwise.h"
+
 namespace orthoserve {
 
 // Bit for bit common/dtype.h's RoundToBf16 (round to nearest even on the 16 dropped bits; NaN
@@ -19,7 +21,7 @@ inline float RoundToBf16Inline(float value) {
 
 // Rounds `count` values to bf16 in place.
 inline void RoundToBf16InPlace(float* values, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) values[i] = RoundToBf16Inline(values[i]);
+  ForEachElement(count, [values](int64_t i) { values[i] = RoundToBf16Inline(values[i]); });
 }
 
 }  // namespace orthoserve

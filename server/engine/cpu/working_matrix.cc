@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "server/engine/cpu/bf16_round.h"
+#include "server/engine/cpu/elementwise.h"
 
 namespace orthoserve {
 namespace {
@@ -34,7 +35,7 @@ void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
 }
 
 void Scale(const float* __restrict src, int64_t count, double scale, float* __restrict dst) {
-  for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(static_cast<double>(src[i]) * scale);
+  ForEachElement(count, [&](int64_t i) { dst[i] = static_cast<float>(static_cast<double>(src[i]) * scale); });
 }
 
 bool IsF32Aligned(DType dtype, const void* p) {
@@ -112,7 +113,7 @@ float NormDivisor(double sum_squares, double eps, EpsMode mode) {
 
 void NormalizeInPlace(float* x, int64_t count, float divisor, bool round_bf16) {
   if (divisor != 0.0f) {
-    for (int64_t i = 0; i < count; ++i) x[i] = x[i] / divisor;
+    ForEachElement(count, [x, divisor](int64_t i) { x[i] = x[i] / divisor; });
   }
   if (round_bf16) {
     RoundToBf16InPlace(x, count);
