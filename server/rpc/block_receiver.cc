@@ -1,0 +1,29 @@
+// Implementation of server/rpc/block_receiver.h.
+#include "server/rpc/block_receiver.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace orthoserve {
+namespace {
+
+// Bytes copied and then scanned at a time: small enough to be scanned from the L1/L2 cache.
+constexpr size_t kPiece = 32 << 10;
+
+}  // namespace
+
+void BlockReceiver::Append(absl::string_view bytes) {
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype_));
+  for (size_t offset = 0; offset < bytes.size(); offset += kPiece) {
+    const size_t n = std::min(kPiece, bytes.size() - offset);
+    std::memcpy(dst_ + received_, bytes.data() + offset, n);
+    received_ += static_cast<int64_t>(n);
+    if (first_non_finite_ >= 0) continue;
+    const int64_t whole = received_ / elem;
+    const int64_t bad = FindNonFinite(dtype_, dst_ + scanned_ * elem, static_cast<size_t>(whole - scanned_));
+    if (bad >= 0) first_non_finite_ = scanned_ + bad;
+    scanned_ = whole;
+  }
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,37 @@
+// Receives one matrix block's bytes, chunk after chunk, into its final buffer (one copy, no
+// zero fill) and looks for NaN and Inf while the bytes are still in the cache: the server's only
+// pass over an input before compute (DESIGN §9). Not thread-safe; one per matrix.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace orthoserve {
+
+class BlockReceiver {
+ public:
+  BlockReceiver() = default;
+  // Receives `size` bytes of `dtype` elements into `dst` (not owned; `size` bytes long).
+  BlockReceiver(DType dtype, char* dst, int64_t size) : dtype_(dtype), dst_(dst), size_(size) {}
+
+  // Copies `bytes` after those received so far. Requires received() + bytes.size() <= size().
+  void Append(absl::string_view bytes);
+
+  int64_t size() const { return size_; }
+  int64_t received() const { return received_; }
+  bool complete() const { return received_ == size_; }
+  // The index of the first NaN or Inf among the whole elements received so far, or -1.
+  int64_t first_non_finite() const { return first_non_finite_; }
+
+ private:
+  DType dtype_ = DType::kF32;
+  char* dst_ = nullptr;
+  int64_t size_ = 0;
+  int64_t received_ = 0;
+  int64_t scanned_ = 0;  // Elements looked at.
+  int64_t first_non_finite_ = -1;
+};
+
+}  // namespace orthoserve
