@@ -2,16 +2,30 @@
 // call lives in stream_step.cc.
 #include "server/rpc/orthogonalizer_service.h"
 
+#include <algorithm>
 #include <future>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "grpcpp/support/method_handler.h"
 #include "proto/convert/grpc_status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "server/fleet/spec_codec.h"
 #include "server/rpc/local_batch.h"
 
 namespace orthoserve {
+namespace {
+
+// OrthogonalizeStream's position among the service's methods in orthogonalizer.proto.
+constexpr int kStreamMethodIndex = 1;
+
+BufferPool::Options CappedBufferOptions(const ServiceOptions& options) {
+  BufferPool::Options o = options.buffers;
+  o.max_idle_bytes = std::min(o.max_idle_bytes, options.admission.max_inflight_bytes);
+  return o;
+}
+
+}  // namespace
 
 OrthogonalizerService::OrthogonalizerService(const ServiceOptions& options, Backend* backend, Fleet* fleet,
                                              Metrics* metrics, const TokenAuth* auth, ThreadPool* compute)
@@ -21,7 +35,14 @@ OrthogonalizerService::OrthogonalizerService(const ServiceOptions& options, Back
       metrics_(metrics),
       auth_(auth),
       compute_(compute),
-      admission_(options.admission, metrics) {}
+      admission_(options.admission, metrics),
+      buffers_(BufferPool::Create(CappedBufferOptions(options))) {
+  // The stream's messages are read and written as raw bytes (server/rpc/stream_codec.h), so that
+  // matrix data is neither copied into nor out of protobuf messages. This is what the generated
+  // code does for its own handler, with ByteBuffer in place of the message types.
+  using RawHandler = grpc::internal::BidiStreamingHandler<OrthogonalizerService, grpc::ByteBuffer, grpc::ByteBuffer>;
+  MarkMethodStreamed(kStreamMethodIndex, new RawHandler(&OrthogonalizerService::OrthogonalizeRawStream, this));
+}
 
 namespace {
 

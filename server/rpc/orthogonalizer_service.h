@@ -15,6 +15,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/admission.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/buffer_pool.h"
 
 namespace orthoserve {
 
@@ -25,6 +26,8 @@ struct ServiceOptions {
   int max_matrices_per_step = 4096;                // num_matrices of one step or unary call.
   absl::Duration rendezvous_timeout = absl::Seconds(60);  // Reported in GetServerInfo.
   Admission::Options admission;
+  // Reused stream buffers; max_idle_bytes is capped at admission.max_inflight_bytes.
+  BufferPool::Options buffers;
   std::string version;
 };
 
@@ -36,8 +39,8 @@ class OrthogonalizerService final : public v1::Orthogonalizer::Service {
 
   grpc::Status Orthogonalize(grpc::ServerContext* context, const v1::OrthogonalizeRequest* request,
                              v1::OrthogonalizeResponse* response) override;
-  grpc::Status OrthogonalizeStream(grpc::ServerContext* context,
-                                   grpc::ServerReaderWriter<v1::StreamResponse, v1::StreamRequest>* stream) override;
+  // OrthogonalizeStream is served by OrthogonalizeRawStream (stream_step.cc) on raw byte
+  // buffers, registered in the constructor in place of the generated protobuf handler.
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
@@ -48,6 +51,8 @@ class OrthogonalizerService final : public v1::Orthogonalizer::Service {
 
  private:
   friend class StreamStep;
+  using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+  grpc::Status OrthogonalizeRawStream(grpc::ServerContext* context, RawStream* stream);
   absl::Status RunUnary(grpc::ServerContext* context, const v1::OrthogonalizeRequest& request,
                         v1::OrthogonalizeResponse& response);
 
@@ -58,6 +63,7 @@ class OrthogonalizerService final : public v1::Orthogonalizer::Service {
   const TokenAuth* auth_;
   ThreadPool* compute_;
   Admission admission_;
+  std::shared_ptr<BufferPool> buffers_;
   std::atomic<bool> draining_{false};
   std::atomic<int> inflight_{0};
 };

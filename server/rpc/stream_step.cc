@@ -1,10 +1,14 @@
 // OrthogonalizeStream of server/rpc/orthogonalizer_service.h: one step of one trainer rank.
 //
 // Messages are processed as a small state machine (header, then spec / chunks per matrix, then
-// StepEnd or half-close). A lone client on a one-rank fleet is pipelined: each matrix goes to the
-// compute pool as soon as its bytes are in, and its result is written as soon as it is done,
-// while later matrices are still arriving. Group steps (W > 1, or a fleet of S > 1) are handed
-// to the fleet once every matrix has arrived, and the results come back after the batch ran.
+// StepEnd or half-close). They are read and written as raw bytes (stream_codec.h): a chunk's
+// bytes go straight from gRPC's buffers into the matrix's buffer, and result chunks refer to the
+// result buffer; lone matrices' buffers come from the service's BufferPool. A lone client on a
+// one-rank fleet is pipelined: each matrix goes to the compute pool as soon as its bytes are in,
+// and its result is handed to the ResultWriter's thread as soon as it is done, while later
+// matrices are still arriving and being computed. Group steps (W > 1, or a fleet of S > 1) are
+// handed to the fleet once every matrix has arrived, and the results come back after the batch
+// ran.
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -15,13 +19,16 @@
 #include "proto/convert/grpc_status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "server/fleet/spec_codec.h"
+#include "server/rpc/block_receiver.h"
 #include "server/rpc/local_batch.h"
 #include "server/rpc/orthogonalizer_service.h"
+#include "server/rpc/result_writer.h"
+#include "server/rpc/stream_codec.h"
 
 namespace orthoserve {
 namespace {
 
-using Stream = grpc::ServerReaderWriter<v1::StreamResponse, v1::StreamRequest>;
+using Stream = ResultWriter::Stream;
 
 constexpr int kMaxTrainerWorld = 1 << 16;
 constexpr char kMethod[] = "OrthogonalizeStream";
@@ -30,89 +37,32 @@ std::atomic<int64_t> g_lone_group_counter{0};
 
 }  // namespace
 
-// Serializes writes to the stream (results come from compute threads) and chunks result data.
-class ResultWriter {
- public:
-  ResultWriter(Stream* stream, int64_t chunk_bytes, Metrics* metrics)
-      : stream_(stream), chunk_bytes_(chunk_bytes), metrics_(metrics) {}
-
-  // Writes matrix `index`'s result header and, on success, its data in chunks.
-  void Write(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
-             const std::vector<char>& data) {
-    const absl::Time start = absl::Now();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) return;
-    v1::StreamResponse header;
-    v1::MatrixResult* r = header.mutable_result();
-    r->set_index(index);
-    r->set_name(plan.name);
-    r->set_dtype(DTypeToProto(plan.result_dtype));
-    for (int64_t d : plan.shape) r->add_shape(d);
-    *r->mutable_block() = BlockToProto(block);
-    r->set_code(static_cast<int>(status.code()));
-    r->set_message(std::string(status.message()));
-    if (!stream_->Write(header)) {
-      broken_ = true;
-      return;
-    }
-    if (status.ok()) {
-      for (size_t offset = 0; offset < data.size(); offset += chunk_bytes_) {
-        v1::StreamResponse chunk;
-        chunk.mutable_chunk()->set_index(index);
-        size_t n = std::min<size_t>(chunk_bytes_, data.size() - offset);
-        chunk.mutable_chunk()->set_data(data.data() + offset, n);
-        if (!stream_->Write(chunk)) {
-          broken_ = true;
-          return;
-        }
-      }
-      metrics_->BytesOut(kMethod, static_cast<double>(data.size()));
-    }
-    (status.ok() ? ok_ : failed_)++;
-    metrics_->StageTime(Stage::kSend, absl::Now() - start);
-  }
-
-  void Summary(int fleet_rank, absl::Duration elapsed) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) return;
-    v1::StreamResponse response;
-    v1::StepSummary* s = response.mutable_summary();
-    s->set_matrices_ok(ok_);
-    s->set_matrices_failed(failed_);
-    s->set_fleet_rank(fleet_rank);
-    s->set_server_seconds(absl::ToDoubleSeconds(elapsed));
-    broken_ = !stream_->Write(response);
-  }
-
- private:
-  Stream* stream_;
-  const int64_t chunk_bytes_;
-  Metrics* metrics_;
-  std::mutex mu_;
-  bool broken_ = false;
-  int ok_ = 0;
-  int failed_ = 0;
-};
-
 // One OrthogonalizeStream call.
 class StreamStep {
  public:
   StreamStep(OrthogonalizerService& service, grpc::ServerContext* context, Stream* stream)
-      : s_(service), context_(context), stream_(stream), writer_(stream, service.options_.chunk_bytes, service.metrics_) {}
+      : s_(service),
+        context_(context),
+        stream_(stream),
+        writer_(stream, service.options_.chunk_bytes, service.metrics_, kMethod) {}
 
   absl::Status Run();
+  // Writes every result queued; call before the RPC returns.
+  void Close() { writer_.Close(); }
 
  private:
   struct Matrix {
     ParsedSpec spec;
     bool failed = false;  // Rejected in-band (lone) — its chunks are skipped.
-    std::vector<char> data;
-    int64_t received = 0;
+    std::shared_ptr<PooledBuffer> input;  // Lone: the block's bytes.
+    std::vector<char> group_input;        // Group: the block's bytes, handed to the fleet.
+    BlockReceiver receiver;               // Fills `input` or `group_input`.
   };
 
   absl::Status ReadHeader();
   absl::Status OnSpec(const v1::MatrixSpec& spec);
-  absl::Status OnChunk(const v1::DataChunk& chunk);
+  // The bytes of a DataChunk for matrix `index`, in `data` (views, in order).
+  absl::Status OnChunk(int index, absl::Span<const absl::string_view> data);
   absl::Status Complete(int index);
   absl::Status FinishGroup();
   // Fails the step: a group step is aborted on every rank first.
@@ -148,13 +98,16 @@ absl::Status StreamStep::Fail(absl::Status status) {
 }
 
 absl::Status StreamStep::ReadHeader() {
-  v1::StreamRequest message;
-  if (!stream_->Read(&message)) {
+  StreamRequestView first;
+  if (!stream_->Read(&first.raw)) {
     return context_->IsCancelled() ? absl::CancelledError("the client cancelled the stream")
                                    : absl::InvalidArgumentError("the stream ended before its StepHeader");
   }
-  if (!message.has_header()) return absl::InvalidArgumentError("the first message of a stream must be a StepHeader");
-  header_ = message.header();
+  RETURN_IF_ERROR(ParseStreamRequest(&first));
+  if (!first.message.has_header()) {
+    return absl::InvalidArgumentError("the first message of a stream must be a StepHeader");
+  }
+  header_ = first.message.header();
   world_ = header_.world() == 0 ? 1 : header_.world();
   if (world_ < 1 || world_ > kMaxTrainerWorld) {
     return absl::InvalidArgumentError(
@@ -201,11 +154,10 @@ absl::Status StreamStep::ReadHeader() {
 }
 
 absl::Status StreamStep::OnSpec(const v1::MatrixSpec& spec) {
-  if (current_ >= 0 && !matrices_[current_].failed &&
-      matrices_[current_].received < matrices_[current_].spec.block_bytes) {
+  if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
     return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): received ",
-                                                   m.received, " of its ", m.spec.block_bytes,
+                                                   m.receiver.received(), " of its ", m.spec.block_bytes,
                                                    " bytes before the next spec"));
   }
   const int index = static_cast<int>(matrices_.size());
@@ -225,44 +177,53 @@ absl::Status StreamStep::OnSpec(const v1::MatrixSpec& spec) {
     m.spec.plan.name = spec.name();
     m.spec.plan.shape.assign(spec.shape().begin(), spec.shape().end());
     s_.metrics_->MatrixDone(kMethod, "unknown", "unknown", CodeName(parsed.status().code()));
-    writer_.Write(index, m.spec.plan, Block{}, parsed.status(), {});
+    writer_.Write(index, m.spec.plan, Block{}, parsed.status(), {}, nullptr);
     return absl::OkStatus();
   }
   m.spec = std::move(*parsed);
   const int64_t out_bytes = m.spec.block.numel() * static_cast<int64_t>(ElementSize(m.spec.plan.result_dtype));
   RETURN_IF_ERROR(s_.admission_.AddBytes(ticket_, tenant_, m.spec.block_bytes + out_bytes,
                                          absl::StrCat("matrix ", index, " (\"", m.spec.plan.name, "\")")));
-  m.data.reserve(static_cast<size_t>(m.spec.block_bytes));
+  char* dst;
+  if (lone_) {
+    ASSIGN_OR_RETURN(m.input, s_.buffers_->Get(static_cast<size_t>(m.spec.block_bytes)));
+    dst = m.input->data();
+  } else {
+    m.group_input.resize(static_cast<size_t>(m.spec.block_bytes));
+    dst = m.group_input.data();
+  }
+  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes);
   if (m.spec.block_bytes == 0) return Complete(index);
   return absl::OkStatus();
 }
 
-absl::Status StreamStep::OnChunk(const v1::DataChunk& chunk) {
-  if (current_ < 0 || chunk.index() != current_) {
-    return absl::InvalidArgumentError(absl::StrCat("a data chunk for matrix ", chunk.index(),
+absl::Status StreamStep::OnChunk(int index, absl::Span<const absl::string_view> data) {
+  if (current_ < 0 || index != current_) {
+    return absl::InvalidArgumentError(absl::StrCat("a data chunk for matrix ", index,
                                                    " arrived while matrix ", current_, " was expected"));
   }
-  if (static_cast<int64_t>(chunk.data().size()) > s_.options_.chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, ": a chunk of ", chunk.data().size(),
+  int64_t size = 0;
+  for (absl::string_view piece : data) size += static_cast<int64_t>(piece.size());
+  if (size > s_.options_.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, ": a chunk of ", size,
                                                    " bytes exceeds the chunk limit of ", s_.options_.chunk_bytes));
   }
   Matrix& m = matrices_[current_];
   if (m.failed) return absl::OkStatus();
-  s_.metrics_->BytesIn(kMethod, static_cast<double>(chunk.data().size()));
-  if (m.received + static_cast<int64_t>(chunk.data().size()) > m.spec.block_bytes) {
+  s_.metrics_->BytesIn(kMethod, static_cast<double>(size));
+  if (m.receiver.received() + size > m.spec.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): received more than its ",
                                                    m.spec.block_bytes, " bytes (block ", m.spec.block.rows, "x",
                                                    m.spec.block.cols, " of ", DTypeName(m.spec.plan.dtype), ")"));
   }
-  m.data.insert(m.data.end(), chunk.data().begin(), chunk.data().end());
-  m.received += static_cast<int64_t>(chunk.data().size());
-  if (m.received == m.spec.block_bytes) return Complete(current_);
+  for (absl::string_view piece : data) m.receiver.Append(piece);
+  if (m.receiver.complete()) return Complete(current_);
   return absl::OkStatus();
 }
 
 absl::Status StreamStep::Complete(int index) {
   Matrix& m = matrices_[index];
-  int64_t bad = FindNonFinite(m.spec.plan.dtype, m.data.data(), static_cast<size_t>(m.spec.block.numel()));
+  const int64_t bad = m.receiver.first_non_finite();
   if (bad >= 0) {
     absl::Status status = absl::InvalidArgumentError(
         absl::StrCat("matrix ", index, " (\"", m.spec.plan.name, "\") data holds a non-finite value (NaN or Inf) at element ",
@@ -271,7 +232,8 @@ absl::Status StreamStep::Complete(int index) {
     m.failed = true;
     s_.metrics_->MatrixDone(kMethod, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
                             CodeName(status.code()));
-    writer_.Write(index, m.spec.plan, m.spec.block, status, {});
+    m.input.reset();
+    writer_.Write(index, m.spec.plan, m.spec.block, status, {}, nullptr);
     return absl::OkStatus();
   }
   if (lone_) ScheduleLone(index);
@@ -289,14 +251,20 @@ void StreamStep::ScheduleLone(int index) {
     s_.metrics_->queue_depth().Decrement();
     s_.metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
     Matrix& m = matrices_[index];
-    std::vector<char> out;
+    std::shared_ptr<PooledBuffer> out;
     absl::StatusOr<BatchResult> result;
     if (context_->IsCancelled()) {
       // The client is gone (cancelled, or its deadline passed): do not compute for nobody.
       result = absl::CancelledError("the client cancelled the stream or its deadline passed");
     } else {
-      out.resize(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
-      result = RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.data.data(), out.data()}}, *s_.backend_);
+      absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer = s_.buffers_->Get(
+          static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
+      if (buffer.ok()) {
+        out = *std::move(buffer);
+        result = RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.input->data(), out->data()}}, *s_.backend_);
+      } else {
+        result = buffer.status();
+      }
     }
     absl::Status status = result.ok() ? result->matrices[0] : result.status();
     if (result.ok()) {
@@ -305,8 +273,10 @@ void StreamStep::ScheduleLone(int index) {
     }
     s_.metrics_->MatrixDone(kMethod, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
                             CodeName(status.code()));
-    std::vector<char>().swap(m.data);  // The input is no longer needed.
-    writer_.Write(index, m.spec.plan, m.spec.block, status, out);
+    m.input.reset();  // The input is no longer needed.
+    if (!status.ok()) out.reset();
+    const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
+    writer_.Write(index, m.spec.plan, m.spec.block, status, data, std::move(out));
     std::lock_guard<std::mutex> lock(jobs_mu_);
     if (--jobs_running_ == 0) jobs_cv_.notify_all();
   });
@@ -321,17 +291,20 @@ absl::Status StreamStep::Run() {
                  << " matrices" << (lone_ ? " (lone)" : "");
 
   absl::Status status;
-  v1::StreamRequest message;
+  StreamRequestView request;
+  const v1::StreamRequest& message = request.message;
   bool ended = false;
   while (status.ok() && !ended) {
-    if (!stream_->Read(&message)) {
+    if (!stream_->Read(&request.raw)) {
       if (context_->IsCancelled()) status = absl::CancelledError("the client cancelled the stream");
       ended = true;  // Half-close ends the step like StepEnd.
       break;
     }
+    status = ParseStreamRequest(&request);
+    if (!status.ok()) break;
     switch (message.kind_case()) {
       case v1::StreamRequest::kSpec: status = OnSpec(message.spec()); break;
-      case v1::StreamRequest::kChunk: status = OnChunk(message.chunk()); break;
+      case v1::StreamRequest::kChunk: status = OnChunk(message.chunk().index(), request.chunk_data); break;
       case v1::StreamRequest::kEnd: ended = true; break;
       case v1::StreamRequest::kHeader: status = absl::InvalidArgumentError("a second StepHeader in one stream"); break;
       default: status = absl::InvalidArgumentError("an empty StreamRequest"); break;
@@ -341,11 +314,10 @@ absl::Status StreamStep::Run() {
     status = absl::InvalidArgumentError(absl::StrCat("the step ended after ", matrices_.size(), " of the header's ",
                                                      header_.num_matrices(), " matrices"));
   }
-  if (status.ok() && current_ >= 0 && !matrices_[current_].failed &&
-      matrices_[current_].received < matrices_[current_].spec.block_bytes) {
+  if (status.ok() && current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
     status = absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): the step ended after ",
-                                                     m.received, " of its ", m.spec.block_bytes, " bytes"));
+                                                     m.receiver.received(), " of its ", m.spec.block_bytes, " bytes"));
   }
   s_.metrics_->StageTime(Stage::kReceive, absl::Now() - start_);
   if (lone_) {
@@ -353,7 +325,7 @@ absl::Status StreamStep::Run() {
     std::unique_lock<std::mutex> lock(jobs_mu_);
     jobs_cv_.wait(lock, [this] { return jobs_running_ == 0; });
     if (!status.ok()) return status;
-    writer_.Summary(s_.fleet_->rank(), absl::Now() - start_);
+    writer_.Summary(s_.fleet_->rank(), start_);
     return absl::OkStatus();
   }
   if (!status.ok()) return Fail(status);
@@ -370,7 +342,7 @@ absl::Status StreamStep::FinishGroup() {
     MatrixPlan plan = m.spec.plan;
     plan.blocks = {BlockPlacement{header_.rank(), s_.fleet_->rank(), m.spec.block}};
     step->matrices.push_back(std::move(plan));
-    step->inputs.push_back(std::move(m.data));
+    step->inputs.push_back(std::move(m.group_input));
   }
   auto promise = std::make_shared<std::promise<StepOutcome>>();
   std::future<StepOutcome> future = promise->get_future();
@@ -394,18 +366,21 @@ absl::Status StreamStep::FinishGroup() {
     const MatrixPlan& plan = step->matrices[i];
     const absl::Status& s = outcome.matrices[i];
     s_.metrics_->MatrixDone(kMethod, AlgorithmName(plan.algorithm), DTypeName(plan.dtype), CodeName(s.code()));
-    static const std::vector<char> kEmpty;
-    writer_.Write(static_cast<int>(i), plan, plan.blocks[0].block, s, s.ok() ? step->outputs[i] : kEmpty);
+    const std::vector<char>& out = step->outputs[i];
+    writer_.Write(static_cast<int>(i), plan, plan.blocks[0].block, s,
+                  s.ok() ? absl::string_view(out.data(), out.size()) : absl::string_view(),
+                  std::shared_ptr<const void>(step, out.data()));
   }
-  writer_.Summary(s_.fleet_->rank(), absl::Now() - start_);
+  writer_.Summary(s_.fleet_->rank(), start_);
   return absl::OkStatus();
 }
 
-grpc::Status OrthogonalizerService::OrthogonalizeStream(grpc::ServerContext* context, Stream* stream) {
+grpc::Status OrthogonalizerService::OrthogonalizeRawStream(grpc::ServerContext* context, Stream* stream) {
   const absl::Time start = absl::Now();
   metrics_->inflight_requests().Set(++inflight_);
   StreamStep step(*this, context, stream);
   absl::Status status = step.Run();
+  step.Close();
   metrics_->inflight_requests().Set(--inflight_);
   metrics_->RequestDone(kMethod, CodeName(status.code()), absl::Now() - start);
   if (!status.ok()) VLOG("rpc", 1) << "stream failed: " << status;
