@@ -43,6 +43,9 @@ class DeviceVector {
   explicit DeviceVector(const std::vector<T>& host) : size_(host.size()) {
     EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(1, size_) * sizeof(T)), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(data_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    // A pageable cudaMemcpy may return before the DMA landed; the collective's own stream does
+    // not wait for the default stream, so the buffer must be complete first (its contract).
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   ~DeviceVector() { cudaFree(data_); }
   T* data() const { return static_cast<T*>(data_); }

@@ -71,7 +71,8 @@ class NcclCollective::Impl {
  public:
   Impl(int rank, int world, int device) : rank_(rank), world_(world), device_(device) {}
   ~Impl() {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    cudaSetDevice(device_);
+    if (comm_ != nullptr) Close();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -115,6 +116,21 @@ class NcclCollective::Impl {
   absl::Status WaitEnqueued(absl::Time deadline);
   // Marks the collective broken and aborts the communicator.
   void Break(const absl::Status& status);
+  // Ends a healthy communicator: ncclCommFinalize flushes what was issued (a peer's last receive
+  // may still depend on it), then ncclCommDestroy; aborts instead if that does not finish in
+  // kCloseTimeout.
+  void Close();
+  // Runs `enqueue` (ncclSend/ncclRecv calls) between ncclGroupStart and ncclGroupEnd. The group
+  // is ended even when an enqueue fails, so no half-built group stays open on this thread.
+  template <typename Enqueue>
+  absl::Status Grouped(Enqueue enqueue) {
+    RETURN_IF_ERROR(NcclError(ncclGroupStart(), "ncclGroupStart", comm_));
+    const absl::Status enqueued = enqueue();
+    const ncclResult_t ended = ncclGroupEnd();
+    RETURN_IF_ERROR(enqueued);
+    return NcclError(ended, "ncclGroupEnd", comm_);
+  }
+  static constexpr absl::Duration kCloseTimeout = absl::Seconds(10);
   absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 
   const int rank_, world_, device_;
@@ -210,6 +226,24 @@ absl::StatusOr<bool> NcclCollective::Impl::IsOwnDevicePointer(const void* p) con
   return true;
 }
 
+void NcclCollective::Impl::Close() {
+  bool flushed = NcclOk(ncclCommFinalize(comm_));
+  const absl::Time deadline = absl::Now() + kCloseTimeout;
+  while (flushed) {
+    ncclResult_t state = ncclSuccess;
+    if (!NcclOk(ncclCommGetAsyncError(comm_, &state)) || !NcclOk(state)) flushed = false;
+    if (state == ncclSuccess || !flushed) break;
+    if (absl::Now() > deadline) flushed = false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (flushed) {
+    ncclCommDestroy(comm_);
+  } else {
+    ncclCommAbort(comm_);
+  }
+  comm_ = nullptr;
+}
+
 void NcclCollective::Impl::Break(const absl::Status& status) {
   broken_ = status;
   if (comm_ != nullptr) {
@@ -230,6 +264,9 @@ absl::Status NcclCollective::Impl::Wait(absl::Time deadline) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return absl::OkStatus();
       if (q != cudaErrorNotReady) return CudaError(q, "cudaStreamQuery");
+      // cudaErrorNotReady is also recorded as this thread's last error; clear it, or the next
+      // kernel launch checked with cudaGetLastError (ours or the backend's) would report it.
+      cudaGetLastError();
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
@@ -282,19 +319,20 @@ absl::Status NcclCollective::Impl::AllToAllv(const void* send, absl::Span<const 
       ASSIGN_OR_RETURN(drecv, recv_stage_.Get(roff[world_]));
     }
     RETURN_IF_ERROR(Copy(drecv + roff[rank_], dsend + soff[rank_], send_bytes[rank_], cudaMemcpyDeviceToDevice));
-    RETURN_IF_ERROR(NcclError(ncclGroupStart(), "ncclGroupStart", comm_));
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      if (send_bytes[p] > 0) {
-        RETURN_IF_ERROR(
-            NcclError(ncclSend(dsend + soff[p], send_bytes[p], ncclUint8, p, comm_, stream_), "ncclSend", comm_));
+    RETURN_IF_ERROR(Grouped([&]() -> absl::Status {
+      for (int p = 0; p < world_; ++p) {
+        if (p == rank_) continue;
+        if (send_bytes[p] > 0) {
+          RETURN_IF_ERROR(
+              NcclError(ncclSend(dsend + soff[p], send_bytes[p], ncclUint8, p, comm_, stream_), "ncclSend", comm_));
+        }
+        if (recv_bytes[p] > 0) {
+          RETURN_IF_ERROR(
+              NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
+        }
       }
-      if (recv_bytes[p] > 0) {
-        RETURN_IF_ERROR(
-            NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
-      }
-    }
-    RETURN_IF_ERROR(NcclError(ncclGroupEnd(), "ncclGroupEnd", comm_));
+      return absl::OkStatus();
+    }));
     RETURN_IF_ERROR(Wait(deadline));
     if (!recv_dev) {
       RETURN_IF_ERROR(Copy(recv, drecv, roff[world_], cudaMemcpyDeviceToHost));
@@ -323,18 +361,19 @@ absl::Status NcclCollective::Impl::AllGatherv(const void* send, size_t send_byte
     }
     // In place (send is this rank's segment of recv) makes this copy a no-op.
     RETURN_IF_ERROR(Copy(drecv + roff[rank_], dsend, send_bytes, cudaMemcpyDeviceToDevice));
-    RETURN_IF_ERROR(NcclError(ncclGroupStart(), "ncclGroupStart", comm_));
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      if (send_bytes > 0) {
-        RETURN_IF_ERROR(NcclError(ncclSend(dsend, send_bytes, ncclUint8, p, comm_, stream_), "ncclSend", comm_));
+    RETURN_IF_ERROR(Grouped([&]() -> absl::Status {
+      for (int p = 0; p < world_; ++p) {
+        if (p == rank_) continue;
+        if (send_bytes > 0) {
+          RETURN_IF_ERROR(NcclError(ncclSend(dsend, send_bytes, ncclUint8, p, comm_, stream_), "ncclSend", comm_));
+        }
+        if (recv_bytes[p] > 0) {
+          RETURN_IF_ERROR(
+              NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
+        }
       }
-      if (recv_bytes[p] > 0) {
-        RETURN_IF_ERROR(
-            NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
-      }
-    }
-    RETURN_IF_ERROR(NcclError(ncclGroupEnd(), "ncclGroupEnd", comm_));
+      return absl::OkStatus();
+    }));
     RETURN_IF_ERROR(Wait(deadline));
     if (!recv_dev) {
       RETURN_IF_ERROR(Copy(recv, drecv, roff[world_], cudaMemcpyDeviceToHost));

@@ -11,11 +11,17 @@
 //    within init_timeout, UNAVAILABLE for an NCCL failure.
 //  - Buffers may be host memory (staged through a device buffer of this rank) or device memory
 //    of this rank's GPU (used in place; detected with cudaPointerGetAttributes). Device memory
-//    of another GPU is INVALID_ARGUMENT.
+//    of another GPU is INVALID_ARGUMENT. Device buffers must be complete when passed (the caller
+//    has synchronized the stream that wrote them): the collective's stream does not wait for it.
 //  - Watchdog: while an operation is in flight the calling thread polls ncclCommGetAsyncError
 //    and the operation's deadline; on an error it aborts the communicator (ncclCommAbort) and
 //    returns UNAVAILABLE with NCCL's message, on timeout DEADLINE_EXCEEDED. The collective is
-//    then broken (later calls: UNAVAILABLE). The destructor aborts the communicator.
+//    then broken (later calls: UNAVAILABLE). On one host (P2P/NVLink/shared memory) the abort
+//    does not reach the peers: they see the failure only at their own deadline. The destructor
+//    finalizes a healthy communicator (flushing what was issued, bounded by 10 s) and aborts a
+//    broken one.
+//  - Operations leave no CUDA error behind on the calling thread (a polled cudaErrorNotReady
+//    is cleared), so kernels launched next on that thread report only their own errors.
 //  - AllReduceSum is an all-gather of every rank's values followed by a sum on the device in
 //    rank order (((v0 + v1) + v2) + ...), so it is bit-identical on every rank and deterministic;
 //    NCCL's own ring/tree all-reduce adds in an order that depends on the topology and is not

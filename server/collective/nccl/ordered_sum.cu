@@ -21,6 +21,7 @@ cudaError_t Launch(const T* in, int world, size_t count, T* out, cudaStream_t st
   if (count == 0) return cudaSuccess;
   constexpr unsigned kThreads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((count + kThreads - 1) / kThreads, 65535));
+  cudaGetLastError();  // Clear an earlier call's error so that only this launch's is returned.
   OrderedSumKernel<T><<<blocks, kThreads, 0, stream>>>(in, world, count, out);
   return cudaGetLastError();
 }

@@ -128,6 +128,12 @@ __global__ void NeverRuns(int* p) {
   if (p != nullptr) *p = 1;
 }
 
+// The launchers return cudaGetLastError() after their launch, which also reports an error that
+// an earlier runtime call on this thread left behind (a failed copy, a cudaStreamQuery's
+// cudaErrorNotReady in a collective, ...). They clear it first, so a launch reports only its own
+// error; sticky device errors fail the launch itself and are reported anyway.
+void ClearStaleError() { cudaGetLastError(); }
+
 unsigned GridFor(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 8)));
@@ -145,6 +151,7 @@ int64_t SumSquaresScratch(int64_t n, int64_t batch) { return SumSquaresBlocks(n)
 cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* scratch, double* result,
                        cudaStream_t stream) {
   const int blocks = SumSquaresBlocks(n);
+  ClearStaleError();
   SumSquaresPartial<<<dim3(blocks, static_cast<unsigned>(batch)), kThreads, 0, stream>>>(dtype, x, n, scratch);
   SumPartials<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(scratch, blocks, result);
   return cudaGetLastError();
@@ -152,6 +159,7 @@ cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, dou
 
 cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, double eps,
                       bool add_eps, DType work, void* out, cudaStream_t stream) {
+  ClearStaleError();
   NormalizeKernel<<<dim3(GridFor(n), static_cast<unsigned>(batch)), kThreads, 0, stream>>>(in_dtype, in, n, sumsq,
                                                                                           eps, add_eps, work, out);
   return cudaGetLastError();
@@ -159,6 +167,7 @@ cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, 
 
 cudaError_t ScaleConvert(DType x_dtype, const void* x, int64_t n, float scale, DType out_dtype, void* out,
                          cudaStream_t stream) {
+  ClearStaleError();
   ScaleConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(x_dtype, x, n, scale, out_dtype, out);
   return cudaGetLastError();
 }
@@ -168,6 +177,7 @@ cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, int64_t bat
   const unsigned tiles = static_cast<unsigned>((m + kTile - 1) / kTile);
   const dim3 block(kTile, 8);
   const dim3 grid(tiles, tiles, static_cast<unsigned>(batch));
+  ClearStaleError();
   if (dtype == DType::kF32) {
     MirrorKernel<float><<<grid, block, 0, stream>>>(static_cast<float*>(c), m, ld, stride);
   } else {
@@ -177,12 +187,14 @@ cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, int64_t bat
 }
 
 cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* dst, bool first, cudaStream_t stream) {
+  ClearStaleError();
   AccumulateKernel<<<GridFor(n), kThreads, 0, stream>>>(src_dtype, src, n, dst, first);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchInvalidConfigForTest(cudaStream_t stream) {
   // 4096 threads per block exceeds the 1024 every CUDA device allows: cudaErrorInvalidConfiguration.
+  ClearStaleError();
   NeverRuns<<<1, 4096, 0, stream>>>(nullptr);
   return cudaGetLastError();
 }
