@@ -124,6 +124,27 @@ TEST(NcclCollectiveTest, WorldOneHostBuffers) {
   ASSERT_OK(nccl->Barrier(kTimeout));
 }
 
+// Operations back to back, each after another's stream polling, then a kernel launch on the same
+// thread: no operation may leave an error behind for the next one (a polled cudaErrorNotReady
+// used to fail the next launch).
+TEST(NcclCollectiveTest, BackToBackOperationsLeaveNoErrorBehind) {
+  SKIP_WITHOUT_GPU();
+  InMemoryStore store;
+  auto nccl = WorldOne(&store);
+  ASSERT_NE(nccl, nullptr);
+  std::vector<float> big(1 << 22, 0.5f);  // 16 MiB: the first stream poll finds it still busy.
+  std::vector<char> bytes(1 << 24, 7), out(1 << 24, 0);
+  const std::vector<size_t> sizes = {bytes.size()};
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK(nccl->AllToAllv(bytes.data(), sizes, out.data(), sizes, kTimeout)) << "round " << i;
+    ASSERT_OK(nccl->AllReduceSum(absl::MakeSpan(big), kTimeout)) << "round " << i;
+    ASSERT_OK(nccl->AllReduceSum(absl::MakeSpan(big), kTimeout)) << "round " << i;
+  }
+  EXPECT_EQ(out, bytes);
+  EXPECT_EQ(big[12345], 0.5f);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST(NcclCollectiveTest, WorldOneDeviceBuffers) {
   SKIP_WITHOUT_GPU();
   auto nccl = WorldOne(nullptr);  // World 1 needs no Store and no NCCL_COMM_ID.
