@@ -136,9 +136,10 @@ TEST(NcclCollectiveTest, BackToBackOperationsLeaveNoErrorBehind) {
   std::vector<char> bytes(1 << 24, 7), out(1 << 24, 0);
   const std::vector<size_t> sizes = {bytes.size()};
   for (int i = 0; i < 5; ++i) {
-    ASSERT_OK(nccl->AllToAllv(bytes.data(), sizes, out.data(), sizes, kTimeout)) << "round " << i;
-    ASSERT_OK(nccl->AllReduceSum(absl::MakeSpan(big), kTimeout)) << "round " << i;
-    ASSERT_OK(nccl->AllReduceSum(absl::MakeSpan(big), kTimeout)) << "round " << i;
+    SCOPED_TRACE(i);
+    ASSERT_OK(nccl->AllToAllv(bytes.data(), sizes, out.data(), sizes, kTimeout));
+    ASSERT_OK(nccl->AllReduceSum(absl::MakeSpan(big), kTimeout));
+    ASSERT_OK(nccl->AllReduceSum(absl::MakeSpan(big), kTimeout));
   }
   EXPECT_EQ(out, bytes);
   EXPECT_EQ(big[12345], 0.5f);
