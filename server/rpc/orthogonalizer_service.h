@@ -15,7 +15,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/admission.h"
 #include "server/rpc/auth.h"
-#include "server/rpc/buffer_pool.h"
+#include "common/buffer_pool.h"
 
 namespace orthoserve {
 

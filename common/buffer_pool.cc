@@ -1,5 +1,5 @@
-// Implementation of server/rpc/buffer_pool.h.
-#include "server/rpc/buffer_pool.h"
+// Implementation of common/buffer_pool.h.
+#include "common/buffer_pool.h"
 
 #include <new>
 

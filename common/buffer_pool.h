@@ -1,8 +1,8 @@
-// Reusable memory for matrix blocks on their way through the service (DESIGN §9): a stream's
-// input and result blocks come from here instead of fresh allocations, which the kernel would
-// have to map and zero page by page, and are handed out uninitialized. Buffers in use are what
-// admission counts (each at most 1/8 larger than asked for); released buffers are kept for the
-// next matrix of the same size, up to a cap, and freed beyond it.
+// Reusable memory for matrix bytes on their way through the service and the client (DESIGN §9):
+// a server stream's input and result blocks, a client's outgoing chunks. Buffers come from here
+// instead of fresh allocations, which the kernel would have to map and zero page by page, and are
+// handed out uninitialized; each is at most 1/8 larger than asked for. Released buffers are kept
+// for the next request of about the same size, up to a cap, and freed beyond it.
 #pragma once
 
 #include <cstddef>

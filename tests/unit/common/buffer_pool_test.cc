@@ -1,6 +1,6 @@
-// server/rpc/buffer_pool.h: reuse of released buffers by size, the idle cap, and buffers that
+// common/buffer_pool.h: reuse of released buffers by size, the idle cap, and buffers that
 // outlive their pool's last outside reference.
-#include "server/rpc/buffer_pool.h"
+#include "common/buffer_pool.h"
 
 #include <cstring>
 

@@ -1,0 +1,82 @@
+// Implementation of common/chunk_wire.h.
+#include "common/chunk_wire.h"
+
+#include <algorithm>
+
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+
+namespace orthoserve {
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+
+// orthoserve.v1.DataChunk's fields (orthoserve/v1/orthogonalizer.proto).
+constexpr int kIndexField = 1;
+constexpr int kDataField = 2;
+
+constexpr uint32_t LengthDelimitedTag(int field) {
+  return WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+}
+constexpr uint32_t kIndexTag = WireFormatLite::MakeTag(kIndexField, WireFormatLite::WIRETYPE_VARINT);
+constexpr uint32_t kDataTag = LengthDelimitedTag(kDataField);
+
+// Appends views of the next `n` bytes of `in` to `views` and skips them.
+bool ReadViews(CodedInputStream& in, uint32_t n, std::vector<absl::string_view>* views) {
+  while (n > 0) {
+    const void* data;
+    int size;
+    if (!in.GetDirectBufferPointer(&data, &size)) return false;
+    const uint32_t take = std::min(n, static_cast<uint32_t>(size));
+    views->emplace_back(static_cast<const char*>(data), take);
+    in.Skip(static_cast<int>(take));
+    n -= take;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* stream, int field, int* index,
+                      std::vector<absl::string_view>* data) {
+  CodedInputStream in(stream);
+  uint32_t length;
+  if (in.ReadTag() != LengthDelimitedTag(field) || !in.ReadVarint32(&length)) return false;
+  const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+  *index = 0;
+  data->clear();
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (tag == kIndexTag) {
+      uint64_t value;
+      if (!in.ReadVarint64(&value)) return false;
+      *index = static_cast<int32_t>(value);
+    } else if (tag == kDataTag) {
+      uint32_t n;
+      data->clear();
+      if (!in.ReadVarint32(&n) || !ReadViews(in, n, data)) return false;
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  if (!in.ConsumedEntireMessage()) return false;
+  in.PopLimit(limit);
+  return in.ReadTag() == 0 && in.ConsumedEntireMessage();
+}
+
+size_t WriteChunkPrefix(int field, int index, size_t data_bytes, uint8_t* out) {
+  const uint32_t n = static_cast<uint32_t>(data_bytes);
+  const size_t index_bytes = index == 0 ? 0 : 1 + WireFormatLite::Int32Size(index);
+  const size_t data_field_bytes = n == 0 ? 0 : 1 + CodedOutputStream::VarintSize32(n) + n;
+  uint8_t* p = CodedOutputStream::WriteVarint32ToArray(LengthDelimitedTag(field), out);
+  p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(index_bytes + data_field_bytes), p);
+  if (index != 0) p = WireFormatLite::WriteInt32ToArray(kIndexField, index, p);
+  if (n != 0) {
+    p = CodedOutputStream::WriteVarint32ToArray(kDataTag, p);
+    p = CodedOutputStream::WriteVarint32ToArray(n, p);
+  }
+  return static_cast<size_t>(p - out);
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,31 @@
+// The protobuf wire form of a message whose field `field` holds one orthoserve.v1.DataChunk
+// {int32 index = 1; bytes data = 2;} — StreamRequest.chunk and StreamResponse.chunk — read and
+// written without copying the data bytes (DESIGN §9). Protobuf's wire format only (no gRPC, no
+// generated code): callers pass the outer field number and the byte stream. Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "google/protobuf/io/zero_copy_stream.h"
+
+namespace orthoserve {
+
+// Reads a message that holds nothing but field `field` = DataChunk from `in`: the chunk's index
+// (protobuf's int32 of the varint) and views of its data bytes where they lie in `in`'s buffers,
+// valid while those are. As protobuf: the last data field counts, unknown fields are skipped.
+// False for any other message (other fields, the chunk field twice, malformed bytes), which the
+// caller then parses with protobuf from the start.
+bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* in, int field, int* index,
+                      std::vector<absl::string_view>* data);
+
+inline constexpr size_t kMaxChunkPrefixBytes = 32;
+
+// Writes the bytes of message{field: DataChunk{index, data}} that come before `data_bytes` data
+// bytes into `out` (kMaxChunkPrefixBytes long) and returns how many: prefix + data is byte for
+// byte protobuf's serialization. `data_bytes` < 2^31.
+size_t WriteChunkPrefix(int field, int index, size_t data_bytes, uint8_t* out);
+
+}  // namespace orthoserve
