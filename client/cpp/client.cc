@@ -11,14 +11,21 @@
 #include "client/cpp/chunking.h"
 #include "proto/convert/grpc_status.h"
 #include "client/cpp/health.h"
+#include "client/cpp/step_codec.h"
 #include "client/cpp/step_protocol.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
 
 namespace orthoserve::client {
 namespace {
+
+// Chunk buffers kept for reuse between messages and steps (a few chunks are in flight at a time).
+constexpr int64_t kMaxIdleSendBytes = int64_t{64} << 20;
+
+constexpr char kStreamMethod[] = "/orthoserve.v1.Orthogonalizer/OrthogonalizeStream";
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -85,7 +92,10 @@ std::unique_ptr<Client> Client::CreateWithChannel(std::shared_ptr<grpc::Channel>
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
-    : options_(options), channel_(std::move(channel)), stub_(v1::Orthogonalizer::NewStub(channel_)) {}
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::Orthogonalizer::NewStub(channel_)),
+      send_buffers_(BufferPool::Create(BufferPool::Options{kMaxIdleSendBytes})) {}
 
 void Client::PrepareContext(grpc::ClientContext* context) const {
   if (options_.timeout != absl::InfiniteDuration()) {
@@ -189,21 +199,38 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
 
   grpc::ClientContext context;
   PrepareContext(&context);
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream =
-      stub_->OrthogonalizeStream(&context);
-  // The writer only stops early when the stream breaks; its own status then adds nothing to the
-  // stream's status, which Finish reports.
+  // The stream's messages are written and read as raw bytes (step_codec.h), so that matrix data
+  // is not copied into and out of protobuf messages: the generated stub's call, with ByteBuffer
+  // in place of the message types.
+  const grpc::internal::RpcMethod method(kStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                                           &context));
+  // The writer only stops early when the stream breaks (its own status then adds nothing to the
+  // stream's status, which Finish reports) or a chunk buffer cannot be allocated.
+  absl::Status send_error;
   std::thread writer([&] {
-    absl::Status written =
-        WriteStep(step, inputs, chunk, [&](const v1::StreamRequest& request) { return stream->Write(request); });
+    absl::Status written = WriteStep(step, inputs, chunk, [&](const v1::StreamRequest& request) {
+      absl::StatusOr<grpc::ByteBuffer> message = SerializeRequest(request, *send_buffers_);
+      if (!message.ok()) {
+        send_error = message.status();
+        context.TryCancel();
+        return false;
+      }
+      return stream->Write(*message);
+    });
     if (written.ok()) stream->WritesDone();
   });
 
   StepResultAssembler assembler(std::move(names));
   absl::Status protocol_error;
-  v1::StreamResponse response;
-  while (stream->Read(&response)) {
-    absl::StatusOr<std::optional<int>> done = assembler.Add(response);
+  StreamResponseView response;
+  while (stream->Read(&response.raw)) {
+    const absl::Status parsed = ParseStreamResponse(&response);
+    absl::StatusOr<std::optional<int>> done =
+        !parsed.ok() ? absl::StatusOr<std::optional<int>>(parsed)
+        : response.message.has_chunk() ? assembler.AddChunk(response.message.chunk().index(), response.chunk_data)
+                                       : assembler.Add(response.message);
     if (!done.ok()) {
       protocol_error = done.status();
       context.TryCancel();
@@ -211,10 +238,11 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
     }
     if (done->has_value() && on_result) on_result(assembler.output(**done));
   }
-  while (stream->Read(&response)) {
+  while (stream->Read(&response.raw)) {
   }
   writer.join();
   const grpc::Status status = stream->Finish();
+  RETURN_IF_ERROR(send_error);
   RETURN_IF_ERROR(protocol_error);
   RETURN_IF_ERROR(FromGrpcStatus(status));
   RETURN_IF_ERROR(assembler.CheckComplete());

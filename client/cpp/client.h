@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/cpp/matrix.h"
+#include "common/buffer_pool.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "orthoserve/v1/orthogonalizer.grpc.pb.h"
@@ -92,6 +93,7 @@ class Client {
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Orthogonalizer::Stub> stub_;
+  std::shared_ptr<BufferPool> send_buffers_;  // Step's outgoing chunks.
   mutable absl::Mutex mu_;
   std::optional<v1::Limits> limits_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::StepSummary> last_summary_ ABSL_GUARDED_BY(mu_);

@@ -76,22 +76,8 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResp
       return std::optional<int>();
     }
     case v1::StreamResponse::kChunk: {
-      const v1::DataChunk& c = response.chunk();
-      const int i = c.index();
-      if (i < 0 || i >= n || states_[i] != State::kReceiving) {
-        return absl::InternalError(
-            absl::StrCat("server protocol error: data chunk for matrix ", i, ", which has no open result"));
-      }
-      std::vector<char>& data = outputs_[i].data;
-      if (data.size() + c.data().size() > expected_[i]) {
-        return absl::InternalError(absl::StrCat("server protocol error: matrix ", i, " \"", names_[i], "\" got ",
-                                                data.size() + c.data().size(), " bytes, more than the ", expected_[i],
-                                                " of its block"));
-      }
-      data.insert(data.end(), c.data().begin(), c.data().end());
-      if (data.size() < expected_[i]) return std::optional<int>();
-      states_[i] = State::kDone;
-      return std::optional<int>(i);
+      const absl::string_view data = response.chunk().data();
+      return AddChunk(response.chunk().index(), absl::MakeConstSpan(&data, 1));
     }
     case v1::StreamResponse::kSummary:
       summary_ = response.summary();
@@ -100,6 +86,28 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResp
       break;
   }
   return absl::InternalError("server protocol error: an empty StreamResponse");
+}
+
+absl::StatusOr<std::optional<int>> StepResultAssembler::AddChunk(int i, absl::Span<const absl::string_view> data) {
+  if (summary_.has_value()) {
+    return absl::InternalError("server protocol error: a message followed the StepSummary");
+  }
+  const int n = static_cast<int>(names_.size());
+  if (i < 0 || i >= n || states_[i] != State::kReceiving) {
+    return absl::InternalError(
+        absl::StrCat("server protocol error: data chunk for matrix ", i, ", which has no open result"));
+  }
+  size_t size = 0;
+  for (absl::string_view piece : data) size += piece.size();
+  std::vector<char>& out = outputs_[i].data;
+  if (out.size() + size > expected_[i]) {
+    return absl::InternalError(absl::StrCat("server protocol error: matrix ", i, " \"", names_[i], "\" got ",
+                                            out.size() + size, " bytes, more than the ", expected_[i], " of its block"));
+  }
+  for (absl::string_view piece : data) out.insert(out.end(), piece.begin(), piece.end());
+  if (out.size() < expected_[i]) return std::optional<int>();
+  states_[i] = State::kDone;
+  return std::optional<int>(i);
 }
 
 absl::Status StepResultAssembler::CheckComplete() const {

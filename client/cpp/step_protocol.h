@@ -39,6 +39,10 @@ class StepResultAssembler {
   // an empty message.
   absl::StatusOr<std::optional<int>> Add(const v1::StreamResponse& response);
 
+  // Add for a DataChunk of matrix `index` whose bytes are `data` (views, in order), wherever they
+  // lie: they are copied once, into the matrix's output.
+  absl::StatusOr<std::optional<int>> AddChunk(int index, absl::Span<const absl::string_view> data);
+
   // The completed output of matrix `index` (valid after Add reported it complete).
   const MatrixOutput& output(int index) const { return outputs_[index]; }
 

@@ -1,0 +1,35 @@
+// The client's side of OrthogonalizeStream on raw gRPC byte buffers (DESIGN §9), the mirror of
+// server/rpc/stream_codec.h: a result chunk's bytes are read where gRPC received them, and a
+// request chunk is copied once, into reused memory. The wire format is orthoserve.v1's, unchanged.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/buffer_pool.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "orthoserve/v1/orthogonalizer.pb.h"
+
+namespace orthoserve::client {
+
+// `request` serialized. A DataChunk's message is written into a buffer from `pool`, which it holds
+// until gRPC has sent it; other messages into a fresh slice. RESOURCE_EXHAUSTED when the pool
+// cannot allocate.
+absl::StatusOr<grpc::ByteBuffer> SerializeRequest(const v1::StreamRequest& request, BufferPool& pool);
+
+// One StreamResponse as received. `message` holds its kind and fields, except that a DataChunk's
+// bytes are in `chunk_data` (views, in order) and not in message.chunk().data(). The views point
+// into `raw` or `message`: keep the object in place (do not copy or move it) while using them.
+struct StreamResponseView {
+  grpc::ByteBuffer raw;  // The message's bytes as gRPC received them.
+  v1::StreamResponse message;
+  std::vector<absl::string_view> chunk_data;
+};
+
+// Parses view->raw into view->message and view->chunk_data (a lone DataChunk in place, anything
+// else by protobuf). INTERNAL ("server protocol error") when the bytes are not a StreamResponse.
+absl::Status ParseStreamResponse(StreamResponseView* view);
+
+}  // namespace orthoserve::client
