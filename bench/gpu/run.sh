@@ -45,8 +45,12 @@ fi
 log "build"
 # Every test labelled `gpu` (ctest -L gpu below runs them all) and the bench.
 TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test cuda_layout_emulation_gpu_test memory_pool_emulation_gpu_test)
+# The target list is read once: `ninja ... | grep -q` under pipefail fails whenever grep exits
+# before ninja has written everything (SIGPIPE), which would drop targets at random.
+ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null)
+has_target() { grep -q "^$1:" <<<"$ALL_TARGETS"; }
 for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test; do
-  ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^$t:" && TARGETS+=("$t")
+  has_target "$t" && TARGETS+=("$t")
 done
 if ! ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1; then
   tail -40 "$WORK/build.log" >&2
@@ -87,8 +91,7 @@ elif [[ $rc -ne 0 ]]; then
 fi
 
 E2E=""
-if [[ "${SKIP_E2E:-0}" != "1" ]] && (( SECONDS - START < 300 )) && ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^orthoserve:" &&
-   ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^orthoctl:"; then
+if [[ "${SKIP_E2E:-0}" != "1" ]] && (( SECONDS - START < 300 )) && has_target orthoserve && has_target orthoctl; then
   log "end-to-end: build server and client"
   if timeout $((420 - (SECONDS - START))) ninja -C "$BUILD" -j"$JOBS" orthoserve orthoctl >"$WORK/e2e_build.log" 2>&1; then
     SERVER=$(find "$BUILD" -type f -name orthoserve -perm -u+x | head -1)
@@ -101,14 +104,18 @@ if [[ "${SKIP_E2E:-0}" != "1" ]] && (( SECONDS - START < 300 )) && ninja -C "$BU
       "$CLIENT" health --server=127.0.0.1:$PORT >/dev/null 2>&1 && break
       sleep 0.2
     done
-    for prec in medium highest; do
-      if out=$(timeout 60 "$CLIENT" bench --server=127.0.0.1:$PORT --shape=4096,4096 --precision=$prec \
-               --iters=5 --warmup=1 2>&1); then
-        E2E+="| 4096x4096 | $prec | $(echo "$out" | grep -m1 latency | sed 's/|/\//g') |"$'\n'
-      else
-        NOTES+=("loopback bench ($prec) failed: $(echo "$out" | tail -1)")
-      fi
-    done
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      NOTES+=("orthoserve --backend=cuda did not start: $(tail -1 "$WORK/server.log")")
+    else
+      for prec in medium highest; do
+        if out=$(timeout 60 "$CLIENT" bench --server=127.0.0.1:$PORT --shape=4096,4096 --precision=$prec \
+                 --iters=5 --warmup=1 2>&1); then
+          E2E+="| 4096x4096 | $prec | $(echo "$out" | grep -m1 latency | sed 's/|/\//g') |"$'\n'
+        else
+          NOTES+=("loopback bench ($prec) failed: $(echo "$out" | tail -1)")
+        fi
+      done
+    fi
     kill "$SERVER_PID" 2>/dev/null
     wait "$SERVER_PID" 2>/dev/null
   else
