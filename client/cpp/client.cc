@@ -210,15 +210,17 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
   // stream's status, which Finish reports) or a chunk buffer cannot be allocated.
   absl::Status send_error;
   std::thread writer([&] {
-    absl::Status written = WriteStep(step, inputs, chunk, [&](const v1::StreamRequest& request) {
-      absl::StatusOr<grpc::ByteBuffer> message = SerializeRequest(request, *send_buffers_);
-      if (!message.ok()) {
-        send_error = message.status();
-        context.TryCancel();
-        return false;
-      }
-      return stream->Write(*message);
-    });
+    absl::Status written = WriteStep(
+        step, inputs, chunk, [&](const v1::StreamRequest& request) { return stream->Write(SerializeRequest(request)); },
+        [&](int index, absl::string_view data) {
+          absl::StatusOr<grpc::ByteBuffer> message = ChunkRequest(index, data, *send_buffers_);
+          if (!message.ok()) {
+            send_error = message.status();
+            context.TryCancel();
+            return false;
+          }
+          return stream->Write(*message);
+        });
     if (written.ok()) stream->WritesDone();
   });
 

@@ -16,21 +16,20 @@ void ReleaseBuffer(void* buffer) { delete static_cast<std::shared_ptr<PooledBuff
 
 }  // namespace
 
-absl::StatusOr<grpc::ByteBuffer> SerializeRequest(const v1::StreamRequest& request, BufferPool& pool) {
-  if (!request.has_chunk()) {
-    grpc::Slice slice(request.SerializeAsString());
-    return grpc::ByteBuffer(&slice, 1);
-  }
-  const v1::DataChunk& chunk = request.chunk();
+grpc::ByteBuffer SerializeRequest(const v1::StreamRequest& request) {
+  grpc::Slice slice(request.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::StatusOr<grpc::ByteBuffer> ChunkRequest(int index, absl::string_view data, BufferPool& pool) {
   uint8_t prefix[kMaxChunkPrefixBytes];
-  const size_t prefix_bytes =
-      WriteChunkPrefix(v1::StreamRequest::kChunkFieldNumber, chunk.index(), chunk.data().size(), prefix);
-  absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer = pool.Get(prefix_bytes + chunk.data().size());
+  const size_t prefix_bytes = WriteChunkPrefix(v1::StreamRequest::kChunkFieldNumber, index, data.size(), prefix);
+  absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer = pool.Get(prefix_bytes + data.size());
   if (!buffer.ok()) return buffer.status();
   char* out = (*buffer)->data();
   const size_t size = (*buffer)->size();
   std::memcpy(out, prefix, prefix_bytes);
-  std::memcpy(out + prefix_bytes, chunk.data().data(), chunk.data().size());
+  std::memcpy(out + prefix_bytes, data.data(), data.size());
   grpc::Slice slice(out, size, ReleaseBuffer, new std::shared_ptr<PooledBuffer>(*std::move(buffer)));
   return grpc::ByteBuffer(&slice, 1);
 }

@@ -14,10 +14,13 @@
 
 namespace orthoserve::client {
 
-// `request` serialized. A DataChunk's message is written into a buffer from `pool`, which it holds
-// until gRPC has sent it; other messages into a fresh slice. RESOURCE_EXHAUSTED when the pool
-// cannot allocate.
-absl::StatusOr<grpc::ByteBuffer> SerializeRequest(const v1::StreamRequest& request, BufferPool& pool);
+// `request` serialized (headers, specs, the end: small messages).
+grpc::ByteBuffer SerializeRequest(const v1::StreamRequest& request);
+
+// A StreamRequest holding DataChunk{index, data}, byte for byte what protobuf serializes, written
+// with one copy of `data` into a buffer from `pool` that the message holds until gRPC has sent it
+// (no fresh memory per message). RESOURCE_EXHAUSTED when the pool cannot allocate.
+absl::StatusOr<grpc::ByteBuffer> ChunkRequest(int index, absl::string_view data, BufferPool& pool);
 
 // One StreamResponse as received. `message` holds its kind and fields, except that a DataChunk's
 // bytes are in `chunk_data` (views, in order) and not in message.chunk().data(). The views point

@@ -16,6 +16,17 @@ absl::Status StreamBroken() { return absl::UnavailableError("the stream closed b
 
 absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write) {
+  v1::StreamRequest chunk;
+  return WriteStep(step, inputs, chunk_bytes, write, [&](int index, absl::string_view data) {
+    chunk.mutable_chunk()->set_index(index);
+    chunk.mutable_chunk()->set_data(data.data(), data.size());
+    return write(chunk);
+  });
+}
+
+absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+                       const std::function<bool(const v1::StreamRequest&)>& write,
+                       const std::function<bool(int index, absl::string_view data)>& write_chunk) {
   v1::StreamRequest request;
   v1::StepHeader* header = request.mutable_header();
   header->set_job(step.job);
@@ -29,10 +40,7 @@ absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> in
     *request.mutable_spec() = ToSpec(inputs[i]);
     if (!write(request)) return StreamBroken();
     for (absl::string_view chunk : SplitChunks(inputs[i].data, inputs[i].bytes, chunk_bytes)) {
-      v1::DataChunk* c = request.mutable_chunk();
-      c->set_index(static_cast<int>(i));
-      c->set_data(chunk.data(), chunk.size());
-      if (!write(request)) return StreamBroken();
+      if (!write_chunk(static_cast<int>(i), chunk)) return StreamBroken();
     }
   }
   request.mutable_end();

@@ -24,6 +24,13 @@ namespace orthoserve::client {
 absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write);
 
+// WriteStep that hands each DataChunk to `write_chunk` as its matrix index and a view of its bytes
+// in the input (no copy is made here); every other message goes through `write`. Both return
+// false when the stream is broken.
+absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+                       const std::function<bool(const v1::StreamRequest&)>& write,
+                       const std::function<bool(int index, absl::string_view data)>& write_chunk);
+
 // Reassembles the StreamResponse messages of one step of `names.size()` matrices: a MatrixResult
 // opens a matrix, its DataChunks (by index, possibly interleaved with other matrices') fill it,
 // and one StepSummary closes the step. Not thread-safe; one instance per step.
