@@ -7,16 +7,22 @@
 #    target stream throughput ≥ 0.5× raw.
 # Writes bench/results/service.md.
 #
+# The transport part also records CPU time: the server rank's (from /proc, per step), and
+# service_bench's own while it runs the raw echo (both ends) and while it is the stream's client.
+#
 #   bench/service/run.sh
 #   REPS=3 LAYERS=2 bench/service/run.sh
+#   PARTS=transport ORTHOSERVE_BUILD_DIR=build-transport bench/service/run.sh
 #
-# Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), MODEL_SHAPES (a GPT-2-small layer:
-# 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024), STREAM_MATRICES (16),
-# REPS (5), WARMUP (1), PRECISION (medium), PORT (47800; metrics and fleet ports at +100 and +50), OUT.
+# Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), PARTS (overhead,transport), MODEL_SHAPES
+# (a GPT-2-small layer: 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024),
+# STREAM_MATRICES (16), REPS (5), WARMUP (1), PRECISION (medium), PORT (47800; metrics and fleet
+# ports at +100 and +50), OUT.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${ORTHOSERVE_BUILD_DIR:-$root/build-bench}
+parts=${PARTS:-overhead,transport}
 model_shapes=${MODEL_SHAPES:-2304x768,768x768,3072x768,768x3072}
 layers=${LAYERS:-4}
 stream_shapes=${STREAM_SHAPES:-4096x1024}
@@ -48,21 +54,35 @@ trap cleanup EXIT
   --blas-threads 1 --workers 1 --log-level warning
 
 tree="HEAD $(git -C "$root" log -1 --format=%h 2>/dev/null || echo unknown), orthoserve built $(date -u -r "$build/bin/orthoserve" '+%Y-%m-%d %H:%M') UTC"
+build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt")
+rank_pid=$(cat "$tmp/fleet/rank0.pid")
+# utime + stime of the rank, in seconds.
+server_cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$rank_pid/stat"; }
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date -u '+%Y-%m-%d %H:%M')
-"$build/bench/service/service_bench" --server "127.0.0.1:$port" --model-shapes "$model_shapes" \
-  --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
-  --reps "$reps" --warmup "$warmup" --precision "$precision" | tee "$tmp/runs.jsonl"
+: >"$tmp/runs.jsonl"
+server_cpu_s=""
+for part in ${parts//,/ }; do
+  cpu_before=$(server_cpu)
+  "$build/bench/service/service_bench" --server "127.0.0.1:$port" --parts "$part" --model-shapes "$model_shapes" \
+    --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
+    --reps "$reps" --warmup "$warmup" --precision "$precision" | tee -a "$tmp/runs.jsonl"
+  if [ "$part" = transport ]; then
+    # The rank's CPU time over the part, per step (warm-up included).
+    server_cpu_s=$(awk -v a="$cpu_before" -v b="$(server_cpu)" -v n=$((reps + warmup)) 'BEGIN {printf "%.3f", (b - a) / n}')
+  fi
+done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 uptime_line=$(uptime)
 
 mkdir -p "$(dirname "$out")"
 python3 - "$tmp/runs.jsonl" "$out" "$start" "$load_before" "$load_after" "$uptime_line" "$model_shapes" \
-  "$model_matrices" "$stream_shapes" "$stream_matrices" "$reps" "$warmup" "$precision" "$layers" "$tree" <<'PY'
+  "$model_matrices" "$stream_shapes" "$stream_matrices" "$reps" "$warmup" "$precision" "$layers" "$tree" \
+  "$build_type" "$server_cpu_s" <<'PY'
 import json, os, statistics, sys
 
 (runs_path, out, start, load_before, load_after, uptime_line, model_shapes, model_matrices, stream_shapes,
- stream_matrices, reps, warmup, precision, layers, tree) = sys.argv[1:]
+ stream_matrices, reps, warmup, precision, layers, tree, build_type, server_cpu_s) = sys.argv[1:]
 over, trans, identical = [], [], None
 for line in open(runs_path):
     r = json.loads(line)
@@ -81,7 +101,7 @@ med = lambda xs: statistics.median(xs) if xs else float("nan")
 L = ["# Service overhead on loopback: remote step vs in-process engine, streaming vs raw TCP\n"]
 L.append(f"Recorded by `bench/service/run.sh` on {start} UTC. Machine: {cpu}, {os.cpu_count()} cores, shared "
          f"with other engineers' builds and tests: load average {load_before} before, {load_after} after "
-         f"(`uptime` at the end: `{uptime_line.strip()}`). Tree: {tree}.\n")
+         f"(`uptime` at the end: `{uptime_line.strip()}`). Tree: {tree} ({build_type or 'unknown'} build).\n")
 L.append("Server: one CPU rank, `deploy/local/fleet.sh start --world 1 ... -- --blas-threads 1 --workers 1` on "
          "127.0.0.1. Client and engine: `bench/service/service_bench` (one process), measurements alternated "
          f"side by side; {warmup} untimed pair first, then {reps} timed pairs; medians below.\n")
@@ -115,18 +135,26 @@ if trans:
              "NS with steps = 0 (normalize and scale only). *raw*: the same bytes sent over one loopback TCP "
              "connection to an echo thread and received back concurrently (1 MiB send/recv calls); *stream*: one "
              "`Client::Step` (4 MiB DataChunks). Throughput = bytes each way / wall time.\n")
-    L.append("| | raw s | raw GB/s | stream s | stream GB/s | stream server s | first result after s |")
-    L.append("|---|---|---|---|---|---|---|")
+    rc = med([r["raw_cpu_s"] for r in trans])
+    cc = med([r["stream_client_cpu_s"] for r in trans])
+    L.append("| | raw s | raw GB/s | raw CPU s | stream s | stream GB/s | stream server s | stream client CPU s | "
+             "first result after s |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
     for r in trans:
-        L.append(f"| rep {r['rep']} | {r['raw_s']:.3f} | {b / r['raw_s'] / 1e9:.2f} | {r['stream_s']:.3f} | "
-                 f"{b / r['stream_s'] / 1e9:.2f} | {r['stream_server_s']:.3f} | {r['first_result_s']:.3f} |")
-    L.append(f"| **median** | {rw:.3f} | **{b / rw / 1e9:.2f}** | {st:.3f} | **{b / st / 1e9:.2f}** | | {f:.3f} |")
+        L.append(f"| rep {r['rep']} | {r['raw_s']:.3f} | {b / r['raw_s'] / 1e9:.2f} | {r['raw_cpu_s']:.3f} | "
+                 f"{r['stream_s']:.3f} | {b / r['stream_s'] / 1e9:.2f} | {r['stream_server_s']:.3f} | "
+                 f"{r['stream_client_cpu_s']:.3f} | {r['first_result_s']:.3f} |")
+    L.append(f"| **median** | {rw:.3f} | **{b / rw / 1e9:.2f}** | {rc:.3f} | {st:.3f} | **{b / st / 1e9:.2f}** | | "
+             f"{cc:.3f} | {f:.3f} |")
     pairs = ", ".join(f"{r['raw_s'] / r['stream_s']:.2f}" for r in trans)
     L.append(f"\nStream / raw throughput: **{rw / st:.2f}×** (ratio of medians; per pair {pairs}). "
              "DESIGN §9 target: ≥ 0.5×. The first of the "
              f"{stream_matrices} results arrives after {f / st * 100:.0f}% of the step (median; "
              f"1/{stream_matrices} = {100 / int(stream_matrices):.0f}% if results stream back while later "
              "matrices are still being sent, ~100% if the server waits for the whole batch).\n")
+    L.append(f"CPU time per step: raw echo {rc:.3f} s (sender, echo and receiver together); stream: client {cc:.3f} s "
+             f"(median) + server {server_cpu_s} s (the rank's utime + stime over the part / its {int(reps) + int(warmup)} "
+             "steps).\n")
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY

@@ -3,6 +3,7 @@
 // step (steps = 0) vs a raw loopback TCP echo of the same bytes. One JSON line per measurement.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -124,6 +125,14 @@ absl::StatusOr<double> TimeEngine(Backend& backend, const std::vector<MatrixInpu
   const double s = absl::ToDoubleSeconds(absl::Now() - start);
   for (const absl::Status& st : statuses) RETURN_IF_ERROR(st);
   return s;
+}
+
+// CPU seconds (user + system) this process has used, all threads.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 absl::Status Errno(absl::string_view what) { return absl::InternalError(absl::StrCat(what, ": ", strerror(errno))); }
@@ -274,14 +283,18 @@ absl::Status Run(const Config& config) {
     const char* raw_data = reinterpret_cast<const char*>(storage[0].data());
     const size_t raw_size = storage[0].size() * sizeof(float);
     for (int it = 0; it < config.warmup + config.reps; ++it) {
+      const double cpu0 = ProcessCpuSeconds();
       ASSIGN_OR_RETURN(double raw_s, TimeRawEcho(raw_data, raw_size, bytes, static_cast<size_t>(config.io_kib) << 10));
+      const double cpu1 = ProcessCpuSeconds();
       ASSIGN_OR_RETURN(StepTiming step, TimeStep(*client, inputs, nullptr));
+      const double cpu2 = ProcessCpuSeconds();
       if (it < config.warmup) continue;
       std::cout << absl::StrFormat(
                        "{\"part\": \"transport\", \"rep\": %d, \"bytes_each_way\": %d, \"raw_s\": %.6f, "
-                       "\"stream_s\": %.6f, \"stream_server_s\": %.6f, \"first_result_s\": %.6f, \"load1\": %s}",
-                       it - config.warmup, bytes, raw_s, step.wall_s, step.server_s, step.first_result_s,
-                       LoadAverage1())
+                       "\"raw_cpu_s\": %.6f, \"stream_s\": %.6f, \"stream_client_cpu_s\": %.6f, "
+                       "\"stream_server_s\": %.6f, \"first_result_s\": %.6f, \"load1\": %s}",
+                       it - config.warmup, bytes, raw_s, cpu1 - cpu0, step.wall_s, cpu2 - cpu1, step.server_s,
+                       step.first_result_s, LoadAverage1())
                 << std::endl;
     }
   }
