@@ -15,7 +15,7 @@ ResultWriter::ResultWriter(Stream* stream, int64_t chunk_bytes, Metrics* metrics
 ResultWriter::~ResultWriter() { Close(); }
 
 void ResultWriter::Write(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
-                         absl::string_view data, std::shared_ptr<const void> owner) {
+                         absl::string_view data, const std::shared_ptr<const void>& owner) {
   Item item;
   v1::StreamResponse header;
   v1::MatrixResult* r = header.mutable_result();

@@ -35,7 +35,7 @@ class ResultWriter {
   // `owner` keeps `data` alive and unchanged until gRPC has sent it. Returns at once.
   // Thread-safe.
   void Write(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status, absl::string_view data,
-             std::shared_ptr<const void> owner);
+             const std::shared_ptr<const void>& owner);
 
   // Queues the StepSummary (after every result queued so far), counting the results written
   // and the time since `start`.

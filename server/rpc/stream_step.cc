@@ -276,7 +276,7 @@ void StreamStep::ScheduleLone(int index) {
     m.input.reset();  // The input is no longer needed.
     if (!status.ok()) out.reset();
     const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
-    writer_.Write(index, m.spec.plan, m.spec.block, status, data, std::move(out));
+    writer_.Write(index, m.spec.plan, m.spec.block, status, data, out);
     std::lock_guard<std::mutex> lock(jobs_mu_);
     if (--jobs_running_ == 0) jobs_cv_.notify_all();
   });
