@@ -211,7 +211,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
   absl::Status send_error;
   std::thread writer([&] {
     absl::Status written = WriteStep(
-        step, inputs, chunk, [&](const v1::StreamRequest& request) { return stream->Write(SerializeRequest(request)); },
+        step, inputs, chunk, [&](const v1::StreamRequest& request) { return stream->Write(SerializeToByteBuffer(request)); },
         [&](int index, absl::string_view data) {
           absl::StatusOr<grpc::ByteBuffer> message = ChunkRequest(index, data, *send_buffers_);
           if (!message.ok()) {

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "common/chunk_wire.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
 
 namespace orthoserve::client {
@@ -15,11 +14,6 @@ namespace {
 void ReleaseBuffer(void* buffer) { delete static_cast<std::shared_ptr<PooledBuffer>*>(buffer); }
 
 }  // namespace
-
-grpc::ByteBuffer SerializeRequest(const v1::StreamRequest& request) {
-  grpc::Slice slice(request.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
-}
 
 absl::StatusOr<grpc::ByteBuffer> ChunkRequest(int index, absl::string_view data, BufferPool& pool) {
   uint8_t prefix[kMaxChunkPrefixBytes];
@@ -35,24 +29,9 @@ absl::StatusOr<grpc::ByteBuffer> ChunkRequest(int index, absl::string_view data,
 }
 
 absl::Status ParseStreamResponse(StreamResponseView* view) {
-  view->message.Clear();
-  view->chunk_data.clear();
-  int index;
-  {
-    grpc::ProtoBufferReader reader(&view->raw);
-    if (reader.status().ok() &&
-        ReadChunkInPlace(&reader, v1::StreamResponse::kChunkFieldNumber, &index, &view->chunk_data)) {
-      view->message.mutable_chunk()->set_index(index);
-      return absl::OkStatus();
-    }
-  }
-  grpc::ProtoBufferReader reader(&view->raw);
-  if (!reader.status().ok() || !view->message.ParseFromZeroCopyStream(&reader)) {
-    view->message.Clear();
+  if (!ParseRawMessage(view)) {
     return absl::InternalError("server protocol error: a message of the stream is not a StreamResponse");
   }
-  view->chunk_data.clear();
-  if (view->message.has_chunk()) view->chunk_data.emplace_back(view->message.chunk().data());
   return absl::OkStatus();
 }
 

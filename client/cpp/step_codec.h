@@ -11,25 +11,17 @@
 #include "common/buffer_pool.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "orthoserve/v1/orthogonalizer.pb.h"
+#include "proto/convert/raw_message.h"
 
 namespace orthoserve::client {
-
-// `request` serialized (headers, specs, the end: small messages).
-grpc::ByteBuffer SerializeRequest(const v1::StreamRequest& request);
 
 // A StreamRequest holding DataChunk{index, data}, byte for byte what protobuf serializes, written
 // with one copy of `data` into a buffer from `pool` that the message holds until gRPC has sent it
 // (no fresh memory per message). RESOURCE_EXHAUSTED when the pool cannot allocate.
 absl::StatusOr<grpc::ByteBuffer> ChunkRequest(int index, absl::string_view data, BufferPool& pool);
 
-// One StreamResponse as received. `message` holds its kind and fields, except that a DataChunk's
-// bytes are in `chunk_data` (views, in order) and not in message.chunk().data(). The views point
-// into `raw` or `message`: keep the object in place (do not copy or move it) while using them.
-struct StreamResponseView {
-  grpc::ByteBuffer raw;  // The message's bytes as gRPC received them.
-  v1::StreamResponse message;
-  std::vector<absl::string_view> chunk_data;
-};
+// One StreamResponse as received (proto/convert/raw_message.h).
+using StreamResponseView = RawMessageView<v1::StreamResponse>;
 
 // Parses view->raw into view->message and view->chunk_data (a lone DataChunk in place, anything
 // else by protobuf). INTERNAL ("server protocol error") when the bytes are not a StreamResponse.

@@ -26,7 +26,7 @@ void ResultWriter::Write(int index, const MatrixPlan& plan, const Block& block, 
   *r->mutable_block() = BlockToProto(block);
   r->set_code(static_cast<int>(status.code()));
   r->set_message(std::string(status.message()));
-  item.messages.push_back(SerializeResponse(header));
+  item.messages.push_back(SerializeToByteBuffer(header));
   item.ok = status.ok();
   if (status.ok()) {
     for (size_t offset = 0; offset < data.size(); offset += static_cast<size_t>(chunk_bytes_)) {
@@ -84,7 +84,7 @@ bool ResultWriter::WriteItem(Item& item) {
     s->set_matrices_failed(failed_);
     s->set_fleet_rank(item.fleet_rank);
     s->set_server_seconds(absl::ToDoubleSeconds(absl::Now() - item.start));
-    return stream_->Write(SerializeResponse(response));
+    return stream_->Write(SerializeToByteBuffer(response));
   }
   const absl::Time start = absl::Now();
   for (grpc::ByteBuffer& message : item.messages) {

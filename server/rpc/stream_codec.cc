@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "common/chunk_wire.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
 
 namespace orthoserve {
@@ -16,24 +15,7 @@ void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*
 }  // namespace
 
 absl::Status ParseStreamRequest(StreamRequestView* view) {
-  view->message.Clear();
-  view->chunk_data.clear();
-  int index;
-  {
-    grpc::ProtoBufferReader reader(&view->raw);
-    if (reader.status().ok() &&
-        ReadChunkInPlace(&reader, v1::StreamRequest::kChunkFieldNumber, &index, &view->chunk_data)) {
-      view->message.mutable_chunk()->set_index(index);
-      return absl::OkStatus();
-    }
-  }
-  grpc::ProtoBufferReader reader(&view->raw);
-  if (!reader.status().ok() || !view->message.ParseFromZeroCopyStream(&reader)) {
-    view->message.Clear();
-    return absl::InvalidArgumentError("a message of the stream is not a StreamRequest");
-  }
-  view->chunk_data.clear();
-  if (view->message.has_chunk()) view->chunk_data.emplace_back(view->message.chunk().data());
+  if (!ParseRawMessage(view)) return absl::InvalidArgumentError("a message of the stream is not a StreamRequest");
   return absl::OkStatus();
 }
 
@@ -48,12 +30,6 @@ grpc::ByteBuffer ChunkResponse(int index, absl::string_view data, std::shared_pt
                                  grpc::Slice(const_cast<char*>(data.data()), data.size(), ReleaseOwner,
                                              new std::shared_ptr<const void>(std::move(owner)))};
   return grpc::ByteBuffer(slices, 2);
-}
-
-grpc::ByteBuffer SerializeResponse(const v1::StreamResponse& response) {
-  const std::string bytes = response.SerializeAsString();
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
 }
 
 }  // namespace orthoserve

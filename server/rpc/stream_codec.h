@@ -11,17 +11,12 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "orthoserve/v1/orthogonalizer.pb.h"
+#include "proto/convert/raw_message.h"
 
 namespace orthoserve {
 
-// One StreamRequest as received. `message` holds its kind and fields, except that a DataChunk's
-// bytes are in `chunk_data` (views, in order) and not in message.chunk().data(). The views point
-// into `raw` or `message`: keep the object in place (do not copy or move it) while using them.
-struct StreamRequestView {
-  grpc::ByteBuffer raw;  // The message's bytes as gRPC received them.
-  v1::StreamRequest message;
-  std::vector<absl::string_view> chunk_data;
-};
+// One StreamRequest as received (proto/convert/raw_message.h).
+using StreamRequestView = RawMessageView<v1::StreamRequest>;
 
 // Parses view->raw into view->message and view->chunk_data. A StreamRequest that holds only a
 // DataChunk has its bytes viewed where they lie (no copy); any other message is parsed by
@@ -33,7 +28,5 @@ absl::Status ParseStreamRequest(StreamRequestView* view);
 // alive and unchanged) until gRPC has sent them.
 grpc::ByteBuffer ChunkResponse(int index, absl::string_view data, std::shared_ptr<const void> owner);
 
-// `response` serialized (for results without data and summaries: small messages).
-grpc::ByteBuffer SerializeResponse(const v1::StreamResponse& response);
 
 }  // namespace orthoserve
