@@ -44,6 +44,9 @@ ABSL_FLAG(int64_t, max_tenant_inflight_bytes, int64_t{2} << 30, "Matrix bytes on
 ABSL_FLAG(int, max_concurrent_streams, 64, "Concurrent OrthogonalizeStream calls at most.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "Largest gRPC message sent or received.");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "Largest DataChunk accepted and sent.");
+ABSL_FLAG(int64_t, stream_buffer_idle_bytes, int64_t{512} << 20,
+          "Bytes of released stream matrix buffers kept for reuse by later steps (at most --max-inflight-bytes); 0 "
+          "keeps none.");
 ABSL_FLAG(int, max_matrices_per_step, 4096, "Matrices in one step or unary call at most.");
 ABSL_FLAG(absl::Duration, rendezvous_timeout, absl::Seconds(60),
           "How long a group step waits for all its trainer ranks before it is aborted.");
@@ -67,6 +70,7 @@ const char* const kFlagNames[] = {
     "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "collective", "workers",
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
+    "stream_buffer_idle_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "log_level", "log_verbose", "check_config"};
 
@@ -132,6 +136,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.admission.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   o.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.service.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  o.service.buffers.max_idle_bytes = absl::GetFlag(FLAGS_stream_buffer_idle_bytes);
   o.service.max_matrices_per_step = absl::GetFlag(FLAGS_max_matrices_per_step);
   o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
   o.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);

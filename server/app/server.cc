@@ -89,6 +89,10 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   if (o.service.max_matrices_per_step < 1) return absl::InvalidArgumentError("--max-matrices-per-step must be >= 1");
   if (o.workers < 1) return absl::InvalidArgumentError(absl::StrCat("--workers = ", o.workers, " must be >= 1"));
+  if (o.service.buffers.max_idle_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--stream-buffer-idle-bytes = ", o.service.buffers.max_idle_bytes,
+                                                   " must be >= 0"));
+  }
   if (o.service.chunk_bytes < 1024 || o.service.chunk_bytes > o.service.max_message_bytes / 2) {
     return absl::InvalidArgumentError(absl::StrCat("--chunk-bytes = ", o.service.chunk_bytes,
                                                    " must be at least 1024 and at most half of --max-message-bytes (",

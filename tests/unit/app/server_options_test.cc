@@ -63,6 +63,8 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        "--chunk-bytes"},
       {"message bytes", [](ServerOptions& o) { o.service.max_message_bytes = 1; },
        absl::StatusCode::kInvalidArgument, "--max-message-bytes"},
+      {"idle buffers", [](ServerOptions& o) { o.service.buffers.max_idle_bytes = -1; },
+       absl::StatusCode::kInvalidArgument, "--stream-buffer-idle-bytes"},
   };
   for (const BadCase& c : cases) {
     ServerOptions o = Fleet2("cpu");
