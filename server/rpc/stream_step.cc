@@ -208,9 +208,9 @@ absl::Status StreamStep::OnChunk(int index, absl::Span<const absl::string_view> 
     return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, ": a chunk of ", size,
                                                    " bytes exceeds the chunk limit of ", s_.options_.chunk_bytes));
   }
+  s_.metrics_->BytesIn(kMethod, static_cast<double>(size));  // Received, even when discarded below.
   Matrix& m = matrices_[current_];
   if (m.failed) return absl::OkStatus();
-  s_.metrics_->BytesIn(kMethod, static_cast<double>(size));
   if (m.receiver.received() + size > m.spec.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("matrix ", current_, " (\"", m.spec.plan.name, "\"): received more than its ",
                                                    m.spec.block_bytes, " bytes (block ", m.spec.block.rows, "x",
