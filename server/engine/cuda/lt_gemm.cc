@@ -1,6 +1,7 @@
 // Implementation of server/engine/cuda/lt_gemm.h.
 #include "server/engine/cuda/lt_gemm.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -48,6 +49,11 @@ const char* Offset(const void* p, int64_t elements, size_t element_size) {
 
 }  // namespace
 
+LtGemm::Key LtGemm::InstanceKey(const GemmPrecision& p, const GemmProblem& g, size_t workspace_bytes) {
+  return Key{static_cast<int64_t>(p.data_type), static_cast<int64_t>(p.compute), static_cast<int64_t>(g.op_a),
+             static_cast<int64_t>(g.op_b), g.m, g.n, g.k, g.lda, g.ldb, g.ldc, static_cast<int64_t>(workspace_bytes)};
+}
+
 GemmPrecision ForPrecision(Precision precision) {
   switch (precision) {
     case Precision::kMedium:
@@ -68,17 +74,7 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create() {
 
 absl::StatusOr<const LtGemm::Plan*> LtGemm::PlanFor(const GemmPrecision& p, const GemmProblem& g,
                                                     size_t workspace_bytes) {
-  const Key key{static_cast<int64_t>(p.data_type),
-                static_cast<int64_t>(p.compute),
-                static_cast<int64_t>(g.op_a),
-                static_cast<int64_t>(g.op_b),
-                g.m,
-                g.n,
-                g.k,
-                g.lda,
-                g.ldb,
-                g.ldc,
-                static_cast<int64_t>(workspace_bytes)};
+  const Key key = InstanceKey(p, g, workspace_bytes);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (!FitsInt(g.m) || !FitsInt(g.n) || !FitsInt(g.k) || !FitsInt(g.lda) || !FitsInt(g.ldb) || !FitsInt(g.ldc) ||
       !FitsInt(g.batch) || g.batch < 1) {
@@ -135,21 +131,14 @@ absl::StatusOr<const LtGemm::Plan*> LtGemm::PlanFor(const GemmPrecision& p, cons
 
 absl::StatusOr<const LtGemm::Batch*> LtGemm::BatchFor(const GemmPrecision& p, const GemmProblem& g, const Plan& plan,
                                                       size_t workspace_bytes) {
-  const BatchKey key{static_cast<int64_t>(p.data_type),
-                     static_cast<int64_t>(p.compute),
-                     static_cast<int64_t>(g.op_a),
-                     static_cast<int64_t>(g.op_b),
-                     g.m,
-                     g.n,
-                     g.k,
-                     g.lda,
-                     g.ldb,
-                     g.ldc,
-                     static_cast<int64_t>(workspace_bytes),
-                     g.batch,
-                     g.stride_a,
-                     g.stride_b,
-                     g.stride_c};
+  const Key instance = InstanceKey(p, g, workspace_bytes);
+  BatchKey key{};  // The instance's key, then the batch count and strides.
+  std::copy(instance.begin(), instance.end(), key.begin());
+  const size_t n = instance.size();
+  key[n] = g.batch;
+  key[n + 1] = g.stride_a;
+  key[n + 2] = g.stride_b;
+  key[n + 3] = g.stride_c;
   if (auto it = batches_.find(key); it != batches_.end()) return it->second.get();
   auto batch = std::make_unique<Batch>();
   const StoredShapes z = StoredShapesOf(g);

@@ -108,6 +108,7 @@ class LtGemm {
   static constexpr size_t kMaxPlans = 4096;  // A server sees few shapes; this bounds a pathological mix.
 
   explicit LtGemm(LtHandle handle) : handle_(std::move(handle)) {}
+  static Key InstanceKey(const GemmPrecision& precision, const GemmProblem& problem, size_t workspace_bytes);
   absl::StatusOr<const Plan*> PlanFor(const GemmPrecision& precision, const GemmProblem& problem,
                                       size_t workspace_bytes);
   absl::StatusOr<const Batch*> BatchFor(const GemmPrecision& precision, const GemmProblem& problem, const Plan& plan,
