@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
+#include "tests/unit/client/input_util.h"
 #include "tests/unit/client/fake_server.h"
 #include "tests/util/status_matchers.h"
 
@@ -31,14 +32,7 @@ std::vector<float> Ramp(size_t n, float scale) {
   return v;
 }
 
-MatrixInput Input(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& data) {
-  MatrixInput in;
-  in.name = name;
-  in.shape = std::move(shape);
-  in.data = data.data();
-  in.bytes = data.size() * sizeof(float);
-  return in;
-}
+using testing_util::F32Input;
 
 std::vector<float> AsFloats(const MatrixOutput& out) {
   std::vector<float> v(out.data.size() / ElementSize(out.dtype));
@@ -63,7 +57,7 @@ class ClientLoopbackTest : public ::testing::Test {
 TEST_F(ClientLoopbackTest, StepChunksToTheServerLimitAndReassemblesResults) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(300 * 7, 0.5f), b = Ramp(4 * 5, 1.0f), c = Ramp(6 * 4, 0.25f);
-  std::vector<MatrixInput> inputs = {Input("a", {300, 7}, a), Input("b", {4, 5}, b), Input("c", {6, 4}, c)};
+  std::vector<MatrixInput> inputs = {F32Input("a", {300, 7}, a), F32Input("b", {4, 5}, b), F32Input("c", {6, 4}, c)};
   inputs[1].result_dtype = DType::kBF16;
   inputs[2].block = Block{3, 0, 3, 4};
   inputs[2].bytes = 12 * sizeof(float);
@@ -92,7 +86,7 @@ TEST_F(ClientLoopbackTest, StepChunksToTheServerLimitAndReassemblesResults) {
 TEST_F(ClientLoopbackTest, StepSendsTheGroupHeader) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(8, 1.0f);
-  MatrixInput in = Input("w", {4, 4}, a);
+  MatrixInput in = F32Input("w", {4, 4}, a);
   in.block = Block{0, 0, 2, 4};
   ASSERT_OK(client->Step(StepOptions{"job1", "tp", 12, 0, 2}, {&in, 1}));
   absl::MutexLock lock(&server_.service->mu);
@@ -106,7 +100,7 @@ TEST_F(ClientLoopbackTest, StepSendsTheGroupHeader) {
 TEST_F(ClientLoopbackTest, PerMatrixErrorsTravelInBand) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);
-  std::vector<MatrixInput> inputs = {Input("bad_w", {4, 4}, a), Input("good", {4, 4}, a)};
+  std::vector<MatrixInput> inputs = {F32Input("bad_w", {4, 4}, a), F32Input("good", {4, 4}, a)};
   auto out = client->Step(StepOptions{}, inputs);
   ASSERT_OK(out);
   EXPECT_THAT((*out)[0].status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps = 101")));
@@ -118,7 +112,7 @@ TEST_F(ClientLoopbackTest, PerMatrixErrorsTravelInBand) {
 TEST_F(ClientLoopbackTest, StreamFailureReturnsTheServersStatus) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);
-  MatrixInput in = Input("w", {4, 4}, a);
+  MatrixInput in = F32Input("w", {4, 4}, a);
   EXPECT_THAT(client->Step(StepOptions{"abort", "x", 7, 0, 1}, {&in, 1}),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("step 7 of group abort/x aborted")));
 }
@@ -131,7 +125,7 @@ TEST_F(ClientLoopbackTest, ResultsArriveWhileLaterMatricesAreStillBeingSent) {
   server_.service->chunk_bytes = 1 << 20;
   auto client = Connect(server_);
   const std::vector<float> small = Ramp(16, 1.0f), big = Ramp(2048 * 2048, 1.0f);
-  std::vector<MatrixInput> inputs = {Input("first", {4, 4}, small), Input("big", {2048, 2048}, big)};
+  std::vector<MatrixInput> inputs = {F32Input("first", {4, 4}, small), F32Input("big", {2048, 2048}, big)};
   auto out = client->Step(StepOptions{}, inputs, [&](const MatrixOutput& o) {
     if (o.index == 0) gate->Notify();
   });
@@ -149,7 +143,7 @@ TEST_F(ClientLoopbackTest, DeadlineExceeded) {
   auto client = Client::Create(options);
   ASSERT_OK(client);
   const std::vector<float> a = Ramp(16, 1.0f);
-  std::vector<MatrixInput> inputs = {Input("a", {4, 4}, a), Input("b", {4, 4}, a)};
+  std::vector<MatrixInput> inputs = {F32Input("a", {4, 4}, a), F32Input("b", {4, 4}, a)};
   EXPECT_THAT((*client)->Step(StepOptions{}, inputs), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
   never->Notify();  // Lets the server's handler finish promptly.
 }
@@ -158,7 +152,7 @@ TEST_F(ClientLoopbackTest, ServerProtocolViolationIsInternal) {
   server_.service->send_extra_byte = true;
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);
-  MatrixInput in = Input("w", {4, 4}, a);
+  MatrixInput in = F32Input("w", {4, 4}, a);
   EXPECT_THAT(client->Step(StepOptions{}, {&in, 1}),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("more than the 64 of its block")));
 }
@@ -166,12 +160,12 @@ TEST_F(ClientLoopbackTest, ServerProtocolViolationIsInternal) {
 TEST_F(ClientLoopbackTest, UnaryRoundTripAndBadInputs) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(6, 1.5f);
-  std::vector<MatrixInput> inputs = {Input("a", {2, 3}, a), Input("bad", {3, 2}, a)};
+  std::vector<MatrixInput> inputs = {F32Input("a", {2, 3}, a), F32Input("bad", {3, 2}, a)};
   auto out = client->Orthogonalize(inputs);
   ASSERT_OK(out);
   EXPECT_EQ(AsFloats((*out)[0]), (std::vector<float>{2 * a[0], 2 * a[1], 2 * a[2], 2 * a[3], 2 * a[4], 2 * a[5]}));
   EXPECT_THAT((*out)[1].status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad")));
-  std::vector<MatrixInput> twice = {Input("a", {2, 3}, a), Input("a", {2, 3}, a)};
+  std::vector<MatrixInput> twice = {F32Input("a", {2, 3}, a), F32Input("a", {2, 3}, a)};
   EXPECT_THAT(client->Step(StepOptions{}, twice), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
   EXPECT_THAT(client->Orthogonalize({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no matrices")));
   EXPECT_THAT(client->Step(StepOptions{"", "", 0, 2, 2}, {&inputs[0], 1}),
@@ -193,7 +187,7 @@ TEST_F(ClientLoopbackTest, BearerTokenMetadata) {
   auto wrong = Connect(server_, options);
   EXPECT_THAT(wrong->GetServerInfo(), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("bearer token")));
   const std::vector<float> a = Ramp(16, 1.0f);
-  MatrixInput in = Input("w", {4, 4}, a);
+  MatrixInput in = F32Input("w", {4, 4}, a);
   EXPECT_THAT(wrong->Step(StepOptions{}, {&in, 1}), StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
 }
 
@@ -246,13 +240,13 @@ TEST(GroupClientLoopback, TrainerRanksStreamToFloorRSOverW) {
   const std::vector<float> a = Ramp(8, 1.0f);
   std::vector<int> served_by;
   for (int rank = 0; rank < 4; ++rank) {  // W = 4 trainer ranks over S = 2: 0,1 -> 0 and 2,3 -> 1.
-    MatrixInput in = Input("w", {8, 4}, a);
+    MatrixInput in = F32Input("w", {8, 4}, a);
     in.block = Block{2 * rank, 0, 2, 4};
     ASSERT_OK((*group)->Step("job", "fsdp", 1, rank, 4, {&in, 1}));
     served_by.push_back(s1.service->streams.load() * 10 + s0.service->streams.load());
   }
   EXPECT_EQ(served_by, (std::vector<int>{1, 2, 12, 22}));
-  MatrixInput in = Input("w", {8, 4}, a);
+  MatrixInput in = F32Input("w", {8, 4}, a);
   EXPECT_THAT((*group)->Step("job", "fsdp", 1, 4, 4, {&in, 1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4 of world 4")));
 }

@@ -18,6 +18,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/client/input_util.h"
 #include "server/app/server.h"
 #include "tests/util/status_matchers.h"
 
@@ -68,14 +69,7 @@ std::vector<float> Ramp(size_t n) {
   return v;
 }
 
-MatrixInput Input(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& data) {
-  MatrixInput in;
-  in.name = name;
-  in.shape = std::move(shape);
-  in.data = data.data();
-  in.bytes = data.size() * sizeof(float);
-  return in;
-}
+using testing_util::F32Input;
 
 TEST(MetricsScrapeTest, TrafficShowsUpInTheScrapedFamilies) {
   ServerOptions o;
@@ -98,13 +92,13 @@ TEST(MetricsScrapeTest, TrafficShowsUpInTheScrapedFamilies) {
   ASSERT_OK(health);
 
   const std::vector<float> a = Ramp(64 * 32), b = Ramp(96 * 40);
-  std::vector<MatrixInput> step = {Input("a", {64, 32}, a), Input("bad", {96, 40}, b)};
+  std::vector<MatrixInput> step = {F32Input("a", {64, 32}, a), F32Input("bad", {96, 40}, b)};
   step[1].options.split_qkv = {3, 2, 2};  // 96 rows are not divisible by 7: an in-band error.
   absl::StatusOr<std::vector<MatrixOutput>> streamed = (*client)->Step(StepOptions{}, step);
   ASSERT_OK(streamed);
   ASSERT_OK((*streamed)[0].status);
   ASSERT_FALSE((*streamed)[1].status.ok());
-  const std::vector<MatrixInput> unary = {Input("b", {96, 40}, b)};
+  const std::vector<MatrixInput> unary = {F32Input("b", {96, 40}, b)};
   ASSERT_OK((*client)->Orthogonalize(unary));
   ASSERT_OK((*client)->GetServerInfo());
 

@@ -17,6 +17,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "tests/unit/client/input_util.h"
 #include "server/app/server.h"
 #include "tests/util/status_matchers.h"
 
@@ -45,11 +46,7 @@ std::vector<float> AsFloats(const MatrixOutput& out) {
 }
 
 MatrixInput Input(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& data) {
-  MatrixInput in;
-  in.name = name;
-  in.shape = std::move(shape);
-  in.data = data.data();
-  in.bytes = data.size() * sizeof(float);
+  MatrixInput in = testing_util::F32Input(name, std::move(shape), data);
   in.options.coefficients = CoefficientType::kPolarExpress;
   in.options.steps = 10;
   in.options.precision = Precision::kHighest;

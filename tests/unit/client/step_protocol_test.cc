@@ -8,6 +8,7 @@
 #include "client/cpp/matrix.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/client/input_util.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve::client {
@@ -16,28 +17,21 @@ namespace {
 using ::orthoserve::testing::StatusIs;
 using ::testing::HasSubstr;
 
-MatrixInput Input(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& data) {
-  MatrixInput in;
-  in.name = name;
-  in.shape = std::move(shape);
-  in.data = data.data();
-  in.bytes = data.size() * sizeof(float);
-  return in;
-}
+using testing_util::F32Input;
 
 TEST(CheckInput, WholeAndBlockInputs) {
   std::vector<float> data(12);
-  auto whole = CheckInput(Input("w", {3, 4}, data));
+  auto whole = CheckInput(F32Input("w", {3, 4}, data));
   ASSERT_OK(whole);
   EXPECT_EQ(*whole, (Block{0, 0, 3, 4}));
-  MatrixInput block = Input("b", {6, 4}, data);
+  MatrixInput block = F32Input("b", {6, 4}, data);
   block.block = Block{3, 0, 3, 4};
   auto b = CheckInput(block);
   ASSERT_OK(b);
   EXPECT_EQ(*b, (Block{3, 0, 3, 4}));
-  MatrixInput nd = Input("nd", {3, 2, 2}, data);  // Viewed as 3 x 4.
+  MatrixInput nd = F32Input("nd", {3, 2, 2}, data);  // Viewed as 3 x 4.
   EXPECT_OK(CheckInput(nd));
-  MatrixInput empty = Input("e", {6, 4}, {});
+  MatrixInput empty = F32Input("e", {6, 4}, {});
   empty.block = Block{6, 0, 0, 4};
   empty.data = nullptr;
   EXPECT_OK(CheckInput(empty));
@@ -45,25 +39,25 @@ TEST(CheckInput, WholeAndBlockInputs) {
 
 TEST(CheckInput, Errors) {
   std::vector<float> data(12);
-  EXPECT_THAT(CheckInput(Input("w", {12}, data)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"w\"")));
-  MatrixInput wrong = Input("w", {3, 4}, data);
+  EXPECT_THAT(CheckInput(F32Input("w", {12}, data)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"w\"")));
+  MatrixInput wrong = F32Input("w", {3, 4}, data);
   wrong.bytes = 44;
   EXPECT_THAT(CheckInput(wrong),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("44 data bytes given, but block")));
-  MatrixInput f16 = Input("h", {3, 4}, data);
+  MatrixInput f16 = F32Input("h", {3, 4}, data);
   f16.dtype = DType::kF16;  // 48 bytes are twice what 12 fp16 values need.
   EXPECT_THAT(CheckInput(f16), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 24")));
-  MatrixInput outside = Input("o", {3, 4}, data);
+  MatrixInput outside = F32Input("o", {3, 4}, data);
   outside.block = Block{2, 0, 3, 4};
   EXPECT_THAT(CheckInput(outside), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"o\" block")));
-  MatrixInput null_data = Input("n", {3, 4}, data);
+  MatrixInput null_data = F32Input("n", {3, 4}, data);
   null_data.data = nullptr;
   EXPECT_THAT(CheckInput(null_data), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null")));
 }
 
 TEST(ToSpec, CarriesEveryField) {
   std::vector<float> data(6);
-  MatrixInput in = Input("q", {4, 3}, data);
+  MatrixInput in = F32Input("q", {4, 3}, data);
   in.block = Block{2, 1, 2, 2};
   in.bytes = 16;
   in.result_dtype = DType::kBF16;
@@ -82,7 +76,7 @@ TEST(ToSpec, CarriesEveryField) {
   EXPECT_EQ(spec.block().cols(), 2);
   EXPECT_EQ(spec.options().steps(), 7);
   EXPECT_EQ(spec.options().precision(), v1::PRECISION_HIGHEST);
-  MatrixInput plain = Input("p", {2, 3}, data);
+  MatrixInput plain = F32Input("p", {2, 3}, data);
   v1::MatrixSpec p = ToSpec(plain);
   EXPECT_FALSE(p.has_block());
   EXPECT_EQ(p.result_dtype(), v1::DTYPE_UNSPECIFIED);
@@ -91,7 +85,7 @@ TEST(ToSpec, CarriesEveryField) {
 TEST(WriteStep, HeaderSpecsChunksEnd) {
   std::vector<float> a(10), b(3);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
-  std::vector<MatrixInput> inputs = {Input("a", {2, 5}, a), Input("b", {3, 1}, b)};
+  std::vector<MatrixInput> inputs = {F32Input("a", {2, 5}, a), F32Input("b", {3, 1}, b)};
   StepOptions step{"job", "tp", 42, 1, 2};
   std::vector<v1::StreamRequest> sent;
   ASSERT_OK(WriteStep(step, inputs, 16, [&](const v1::StreamRequest& r) {
@@ -143,7 +137,7 @@ TEST(WriteStep, EmptyBlockSendsSpecWithoutChunks) {
 
 TEST(WriteStep, StopsWhenTheStreamBreaks) {
   std::vector<float> a(100);
-  MatrixInput in = Input("a", {10, 10}, a);
+  MatrixInput in = F32Input("a", {10, 10}, a);
   int writes = 0;
   EXPECT_THAT(WriteStep(StepOptions{}, {&in, 1}, 8, [&](const v1::StreamRequest&) { return ++writes < 3; }),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
