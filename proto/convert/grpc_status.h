@@ -18,6 +18,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // 0..16 become UNKNOWN with the number kept in the message.
 absl::Status StatusFromCode(int code, const std::string& message);
 
+// Trailing metadata that marks a failure as caused by a change of the fleet's membership, so
+// that a client may retry the whole step even when the code alone (ABORTED) would be final
+// (see the retry comment in orthogonalizer.proto).
+inline constexpr char kRetryableKey[] = "orthoserve-retryable";
+inline constexpr char kRetryableFleetChange[] = "fleet-change";
+
 // "OK", "INVALID_ARGUMENT", ... as used in metric labels.
 inline std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }
 
