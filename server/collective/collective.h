@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace orthoserve {
@@ -61,6 +62,13 @@ class Collective {
 
   // Returns once every rank has entered the barrier.
   virtual absl::Status Barrier(absl::Duration timeout) = 0;
+
+  // The one method that may be called from any thread, while another thread is inside an
+  // operation: breaks the collective so that the operation in progress (if any) returns
+  // UNAVAILABLE promptly (naming `reason`) instead of waiting for its timeout, and every later
+  // call returns UNAVAILABLE. The fleet calls it when a member of the group is known to be gone.
+  // Idempotent; an abort after the collective broke on its own keeps the first error.
+  virtual void Abort(absl::string_view reason) = 0;
 };
 
 }  // namespace orthoserve

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/collective/collective_args.h"
 
@@ -11,13 +12,19 @@ namespace orthoserve {
 using collective_internal::BrokenStatus;
 
 absl::Status LocalCollective::CheckUsable() const {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return BrokenStatus("local", broken_);
   return absl::OkStatus();
 }
 
 absl::Status LocalCollective::Fail(absl::Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (broken_.ok()) broken_ = status;
   return status;
+}
+
+void LocalCollective::Abort(absl::string_view reason) {
+  (void)Fail(absl::UnavailableError(absl::StrCat("local collective aborted: ", reason)));
 }
 
 absl::Status LocalCollective::AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,

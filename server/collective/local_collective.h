@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,6 +35,7 @@ class LocalCollective final : public Collective {
   // `root` must be 0; leaves `data` unchanged.
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override;
   absl::Status Barrier(absl::Duration timeout) override;
+  void Abort(absl::string_view reason) override;
 
  private:
   // OK, or UNAVAILABLE when an earlier call failed.
@@ -41,6 +43,7 @@ class LocalCollective final : public Collective {
   // Records a failure (breaking the collective) and returns it.
   absl::Status Fail(absl::Status status);
 
+  mutable std::mutex mu_;  // Guards broken_ (Abort may come from another thread).
   absl::Status broken_;
 };
 

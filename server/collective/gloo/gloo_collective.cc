@@ -134,7 +134,18 @@ GlooCollective::~GlooCollective() = default;
 
 absl::Status GlooCollective::CheckUsable() const {
   if (!broken_.ok()) return BrokenStatus("gloo", broken_);
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (!aborted_.ok()) return aborted_;
   return absl::OkStatus();
+}
+
+void GlooCollective::Abort(absl::string_view reason) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (aborted_.ok()) aborted_ = absl::UnavailableError(absl::StrCat("gloo collective aborted: ", reason));
+  // An abort requested before the wait starts makes that wait return false at once (Gloo keeps
+  // the request until a wait consumes it), so there is no window in which it is lost.
+  if (sending_ != nullptr) sending_->abortWaitSend();
+  if (receiving_ != nullptr) receiving_->abortWaitRecv();
 }
 
 absl::Status GlooCollective::Fail(absl::Status status) {
@@ -158,6 +169,12 @@ absl::Status GlooCollective::Exchange(const char* op, const void* send, size_t s
     // Gloo's buffer type is not const-aware; `in` is only ever read from.
     if (!sends.empty()) in = context_->createUnboundBuffer(const_cast<void*>(send), send_size);
     if (!recvs.empty()) out = context_->createUnboundBuffer(recv, recv_size);
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (!aborted_.ok()) throw gloo::IoException(std::string(aborted_.message()));
+      sending_ = in.get();
+      receiving_ = out.get();
+    }
     for (const Transfer& t : recvs) out->recv(t.peer, slot, t.offset, t.bytes);
     for (const Transfer& t : sends) in->send(t.peer, slot, t.offset, t.bytes);
     for (size_t i = 0; i < sends.size(); ++i) {
@@ -167,6 +184,15 @@ absl::Status GlooCollective::Exchange(const char* op, const void* send, size_t s
       if (!out->waitRecv(WaitBudget(deadline))) throw gloo::IoException("receive was aborted");
     }
   });
+  absl::Status aborted;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    sending_ = nullptr;
+    receiving_ = nullptr;
+    aborted = aborted_;
+  }
+  // An abort wins over the error it provoked ("send was aborted"): it says why.
+  if (!status.ok() && !aborted.ok()) status = aborted;
   if (!status.ok()) return Fail(std::move(status));
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -14,6 +15,9 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace orthoserve {
@@ -71,6 +75,9 @@ class GlooCollective final : public Collective {
   absl::Status AllReduceSum(absl::Span<double> values, absl::Duration timeout) override;
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override;
   absl::Status Barrier(absl::Duration timeout) override;
+  // Aborts the waits of the exchange in progress (Gloo's abortWaitSend/abortWaitRecv) and
+  // breaks the collective.
+  void Abort(absl::string_view reason) override;
 
  private:
   // One point-to-point transfer: `bytes` bytes at `offset` of the send or receive buffer.
@@ -98,7 +105,13 @@ class GlooCollective final : public Collective {
   const int world_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
-  absl::Status broken_;
+  absl::Status broken_;  // Written by the operating thread only.
+
+  // Abort() from another thread: the flag, and the buffers whose waits it interrupts.
+  mutable std::mutex abort_mu_;
+  absl::Status aborted_;                           // Guarded by abort_mu_.
+  gloo::transport::UnboundBuffer* sending_ = nullptr;    // Guarded by abort_mu_.
+  gloo::transport::UnboundBuffer* receiving_ = nullptr;  // Guarded by abort_mu_.
 };
 
 }  // namespace orthoserve

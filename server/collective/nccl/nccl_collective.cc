@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -89,13 +91,24 @@ class NcclCollective::Impl {
   absl::Status AllReduceSum(absl::Span<T> values, absl::Duration timeout);
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout);
   absl::Status Barrier(absl::Duration timeout);
+  void RequestAbort(absl::string_view reason) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (abort_.ok()) abort_ = absl::UnavailableError(absl::StrCat("nccl collective aborted: ", reason));
+    abort_requested_.store(true);
+  }
+  absl::Status AbortRequested() const {
+    if (!abort_requested_.load()) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_;
+  }
 
   // Runs `op` (which enqueues on the stream) under the broken-state check and the watchdog;
   // any error breaks the collective.
   template <typename Op>
   absl::Status Guarded(const char* name, absl::Duration timeout, Op op) {
     if (!broken_.ok()) return BrokenStatus("nccl", broken_);
-    absl::Status status = CudaError(cudaSetDevice(device_), "cudaSetDevice");
+    absl::Status status = AbortRequested();
+    if (status.ok()) status = CudaError(cudaSetDevice(device_), "cudaSetDevice");
     if (status.ok()) status = op(absl::Now() + timeout);
     if (!status.ok()) {
       status = Annotate(status, name);
@@ -138,6 +151,10 @@ class NcclCollective::Impl {
   cudaStream_t stream_ = nullptr;
   DeviceBuffer send_stage_, recv_stage_;
   absl::Status broken_;
+  // Abort() from another thread; the watchdog loops (Wait, WaitEnqueued) poll it.
+  std::atomic<bool> abort_requested_{false};
+  mutable std::mutex abort_mu_;
+  absl::Status abort_;
 };
 
 absl::Status NcclCollective::Impl::Init(const Options& options) {
@@ -255,6 +272,7 @@ void NcclCollective::Impl::Break(const absl::Status& status) {
 absl::Status NcclCollective::Impl::Wait(absl::Time deadline) {
   auto sleep = std::chrono::microseconds(2);
   while (true) {
+    RETURN_IF_ERROR(AbortRequested());
     ncclResult_t state = ncclSuccess;
     RETURN_IF_ERROR(NcclError(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError", comm_));
     if (state != ncclSuccess && state != ncclInProgress) {
@@ -280,6 +298,7 @@ absl::Status NcclCollective::Impl::Wait(absl::Time deadline) {
 absl::Status NcclCollective::Impl::WaitEnqueued(absl::Time deadline) {
   auto sleep = std::chrono::microseconds(2);
   while (true) {
+    RETURN_IF_ERROR(AbortRequested());
     ncclResult_t state = ncclSuccess;
     RETURN_IF_ERROR(NcclError(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError", comm_));
     if (state == ncclSuccess) return absl::OkStatus();
@@ -477,5 +496,6 @@ absl::Status NcclCollective::Broadcast(void* data, size_t bytes, int root, absl:
   return impl_->Broadcast(data, bytes, root, timeout);
 }
 absl::Status NcclCollective::Barrier(absl::Duration timeout) { return impl_->Barrier(timeout); }
+void NcclCollective::Abort(absl::string_view reason) { impl_->RequestAbort(reason); }
 
 }  // namespace orthoserve

@@ -67,6 +67,8 @@ class NcclCollective final : public Collective {
   absl::Status AllReduceSum(absl::Span<double> values, absl::Duration timeout) override;
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override;
   absl::Status Barrier(absl::Duration timeout) override;
+  // The watchdog of the operation in progress sees the request and aborts the communicator.
+  void Abort(absl::string_view reason) override;
 
   class Impl;
 

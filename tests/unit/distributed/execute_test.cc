@@ -206,6 +206,7 @@ class RecordingCollective final : public Collective {
     return inner_.Broadcast(d, b, root, t);
   }
   absl::Status Barrier(absl::Duration t) override { return inner_.Barrier(t); }
+  void Abort(absl::string_view reason) override { inner_.Abort(reason); }
 
   std::vector<std::pair<size_t, size_t>> all_to_allv;  // (sent, received) per call.
 

@@ -116,6 +116,9 @@ class BreakingCollective final : public Collective {
     if (absl::Status gate = Gate(); !gate.ok()) return gate;
     return inner_->Barrier(t);
   }
+  void Abort(absl::string_view reason) override {
+    if (inner_ != nullptr) inner_->Abort(reason);
+  }
 
  private:
   // Counts the call; from the fail_at-th on, drops the Gloo member and fails.
