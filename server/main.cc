@@ -13,6 +13,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/app/flags.h"
 #include "server/app/server.h"
@@ -23,6 +25,10 @@ namespace {
 // than sigwait) is needed because libraries start threads before main that would otherwise
 // receive the signal with its default action.
 int g_signal_pipe[2] = {-1, -1};
+
+// Teardown after the drain deadline: the fleet's graceful leave (up to 5 s) and closing
+// connections.
+constexpr absl::Duration kTeardownMargin = absl::Seconds(10);
 
 void OnSignal(int signal) {
   const char byte = static_cast<char>(signal);
@@ -92,19 +98,24 @@ int main(int argc, char** argv) {
     return 1;
   }
   orthoserve::Server* raw = server->get();
-  std::thread waiter([raw] {
+  const absl::Duration drain_timeout = options->drain_timeout;
+  std::thread waiter([raw, drain_timeout] {
     char received = 0;
     while (read(g_signal_pipe[0], &received, 1) < 0 && errno == EINTR) {
     }
     LOG_INFO("server") << "received signal " << static_cast<int>(received) << ", draining";
+    // Every wait in the server is bounded, so the drain ends within --drain-timeout and a few
+    // seconds of teardown; this is the backstop that guarantees it to the supervisor.
+    std::thread([drain_timeout] {
+      absl::SleepFor(drain_timeout + kTeardownMargin);
+      LOG_ERROR("server") << "the drain did not finish within --drain-timeout + "
+                          << absl::FormatDuration(kTeardownMargin) << "; exiting now";
+      _exit(1);
+    }).detach();
     raw->Drain();
   });
   waiter.detach();
-  absl::Status formation = raw->Wait();
+  raw->Wait();
   server->reset();
-  if (!formation.ok()) {
-    std::cerr << "orthoserve: " << formation.message() << "\n";
-    return 1;
-  }
   return 0;
 }

@@ -8,9 +8,10 @@
 #
 # Rank r serves the public API on 127.0.0.1:(P + r), its internal fleet address on
 # 127.0.0.1:(P + 50 + r) (rank 0's is the coordinator) and /metrics on 127.0.0.1:(P + 100 + r). Logs and pid files go to DIR
-# (default /tmp/orthoserve-fleet). `start` returns once every rank reports SERVING (through
-# `orthoctl health` when it is built, else the rank's log), or fails after --wait seconds with the
-# logs' tails. `stop` sends SIGTERM (graceful drain), then SIGKILL after 15 s.
+# (default /tmp/orthoserve-fleet). `start` returns once every rank is a member of a formed
+# generation of all S ranks (through `orthoctl info --json` when it is built, else the rank's
+# log), or fails after --wait seconds with the logs' tails. `stop` sends SIGTERM (graceful
+# drain), then SIGKILL after 15 s.
 set -euo pipefail
 
 cmd=${1:-}
@@ -53,12 +54,14 @@ stop() {
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
 }
 
-ready() {  # ready RANK
-  local port=$((base + $1))
+ready() {  # ready RANK: the rank is ready and lists all S members as ready.
+  local port=$((base + $1)) n
   if [[ -x "$bin/orthoctl" ]]; then
-    "$bin/orthoctl" health --server "127.0.0.1:$port" --timeout 2 >/dev/null 2>&1
+    n=$("$bin/orthoctl" info --json --no-retry --server "127.0.0.1:$port" --timeout 2 2>/dev/null |
+      grep -o '"ready": *true' | wc -l) || return 1
+    ((n >= world + 1))
   else
-    grep -q "\] serving" "$dir/rank$1.log" 2>/dev/null
+    grep -q "formed here: collective rank [0-9]* of $world " "$dir/rank$1.log" 2>/dev/null
   fi
 }
 

@@ -51,9 +51,11 @@ ABSL_FLAG(int, max_matrices_per_step, 4096, "Matrices in one step or unary call 
 ABSL_FLAG(absl::Duration, rendezvous_timeout, absl::Seconds(60),
           "How long a group step waits for all its trainer ranks before it is aborted.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
-ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight (after leaving the fleet); the process exits at "
+          "this plus 10s at the latest.");
 ABSL_FLAG(absl::Duration, fleet_peer_timeout, absl::Seconds(15),
-          "A fleet rank unheard of this long counts as lost; the fleet then stops, to be restarted and re-formed.");
+          "A fleet rank (or the coordinator) unheard of this long counts as lost: the others go on in the next "
+          "generation without it and take it back when it returns.");
 ABSL_FLAG(absl::Duration, stall_warning, absl::Seconds(60), "Warn about trainer ranks missing for this long.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");

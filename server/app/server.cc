@@ -16,6 +16,15 @@
 namespace orthoserve {
 namespace {
 
+// A graceful leave waits this long at most for the generation without this rank.
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(5);
+
+}  // namespace
+
+const char kFleetHealthService[] = "orthoserve.fleet";
+
+namespace {
+
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
   std::ifstream in(path);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " cannot be read"));
@@ -184,36 +193,47 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
 }
 
 void Server::WatchHealth() {
+  // The public port: "" and the Orthogonalizer service are SERVING while the rank takes calls
+  // (every rank does, with lone clients served alone when it is outside the fleet); the
+  // "orthoserve.fleet" service is SERVING while it is a member of a formed generation. The
+  // fleet port's "" status is the liveness signal: NOT_SERVING when the rank is wedged.
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  bool last = false;
-  bool first = true;
+  grpc::HealthCheckServiceInterface* liveness = fleet_->liveness_service();
+  health->SetServingStatus(true);
+  health->SetServingStatus("orthoserve.v1.Orthogonalizer", true);
+  LOG_INFO("server") << "serving";
+  int last_member = -1;
+  bool last_live = true;
+  absl::Time last = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!draining_) {
-    const bool ready = fleet_->ready();
-    if (ready != last || first) {
-      health->SetServingStatus(ready);
-      health->SetServingStatus("orthoserve.v1.Orthogonalizer", ready);
-      LOG_INFO("server") << (ready ? "serving" : "not serving yet (fleet forming)");
-      last = ready;
-      first = false;
+    const int member = fleet_->ready() ? 1 : 0;
+    if (member != last_member) {
+      health->SetServingStatus(kFleetHealthService, member == 1);
+      if (options_.world > 1) {
+        LOG_INFO("server") << (member ? "fleet member: serving group steps" : "not a fleet member: serving lone clients alone");
+      }
+      last_member = member;
     }
-    absl::Status formation = fleet_->Health();
-    if (!formation.ok()) {
-      LOG_ERROR("server") << "the fleet is lost: " << formation << "; exiting so that the fleet can form anew";
-      fleet_lost_ = formation;
-      drained_ = true;
-      cv_.notify_all();
-      return;
+    const absl::Status live = fleet_->Liveness();
+    if (live.ok() != last_live) {
+      if (!live.ok()) LOG_ERROR("server") << "this rank is wedged (liveness fails): " << live;
+      if (liveness != nullptr) liveness->SetServingStatus(live.ok());
+      last_live = live.ok();
     }
+    const absl::Time now = absl::Now();
+    if (options_.world > 1 && (!member || static_cast<int>(fleet_->generation_size()) < options_.world)) {
+      metrics_->Degraded(now - last);
+    }
+    last = now;
     metrics_->device_memory("used").Set(static_cast<double>(backend_->DeviceMemoryInUseBytes()));
     cv_.wait_for(lock, std::chrono::milliseconds(200));
   }
 }
 
-absl::Status Server::Wait() {
+void Server::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return drained_; });
-  return fleet_lost_;
 }
 
 void Server::Drain() {
@@ -228,10 +248,20 @@ void Server::Drain() {
   LOG_INFO("server") << "draining: " << service_->inflight() << " calls in flight, up to "
                      << absl::FormatDuration(options_.drain_timeout);
   server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->GetHealthCheckService()->SetServingStatus(kFleetHealthService, false);
   service_->StartDraining();
-  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.drain_timeout));
+  const absl::Time start = absl::Now();
+  // Leave the fleet first: batches already planned with this rank still run here, group steps
+  // still waiting here fail with UNAVAILABLE at once (their trainers retry on the members that
+  // stay, rather than wait for this rank's drain), and no new batch includes this rank.
+  absl::Status left_fleet = fleet_->Leave(std::min(options_.drain_timeout, kLeaveTimeout));
+  if (!left_fleet.ok()) LOG_WARNING("server") << "leaving the fleet: " << left_fleet;
+  // The calls in flight (lone clients computed here) finish; at the deadline the rest are
+  // cancelled, and their handlers return at once.
+  const absl::Duration left = std::max(absl::ZeroDuration(), options_.drain_timeout - (absl::Now() - start));
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(left));
   fleet_->Shutdown();
-  LOG_INFO("server") << "drained";
+  LOG_INFO("server") << "drained in " << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
   std::lock_guard<std::mutex> lock(mu_);
   drained_ = true;
   cv_.notify_all();

@@ -19,6 +19,10 @@
 
 namespace orthoserve {
 
+// Health service name (public port) that is SERVING while this rank is a member of a formed
+// fleet generation.
+extern const char kFleetHealthService[];
+
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";      // Public gRPC address.
   std::string advertise_address;               // Address clients use for this rank; default: listen.
@@ -61,11 +65,14 @@ class Server {
   int fleet_port() const { return fleet_->fleet_port(); }
   Fleet& fleet() { return *fleet_; }
 
-  // Blocks until Drain() has finished or the fleet is lost; returns why the server stopped
-  // (OK after a drain; the fleet's error when it could not form or was lost).
-  absl::Status Wait();
-  // Graceful stop: readiness off, new calls refused, calls in flight given until the drain
-  // timeout, then everything torn down. Idempotent; safe from any thread but a gRPC handler.
+  // Blocks until Drain() has finished.
+  void Wait();
+  // Graceful stop: readiness off, new calls refused (UNAVAILABLE, which clients retry on
+  // another rank), a graceful leave of the fleet (bounded by a few seconds: batches already
+  // planned with this rank run, group steps waiting here fail with UNAVAILABLE and are retried
+  // on the members that stay), calls in flight given until the drain timeout, then everything
+  // torn down. Calls still running at the drain deadline are cancelled and end at once.
+  // Idempotent; safe from any thread but a gRPC handler.
   void Drain();
 
  private:
@@ -86,7 +93,6 @@ class Server {
   std::condition_variable cv_;
   bool draining_ = false;
   bool drained_ = false;
-  absl::Status fleet_lost_;
   std::thread health_;
 };
 

@@ -30,7 +30,7 @@ absl::Status ParseAlgorithm(absl::string_view text, Algorithm* algorithm);
 // Where one trainer rank's block of a matrix lives.
 struct BlockPlacement {
   int trainer_rank = 0;
-  int fleet_rank = 0;  // FleetRankOfTrainer(trainer_rank, trainer_world, fleet_world); any rank when W = 1.
+  int fleet_rank = 0;  // The collective rank holding the block: any rank (clients prefer FleetRankOfTrainer).
   Block block;         // In the matrix's 2-D view; may be empty.
 };
 
@@ -62,8 +62,8 @@ struct BatchPlan {
 //    partition_dim 0, whose blocks are split locally);
 //  - "partition_dim": 0 or 1 for TP_DUPLICATED and TP_DISTRIBUTED (ignored otherwise);
 //  - "owner": AUTO only, -1 (not assigned yet) or a fleet rank;
-//  - "blocks": one placement per trainer rank 0..W-1 in order, each on fleet rank
-//    FleetRankOfTrainer(r, W, S) (a lone trainer, W = 1, on any fleet rank); the blocks inside the matrix and tiling it
+//  - "blocks": one placement per trainer rank 0..W-1 in order, each on a fleet rank in [0, S) (any rank: the
+//    clients' spreading rule is a preference, not a requirement); the blocks inside the matrix and tiling it
 //    exactly (naming the overlapping blocks or the gap); and the layout the algorithm needs — ROW_SHARDED: torch.chunk
 //    row shards over the W trainer ranks, spanning all columns (a wrong count gives the seed's "rank R of W holds N
 //    rows of a (d0, d1, ...) matrix, expected E"); TP_DUPLICATED / TP_DISTRIBUTED: torch.chunk shards along

@@ -116,13 +116,8 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
                                                      " is placed on fleet rank ", p.fleet_rank, ", outside the ",
                                                      plan.fleet_world, "-rank fleet"));
     }
-    // A lone trainer (W = 1) may stream to any fleet rank; a group's ranks are spread evenly.
-    const int expected = FleetRankOfTrainer(r, world, plan.fleet_world);
-    if (world > 1 && p.fleet_rank != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " blocks: trainer rank ", r, " of ", world,
-                                                     " is placed on fleet rank ", p.fleet_rank, ", expected ", expected,
-                                                     " of ", plan.fleet_world));
-    }
+    // Any trainer rank may stream to any fleet rank (clients spread a group evenly by
+    // preference, and a retry after a fleet change goes wherever a member is ready).
     blocks.push_back(p.block);
   }
   RETURN_IF_ERROR(CheckTiling(view, blocks, absl::StrCat(what, " blocks")));

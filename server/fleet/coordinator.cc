@@ -1,7 +1,9 @@
-// Implementation of server/fleet/coordinator.h.
+// Implementation of server/fleet/coordinator.h: steps, plans and the log. Membership (joins,
+// leaves, liveness, generations) is in coordinator_membership.cc.
 #include "server/fleet/coordinator.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,8 +11,24 @@
 #include "server/fleet/spec_codec.h"
 
 namespace orthoserve {
+namespace {
+
+uint64_t RandomNonZero() {
+  std::random_device device;
+  uint64_t value = 0;
+  while (value == 0) value = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return value;
+}
+
+}  // namespace
 
 std::string GroupKey::ToString() const { return absl::StrCat(tenant, "/", job, "/", group, "@", step); }
+
+std::string CappedRankList(const std::vector<int>& ranks, size_t shown) {
+  if (ranks.size() <= shown) return absl::StrJoin(ranks, ", ");
+  std::vector<int> head(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(shown));
+  return absl::StrCat(absl::StrJoin(head, ", "), " (and ", ranks.size() - shown, " more)");
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& options) {
   if (options.fleet_world < 1) {
@@ -19,11 +37,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& 
   if (options.rendezvous_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--rendezvous-timeout must be positive");
   }
+  if (options.peer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
+  }
   return std::unique_ptr<Coordinator>(new Coordinator(options));
 }
 
 Coordinator::Coordinator(const Options& options)
-    : options_(options), cursors_(options.fleet_world, 0), last_read_(options.fleet_world, absl::InfinitePast()) {
+    : options_(options), epoch_(RandomNonZero()), known_(options.fleet_world) {
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -44,34 +65,48 @@ size_t Coordinator::pending_steps() const {
   return pending_.size();
 }
 
-void Coordinator::AppendLocked(const GroupKey& key, absl::Status status, BatchPlan plan) {
-  LogEntry entry;
+void Coordinator::AppendLocked(LogEntry entry) {
   entry.index = first_index_ + static_cast<int64_t>(log_.size());
-  entry.key = key;
-  entry.status = std::move(status);
-  entry.plan = std::move(plan);
-  VLOG("fleet", 1) << "log " << entry.index << " " << key.ToString() << " " << entry.status;
+  if (!entry.membership()) entry.generation = generation_.number;
+  VLOG("fleet", 1) << "log " << entry.index << " gen " << entry.generation << " "
+                   << (entry.membership() ? "membership" : entry.key.ToString()) << " " << entry.status;
   log_.push_back(std::move(entry));
   log_cv_.notify_all();
 }
 
-void Coordinator::Report(ReadyReport report) {
+void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable) {
+  LogEntry entry;
+  entry.key = key;
+  entry.status = std::move(status);
+  entry.retryable = retryable;
+  AppendLocked(std::move(entry));
+}
+
+absl::Status Coordinator::Report(ReadyReport report) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (shutdown_) return;
+  if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down; retry");
+  if (report.epoch != epoch_) {
+    return absl::FailedPreconditionError("the fleet coordinator restarted since this rank joined; join again");
+  }
+  if (!IsMemberLocked(report.fleet_rank, report.incarnation)) {
+    return absl::UnavailableError(absl::StrCat("fleet rank ", report.fleet_rank, " is not a member of generation ",
+                                               generation_.number, " of the fleet; retry on a ready member"));
+  }
   const GroupKey key = report.key;
   const std::string step = key.ToString();
   if (report.trainer_world < 1 || report.trainer_rank < 0 || report.trainer_rank >= report.trainer_world) {
     pending_.erase(key);
-    AppendLocked(key,
-                 absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
-                                                         " is out of range for world ", report.trainer_world)),
-                 {});
-    return;
+    AppendFailureLocked(key,
+                        absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
+                                                                " is out of range for world ", report.trainer_world)),
+                        false);
+    return absl::OkStatus();
   }
   auto [it, inserted] = pending_.try_emplace(key);
   Pending& p = it->second;
   if (inserted) {
     p.first_report = absl::Now();
+    p.first_generation = generation_.number;
     p.trainer_world = report.trainer_world;
     p.reports.resize(report.trainer_world);
     timer_cv_.notify_all();
@@ -79,38 +114,48 @@ void Coordinator::Report(ReadyReport report) {
   if (report.trainer_world != p.trainer_world) {
     int other = 0;
     while (other < p.trainer_world && !p.reports[other]) ++other;
+    const int said = p.trainer_world;
     pending_.erase(it);
-    AppendLocked(key,
-                 absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
-                                                         " says world = ", report.trainer_world, " but rank ", other,
-                                                         " said ", p.trainer_world)),
-                 {});
-    return;
+    AppendFailureLocked(key,
+                        absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
+                                                                " says world = ", report.trainer_world, " but rank ",
+                                                                other, " said ", said)),
+                        false);
+    return absl::OkStatus();
   }
-  if (p.reports[report.trainer_rank]) {
-    pending_.erase(it);
-    AppendLocked(key,
-                 absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
-                                                         " joined twice (duplicate rank)")),
-                 {});
-    return;
-  }
-  const int rank = report.trainer_rank;
-  p.reports[rank] = std::move(report);
-  if (++p.arrived < p.trainer_world) return;
-
-  absl::StatusOr<BatchPlan> plan = BuildPlanLocked(p);
-  pending_.erase(it);
-  if (plan.ok()) {
-    AppendLocked(key, absl::OkStatus(), std::move(*plan));
+  std::optional<ReadyReport>& slot = p.reports[report.trainer_rank];
+  if (slot.has_value()) {
+    if (report.attempt <= slot->attempt) {
+      pending_.erase(it);
+      AppendFailureLocked(key,
+                          absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
+                                                                  " joined twice (duplicate rank)")),
+                          false);
+      return absl::OkStatus();
+    }
+    // A retry replaces the report of the attempt it retries (whose stream is gone).
+    VLOG("fleet", 1) << "step " << step << ": trainer rank " << report.trainer_rank << " attempt " << report.attempt
+                     << " replaces attempt " << slot->attempt;
+    slot = std::move(report);
   } else {
-    AppendLocked(key, plan.status(), {});
+    slot = std::move(report);
+    ++p.arrived;
   }
+  if (p.arrived < p.trainer_world) return absl::OkStatus();
+
+  absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, p);
+  pending_.erase(it);
+  if (batch.ok()) {
+    AppendLocked(*std::move(batch));
+  } else {
+    AppendFailureLocked(key, batch.status(), false);
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<BatchPlan> Coordinator::BuildPlanLocked(Pending& p) {
+absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pending& p) {
   const ReadyReport& first = *p.reports[0];
-  const std::string step = first.key.ToString();
+  const std::string step = key.ToString();
   for (int r = 1; r < p.trainer_world; ++r) {
     const ReadyReport& other = *p.reports[r];
     if (other.matrices.size() != first.matrices.size()) {
@@ -126,44 +171,87 @@ absl::StatusOr<BatchPlan> Coordinator::BuildPlanLocked(Pending& p) {
       }
     }
   }
-  BatchPlan plan;
+  // Placements name collective ranks: positions in the generation's member list. Every report
+  // here comes from a current member (others were withdrawn when it dropped out).
+  std::vector<int> position(options_.fleet_world, -1);
+  for (size_t i = 0; i < generation_.members.size(); ++i) position[generation_.members[i].rank] = static_cast<int>(i);
+  LogEntry entry;
+  entry.key = key;
+  BatchPlan& plan = entry.plan;
   plan.trainer_world = p.trainer_world;
-  plan.fleet_world = options_.fleet_world;
+  plan.fleet_world = static_cast<int>(generation_.members.size());
   plan.matrices = first.matrices;
   for (size_t i = 0; i < plan.matrices.size(); ++i) {
     MatrixPlan& m = plan.matrices[i];
     m.blocks.clear();
     for (int r = 0; r < p.trainer_world; ++r) {
       const ReadyReport& report = *p.reports[r];
-      m.blocks.push_back(BlockPlacement{r, report.fleet_rank, report.blocks[i]});
+      m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.blocks[i]});
     }
   }
+  for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.reports[r]->submission);
   AssignOwners(plan);
-  return plan;
+  return entry;
 }
 
-void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason) {
+void Coordinator::WithdrawLocked(Pending& p, int trainer_rank) {
+  if (trainer_rank < 0 || trainer_rank >= p.trainer_world || !p.reports[trainer_rank]) return;
+  p.reports[trainer_rank].reset();
+  --p.arrived;
+}
+
+void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return;
-  pending_.erase(key);
-  AppendLocked(key,
-               absl::AbortedError(absl::StrCat("step ", key.ToString(), " aborted: trainer rank ", trainer_rank,
-                                               " failed: ", reason.ToString())),
-               {});
-}
-
-std::vector<int> Coordinator::SilentReaders(absl::Duration silence) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int> silent;
-  const absl::Time now = absl::Now();
-  for (size_t r = 0; r < last_read_.size(); ++r) {
-    if (last_read_[r] != absl::InfinitePast() && now - last_read_[r] > silence) silent.push_back(static_cast<int>(r));
+  auto it = pending_.find(key);
+  if (reason.code() == absl::StatusCode::kUnavailable) {
+    // The trainer's stream failed for a reason a retry cures (its fleet rank is draining or
+    // lost its fleet): only its own report goes; the other ranks keep waiting for the retry.
+    if (it == pending_.end()) return;
+    Pending& p = it->second;
+    if (trainer_rank >= 0 && trainer_rank < p.trainer_world && p.reports[trainer_rank] &&
+        (submission == 0 || p.reports[trainer_rank]->submission == submission)) {
+      WithdrawLocked(p, trainer_rank);
+      if (p.arrived == 0) pending_.erase(it);
+    }
+    return;
   }
-  return silent;
+  if (it != pending_.end()) pending_.erase(it);
+  AppendFailureLocked(key,
+                      absl::AbortedError(absl::StrCat("step ", key.ToString(), " aborted: trainer rank ", trainer_rank,
+                                                      " failed: ", reason.ToString())),
+                      false);
 }
 
-std::vector<LogEntry> Coordinator::Read(int reader, int64_t from, absl::Duration timeout) {
+absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reader, int64_t from,
+                                                        absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
+  RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));
+  {
+    Known& k = known_[reader.rank];
+    k.last_seen = absl::Now();
+    k.cursor = std::max(k.cursor, from);
+    if (reader.failed_generation == generation_.number && generation_.number > 0 &&
+        k.failed_generation != generation_.number) {
+      // Once per generation: a member that cannot join (or lost) this generation's collective
+      // makes the next one, without the ranks that are gone by then.
+      k.failed_generation = generation_.number;
+      LOG_WARNING("fleet") << "fleet rank " << reader.rank << " could not keep generation " << generation_.number
+                           << "'s collective; forming the next";
+      ScheduleReformLocked("collective_failed", /*force=*/true);
+    } else if (reader.formed_generation == generation_.number && k.formed_generation != generation_.number &&
+               k.failed_generation != generation_.number) {
+      k.formed_generation = generation_.number;
+      bool all = true;
+      for (const Member& m : generation_.members) all = all && known_[m.rank].formed_generation == generation_.number;
+      if (all && !generation_.formed) {
+        generation_.formed = true;
+        LOG_INFO("fleet") << "generation " << generation_.number << " formed with " << generation_.members.size()
+                          << " of " << options_.fleet_world << " ranks";
+      }
+    }
+  }
   const absl::Time deadline = absl::Now() + timeout;
   auto available = [&] { return shutdown_ || first_index_ + static_cast<int64_t>(log_.size()) > from; };
   while (!available()) {
@@ -171,17 +259,21 @@ std::vector<LogEntry> Coordinator::Read(int reader, int64_t from, absl::Duration
     if (left <= absl::ZeroDuration()) break;
     log_cv_.wait_for(lock, absl::ToChronoMilliseconds(left) + std::chrono::milliseconds(1));
   }
+  if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
+  // It may have been dropped while waiting (silent for too long, or replaced).
+  RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));
+  known_[reader.rank].last_seen = absl::Now();
   std::vector<LogEntry> out;
-  if (shutdown_) return out;
-  if (reader >= 0 && reader < static_cast<int>(cursors_.size())) {
-    cursors_[reader] = std::max(cursors_[reader], from);
-    last_read_[reader] = absl::Now();
-  }
   for (int64_t i = std::max(from, first_index_); i < first_index_ + static_cast<int64_t>(log_.size()); ++i) {
     out.push_back(log_[i - first_index_]);
   }
-  // Drop what every rank has read.
-  const int64_t keep_from = *std::min_element(cursors_.begin(), cursors_.end());
+  // Drop what every joined rank has read.
+  int64_t keep_from = first_index_ + static_cast<int64_t>(log_.size());
+  for (const Known& k : known_) {
+    if (k.state == RankState::kJoining || k.state == RankState::kMember || k.state == RankState::kLeaving) {
+      keep_from = std::min(keep_from, k.cursor);
+    }
+  }
   while (!log_.empty() && first_index_ < keep_from) {
     log_.pop_front();
     ++first_index_;
@@ -189,44 +281,59 @@ std::vector<LogEntry> Coordinator::Read(int reader, int64_t from, absl::Duration
   return out;
 }
 
-void Coordinator::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!shutdown_) {
-    const absl::Time now = absl::Now();
-    absl::Time next = now + absl::Seconds(1);
-    std::vector<GroupKey> expired;
-    for (auto& [key, p] : pending_) {
-      const absl::Time deadline = p.first_report + options_.rendezvous_timeout;
-      if (now >= deadline) {
-        expired.push_back(key);
-        continue;
-      }
-      next = std::min(next, deadline);
-      if (!p.warned && now >= p.first_report + options_.stall_warning) {
-        p.warned = true;
-        std::vector<int> missing;
-        for (int r = 0; r < p.trainer_world; ++r) {
-          if (!p.reports[r]) missing.push_back(r);
-        }
-        LOG_WARNING("fleet") << "step " << key.ToString() << " has waited " << (now - p.first_report)
-                             << " for trainer ranks [" << absl::StrJoin(missing, ", ") << "] of " << p.trainer_world;
-      } else if (!p.warned) {
-        next = std::min(next, p.first_report + options_.stall_warning);
-      }
+void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
+  std::vector<GroupKey> expired;
+  for (auto& [key, p] : pending_) {
+    const absl::Time deadline = p.first_report + options_.rendezvous_timeout;
+    if (now >= deadline) {
+      expired.push_back(key);
+      continue;
     }
-    for (const GroupKey& key : expired) {
-      Pending& p = pending_[key];
+    next = std::min(next, deadline);
+    if (!p.warned && now >= p.first_report + options_.stall_warning) {
+      p.warned = true;
       std::vector<int> missing;
       for (int r = 0; r < p.trainer_world; ++r) {
         if (!p.reports[r]) missing.push_back(r);
       }
-      absl::Status status = absl::AbortedError(
-          absl::StrCat("step ", key.ToString(), " aborted: rendezvous timeout after ", absl::FormatDuration(options_.rendezvous_timeout),
-                       ": trainer ranks [", absl::StrJoin(missing, ", "), "] of ", p.trainer_world, " did not arrive"));
-      pending_.erase(key);
-      AppendLocked(key, std::move(status), {});
-      if (options_.on_rendezvous_timeout) options_.on_rendezvous_timeout();
+      LOG_WARNING("fleet") << "step " << key.ToString() << " has waited " << (now - p.first_report)
+                           << " for trainer ranks [" << CappedRankList(missing) << "] of " << p.trainer_world;
+    } else if (!p.warned) {
+      next = std::min(next, p.first_report + options_.stall_warning);
     }
+  }
+  for (const GroupKey& key : expired) {
+    Pending& p = pending_[key];
+    std::vector<int> missing;
+    for (int r = 0; r < p.trainer_world; ++r) {
+      if (!p.reports[r]) missing.push_back(r);
+    }
+    // A missing rank whose fleet rank dropped out while the step waited was cut off by the
+    // fleet change, not by its trainer: a retry may well succeed.
+    const bool fleet_changed = p.first_generation != generation_.number;
+    absl::Status status = absl::AbortedError(absl::StrCat(
+        "step ", key.ToString(), " aborted: rendezvous timeout after ", absl::FormatDuration(options_.rendezvous_timeout),
+        ": trainer ranks [", CappedRankList(missing), "] of ", p.trainer_world, " did not arrive",
+        fleet_changed ? " (the fleet's membership changed meanwhile)" : ""));
+    pending_.erase(key);
+    AppendFailureLocked(key, std::move(status), fleet_changed);
+    if (options_.on_rendezvous_timeout) options_.on_rendezvous_timeout();
+  }
+}
+
+void Coordinator::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutdown_) {
+    const absl::Time now = absl::Now();
+    absl::Time next = now + absl::Milliseconds(250);
+    CheckLivenessLocked(now);
+    if (now >= reform_at_) {
+      reform_at_ = absl::InfiniteFuture();
+      ReformLocked(reform_reason_, reform_forced_);
+    } else {
+      next = std::min(next, reform_at_);
+    }
+    CheckPendingLocked(now, next);
     timer_cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(next - absl::Now(), absl::Milliseconds(1))));
   }
 }

@@ -1,15 +1,28 @@
-// The coordinator of a fleet (runs on fleet rank 0): it collects ready reports of trainer
-// ranks and appends one totally ordered log of batches that every fleet rank executes in order,
-// as Horovod's controller does (DESIGN §3). Pure C++: the fleet service carries its calls
-// between processes.
+// The coordinator of a fleet (runs on fleet rank 0): it decides the fleet's membership, one
+// generation after another, collects ready reports of trainer ranks and appends one totally
+// ordered log that every member executes in order, as Horovod's controller does (DESIGN §3).
+// Pure C++: the fleet service carries its calls between processes.
 //
-// A fleet rank reports a trainer rank ready once it holds all of that trainer's blocks for a
-// (group, step). When all W trainer ranks of the step have reported, the coordinator checks that
-// they agree (same world, no duplicate rank, the same spec list — INVALID_ARGUMENT naming the
-// first difference otherwise), builds the BatchPlan (placements, AUTO owners) and appends it.
-// A step whose ranks do not all arrive within the rendezvous timeout is appended as ABORTED,
-// naming the missing trainer ranks; an explicit Abort (a trainer's stream failed) is appended as
-// ABORTED naming the rank and its reason. Thread-safe.
+// Membership. A rank process joins with its rank and a random incarnation; the coordinator
+// answers with its own random epoch. Members heartbeat by reading the log. The coordinator
+// starts a new generation (a membership entry in the log: the members, member i being
+// collective rank i) whenever a rank joins (after `reform_delay`, so that ranks starting
+// together form one generation), leaves gracefully, restarts (a new incarnation of a member),
+// is silent for `peer_timeout`, or reports that it could not join or lost the generation's
+// collective. Steps reported by ranks that drop out are withdrawn (their trainers retry
+// elsewhere); batches already in the log run or fail on the members of their generation.
+//
+// Steps. A fleet rank reports a trainer rank ready once it holds all of that trainer's blocks
+// for a (group, step). When all W trainer ranks of the step have reported, the coordinator
+// checks that they agree (same world, no duplicate rank, the same spec list — INVALID_ARGUMENT
+// naming the first difference otherwise), builds the BatchPlan (placements on collective ranks
+// of the current generation, AUTO owners) and appends it. A report with a higher attempt
+// replaces its trainer rank's earlier one (a client retry); an equal or lower one is a
+// duplicate rank. A step whose ranks do not all arrive within the rendezvous timeout is
+// appended as ABORTED naming the missing trainer ranks (retryable when the membership changed
+// while it waited); an explicit Abort with a retryable reason (UNAVAILABLE) withdraws that
+// trainer's report, any other reason aborts the step as ABORTED naming the rank and reason.
+// Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -19,17 +32,31 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/shape.h"
+#include "common/status.h"
 #include "server/distributed/batch.h"
 #include "server/fleet/group_step.h"
 
 namespace orthoserve {
+
+// One rank process of the fleet.
+struct Member {
+  int rank = 0;
+  std::string address;       // Public HOST:PORT.
+  uint64_t incarnation = 0;  // Random per process start.
+
+  bool operator==(const Member& o) const {
+    return rank == o.rank && incarnation == o.incarnation && address == o.address;
+  }
+};
 
 // One trainer rank's readiness for a step: its specs and its blocks (one per matrix).
 struct ReadyReport {
@@ -37,50 +64,119 @@ struct ReadyReport {
   int trainer_rank = 0;
   int trainer_world = 1;
   int fleet_rank = 0;
+  uint64_t submission = 0;   // Unique per submitted trainer step on its fleet rank.
+  int attempt = 0;           // The client's attempt number.
+  uint64_t epoch = 0;        // The coordinator epoch the fleet rank joined.
+  uint64_t incarnation = 0;  // The reporting fleet rank's incarnation.
   std::vector<MatrixPlan> matrices;  // Placements empty.
   std::vector<Block> blocks;         // One per matrix.
 };
 
-// One entry of the ordered log. `status` OK: execute `plan` for `key`. Otherwise the step is
-// failed on every rank with `status`.
+// One entry of the ordered log, of one of three kinds:
+//  - membership (members non-empty): generation `generation` starts with these members,
+//    members[i] being collective rank i;
+//  - batch (status OK): run `plan` for `key` in `generation` (placements name collective
+//    ranks); submissions[r] is trainer rank r's submission;
+//  - failure (status not OK): step `key` fails on every rank; `retryable` when a fleet change
+//    caused it.
 struct LogEntry {
   int64_t index = 0;
+  int64_t generation = 0;
   GroupKey key;
   absl::Status status;
+  bool retryable = false;
   BatchPlan plan;
+  std::vector<uint64_t> submissions;
+  std::vector<Member> members;
+
+  bool membership() const { return !members.empty(); }
 };
+
+// What a reading rank says about itself with each read (its heartbeat).
+struct ReaderState {
+  int rank = 0;
+  uint64_t epoch = 0;
+  uint64_t incarnation = 0;
+  int64_t formed_generation = 0;  // The last generation whose collective it joined.
+  int64_t failed_generation = 0;  // The last generation whose collective it could not join or lost.
+};
+
+// The generation in force.
+struct Generation {
+  int64_t number = 0;           // 0: none yet.
+  std::vector<Member> members;  // Collective rank order.
+  bool formed = false;          // Every member has joined its collective.
+};
+
+// Caps a list of ranks for a status message: "0, 1, 2 (and 1497 more)". gRPC carries messages
+// in metadata, whose size is limited.
+std::string CappedRankList(const std::vector<int>& ranks, size_t shown = 16);
 
 class Coordinator {
  public:
   struct Options {
-    int fleet_world = 1;                                    // S.
+    int fleet_world = 1;                                    // S: ranks are 0..S-1.
     absl::Duration rendezvous_timeout = absl::Seconds(60);  // From a step's first report.
     absl::Duration stall_warning = absl::Seconds(60);       // Log the missing ranks once after this.
+    absl::Duration peer_timeout = absl::Seconds(15);        // A member silent this long is lost.
+    absl::Duration reform_delay = absl::Milliseconds(200);  // Joins within this time form one generation.
     std::function<void()> on_rendezvous_timeout;            // Metrics hook; may be empty.
+    // Called when a generation starts, under the coordinator's lock (it must not call back
+    // into the coordinator); `reason` is one of joined, restarted, left, lost,
+    // collective_failed. May be empty.
+    std::function<void(const Generation&, const std::string& reason)> on_generation;
   };
 
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const Options& options);
   ~Coordinator();
 
-  void Report(ReadyReport report);
-  void Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason);
+  uint64_t epoch() const { return epoch_; }
 
-  // Entries with index >= `from`, waiting up to `timeout` for at least one. `reader` (a fleet
-  // rank) lets the coordinator drop entries every rank has read. Empty after Shutdown.
-  std::vector<LogEntry> Read(int reader, int64_t from, absl::Duration timeout);
+  // Registers a rank process. Returns the log index it should read from (the membership entry
+  // that includes it comes later). A new incarnation of a rank replaces the old one (which
+  // counts as restarted). INVALID_ARGUMENT for a rank outside [0, S); UNAVAILABLE after
+  // Shutdown.
+  absl::StatusOr<int64_t> Join(const Member& member);
+  // A graceful leave: the next generation goes without the rank. FAILED_PRECONDITION for an
+  // epoch or incarnation that is not current (nothing to leave).
+  absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch);
 
-  // Steps waiting for ranks (for tests and metrics).
+  // OK when the report was accepted (its outcome comes through the log). UNAVAILABLE when the
+  // reporting rank is not a member of the current generation or after Shutdown (the step can
+  // be retried elsewhere); FAILED_PRECONDITION for another epoch (the rank must join again).
+  absl::Status Report(ReadyReport report);
+  // `submission` identifies the failed submission (0: it never reported).
+  void Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission = 0);
+
+  // Entries with index >= `from`, waiting up to `timeout` for at least one; also the reader's
+  // heartbeat and formation report. FAILED_PRECONDITION when the reader's epoch or incarnation
+  // is not current (it must join again); UNAVAILABLE after Shutdown.
+  absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout);
+
+  Generation generation() const;
+  // Every rank that has joined and not dropped out, by rank (members and ranks about to be).
+  std::vector<Member> joined() const;
+  // Steps waiting for trainer ranks (for tests and metrics).
   size_t pending_steps() const;
 
-  // Fleet ranks that have read the log before but not within `silence` (a peer that died).
-  std::vector<int> SilentReaders(absl::Duration silence) const;
-
-  // Wakes readers and stops the timer thread; later calls are no-ops.
+  // Wakes readers and stops the timer thread; later calls fail or are no-ops.
   void Shutdown();
 
  private:
+  // kLeaving: left gracefully, not a member, but still reads until it sees the generation
+  // without it.
+  enum class RankState { kAbsent, kJoining, kMember, kLeaving, kGone };
+  struct Known {
+    RankState state = RankState::kAbsent;
+    Member member;
+    absl::Time last_seen;
+    int64_t cursor = 0;  // Next index it will read.
+    int64_t formed_generation = 0;  // Last generation it reported joined.
+    int64_t failed_generation = 0;  // Last generation it reported failed.
+  };
   struct Pending {
     absl::Time first_report;
+    int64_t first_generation = 0;  // The generation at the first report.
     int trainer_world = 1;
     std::vector<std::optional<ReadyReport>> reports;
     int arrived = 0;
@@ -88,19 +184,36 @@ class Coordinator {
   };
 
   explicit Coordinator(const Options& options);
-  void AppendLocked(const GroupKey& key, absl::Status status, BatchPlan plan);
-  absl::StatusOr<BatchPlan> BuildPlanLocked(Pending& pending);
+  void AppendLocked(LogEntry entry);
+  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable);
+  absl::StatusOr<LogEntry> BuildBatchLocked(const GroupKey& key, Pending& pending);
+  // A member of the current generation with this rank and incarnation.
+  bool IsMemberLocked(int rank, uint64_t incarnation) const;
+  // Validates a reader's or leaver's identity: FAILED_PRECONDITION when it must join again.
+  absl::Status CheckIdentityLocked(int rank, uint64_t epoch, uint64_t incarnation) const;
+  // Starts the next generation now if the set of live ranks differs from the members (or
+  // `force`), and withdraws pending reports of ranks that are not members any more.
+  void ReformLocked(const std::string& reason, bool force);
+  // Reforms after `reform_delay` (joins and failures that come together make one generation).
+  void ScheduleReformLocked(const std::string& reason, bool force);
+  void WithdrawLocked(Pending& pending, int trainer_rank);
+  void CheckLivenessLocked(absl::Time now);
+  void CheckPendingLocked(absl::Time now, absl::Time& next);
   void TimerLoop();
 
   const Options options_;
+  const uint64_t epoch_;
   mutable std::mutex mu_;
   std::condition_variable log_cv_;
   std::condition_variable timer_cv_;
+  std::vector<Known> known_;  // By rank.
+  Generation generation_;
+  absl::Time reform_at_ = absl::InfiniteFuture();  // A delayed reform (after joins).
+  std::string reform_reason_;
+  bool reform_forced_ = false;  // The next reform happens even with unchanged members.
   absl::flat_hash_map<GroupKey, Pending> pending_;
   std::deque<LogEntry> log_;  // log_.front().index == first_index_.
   int64_t first_index_ = 0;
-  std::vector<int64_t> cursors_;  // Next index each fleet rank will read.
-  std::vector<absl::Time> last_read_;  // When each fleet rank last read; InfinitePast: never.
   bool shutdown_ = false;
   std::thread timer_;
 };

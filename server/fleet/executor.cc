@@ -1,25 +1,50 @@
-// Implementation of server/fleet/executor.h.
+// Implementation of server/fleet/executor.h: the reader and applier threads, membership and
+// liveness. Steps (Submit, batches) are in executor_steps.cc.
 #include "server/fleet/executor.h"
+
+#include <future>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace orthoserve {
+namespace {
+
+// A batch still running this long after its collective was aborted means the rank is wedged.
+constexpr absl::Duration kAbortGrace = absl::Seconds(30);
+// A reader loop round takes at most a log read or a control call (seconds); this means stuck.
+constexpr absl::Duration kReaderStuck = absl::Seconds(60);
+
+std::string Hex(uint64_t value) { return absl::StrCat(absl::Hex(value, absl::kZeroPad16)); }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const Options& options) {
-  if (options.backend == nullptr || options.collective == nullptr || options.log == nullptr) {
-    return absl::InvalidArgumentError("Executor needs a backend, a collective and a log source");
+  if (options.backend == nullptr || options.log == nullptr || !options.join_collective) {
+    return absl::InvalidArgumentError("Executor needs a backend, a log source and a collective factory");
+  }
+  if (options.peer_timeout <= absl::ZeroDuration() || options.formation_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("Executor timeouts must be positive");
   }
   return std::unique_ptr<Executor>(new Executor(options));
 }
 
 Executor::Executor(const Options& options) : options_(options) {
-  thread_ = std::thread([this] { Loop(); });
+  std::random_device device;
+  // Submissions are unique per process; the incarnation-derived base keeps them distinct
+  // across restarts too (the coordinator compares them only within one step).
+  next_submission_ = ((static_cast<uint64_t>(device()) << 32) ^ device()) | 1;
+  last_contact_ = absl::Now();
+  reader_alive_ = absl::Now();
+  reader_ = std::thread([this] { ReaderLoop(); });
+  applier_ = std::thread([this] { ApplierLoop(); });
 }
 
 Executor::~Executor() {
   Shutdown();
-  if (thread_.joinable()) thread_.join();
+  if (reader_.joinable()) reader_.join();
+  if (applier_.joinable()) applier_.join();
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> left;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -36,7 +61,10 @@ Executor::~Executor() {
 
 void Executor::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
   stopping_ = true;
+  if (collective_ != nullptr) collective_->Abort("the server is shutting down");
+  cv_.notify_all();
 }
 
 size_t Executor::waiting() const {
@@ -46,162 +74,343 @@ size_t Executor::waiting() const {
   return n;
 }
 
-void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
-  ReadyReport report;
-  report.key = step->key;
-  report.trainer_rank = step->trainer_rank;
-  report.trainer_world = step->trainer_world;
-  report.fleet_rank = options_.fleet_rank;
-  report.matrices.reserve(step->matrices.size());
-  for (const MatrixPlan& m : step->matrices) {
-    report.blocks.push_back(m.blocks.empty() ? Block{} : m.blocks[0].block);
-    MatrixPlan spec = m;
-    spec.blocks.clear();
-    report.matrices.push_back(std::move(spec));
-  }
-  const GroupKey key = step->key;
-  const int trainer_rank = step->trainer_rank;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-      StepOutcome outcome;
-      outcome.status = absl::UnavailableError("the server is shutting down");
-      done(std::move(outcome));
-      return;
-    }
-    waiting_[key].push_back(Waiting{std::move(step), std::move(done)});
-  }
-  absl::Status reported = options_.log->Report(report);
-  if (reported.ok()) return;
-  // The coordinator is unreachable: nobody will ever run this step.
-  std::vector<Waiting> mine;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = waiting_.find(key);
-    if (it == waiting_.end()) return;
-    for (auto w = it->second.begin(); w != it->second.end();) {
-      if (w->step->trainer_rank == trainer_rank) {
-        mine.push_back(std::move(*w));
-        w = it->second.erase(w);
-      } else {
-        ++w;
-      }
-    }
-    if (it->second.empty()) waiting_.erase(it);
-  }
-  for (Waiting& w : mine) {
-    StepOutcome outcome;
-    outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": cannot reach the fleet coordinator: ",
-                                                         reported.message()));
-    w.done(std::move(outcome));
-  }
+Executor::View Executor::view() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  View v;
+  v.epoch = epoch_;
+  v.generation = generation_;
+  v.members = members_;
+  v.member = member_;
+  v.formed = member_ && collective_ != nullptr && formed_generation_ == generation_;
+  v.coordinator_reachable = joined_ && !lost_;
+  return v;
 }
 
-absl::Status Executor::Health(absl::Duration silence) const {
+absl::Status Executor::Liveness() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!broken_.ok()) return broken_;
-  const absl::Duration quiet = absl::Now() - last_contact_;
-  if (quiet > silence) {
+  const absl::Time now = absl::Now();
+  if (busy_since_ != absl::InfiniteFuture() && aborted_at_ != absl::InfiniteFuture() &&
+      now - aborted_at_ > kAbortGrace) {
+    return absl::UnavailableError(absl::StrCat("wedged: a batch has not ended ", absl::FormatDuration(now - aborted_at_),
+                                               " after its collective was aborted"));
+  }
+  if (!stopping_ && now - reader_alive_ > kReaderStuck) {
     return absl::UnavailableError(
-        absl::StrCat("the coordinator's log has been unreachable for ", absl::FormatDuration(quiet)));
+        absl::StrCat("wedged: the fleet log reader has not come round for ", absl::FormatDuration(now - reader_alive_)));
   }
   return absl::OkStatus();
 }
 
-void Executor::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason) {
-  absl::Status sent = options_.log->Abort(key, trainer_rank, reason);
-  if (!sent.ok()) LOG_WARNING("fleet") << "could not report the abort of " << key.ToString() << ": " << sent;
+void Executor::PublishMetricsLocked() {
+  Metrics* m = options_.metrics;
+  if (m == nullptr) return;
+  const bool formed = member_ && collective_ != nullptr && formed_generation_ == generation_;
+  m->fleet_generation().Set(static_cast<double>(generation_));
+  m->fleet_members_ready().Set(static_cast<double>(members_.size()));
+  m->fleet_ready().Set(formed ? 1 : 0);
 }
 
-void Executor::Loop() {
-  int64_t next = 0;
-  absl::Duration backoff = absl::Milliseconds(50);
+void Executor::Reset(const absl::Status& reason) {
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.clear();
+    aborts_.clear();  // For steps of a membership that no longer exists.
+    reset_requested_ = true;
+    ++resets_;
+    if (collective_ != nullptr) {
+      collective_->Abort(reason.message());
+      if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
+    }
+    failed.swap(waiting_);
+    cv_.notify_all();
+  }
+  LOG_WARNING("fleet") << "leaving the fleet's generation: " << reason;
+  for (auto& [key, list] : failed) {
+    for (Waiting& w : list) {
+      StepOutcome outcome;
+      outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", reason.message(), "; retry"));
+      outcome.retryable = true;
+      w.done(std::move(outcome));
+    }
+  }
+}
+
+void Executor::SendAborts() {
   for (;;) {
+    PendingAbort a;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
+      if (aborts_.empty() || !joined_) return;
+      a = std::move(aborts_.front());
+      aborts_.pop_front();
     }
-    absl::StatusOr<std::vector<LogEntry>> entries = options_.log->Read(options_.fleet_rank, next, absl::Milliseconds(250));
-    if (!entries.ok()) {
-      LOG_WARNING("fleet") << "reading the coordinator log failed: " << entries.status();
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
+    absl::Status sent = options_.log->Abort(a.key, a.trainer_rank, a.reason, a.submission);
+    if (!sent.ok()) LOG_WARNING("fleet") << "could not report the abort of " << a.key.ToString() << ": " << sent;
+  }
+}
+
+void Executor::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  aborts_.push_back(PendingAbort{key, trainer_rank, reason, submission});
+  cv_.notify_all();
+}
+
+void Executor::ReaderLoop() {
+  absl::Duration backoff = absl::Milliseconds(50);
+  auto unreachable = [&](const absl::Status& status) {
+    bool reset = false;
+    absl::Duration quiet;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quiet = absl::Now() - last_contact_;
+      if (quiet > options_.peer_timeout && !lost_) {
+        lost_ = true;
+        joined_ = false;
+        reset = true;
+      }
+    }
+    if (reset) {
+      Reset(absl::UnavailableError(absl::StrCat("the fleet coordinator has been unreachable for ",
+                                                absl::FormatDuration(quiet), " (", status.message(), ")")));
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stopping_; });
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  };
+  for (;;) {
+    bool joined;
+    ReaderState state;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reader_alive_ = absl::Now();
+      if (stopping_) return;
+      joined = joined_;
+      state = ReaderState{options_.self.rank, epoch_, options_.self.incarnation, formed_generation_,
+                          failed_generation_};
+    }
+    if (!joined) {
+      absl::StatusOr<LogSource::Joined> j = options_.log->Join(options_.self);
+      if (!j.ok()) {
+        VLOG("fleet", 1) << "joining the fleet coordinator: " << j.status();
+        unreachable(j.status());
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (epoch_ != 0 && epoch_ != j->epoch) LOG_INFO("fleet") << "the fleet coordinator restarted";
+      epoch_ = j->epoch;
+      next_read_ = j->log_from;
+      // Generations are numbered per coordinator epoch, and a rank that joins again has left
+      // whatever it had: report nothing of the past.
+      formed_generation_ = 0;
+      failed_generation_ = 0;
+      joined_ = true;
+      lost_ = false;
+      last_contact_ = absl::Now();
+      backoff = absl::Milliseconds(50);
+      LOG_INFO("fleet") << "joined the fleet coordinator (epoch " << Hex(epoch_) << ") as rank " << options_.self.rank;
       continue;
     }
-    backoff = absl::Milliseconds(50);
+    SendAborts();
+    int64_t from;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      last_contact_ = absl::Now();
+      from = next_read_;
     }
-    for (const LogEntry& entry : *entries) {
-      if (entry.index < next) continue;
-      next = entry.index + 1;
-      Apply(entry);
+    absl::StatusOr<std::vector<LogEntry>> entries = options_.log->Read(state, from, options_.poll);
+    if (!entries.ok()) {
+      if (entries.status().code() == absl::StatusCode::kFailedPrecondition) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          joined_ = false;
+        }
+        Reset(absl::UnavailableError(absl::StrCat("this rank must join the fleet again: ", entries.status().message())));
+        continue;
+      }
+      unreachable(entries.status());
+      continue;
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    last_contact_ = absl::Now();
+    backoff = absl::Milliseconds(50);
+    for (LogEntry& entry : *entries) {
+      if (entry.index < next_read_) continue;
+      next_read_ = entry.index + 1;
+      if (entry.membership() && collective_ != nullptr && entry.generation > generation_) {
+        // A member of the generation in use is gone: end the batch that may be waiting for it.
+        bool dropped = false;
+        for (const Member& m : members_) {
+          bool kept = false;
+          for (const Member& n : entry.members) kept = kept || (n.rank == m.rank && n.incarnation == m.incarnation);
+          dropped = dropped || !kept;
+        }
+        if (dropped) {
+          collective_->Abort(absl::StrCat("generation ", entry.generation, " drops a member of generation ", generation_));
+          if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
+        }
+      }
+      queue_.push_back(std::move(entry));
+    }
+    cv_.notify_all();
+  }
+}
+
+void Executor::ApplierLoop() {
+  for (;;) {
+    LogEntry entry;
+    std::shared_ptr<Collective> closing;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || reset_requested_ || !queue_.empty(); });
+      if (stopping_) return;
+      if (reset_requested_) {
+        reset_requested_ = false;
+        closing = std::move(collective_);
+        generation_ = 0;
+        members_.clear();
+        member_ = false;
+        if (leaving_) left_ = true;
+        PublishMetricsLocked();
+        cv_.notify_all();
+      } else {
+        entry = std::move(queue_.front());
+        queue_.pop_front();
+        busy_since_ = absl::Now();
+      }
+    }
+    if (closing != nullptr) {
+      closing.reset();  // Closes the connections outside the lock.
+      continue;
+    }
+    Apply(entry);
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_since_ = absl::InfiniteFuture();
+    aborted_at_ = absl::InfiniteFuture();
   }
 }
 
 void Executor::Apply(const LogEntry& entry) {
-  std::vector<Waiting> mine;
+  if (entry.membership()) {
+    ApplyMembership(entry);
+  } else {
+    ApplyStep(entry);
+  }
+}
+
+void Executor::ApplyMembership(const LogEntry& entry) {
+  int index = -1;
+  for (size_t i = 0; i < entry.members.size(); ++i) {
+    const Member& m = entry.members[i];
+    if (m.rank == options_.self.rank && m.incarnation == options_.self.incarnation) index = static_cast<int>(i);
+  }
+  std::shared_ptr<Collective> closing;
+  CollectiveGroup group;
+  int64_t resets;
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = waiting_.find(entry.key);
-    if (it != waiting_.end()) {
-      mine = std::move(it->second);
-      waiting_.erase(it);
-    }
+    if (entry.generation <= generation_) return;  // Stale.
+    // Outside the generation, this rank's reports were withdrawn: its waiting steps cannot run.
+    if (index < 0) dropped.swap(waiting_);
+    closing = std::move(collective_);
+    generation_ = entry.generation;
+    members_ = entry.members;
+    member_ = index >= 0;
+    resets = resets_;
+    group = CollectiveGroup{epoch_, entry.generation, index, static_cast<int>(entry.members.size()),
+                            absl::StrCat(Hex(epoch_), "/gen-", entry.generation)};
+    if (!member_ && leaving_) left_ = true;
+    PublishMetricsLocked();
+    cv_.notify_all();
   }
-  const absl::Time start = absl::Now();
-  auto finish = [&](StepOutcome outcome) {
-    for (Waiting& w : mine) {
-      StepOutcome copy = outcome;
-      copy.rendezvous_time = start - w.step->submitted;
-      w.done(std::move(copy));
+  closing.reset();
+  if (index < 0) {
+    LOG_INFO("fleet") << "generation " << entry.generation << " goes on without this rank";
+    for (auto& [key, list] : dropped) {
+      for (Waiting& w : list) {
+        StepOutcome outcome;
+        outcome.status = absl::UnavailableError(absl::StrCat(
+            "step ", key.ToString(), ": this rank is not in generation ", entry.generation, " of the fleet; retry"));
+        outcome.retryable = true;
+        w.done(std::move(outcome));
+      }
     }
-  };
-  if (!entry.status.ok()) {
-    if (options_.metrics != nullptr && !mine.empty()) {
-      options_.metrics->StepAborted(entry.status.code() == absl::StatusCode::kAborted ? "aborted" : "invalid");
-    }
-    StepOutcome outcome;
-    outcome.status = entry.status;
-    finish(std::move(outcome));
     return;
   }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Collective>> joined = JoinCollective(group, start + options_.formation_timeout);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation_ != entry.generation || resets_ != resets) return;  // Overtaken meanwhile.
+  if (!joined.ok()) {
+    failed_generation_ = entry.generation;
+    LOG_WARNING("fleet") << "could not join generation " << entry.generation << "'s collective: " << joined.status();
+    PublishMetricsLocked();
+    return;
+  }
+  collective_ = *std::move(joined);
+  formed_generation_ = entry.generation;
+  LOG_INFO("fleet") << "generation " << entry.generation << " formed here: collective rank " << index << " of "
+                    << group.world << " (" << collective_->name() << ", "
+                    << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))) << ")";
+  PublishMetricsLocked();
+}
 
-  // Every fleet rank runs every batch (ranks without blocks take part with empty ones).
-  std::vector<LocalBlock> local;
-  for (Waiting& w : mine) {
-    TrainerStep& s = *w.step;
-    s.outputs.assign(s.matrices.size(), {});
-    for (size_t i = 0; i < entry.plan.matrices.size() && i < s.matrices.size(); ++i) {
-      const MatrixPlan& m = entry.plan.matrices[i];
-      const Block& block = m.blocks[s.trainer_rank].block;
-      s.outputs[i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
-      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[i].data(), s.outputs[i].data()});
-    }
-  }
-  absl::StatusOr<BatchResult> result =
-      ExecuteBatch(entry.plan, local, *options_.backend, *options_.collective, options_.execute);
-  StepOutcome outcome;
-  if (!result.ok()) {
-    LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed: " << result.status();
-    if (options_.metrics != nullptr) options_.metrics->StepAborted("collective");
-    outcome.status = absl::UnavailableError(
-        absl::StrCat("step ", entry.key.ToString(), " failed in the fleet: ", result.status().ToString()));
+absl::StatusOr<std::shared_ptr<Collective>> Executor::JoinCollective(const CollectiveGroup& group,
+                                                                     absl::Time deadline) {
+  // The join runs on its own thread so that it can be abandoned: a newer generation makes it
+  // pointless (a member it waits for may be gone for good), and shutdown must not wait for it.
+  using Result = absl::StatusOr<std::unique_ptr<Collective>>;
+  auto promise = std::make_shared<std::promise<Result>>();
+  std::future<Result> future = promise->get_future();
+  std::thread([factory = options_.join_collective, group, deadline, promise] {
+    promise->set_value(factory(group, deadline));
+  }).detach();
+  int64_t resets;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.ok()) broken_ = outcome.status;
-  } else {
-    outcome.matrices = std::move(result->matrices);
-    outcome.collective_time = result->collective_time;
-    outcome.compute_time = result->compute_time;
-    if (options_.metrics != nullptr) {
-      options_.metrics->Flops(result->flops);
-      options_.metrics->StageTime(Stage::kCollective, result->collective_time);
-      options_.metrics->StageTime(Stage::kCompute, result->compute_time);
+    resets = resets_;
+  }
+  for (;;) {
+    if (future.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready) {
+      Result result = future.get();
+      if (!result.ok()) return result.status();
+      return std::shared_ptr<Collective>(*std::move(result));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("the server is shutting down");
+    if (resets_ != resets) return absl::AbortedError("the rank left the fleet while joining");
+    for (const LogEntry& queued : queue_) {
+      if (queued.membership() && queued.generation > group.generation) {
+        return absl::AbortedError(absl::StrCat("generation ", queued.generation, " came first"));
+      }
+    }
+    if (absl::Now() > deadline + absl::Seconds(5)) {
+      // The factory should have returned by its deadline; do not wait for it any longer.
+      return absl::DeadlineExceededError(absl::StrCat("joining generation ", group.generation,
+                                                      "'s collective did not finish by its deadline"));
     }
   }
-  finish(std::move(outcome));
+}
+
+absl::Status Executor::Leave(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!joined_ || !member_) return absl::OkStatus();
+    leaving_ = true;
+    left_ = false;
+    epoch = epoch_;
+  }
+  RETURN_IF_ERROR(options_.log->Leave(options_.self.rank, options_.self.incarnation, epoch));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())),
+                    [this] { return left_ || stopping_; })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the fleet did not start a generation without this rank within ", absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace orthoserve

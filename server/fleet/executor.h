@@ -1,13 +1,37 @@
-// Executor: runs the coordinator's log on one fleet rank. Trainer steps received by this rank
-// wait here until their batch (or its abort) comes up in the log; batches run one at a time,
-// in log order, so every rank makes the same collective calls in the same order.
+// Executor: one fleet rank's membership and its run of the coordinator's log.
 //
-// Thread-safe. Callbacks run on the executor thread (or on the caller's thread when Submit
-// fails at once); they must not block on the executor.
+// Two threads. The reader joins the coordinator (again whenever it restarted or dropped this
+// rank), reads the log — which is also this rank's heartbeat and its report of the generations
+// it formed or failed — and sends queued aborts. The applier runs the entries in log order: a
+// membership entry that lists this rank makes it join that generation's collective group (the
+// old one is closed first); a batch runs on the collective of its generation, with every member
+// taking part, so every member makes the same collective calls in the same order; a failure
+// entry fails its step. Trainer steps received here wait until their batch (or its failure)
+// comes up.
+//
+// Failure handling. A batch of a generation this rank is not (or no longer) a member of fails
+// with UNAVAILABLE (retryable); so does one whose collective breaks, after which this rank
+// reports the generation failed and the coordinator forms the next. When the reader sees a
+// membership entry that drops a member of the generation in use, it aborts the collective, so
+// a batch waiting on a dead or stopped peer ends now rather than at its timeout. When the
+// coordinator restarts, drops this rank, or stays unreachable for `peer_timeout`, every waiting
+// step fails with UNAVAILABLE and the collective is closed; the rank then serves lone clients
+// locally (member() is false) until it is a member of a formed generation again.
+//
+// Every wait is bounded: log reads and control calls by their RPC deadlines, collective calls
+// by the collective timeout, joining a collective by `formation_timeout` (and given up at once
+// for a newer generation or at shutdown).
+//
+// Thread-safe. Callbacks run on the applier or reader thread (or on the caller's thread when
+// Submit fails at once); they must not block on the executor.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,33 +46,68 @@
 
 namespace orthoserve {
 
+// The collective group of one generation, as this rank joins it.
+struct CollectiveGroup {
+  uint64_t epoch = 0;       // The coordinator's epoch.
+  int64_t generation = 0;
+  int index = 0;            // This rank's collective rank (position in the member list).
+  int world = 1;            // Members.
+  std::string prefix;       // Unique store prefix of the group: "<epoch>/gen-<generation>".
+};
+
+// Joins a group; returns by `deadline` (DEADLINE_EXCEEDED naming what is missing) or with the
+// collective's error. May be called on a thread that is abandoned if a newer generation comes
+// first, so it must own (or share) whatever it uses.
+using CollectiveFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Collective>>(const CollectiveGroup& group, absl::Time deadline)>;
+
 class Executor {
  public:
   struct Options {
-    int fleet_rank = 0;
-    Backend* backend = nullptr;        // Not owned.
-    Collective* collective = nullptr;  // Not owned; used only from the executor thread.
-    LogSource* log = nullptr;          // Not owned.
-    Metrics* metrics = nullptr;        // Optional, not owned.
+    Member self;                        // This rank: rank, public address, incarnation.
+    Backend* backend = nullptr;         // Not owned.
+    LogSource* log = nullptr;           // Not owned.
+    Metrics* metrics = nullptr;         // Optional, not owned.
+    CollectiveFactory join_collective;  // Required.
     ExecuteOptions execute;
+    absl::Duration peer_timeout = absl::Seconds(15);       // Coordinator unreachable this long: lost.
+    absl::Duration formation_timeout = absl::Seconds(30);  // Bound on joining one generation's collective.
+    absl::Duration poll = absl::Milliseconds(250);         // Long-poll of the log (the heartbeat period).
+  };
+
+  // What this rank knows of the fleet.
+  struct View {
+    uint64_t epoch = 0;           // The coordinator's, once joined.
+    int64_t generation = 0;       // The last generation applied (0: none).
+    std::vector<Member> members;  // That generation's members.
+    bool member = false;          // This rank is one of them.
+    bool formed = false;          // It joined the generation's collective, which is intact.
+    bool coordinator_reachable = false;
   };
 
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const Options& options);
   ~Executor();  // Fails steps still waiting with UNAVAILABLE.
 
   // Registers this trainer rank's part of a step and reports it ready; `done` runs exactly once.
+  // Fails at once with UNAVAILABLE when this rank is not a member of a formed generation or
+  // the coordinator does not take the report.
   void Submit(std::shared_ptr<TrainerStep> step, StepCallback done);
 
-  // A trainer's stream failed before or after Submit: abort the step on every rank.
-  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason);
+  // A trainer's stream failed: tells the coordinator (asynchronously, from the reader thread).
+  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission);
 
-  // Steps submitted here and not yet executed.
+  // Steps submitted here and not yet resolved.
   size_t waiting() const;
+  View view() const;
 
-  // OK while this rank can run batches. UNAVAILABLE once a batch's collective failed (the
-  // group is broken for good), or when the coordinator's log has been unreachable for longer
-  // than `silence`.
-  absl::Status Health(absl::Duration silence) const;
+  // OK unless this rank is wedged: a batch did not end within a bound after its collective was
+  // aborted, or the reader thread has not come round for a minute.
+  absl::Status Liveness() const;
+
+  // Graceful leave: asks the coordinator for a generation without this rank and runs the log
+  // until that generation starts (so batches already planned with this rank still run here).
+  // OK when left (or not a member); DEADLINE_EXCEEDED after `timeout`; the coordinator's error.
+  absl::Status Leave(absl::Duration timeout);
 
   void Shutdown();
 
@@ -57,18 +116,59 @@ class Executor {
     std::shared_ptr<TrainerStep> step;
     StepCallback done;
   };
+  struct PendingAbort {
+    GroupKey key;
+    int trainer_rank;
+    absl::Status reason;
+    uint64_t submission;
+  };
 
   explicit Executor(const Options& options);
-  void Loop();
+  void ReaderLoop();
+  void ApplierLoop();
   void Apply(const LogEntry& entry);
+  void ApplyMembership(const LogEntry& entry);
+  void ApplyStep(const LogEntry& entry);
+  // Joins `group` on a helper thread; gives up when `deadline` passes, a newer generation is
+  // queued, or the executor resets or stops.
+  absl::StatusOr<std::shared_ptr<Collective>> JoinCollective(const CollectiveGroup& group, absl::Time deadline);
+  // Closes the collective, drops the queue and fails every waiting step with `reason`; the
+  // applier forgets the generation. Called by the reader.
+  void Reset(const absl::Status& reason);
+  void SendAborts();
+  void PublishMetricsLocked();
 
   const Options options_;
   mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Reader state.
+  bool joined_ = false;
+  uint64_t epoch_ = 0;
+  int64_t next_read_ = 0;
+  absl::Time last_contact_;          // Last successful call to the coordinator.
+  bool lost_ = false;                // Reset for an unreachable coordinator, not yet back.
+  absl::Time reader_alive_;          // Last round of the reader loop.
+  std::deque<PendingAbort> aborts_;
+  // Applier state.
+  std::deque<LogEntry> queue_;
+  bool reset_requested_ = false;
+  int64_t resets_ = 0;
+  int64_t generation_ = 0;
+  std::vector<Member> members_;
+  bool member_ = false;
+  std::shared_ptr<Collective> collective_;  // The formed generation's group; null otherwise.
+  int64_t formed_generation_ = 0;
+  int64_t failed_generation_ = 0;
+  absl::Time busy_since_ = absl::InfiniteFuture();     // The applier is running an entry.
+  absl::Time aborted_at_ = absl::InfiniteFuture();     // The collective was aborted under it.
+  bool leaving_ = false;
+  bool left_ = false;
+  // Steps.
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_;
+  uint64_t next_submission_;
   bool stopping_ = false;
-  absl::Status broken_;                   // First collective failure.
-  absl::Time last_contact_ = absl::Now(); // Last successful read of the log.
-  std::thread thread_;
+  std::thread reader_;
+  std::thread applier_;
 };
 
 }  // namespace orthoserve

@@ -1,9 +1,9 @@
 // Implementation of server/fleet/fleet.h.
 #include "server/fleet/fleet.h"
 
-#include "absl/strings/numbers.h"
+#include <random>
+
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -31,6 +31,16 @@ std::string HostOf(const std::string& address) {
 
 bool IsWildcard(const std::string& host) { return host.empty() || host == "0.0.0.0" || host == "::"; }
 
+uint64_t NewIncarnation() {
+  std::random_device device;
+  uint64_t value = 0;
+  while (value == 0) value = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return value;
+}
+
+// A one-rank fleet is usable as soon as Create returns.
+constexpr absl::Duration kLocalFormation = absl::Seconds(10);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
@@ -51,49 +61,103 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     return absl::InvalidArgumentError("--fleet-listen is required when --world > 1 (this rank's internal address)");
   }
   std::unique_ptr<Fleet> fleet(new Fleet(options));
-  Coordinator::Options c;
-  c.fleet_world = options.world;
-  c.rendezvous_timeout = options.rendezvous_timeout;
-  c.stall_warning = options.stall_warning;
+  fleet->self_address_ = options.advertise_address;
+  fleet->addresses_.resize(options.world);
   Metrics* metrics = options.metrics;
-  if (metrics != nullptr) {
-    c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
-    metrics->fleet_size().Set(options.world);
-  }
+  if (metrics != nullptr) metrics->fleet_size().Set(options.world);
 
   if (options.rank == 0) {
+    Coordinator::Options c;
+    c.fleet_world = options.world;
+    c.rendezvous_timeout = options.rendezvous_timeout;
+    c.stall_warning = options.stall_warning;
+    c.peer_timeout = options.peer_timeout;
+    if (options.world == 1) c.reform_delay = absl::ZeroDuration();
+    if (metrics != nullptr) {
+      c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
+      c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
+    }
     ASSIGN_OR_RETURN(fleet->coordinator_, Coordinator::Create(c));
-    fleet->store_ = std::make_unique<InMemoryStore>();
+    fleet->store_ = std::make_shared<InMemoryStore>();
     fleet->log_ = std::make_unique<LocalLogSource>(fleet->coordinator_.get());
-  }
-  if (options.world == 1) {
-    fleet->collective_ = std::make_unique<LocalCollective>();
-    RETURN_IF_ERROR(fleet->ServeFleetPort());
-    RETURN_IF_ERROR(fleet->Form());
-    return fleet;
-  }
-  if (options.rank != 0) {
+  } else {
     auto channel = MakeFleetChannel(options.coordinator);
-    fleet->store_ = std::make_unique<GrpcStore>(channel);
+    fleet->store_ = std::make_shared<GrpcStore>(channel);
     fleet->log_ = std::make_unique<RemoteLogSource>(channel);
   }
   RETURN_IF_ERROR(fleet->ServeFleetPort());
-  Fleet* raw = fleet.get();
-  fleet->formation_ = std::thread([raw] {
-    absl::Status formed = raw->Form();
-    if (!formed.ok() && !raw->shutdown_.load()) {
-      LOG_ERROR("fleet") << "fleet formation failed: " << formed;
-    }
-    std::lock_guard<std::mutex> lock(raw->mu_);
-    raw->formation_status_ = formed;
-  });
+
+  Executor::Options e;
+  e.self = Member{options.rank, options.advertise_address, NewIncarnation()};
+  e.backend = options.backend;
+  e.log = fleet->log_.get();
+  e.metrics = metrics;
+  e.join_collective = fleet->MakeCollectiveFactory();
+  e.execute.collective_timeout = options.collective_timeout;
+  e.peer_timeout = options.peer_timeout;
+  // Members of a generation are live processes, so joining its group is quick; a member that
+  // died meanwhile is dropped by the coordinator within the peer timeout.
+  e.formation_timeout = std::max(absl::Seconds(10), 2 * options.peer_timeout);
+  ASSIGN_OR_RETURN(fleet->executor_, Executor::Create(e));
+  if (options.world > 1) {
+    LOG_INFO("fleet") << "rank " << options.rank << " of up to " << options.world << " joins the fleet through "
+                      << (options.rank == 0 ? "its own coordinator" : options.coordinator) << " (" << options.collective
+                      << ")";
+  } else {
+    const absl::Time deadline = absl::Now() + kLocalFormation;
+    while (!fleet->ready() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    if (!fleet->ready()) return absl::InternalError("the one-rank fleet did not form");
+  }
   return fleet;
+}
+
+CollectiveFactory Fleet::MakeCollectiveFactory() const {
+  const Options& o = options_;
+  std::string host = HostOf(o.fleet_listen);
+  if (IsWildcard(host)) host = HostOf(o.advertise_address);
+  const std::string hostname = IsWildcard(host) ? "127.0.0.1" : host;
+  std::shared_ptr<Store> store = store_;
+  const std::string kind = o.collective;
+  const int device = o.device;
+  return [store, hostname, kind, device](const CollectiveGroup& group,
+                                         absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
+    if (group.world == 1) return std::unique_ptr<Collective>(std::make_unique<LocalCollective>());
+    const absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    if (kind == "nccl") {
+#if ORTHOSERVE_WITH_CUDA
+      NcclCollective::Options n;
+      n.rank = group.index;
+      n.world = group.world;
+      n.device = device;
+      n.store = store.get();
+      n.id_key = absl::StrCat(group.prefix, "/nccl/unique_id");
+      n.init_timeout = timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclCollective> nccl, NcclCollective::Create(n));
+      return std::unique_ptr<Collective>(std::move(nccl));
+#else
+      (void)device;
+      return absl::FailedPreconditionError("collective nccl: this build has no NCCL");
+#endif
+    }
+    GlooCollective::Options g;
+    g.rank = group.index;
+    g.world = group.world;
+    g.store = store.get();
+    g.prefix = group.prefix;
+    g.hostname = hostname;
+    // Gloo bounds each rendezvous step by this; its pair connect by a multiple of it, so the
+    // executor gives up on a join that overruns (see Executor::JoinCollective).
+    g.timeout = timeout;
+    ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> gloo, GlooCollective::Create(g));
+    return std::unique_ptr<Collective>(std::move(gloo));
+  };
 }
 
 absl::Status Fleet::ServeFleetPort() {
   if (options_.fleet_listen.empty()) return absl::OkStatus();
-  // Every rank answers grpc.health.v1 here while its process runs (a liveness signal that does
-  // not depend on fleet formation); rank 0 of a multi-rank fleet also serves the fleet service.
+  // Every rank answers grpc.health.v1 here while its process runs and is not wedged (the
+  // liveness signal, independent of membership); rank 0 of a multi-rank fleet also serves the
+  // fleet service.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.fleet_listen, grpc::InsecureServerCredentials(), &fleet_port_);
@@ -113,156 +177,67 @@ absl::Status Fleet::ServeFleetPort() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Collective>> Fleet::JoinCollective() {
-  const Options& o = options_;
-  if (o.collective == "nccl") {
-#if ORTHOSERVE_WITH_CUDA
-    NcclCollective::Options n;
-    n.rank = o.rank;
-    n.world = o.world;
-    n.device = o.device;
-    n.store = store_.get();
-    n.id_key = "gen-0/nccl/unique_id";
-    n.init_timeout = o.join_timeout;
-    LOG_INFO("fleet") << "joining a fleet of " << o.world << " ranks through " << o.coordinator << " (nccl on device "
-                      << o.device << ")";
-    ASSIGN_OR_RETURN(std::unique_ptr<NcclCollective> nccl, NcclCollective::Create(n));
-    return std::unique_ptr<Collective>(std::move(nccl));
-#else
-    return absl::FailedPreconditionError("collective nccl: this build has no NCCL");
-#endif
-  }
-  GlooCollective::Options g;
-  g.rank = o.rank;
-  g.world = o.world;
-  g.store = store_.get();
-  g.prefix = "gen-0";
-  std::string host = HostOf(o.fleet_listen);
-  if (IsWildcard(host)) host = HostOf(o.advertise_address);
-  g.hostname = IsWildcard(host) ? "127.0.0.1" : host;
-  g.timeout = o.join_timeout;
-  LOG_INFO("fleet") << "joining a fleet of " << o.world << " ranks through " << o.coordinator << " (gloo on "
-                    << g.hostname << ")";
-  ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> gloo, GlooCollective::Create(g));
-  return std::unique_ptr<Collective>(std::move(gloo));
-}
-
-absl::Status Fleet::Form() {
-  const Options& o = options_;
-  if (o.world > 1) {
-    RETURN_IF_ERROR(store_->Set(absl::StrCat("member/", o.rank), o.advertise_address));
-    ASSIGN_OR_RETURN(collective_, JoinCollective());
-  }
-  std::vector<FleetMemberInfo> members;
-  for (int r = 0; r < o.world; ++r) {
-    std::string address = o.advertise_address;
-    if (o.world > 1) {
-      ASSIGN_OR_RETURN(address, store_->Get(absl::StrCat("member/", r), o.join_timeout));
-    }
-    members.push_back(FleetMemberInfo{r, address, true});
-  }
-  Executor::Options e;
-  e.fleet_rank = o.rank;
-  e.backend = o.backend;
-  e.collective = collective_.get();
-  e.log = log_.get();
-  e.metrics = o.metrics;
-  e.execute.collective_timeout = o.collective_timeout;
-  ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor, Executor::Create(e));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    members_ = std::move(members);
-    executor_ = std::move(executor);
-  }
-  ready_.store(true);
-  if (o.metrics != nullptr) {
-    o.metrics->fleet_members_ready().Set(o.world);
-    o.metrics->fleet_ready().Set(1);
-  }
-  LOG_INFO("fleet") << "fleet formed: rank " << o.rank << " of " << o.world;
-  return absl::OkStatus();
-}
-
 Fleet::~Fleet() {
   Shutdown();
-  if (formation_.joinable()) formation_.join();
-  // The executor goes first (it uses the collective, the log and the coordinator).
+  // The executor goes first (it uses the log and the collective), then the coordinator's
+  // service (its handlers return at once after the coordinator's shutdown).
   executor_.reset();
-  if (coordinator_ != nullptr) coordinator_->Shutdown();
   if (fleet_server_ != nullptr) fleet_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 void Fleet::Shutdown() {
-  shutdown_.store(true);
-  ready_.store(false);
-  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_.exchange(true)) return;
   if (executor_ != nullptr) executor_->Shutdown();
+  if (coordinator_ != nullptr) coordinator_->Shutdown();
 }
 
-absl::Status Fleet::formation_status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return formation_status_;
+bool Fleet::ready() const {
+  if (shutdown_.load() || executor_ == nullptr) return false;
+  return executor_->view().formed;
 }
 
-absl::Status Fleet::Health() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!formation_status_.ok()) return formation_status_;
+int64_t Fleet::generation() const { return executor_ == nullptr ? 0 : executor_->view().generation; }
+
+size_t Fleet::generation_size() const { return executor_ == nullptr ? 0 : executor_->view().members.size(); }
+
+grpc::HealthCheckServiceInterface* Fleet::liveness_service() const {
+  return fleet_server_ == nullptr ? nullptr : fleet_server_->GetHealthCheckService();
+}
+
+absl::Status Fleet::Liveness() const { return executor_ == nullptr ? absl::OkStatus() : executor_->Liveness(); }
+
+absl::Status Fleet::Leave(absl::Duration timeout) {
   if (executor_ == nullptr || options_.world == 1) return absl::OkStatus();
-  RETURN_IF_ERROR(executor_->Health(options_.peer_timeout));
-  if (coordinator_ != nullptr) {
-    std::vector<int> silent = coordinator_->SilentReaders(options_.peer_timeout);
-    if (!silent.empty()) {
-      return absl::UnavailableError(absl::StrCat("fleet rank ", silent[0], " has not been heard from for over ",
-                                                 absl::FormatDuration(options_.peer_timeout)));
-    }
-  }
-  return absl::OkStatus();
+  return executor_->Leave(timeout);
 }
 
 std::vector<FleetMemberInfo> Fleet::members() const {
+  Executor::View view = executor_ == nullptr ? Executor::View{} : executor_->view();
   std::lock_guard<std::mutex> lock(mu_);
-  if (!members_.empty()) return members_;
-  std::vector<FleetMemberInfo> pending;
-  for (int r = 0; r < options_.world; ++r) {
-    pending.push_back(FleetMemberInfo{r, r == options_.rank ? options_.advertise_address : "", false});
+  std::vector<FleetMemberInfo> out(options_.world);
+  for (int r = 0; r < options_.world; ++r) out[r].rank = r;
+  for (const Member& m : view.members) {
+    if (m.rank < 0 || m.rank >= options_.world) continue;
+    addresses_[m.rank] = m.address;
+    out[m.rank].ready = true;
   }
-  return pending;
+  addresses_[options_.rank] = self_address_;
+  for (int r = 0; r < options_.world; ++r) out[r].address = addresses_[r];
+  return out;
 }
 
 void Fleet::SetLocalAddress(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   if (options_.world != 1) return;
-  for (FleetMemberInfo& m : members_) {
-    if (m.rank == options_.rank) m.address = address;
-  }
+  self_address_ = address;
 }
 
-size_t Fleet::waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return executor_ == nullptr ? 0 : executor_->waiting();
-}
+size_t Fleet::waiting() const { return executor_ == nullptr ? 0 : executor_->waiting(); }
 
-void Fleet::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
-  Executor* executor = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ready_.load()) executor = executor_.get();
-  }
-  if (executor == nullptr) {
-    StepOutcome outcome;
-    outcome.status = absl::UnavailableError(absl::StrCat("fleet rank ", options_.rank, " of ", options_.world,
-                                                         " is not ready: the fleet has not formed yet"));
-    done(std::move(outcome));
-    return;
-  }
-  executor->Submit(std::move(step), std::move(done));
-}
+void Fleet::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) { executor_->Submit(std::move(step), std::move(done)); }
 
-void Fleet::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason) {
-  if (log_ != nullptr) {
-    absl::Status sent = log_->Abort(key, trainer_rank, reason);
-    if (!sent.ok()) LOG_WARNING("fleet") << "could not report the abort of " << key.ToString() << ": " << sent;
-  }
+void Fleet::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
+  executor_->AbortStep(key, trainer_rank, reason, submission);
 }
 
 }  // namespace orthoserve

@@ -1,27 +1,31 @@
-// Fleet: this process's membership in a fleet of S server ranks (DESIGN §3) — its identity, the
-// rendezvous store, the coordinator (on rank 0), the collective group and the executor that runs
-// the coordinator's log. S = 1 (the embedded default) needs no network: the coordinator is local
-// and the collective is LocalCollective.
+// Fleet: this process's membership in an elastic fleet of up to S server ranks (DESIGN §3) —
+// its identity, the rendezvous store, the coordinator (on rank 0) and the executor that runs
+// the coordinator's log.
 //
-// For S > 1, rank 0 serves the orthoserve.fleet.v1 service on its fleet address; every rank
-// publishes its public address in the store, joins a collective group over the store (Gloo over
-// TCP, or NCCL with one GPU per rank, its unique id passed through the store) and then reports
-// ready. Formation runs in the background: until it completes, ready() is false and Submit
-// fails with UNAVAILABLE. Thread-safe.
+// Membership comes in generations decided by the coordinator (coordinator.h): a rank joins,
+// takes part in every generation that lists it (joining that generation's collective group,
+// whose store prefix carries the coordinator's epoch and the generation), and drops out when it
+// leaves, dies, restarts or stops answering — the other ranks go on in the next generation.
+// Nothing of an old generation can be joined or confused with a new one.
+//
+// Rank 0 serves the orthoserve.fleet.v1 service on its fleet address; the other ranks reach it
+// there. When rank 0 itself is gone, the others cannot serve group steps (UNAVAILABLE, which
+// clients retry) but serve lone clients on their own until it is back; they then join its new
+// epoch. S = 1 (the embedded default) needs no network: the coordinator is local and the
+// collective is LocalCollective. Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/server.h"
 #include "grpcpp/impl/codegen/service_type.h"
-#include "server/collective/collective.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
 #include "server/collective/store.h"
 #include "server/engine/backend.h"
 #include "server/fleet/coordinator.h"
@@ -34,15 +38,15 @@ namespace orthoserve {
 
 struct FleetMemberInfo {
   int rank = 0;
-  std::string address;  // Public HOST:PORT.
-  bool ready = false;
+  std::string address;  // Public HOST:PORT (the last one known; empty if never seen).
+  bool ready = false;   // A member of the current generation.
 };
 
 class Fleet {
  public:
   struct Options {
     int rank = 0;                          // This rank, 0 <= rank < world.
-    int world = 1;                         // S.
+    int world = 1;                         // S: the fleet's full size (ranks 0..S-1).
     std::string coordinator;               // Rank 0's fleet HOST:PORT; required when world > 1.
     std::string fleet_listen;              // This rank's internal address: grpc health on every rank, the
                                            // fleet service on rank 0, and the host Gloo binds. Empty: none
@@ -51,30 +55,34 @@ class Fleet {
     absl::Duration rendezvous_timeout = absl::Seconds(60);
     absl::Duration collective_timeout = absl::Seconds(60);
     absl::Duration stall_warning = absl::Seconds(60);
-    absl::Duration join_timeout = absl::Minutes(10);  // How long formation waits for peers.
-    absl::Duration peer_timeout = absl::Seconds(15);  // Silence after which a peer counts as lost.
+    absl::Duration peer_timeout = absl::Seconds(15);  // Silence after which a peer (or the coordinator) is lost.
     std::string collective = "gloo";       // world > 1: "gloo" (TCP) or "nccl" (this rank's GPU `device`).
     int device = 0;                        // CUDA device ordinal for nccl.
     Backend* backend = nullptr;            // Not owned.
     Metrics* metrics = nullptr;            // Optional, not owned.
   };
 
-  // INVALID_ARGUMENT for inconsistent options (naming the flag); UNAVAILABLE when rank 0 cannot
-  // bind its fleet address.
+  // INVALID_ARGUMENT for inconsistent options (naming the flag); UNAVAILABLE when the fleet
+  // address cannot be bound. A one-rank fleet is formed when this returns; a larger one forms
+  // in the background.
   static absl::StatusOr<std::unique_ptr<Fleet>> Create(const Options& options);
   ~Fleet();
 
   int rank() const { return options_.rank; }
   int world() const { return options_.world; }
-  bool ready() const { return ready_.load(); }
-  // The formation error, if formation failed (the process should exit).
-  absl::Status formation_status() const;
-
-  // OK while the fleet is forming or formed and whole. UNAVAILABLE once it is lost for good: a
-  // batch's collective failed, the coordinator stopped answering, or (on rank 0) a peer stopped
-  // polling the log for --fleet-peer-timeout. The fleet does not re-form in place: a rank that
-  // sees this exits so that its supervisor restarts it, and the ranks form a new fleet together.
-  absl::Status Health() const;
+  // This rank is a member of a formed generation: it serves group steps (and lone clients
+  // through the fleet). When false it serves lone clients on its own.
+  bool ready() const;
+  // The generation this rank is in (0: none), and how many members it has.
+  int64_t generation() const;
+  size_t generation_size() const;
+  // The fleet port's health service (its "" status is the liveness signal); null without a
+  // fleet port.
+  grpc::HealthCheckServiceInterface* liveness_service() const;
+  // OK unless this rank is wedged (see Executor::Liveness); drives the fleet port's health,
+  // which the liveness probe checks.
+  absl::Status Liveness() const;
+  // Every rank 0..S-1, ordered by rank; `ready` marks the current generation's members.
   std::vector<FleetMemberInfo> members() const;
   // The port the fleet address bound (resolves ":0"); 0 without one.
   int fleet_port() const { return fleet_port_; }
@@ -83,37 +91,37 @@ class Fleet {
   // where nobody else has read it yet).
   void SetLocalAddress(const std::string& address);
 
-  // See Executor::Submit / AbortStep. UNAVAILABLE while the fleet is not formed.
+  // See Executor::Submit / AbortStep.
   void Submit(std::shared_ptr<TrainerStep> step, StepCallback done);
-  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason);
+  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission);
   // Steps waiting in the executor.
   size_t waiting() const;
 
+  // Graceful leave before shutdown (rolling update, node drain): see Executor::Leave. Rank 0
+  // leaves the membership too, but goes on coordinating until it shuts down (it cannot hand
+  // the coordinator over; its peers see it go then).
+  absl::Status Leave(absl::Duration timeout);
+  // Stops the executor (failing what still waits) and the coordinator.
   void Shutdown();
 
  private:
   explicit Fleet(const Options& options) : options_(options) {}
   absl::Status ServeFleetPort();
-  absl::Status Form();
-  // Joins this rank's collective group (world > 1): Gloo or NCCL as Options::collective says.
-  absl::StatusOr<std::unique_ptr<Collective>> JoinCollective();
+  CollectiveFactory MakeCollectiveFactory() const;
 
   const Options options_;
-  std::unique_ptr<Store> store_;
+  std::shared_ptr<Store> store_;  // Shared with joins that may outlive a generation.
   std::unique_ptr<Coordinator> coordinator_;  // Rank 0 only.
   std::unique_ptr<grpc::Service> fleet_service_;
   std::unique_ptr<grpc::Server> fleet_server_;
   std::unique_ptr<LogSource> log_;
-  std::unique_ptr<Collective> collective_;
   std::unique_ptr<Executor> executor_;
   int fleet_port_ = 0;
+  std::atomic<bool> shutdown_{false};
 
   mutable std::mutex mu_;
-  std::vector<FleetMemberInfo> members_;
-  absl::Status formation_status_;
-  std::atomic<bool> ready_{false};
-  std::atomic<bool> shutdown_{false};
-  std::thread formation_;
+  std::string self_address_;                   // This rank's advertised address.
+  mutable std::vector<std::string> addresses_;  // Last known address by rank.
 };
 
 }  // namespace orthoserve

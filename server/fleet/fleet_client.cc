@@ -15,12 +15,21 @@ namespace {
 
 constexpr absl::Duration kRpcTimeout = absl::Seconds(20);
 constexpr absl::Duration kMaxPoll = absl::Seconds(10);
+// Membership and step calls: the caller retries (joins) or fails the step (reports), so they
+// are short and do not wait for a connection.
+constexpr absl::Duration kControlTimeout = absl::Seconds(5);
 
-// Every call waits for the channel to be ready (the coordinator may still be starting, or
-// restarting) until its deadline, instead of failing at once on a refused connection.
+// Store calls wait for the channel to be ready (the coordinator may still be starting, or
+// restarting) until their deadline, instead of failing at once on a refused connection.
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   context.set_wait_for_ready(true);
+}
+
+// Log and membership calls fail fast when the coordinator cannot be reached.
+void SetFailFastDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  context.set_wait_for_ready(false);
 }
 
 absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
@@ -103,34 +112,64 @@ absl::Status GrpcStore::Wait(const std::vector<std::string>& keys, absl::Duratio
 RemoteLogSource::RemoteLogSource(std::shared_ptr<grpc::Channel> channel)
     : stub_(fleet::v1::Fleet::NewStub(channel)) {}
 
+absl::StatusOr<LogSource::Joined> RemoteLogSource::Join(const Member& me) {
+  grpc::ClientContext context;
+  SetFailFastDeadline(context, kControlTimeout);
+  fleet::v1::JoinRequest request;
+  *request.mutable_member() = MemberToProto(me);
+  fleet::v1::JoinResponse response;
+  grpc::Status status = stub_->Join(&context, request, &response);
+  if (!status.ok()) return FleetError("Join", status);
+  return Joined{response.epoch(), response.log_from()};
+}
+
+absl::Status RemoteLogSource::Leave(int rank, uint64_t incarnation, uint64_t epoch) {
+  grpc::ClientContext context;
+  SetFailFastDeadline(context, kControlTimeout);
+  fleet::v1::LeaveRequest request;
+  request.set_rank(rank);
+  request.set_incarnation(incarnation);
+  request.set_epoch(epoch);
+  fleet::v1::LeaveResponse response;
+  grpc::Status status = stub_->Leave(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : FleetError("Leave", status);
+}
+
 absl::Status RemoteLogSource::Report(const ReadyReport& report) {
   grpc::ClientContext context;
-  SetDeadline(context, kRpcTimeout);
+  SetFailFastDeadline(context, kControlTimeout);
   fleet::v1::ReportResponse response;
   grpc::Status status = stub_->Report(&context, ReadyReportToProto(report), &response);
   return status.ok() ? absl::OkStatus() : FleetError("Report", status);
 }
 
-absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason) {
+absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason,
+                                    uint64_t submission) {
   grpc::ClientContext context;
-  SetDeadline(context, kRpcTimeout);
+  SetFailFastDeadline(context, kControlTimeout);
   fleet::v1::AbortRequest request;
   *request.mutable_key() = GroupKeyToProto(key);
   request.set_trainer_rank(trainer_rank);
   request.set_code(static_cast<int>(reason.code()));
   request.set_message(std::string(reason.message()));
+  request.set_submission(submission);
   fleet::v1::AbortResponse response;
   grpc::Status status = stub_->Abort(&context, request, &response);
   return status.ok() ? absl::OkStatus() : FleetError("Abort", status);
 }
 
-absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(int reader, int64_t from, absl::Duration timeout) {
+absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& reader, int64_t from,
+                                                            absl::Duration timeout) {
   grpc::ClientContext context;
   // A short margin: the executor polls continuously and must notice a dead coordinator (and its
   // own shutdown) within a few seconds.
-  SetDeadline(context, std::min(timeout, kMaxPoll) + absl::Seconds(2));
+  SetFailFastDeadline(context, std::min(timeout, kMaxPoll) + absl::Seconds(2));
   fleet::v1::ReadLogRequest request;
-  request.set_reader(reader);
+  request.set_reader(reader.rank);
+  request.set_epoch(reader.epoch);
+  request.set_incarnation(reader.incarnation);
+  request.set_formed_generation(reader.formed_generation);
+  request.set_failed_generation(reader.failed_generation);
   request.set_from(from);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   fleet::v1::ReadLogResponse response;

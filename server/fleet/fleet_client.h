@@ -28,12 +28,17 @@ class GrpcStore final : public Store {
   std::unique_ptr<fleet::v1::Fleet::Stub> stub_;
 };
 
+// Calls fail fast (no waiting for a connection) and are bounded: membership and step calls
+// by a few seconds, a log read by its timeout plus a margin, so a dead coordinator is noticed
+// within seconds and no caller blocks for long.
 class RemoteLogSource final : public LogSource {
  public:
   explicit RemoteLogSource(std::shared_ptr<grpc::Channel> channel);
+  absl::StatusOr<Joined> Join(const Member& me) override;
+  absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) override;
   absl::Status Report(const ReadyReport& report) override;
-  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason) override;
-  absl::StatusOr<std::vector<LogEntry>> Read(int reader, int64_t from, absl::Duration timeout) override;
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override;
+  absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override;
 
  private:
   std::unique_ptr<fleet::v1::Fleet::Stub> stub_;

@@ -32,6 +32,10 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
   p.set_trainer_rank(report.trainer_rank);
   p.set_trainer_world(report.trainer_world);
   p.set_fleet_rank(report.fleet_rank);
+  p.set_submission(report.submission);
+  p.set_attempt(report.attempt);
+  p.set_epoch(report.epoch);
+  p.set_incarnation(report.incarnation);
   for (size_t i = 0; i < report.matrices.size(); ++i) {
     *p.add_specs() = MatrixSpecToProto(report.matrices[i], report.blocks[i]);
   }
@@ -44,6 +48,10 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
   report.trainer_rank = p.trainer_rank();
   report.trainer_world = p.trainer_world();
   report.fleet_rank = p.fleet_rank();
+  report.submission = p.submission();
+  report.attempt = p.attempt();
+  report.epoch = p.epoch();
+  report.incarnation = p.incarnation();
   for (int i = 0; i < p.specs_size(); ++i) {
     ASSIGN_OR_RETURN(ParsedSpec parsed, ParseMatrixSpec(p.specs(i), i, kNoLimit, /*whole_if_unset=*/false));
     report.matrices.push_back(std::move(parsed.plan));
@@ -52,9 +60,23 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
   return report;
 }
 
+fleet::v1::Member MemberToProto(const Member& member) {
+  fleet::v1::Member p;
+  p.set_rank(member.rank);
+  p.set_address(member.address);
+  p.set_incarnation(member.incarnation);
+  return p;
+}
+
+Member MemberFromProto(const fleet::v1::Member& p) { return Member{p.rank(), p.address(), p.incarnation()}; }
+
 fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   fleet::v1::LogEntry p;
   p.set_index(entry.index);
+  p.set_generation(entry.generation);
+  p.set_retryable(entry.retryable);
+  for (const Member& m : entry.members) *p.add_members() = MemberToProto(m);
+  for (uint64_t s : entry.submissions) p.add_submissions(s);
   *p.mutable_key() = GroupKeyToProto(entry.key);
   p.set_code(static_cast<int>(entry.status.code()));
   p.set_message(std::string(entry.status.message()));
@@ -77,6 +99,10 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
 absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   LogEntry entry;
   entry.index = p.index();
+  entry.generation = p.generation();
+  entry.retryable = p.retryable();
+  for (const fleet::v1::Member& m : p.members()) entry.members.push_back(MemberFromProto(m));
+  entry.submissions.assign(p.submissions().begin(), p.submissions().end());
   entry.key = GroupKeyFromProto(p.key());
   entry.status = absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
   entry.plan.trainer_world = p.trainer_world();

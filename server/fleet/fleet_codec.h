@@ -14,6 +14,9 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report);
 // INVALID_ARGUMENT when a spec does not parse (a peer running another version).
 absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& proto);
 
+fleet::v1::Member MemberToProto(const Member& member);
+Member MemberFromProto(const fleet::v1::Member& proto);
+
 fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry);
 absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& proto);
 

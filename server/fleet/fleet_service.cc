@@ -11,6 +11,8 @@ namespace {
 
 // Long polls are cut at this length so a peer notices a dead coordinator quickly.
 constexpr int64_t kMaxWaitMs = 10000;
+// Store waits check for cancellation this often.
+constexpr absl::Duration kSlice = absl::Milliseconds(100);
 
 absl::Duration WaitOf(int64_t timeout_ms) {
   return absl::Milliseconds(std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs));
@@ -18,14 +20,36 @@ absl::Duration WaitOf(int64_t timeout_ms) {
 
 }  // namespace
 
+grpc::Status FleetService::Join(grpc::ServerContext*, const fleet::v1::JoinRequest* request,
+                                fleet::v1::JoinResponse* response) {
+  absl::StatusOr<int64_t> from = coordinator_->Join(MemberFromProto(request->member()));
+  if (!from.ok()) return ToGrpcStatus(from.status());
+  response->set_epoch(coordinator_->epoch());
+  response->set_log_from(*from);
+  return grpc::Status::OK;
+}
+
+grpc::Status FleetService::Leave(grpc::ServerContext*, const fleet::v1::LeaveRequest* request,
+                                 fleet::v1::LeaveResponse*) {
+  return ToGrpcStatus(coordinator_->Leave(request->rank(), request->incarnation(), request->epoch()));
+}
+
 grpc::Status FleetService::StoreSet(grpc::ServerContext*, const fleet::v1::StoreSetRequest* request,
                                     fleet::v1::StoreSetResponse*) {
   return ToGrpcStatus(store_->Set(request->key(), request->value()));
 }
 
-grpc::Status FleetService::StoreGet(grpc::ServerContext*, const fleet::v1::StoreGetRequest* request,
+grpc::Status FleetService::StoreGet(grpc::ServerContext* context, const fleet::v1::StoreGetRequest* request,
                                     fleet::v1::StoreGetResponse* response) {
-  absl::StatusOr<std::string> value = store_->Get(request->key(), WaitOf(request->timeout_ms()));
+  // Waits in short slices, so that a call the server cancels (its shutdown deadline passed)
+  // ends at once rather than holding the shutdown for the whole wait.
+  const absl::Time deadline = absl::Now() + WaitOf(request->timeout_ms());
+  absl::StatusOr<std::string> value;
+  for (;;) {
+    value = store_->Get(request->key(), std::min(kSlice, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    if (value.status().code() != absl::StatusCode::kDeadlineExceeded) break;
+    if (absl::Now() >= deadline || context->IsCancelled()) break;
+  }
   if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
     response->set_found(false);
     return grpc::Status::OK;
@@ -48,22 +72,29 @@ grpc::Status FleetService::Report(grpc::ServerContext*, const fleet::v1::ReadyRe
                                   fleet::v1::ReportResponse*) {
   absl::StatusOr<ReadyReport> report = ReadyReportFromProto(*request);
   if (!report.ok()) return ToGrpcStatus(report.status());
-  coordinator_->Report(std::move(*report));
-  return grpc::Status::OK;
+  return ToGrpcStatus(coordinator_->Report(std::move(*report)));
 }
 
 grpc::Status FleetService::Abort(grpc::ServerContext*, const fleet::v1::AbortRequest* request,
                                  fleet::v1::AbortResponse*) {
   coordinator_->Abort(GroupKeyFromProto(request->key()), request->trainer_rank(),
-                      absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()));
+                      absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()),
+                      request->submission());
   return grpc::Status::OK;
 }
 
 grpc::Status FleetService::ReadLog(grpc::ServerContext*, const fleet::v1::ReadLogRequest* request,
                                    fleet::v1::ReadLogResponse* response) {
-  for (const LogEntry& entry : coordinator_->Read(request->reader(), request->from(), WaitOf(request->timeout_ms()))) {
-    *response->add_entries() = LogEntryToProto(entry);
-  }
+  ReaderState reader;
+  reader.rank = request->reader();
+  reader.epoch = request->epoch();
+  reader.incarnation = request->incarnation();
+  reader.formed_generation = request->formed_generation();
+  reader.failed_generation = request->failed_generation();
+  absl::StatusOr<std::vector<LogEntry>> entries =
+      coordinator_->Read(reader, request->from(), WaitOf(request->timeout_ms()));
+  if (!entries.ok()) return ToGrpcStatus(entries.status());
+  for (const LogEntry& entry : *entries) *response->add_entries() = LogEntryToProto(entry);
   return grpc::Status::OK;
 }
 

@@ -13,6 +13,10 @@ class FleetService final : public fleet::v1::Fleet::Service {
   // Neither is owned; both must outlive the service.
   FleetService(Store* store, Coordinator* coordinator) : store_(store), coordinator_(coordinator) {}
 
+  grpc::Status Join(grpc::ServerContext* context, const fleet::v1::JoinRequest* request,
+                    fleet::v1::JoinResponse* response) override;
+  grpc::Status Leave(grpc::ServerContext* context, const fleet::v1::LeaveRequest* request,
+                     fleet::v1::LeaveResponse* response) override;
   grpc::Status StoreSet(grpc::ServerContext* context, const fleet::v1::StoreSetRequest* request,
                         fleet::v1::StoreSetResponse* response) override;
   grpc::Status StoreGet(grpc::ServerContext* context, const fleet::v1::StoreGetRequest* request,

@@ -40,6 +40,8 @@ struct TrainerStep {
   GroupKey key;
   int trainer_rank = 0;
   int trainer_world = 1;
+  int attempt = 0;          // The client's attempt number (StepHeader.attempt).
+  uint64_t submission = 0;  // Set by the executor: identifies this submission in reports and the log.
   std::vector<MatrixPlan> matrices;
   std::vector<std::vector<char>> inputs;
   std::vector<std::vector<char>> outputs;
@@ -49,9 +51,11 @@ struct TrainerStep {
 // The result of a step for one trainer rank. `status` not OK: the whole step failed (ABORTED
 // for a rendezvous timeout or another rank's failure, INVALID_ARGUMENT for specs that differ
 // between ranks or a bad group, UNAVAILABLE for a fleet failure); otherwise `matrices` holds
-// one status per matrix.
+// one status per matrix. `retryable`: the failure came from a change of the fleet's membership
+// (a retry of the whole step may succeed; UNAVAILABLE always may).
 struct StepOutcome {
   absl::Status status;
+  bool retryable = false;
   std::vector<absl::Status> matrices;
   absl::Duration rendezvous_time;
   absl::Duration queue_time;

@@ -67,7 +67,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                        .Register(r);
   m->steps_aborted_ = &prometheus::BuildCounter()
                            .Name("orthoserve_steps_aborted_total")
-                           .Help("Group steps aborted, by reason (timeout, cancelled, invalid, collective, drain).")
+                           .Help("Group steps failed before or while running, by reason: aborted (a trainer rank failed or "
+                                 "the rendezvous timed out), invalid (ranks disagree), collective (the fleet's group "
+                                 "broke), fleet_change (planned for a generation that ended).")
                            .Register(r);
   m->device_memory_ = &prometheus::BuildGauge()
                            .Name("orthoserve_device_memory_bytes")
@@ -83,6 +85,20 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                                  .Help("Group steps whose trainer ranks did not all arrive in time.")
                                  .Register(r)
                                  .Add({});
+  m->steps_retried_ = &prometheus::BuildCounter()
+                           .Name("orthoserve_steps_retried_total")
+                           .Help("Steps a client sent again after a retryable failure (StepHeader.attempt > 0).")
+                           .Register(r);
+  m->reformations_ = &prometheus::BuildCounter()
+                          .Name("orthoserve_fleet_reformations_total")
+                          .Help("Fleet generations started by this rank's coordinator, by reason: joined, restarted, "
+                                "left, lost, collective_failed.")
+                          .Register(r);
+  m->degraded_seconds_ = &prometheus::BuildCounter()
+                              .Name("orthoserve_fleet_degraded_seconds_total")
+                              .Help("Seconds this rank saw fewer fleet members than --world (or was not one itself).")
+                              .Register(r)
+                              .Add({});
   auto gauge = [&r](const char* name, const char* help) {
     return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
   };
@@ -90,8 +106,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   m->inflight_bytes_ = gauge("orthoserve_inflight_bytes", "Matrix bytes held for requests in progress.");
   m->queue_depth_ = gauge("orthoserve_queue_depth", "Matrices and batches waiting for compute.");
   m->fleet_size_ = gauge("orthoserve_fleet_size", "Configured number of fleet ranks (S).");
-  m->fleet_members_ready_ = gauge("orthoserve_fleet_members_ready", "Fleet ranks that have joined.");
-  m->fleet_ready_ = gauge("orthoserve_fleet_ready", "1 when the fleet is formed and this rank serves steps.");
+  m->fleet_members_ready_ = gauge("orthoserve_fleet_members_ready",
+                                  "Members of the fleet generation this rank knows (ranks serving group steps).");
+  m->fleet_ready_ = gauge("orthoserve_fleet_ready",
+                          "1 when this rank is a member of a formed fleet generation (it serves group steps).");
+  m->fleet_generation_ = gauge("orthoserve_fleet_generation", "The fleet membership generation this rank is in (0: none).");
   // Series that exist from the start, so dashboards and alerts see zeros rather than nothing.
   for (Stage stage : {Stage::kReceive, Stage::kQueue, Stage::kRendezvous, Stage::kCollective, Stage::kCompute,
                       Stage::kSend}) {
@@ -106,7 +125,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* op : {"all_to_allv", "all_gatherv", "all_reduce", "broadcast", "barrier"}) {
     m->collective_duration_->Add({{"op", op}}, kLatencyBuckets);
   }
-  m->steps_aborted_->Add({{"reason", "timeout"}});
+  for (const char* reason : {"aborted", "invalid", "collective", "fleet_change"}) {
+    m->steps_aborted_->Add({{"reason", reason}});
+  }
+  for (const char* reason : {"joined", "restarted", "left", "lost", "collective_failed"}) {
+    m->reformations_->Add({{"reason", reason}});
+  }
+  for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) m->steps_retried_->Add({{"method", method}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
 
@@ -157,6 +182,12 @@ void Metrics::RendezvousTimeout() { rendezvous_timeouts_->Increment(); }
 void Metrics::StepAborted(absl::string_view reason) {
   steps_aborted_->Add({{"reason", std::string(reason)}}).Increment();
 }
+
+void Metrics::StepRetried(absl::string_view method) {
+  steps_retried_->Add({{"method", std::string(method)}}).Increment();
+}
+void Metrics::Reformation(absl::string_view reason) { reformations_->Add({{"reason", std::string(reason)}}).Increment(); }
+void Metrics::Degraded(absl::Duration duration) { degraded_seconds_->Increment(absl::ToDoubleSeconds(duration)); }
 
 prometheus::Gauge& Metrics::device_memory(absl::string_view kind) {
   return device_memory_->Add({{"kind", std::string(kind)}});

@@ -51,6 +51,12 @@ class Metrics {
   void Flops(double flops);
   void RendezvousTimeout();
   void StepAborted(absl::string_view reason);
+  // A step arrived with attempt > 0 (a client retried it).
+  void StepRetried(absl::string_view method);
+  // The coordinator started a generation; reason: joined, restarted, left, lost, collective_failed.
+  void Reformation(absl::string_view reason);
+  // Time this rank saw the fleet below its configured size (or itself outside it).
+  void Degraded(absl::Duration duration);
 
   prometheus::Gauge& inflight_requests() { return *inflight_requests_; }
   prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
@@ -58,6 +64,7 @@ class Metrics {
   prometheus::Gauge& fleet_size() { return *fleet_size_; }
   prometheus::Gauge& fleet_members_ready() { return *fleet_members_ready_; }
   prometheus::Gauge& fleet_ready() { return *fleet_ready_; }
+  prometheus::Gauge& fleet_generation() { return *fleet_generation_; }
   prometheus::Gauge& device_memory(absl::string_view kind);
 
  private:
@@ -75,6 +82,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* bytes_out_ = nullptr;
   prometheus::Family<prometheus::Counter>* steps_aborted_ = nullptr;
   prometheus::Family<prometheus::Gauge>* device_memory_ = nullptr;
+  prometheus::Family<prometheus::Counter>* steps_retried_ = nullptr;
+  prometheus::Family<prometheus::Counter>* reformations_ = nullptr;
+  prometheus::Counter* degraded_seconds_ = nullptr;
+  prometheus::Gauge* fleet_generation_ = nullptr;
   prometheus::Counter* flops_ = nullptr;
   prometheus::Counter* rendezvous_timeouts_ = nullptr;
   prometheus::Gauge* inflight_requests_ = nullptr;

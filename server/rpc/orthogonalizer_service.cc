@@ -195,6 +195,7 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   limits->set_rendezvous_timeout_seconds(absl::ToDoubleSeconds(options_.rendezvous_timeout));
   info->set_auth_required(auth_->required());
   info->set_ready(fleet_->ready() && !draining_.load());
+  info->set_fleet_generation(fleet_->generation());
   return grpc::Status::OK;
 }
 

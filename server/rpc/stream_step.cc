@@ -4,11 +4,14 @@
 // StepEnd or half-close). They are read and written as raw bytes (stream_codec.h): a chunk's
 // bytes go straight from gRPC's buffers into the matrix's buffer, and result chunks refer to the
 // result buffer; lone matrices' buffers come from the service's BufferPool. A lone client on a
-// one-rank fleet is pipelined: each matrix goes to the compute pool as soon as its bytes are in,
-// and its result is handed to the ResultWriter's thread as soon as it is done, while later
-// matrices are still arriving and being computed. Group steps (W > 1, or a fleet of S > 1) are
-// handed to the fleet once every matrix has arrived, and the results come back after the batch
-// ran.
+// one-rank fleet — or on a rank that is not a member of a formed fleet generation (the fleet is
+// re-forming, or its coordinator is gone) — is pipelined locally: each matrix goes to the
+// compute pool as soon as its bytes are in, and its result is handed to the ResultWriter's
+// thread as soon as it is done, while later matrices are still arriving and being computed.
+// Group steps (W > 1, or a lone client on a formed fleet of S > 1) are handed to the fleet once
+// every matrix has arrived, and the results come back after the batch ran. A group step waits
+// for its batch only while its client is there: a cancelled call (or the server's drain
+// deadline) ends the wait at once.
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -49,6 +52,8 @@ class StreamStep {
   absl::Status Run();
   // Writes every result queued; call before the RPC returns.
   void Close() { writer_.Close(); }
+  // The failure was caused by a change of the fleet's membership: a retry may succeed.
+  bool retryable() const { return retryable_; }
 
  private:
   struct Matrix {
@@ -65,6 +70,8 @@ class StreamStep {
   absl::Status OnChunk(int index, absl::Span<const absl::string_view> data);
   absl::Status Complete(int index);
   absl::Status FinishGroup();
+  // Computes a lone client's step on this rank alone (the fleet could not take it).
+  StepOutcome RunHere(TrainerStep& step);
   // Fails the step: a group step is aborted on every rank first.
   absl::Status Fail(absl::Status status);
   void ScheduleLone(int index);
@@ -80,6 +87,7 @@ class StreamStep {
   bool lone_ = true;
   GroupKey key_;
   bool reported_ = false;  // The group step reached the fleet (it aborts it itself on failure).
+  bool retryable_ = false;
   std::vector<Matrix> matrices_;
   int current_ = -1;  // Matrix whose bytes are arriving.
   Admission::Ticket ticket_;
@@ -92,7 +100,7 @@ class StreamStep {
 
 absl::Status StreamStep::Fail(absl::Status status) {
   if (!lone_ && !reported_ && !key_.job.empty()) {
-    s_.fleet_->AbortStep(key_, header_.rank(), status);
+    s_.fleet_->AbortStep(key_, header_.rank(), status, /*submission=*/0);
   }
   return status;
 }
@@ -125,24 +133,23 @@ absl::Status StreamStep::ReadHeader() {
   if (world_ > 1 && header_.job().empty()) {
     return absl::InvalidArgumentError("header job is empty; a group step (world > 1) needs a job id to meet its ranks");
   }
-  lone_ = world_ == 1 && s_.fleet_->world() == 1;
+  if (header_.attempt() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("header attempt = ", header_.attempt(), " is negative"));
+  }
+  if (header_.attempt() > 0) s_.metrics_->StepRetried(kMethod);
+  // A lone client is served here alone when the fleet cannot take it (one rank, or this rank is
+  // not in a formed generation), and through the fleet's batches otherwise.
+  const bool fleet_ready = s_.fleet_->ready();
+  lone_ = world_ == 1 && (s_.fleet_->world() == 1 || !fleet_ready);
   if (!lone_) {
-    if (!s_.fleet_->ready()) {
+    if (!fleet_ready) {
+      retryable_ = true;
       return absl::UnavailableError(
-          absl::StrCat("fleet rank ", s_.fleet_->rank(), " is not ready: the fleet of ", s_.fleet_->world(),
-                       " ranks has not formed yet; retry"));
+          absl::StrCat("fleet rank ", s_.fleet_->rank(), " is not a member of a formed fleet generation (the fleet of up to ",
+                       s_.fleet_->world(), " ranks is forming or re-forming); retry on a ready member"));
     }
-    // A group's trainer ranks are spread evenly over the fleet; a lone client may use any rank.
-    const int target = world_ == 1 ? s_.fleet_->rank() : FleetRankOfTrainer(header_.rank(), world_, s_.fleet_->world());
-    if (target != s_.fleet_->rank()) {
-      std::string address;
-      for (const FleetMemberInfo& m : s_.fleet_->members()) {
-        if (m.rank == target) address = m.address;
-      }
-      return absl::FailedPreconditionError(absl::StrCat("trainer rank ", header_.rank(), " of ", world_,
-                                                        " must stream to fleet rank ", target, " (", address,
-                                                        "); this is fleet rank ", s_.fleet_->rank()));
-    }
+    // Any member takes any trainer rank: clients spread a group over the members by preference
+    // (FleetRankOfTrainer over the ready members), and a retry goes wherever one is ready.
     key_ = GroupKey{tenant_, header_.job(), header_.group(), header_.step()};
     if (world_ == 1 && key_.job.empty()) {
       // A lone client on a fleet: a group of one that nobody else can join.
@@ -332,11 +339,34 @@ absl::Status StreamStep::Run() {
   return FinishGroup();
 }
 
+StepOutcome StreamStep::RunHere(TrainerStep& step) {
+  std::vector<LocalMatrix> local;
+  step.outputs.assign(step.matrices.size(), {});
+  for (size_t i = 0; i < step.matrices.size(); ++i) {
+    MatrixPlan plan = step.matrices[i];
+    const Block block = plan.blocks[0].block;
+    plan.blocks.clear();
+    step.outputs[i].resize(static_cast<size_t>(block.numel()) * ElementSize(plan.result_dtype));
+    local.push_back(LocalMatrix{std::move(plan), block, step.inputs[i].data(), step.outputs[i].data()});
+  }
+  StepOutcome outcome;
+  absl::StatusOr<BatchResult> result = RunLocalBatch(std::move(local), *s_.backend_);
+  if (!result.ok()) {
+    outcome.status = result.status();
+    return outcome;
+  }
+  s_.metrics_->StageTime(Stage::kCompute, result->compute_time);
+  s_.metrics_->Flops(result->flops);
+  outcome.matrices = std::move(result->matrices);
+  return outcome;
+}
+
 absl::Status StreamStep::FinishGroup() {
   auto step = std::make_shared<TrainerStep>();
   step->key = key_;
   step->trainer_rank = header_.rank();
   step->trainer_world = world_;
+  step->attempt = header_.attempt();
   step->submitted = absl::Now();
   for (Matrix& m : matrices_) {
     MatrixPlan plan = m.spec.plan;
@@ -349,19 +379,40 @@ absl::Status StreamStep::FinishGroup() {
   reported_ = true;
   s_.metrics_->queue_depth().Increment();
   s_.fleet_->Submit(step, [promise](StepOutcome outcome) { promise->set_value(std::move(outcome)); });
-  // Wait for the batch, watching for the client going away or its deadline passing.
-  bool aborted = false;
+  // Wait for the batch while the client is there. The fleet bounds the wait itself (rendezvous
+  // timeout, collective timeouts, a lost coordinator fails waiting steps); a cancelled call —
+  // the client went away, its deadline passed, or the server's drain deadline cancelled it —
+  // ends it at once: the step is aborted asynchronously and the fleet drops its copy later.
   while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    if (!aborted && context_->IsCancelled()) {
-      aborted = true;
-      s_.fleet_->AbortStep(key_, header_.rank(), absl::CancelledError("the trainer cancelled its stream"));
+    if (context_->IsCancelled()) {
+      s_.metrics_->queue_depth().Decrement();
+      const bool draining = s_.draining_.load();
+      // A drain is the server's doing: the other ranks keep waiting for this trainer's retry.
+      absl::Status reason = draining ? absl::UnavailableError("the server drained before the step ran")
+                                     : absl::CancelledError("the trainer cancelled its stream");
+      s_.fleet_->AbortStep(key_, header_.rank(), reason, step->submission);
+      if (draining) {
+        retryable_ = true;
+        return absl::UnavailableError("the server is draining; retry the step on another member");
+      }
+      return absl::CancelledError("the client cancelled the stream");
     }
   }
   s_.metrics_->queue_depth().Decrement();
   StepOutcome outcome = future.get();
   s_.metrics_->StageTime(Stage::kRendezvous, outcome.rendezvous_time);
-  if (aborted) return absl::CancelledError("the client cancelled the stream");
-  if (!outcome.status.ok()) return outcome.status;
+  if (!outcome.status.ok() && world_ == 1 && outcome.status.code() == absl::StatusCode::kUnavailable) {
+    // A lone client needs no other rank: the fleet could not run its step (its membership is
+    // changing, or its coordinator is gone), so this rank computes it alone, as it would
+    // outside the fleet. The results are the same (every algorithm gives the whole-matrix NS
+    // for a lone client).
+    LOG_WARNING("rpc") << "step " << key_.ToString() << ": " << outcome.status.message() << "; computing it here";
+    outcome = RunHere(*step);
+  }
+  if (!outcome.status.ok()) {
+    retryable_ = outcome.retryable;
+    return outcome.status;
+  }
   for (size_t i = 0; i < step->matrices.size(); ++i) {
     const MatrixPlan& plan = step->matrices[i];
     const absl::Status& s = outcome.matrices[i];
@@ -381,6 +432,7 @@ grpc::Status OrthogonalizerService::OrthogonalizeRawStream(grpc::ServerContext* 
   StreamStep step(*this, context, stream);
   absl::Status status = step.Run();
   step.Close();
+  if (!status.ok() && step.retryable()) context->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
   metrics_->inflight_requests().Set(--inflight_);
   metrics_->RequestDone(kMethod, CodeName(status.code()), absl::Now() - start);
   if (!status.ok()) VLOG("rpc", 1) << "stream failed: " << status;

@@ -1,0 +1,168 @@
+// Steps half of server/fleet/executor.h: submitting trainer steps and running the batches and
+// failures the log decides for them.
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/fleet/executor.h"
+
+namespace orthoserve {
+namespace {
+
+StepOutcome Unavailable(const GroupKey& key, absl::string_view why) {
+  StepOutcome outcome;
+  outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", why));
+  outcome.retryable = true;
+  return outcome;
+}
+
+}  // namespace
+
+void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
+  ReadyReport report;
+  report.key = step->key;
+  report.trainer_rank = step->trainer_rank;
+  report.trainer_world = step->trainer_world;
+  report.fleet_rank = options_.self.rank;
+  report.attempt = step->attempt;
+  report.incarnation = options_.self.incarnation;
+  report.matrices.reserve(step->matrices.size());
+  for (const MatrixPlan& m : step->matrices) {
+    report.blocks.push_back(m.blocks.empty() ? Block{} : m.blocks[0].block);
+    MatrixPlan spec = m;
+    spec.blocks.clear();
+    report.matrices.push_back(std::move(spec));
+  }
+  const GroupKey key = step->key;
+  uint64_t submission;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      done(Unavailable(key, "the server is shutting down"));
+      return;
+    }
+    const bool formed = member_ && collective_ != nullptr && formed_generation_ == generation_;
+    if (!joined_ || !formed) {
+      done(Unavailable(key, absl::StrCat("fleet rank ", options_.self.rank,
+                                         " is not a member of a formed fleet generation; retry on a ready member")));
+      return;
+    }
+    submission = next_submission_++;
+    step->submission = submission;
+    report.submission = submission;
+    report.epoch = epoch_;
+    waiting_[key].push_back(Waiting{std::move(step), std::move(done)});
+  }
+  absl::Status reported = options_.log->Report(report);
+  if (reported.ok()) return;
+  // The coordinator did not take it: nobody will ever run this submission.
+  std::vector<Waiting> mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waiting_.find(key);
+    if (it == waiting_.end()) return;  // Resolved meanwhile (a reset failed it).
+    for (auto w = it->second.begin(); w != it->second.end();) {
+      if (w->step->submission == submission) {
+        mine.push_back(std::move(*w));
+        w = it->second.erase(w);
+      } else {
+        ++w;
+      }
+    }
+    if (it->second.empty()) waiting_.erase(it);
+  }
+  for (Waiting& w : mine) {
+    w.done(Unavailable(key, absl::StrCat("the fleet coordinator did not take the report: ", reported.message())));
+  }
+}
+
+void Executor::ApplyStep(const LogEntry& entry) {
+  std::vector<Waiting> all;
+  std::shared_ptr<Collective> collective;
+  bool usable;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waiting_.find(entry.key);
+    if (it != waiting_.end()) {
+      all = std::move(it->second);
+      waiting_.erase(it);
+    }
+    collective = collective_;
+    usable = member_ && collective != nullptr && entry.generation == generation_ &&
+             formed_generation_ == generation_;
+  }
+  const absl::Time start = absl::Now();
+  auto resolve = [&](std::vector<Waiting>& steps, const StepOutcome& outcome) {
+    for (Waiting& w : steps) {
+      StepOutcome copy = outcome;
+      copy.rendezvous_time = start - w.step->submitted;
+      w.done(std::move(copy));
+    }
+  };
+  if (!entry.status.ok()) {
+    if (options_.metrics != nullptr && !all.empty()) {
+      options_.metrics->StepAborted(entry.status.code() == absl::StatusCode::kAborted ? "aborted" : "invalid");
+    }
+    StepOutcome outcome;
+    outcome.status = entry.status;
+    outcome.retryable = entry.retryable;
+    resolve(all, outcome);
+    return;
+  }
+  // Only the submissions the plan was made from take part; another submission of the same
+  // trainer rank here was superseded by a retry (its client has gone).
+  std::vector<Waiting> mine, stale;
+  for (Waiting& w : all) {
+    const int r = w.step->trainer_rank;
+    const bool planned = r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
+                         entry.submissions[r] == w.step->submission;
+    (planned ? mine : stale).push_back(std::move(w));
+  }
+  resolve(stale, Unavailable(entry.key, "superseded by a retry of the same trainer rank"));
+  if (!usable) {
+    // Planned for a generation this rank does not hold (it changed, or its group broke):
+    // nobody can run it with the others.
+    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("fleet_change");
+    resolve(mine, Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
+                                                      ") before it ran")));
+    return;
+  }
+
+  // Every member runs every batch (ranks without blocks take part with empty ones).
+  std::vector<LocalBlock> local;
+  for (Waiting& w : mine) {
+    TrainerStep& s = *w.step;
+    s.outputs.assign(s.matrices.size(), {});
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s.matrices.size(); ++i) {
+      const MatrixPlan& m = entry.plan.matrices[i];
+      const Block& block = m.blocks[s.trainer_rank].block;
+      s.outputs[i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
+      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[i].data(), s.outputs[i].data()});
+    }
+  }
+  absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, *collective, options_.execute);
+  StepOutcome outcome;
+  if (!result.ok()) {
+    LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed in generation " << entry.generation << ": "
+                       << result.status();
+    if (options_.metrics != nullptr) options_.metrics->StepAborted("collective");
+    outcome = Unavailable(entry.key, absl::StrCat("failed in the fleet: ", result.status().ToString()));
+    // The group is broken for good: report the generation failed so that the next one forms.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation_ == entry.generation) {
+      failed_generation_ = entry.generation;
+      collective_.reset();
+      PublishMetricsLocked();
+    }
+  } else {
+    outcome.matrices = std::move(result->matrices);
+    outcome.collective_time = result->collective_time;
+    outcome.compute_time = result->compute_time;
+    if (options_.metrics != nullptr) {
+      options_.metrics->Flops(result->flops);
+      options_.metrics->StageTime(Stage::kCollective, result->collective_time);
+      options_.metrics->StageTime(Stage::kCompute, result->compute_time);
+    }
+  }
+  resolve(mine, outcome);
+}
+
+}  // namespace orthoserve

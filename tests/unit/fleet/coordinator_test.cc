@@ -1,0 +1,312 @@
+// The coordinator's membership and step logic without a network: generations as ranks join,
+// restart, leave and fall silent; which reports it takes and which it withdraws; retries
+// against duplicates; plans on collective ranks; capped messages.
+#include "server/fleet/coordinator.h"
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using ::orthoserve::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr absl::Duration kPeer = absl::Milliseconds(400);
+
+Coordinator::Options TestOptions(int world) {
+  Coordinator::Options o;
+  o.fleet_world = world;
+  o.peer_timeout = kPeer;
+  o.reform_delay = absl::Milliseconds(20);
+  o.rendezvous_timeout = absl::Seconds(30);
+  return o;
+}
+
+Member M(int rank, uint64_t incarnation) { return Member{rank, absl::StrCat("127.0.0.1:", 5000 + rank), incarnation}; }
+
+// Reads as rank `m` would (its heartbeat) and returns the entries from `from`.
+std::vector<LogEntry> ReadAll(Coordinator& c, const Member& m, int64_t from, int64_t formed = 0) {
+  absl::StatusOr<std::vector<LogEntry>> entries =
+      c.Read(ReaderState{m.rank, c.epoch(), m.incarnation, formed, 0}, from, absl::Milliseconds(1));
+  EXPECT_OK(entries.status());
+  return entries.ok() ? *entries : std::vector<LogEntry>{};
+}
+
+// Waits (bounded) until the coordinator's generation number reaches `n`.
+Generation WaitGeneration(Coordinator& c, int64_t n, const std::vector<Member>& heartbeat = {}) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (c.generation().number < n && absl::Now() < deadline) {
+    for (const Member& m : heartbeat) ReadAll(c, m, 0);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return c.generation();
+}
+
+ReadyReport Report(const Coordinator& c, const GroupKey& key, int trainer_rank, int world, const Member& fleet_rank,
+                   uint64_t submission, int attempt = 0) {
+  ReadyReport r;
+  r.key = key;
+  r.trainer_rank = trainer_rank;
+  r.trainer_world = world;
+  r.fleet_rank = fleet_rank.rank;
+  r.incarnation = fleet_rank.incarnation;
+  r.epoch = c.epoch();
+  r.submission = submission;
+  r.attempt = attempt;
+  MatrixPlan m;
+  m.name = "w";
+  m.shape = {4, 4};
+  m.view = Matrix2d{4, 4};
+  r.matrices = {m};
+  r.blocks = {Block{trainer_rank * (4 / world), 0, 4 / world, 4}};
+  return r;
+}
+
+// The batch and failure entries of `key` in `entries`.
+std::vector<LogEntry> EntriesFor(const std::vector<LogEntry>& entries, const GroupKey& key) {
+  std::vector<LogEntry> out;
+  for (const LogEntry& e : entries) {
+    if (!e.membership() && e.key == key) out.push_back(e);
+  }
+  return out;
+}
+
+TEST(CoordinatorTest, RanksJoiningTogetherFormOneGenerationInRankOrder) {
+  auto c = Coordinator::Create(TestOptions(3));
+  ASSERT_OK(c);
+  const std::vector<Member> members = {M(0, 10), M(1, 11), M(2, 22)};
+  ASSERT_OK((*c)->Join(members[2]).status());
+  ASSERT_OK((*c)->Join(members[0]).status());
+  ASSERT_OK((*c)->Join(members[1]).status());
+  Generation g = WaitGeneration(**c, 1);
+  EXPECT_EQ(g.number, 1);
+  ASSERT_EQ(g.members.size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(g.members[r].rank, r);
+  EXPECT_FALSE(g.formed);
+  std::vector<LogEntry> log = ReadAll(**c, M(0, 10), 0);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_TRUE(log[0].membership());
+  EXPECT_EQ(log[0].generation, 1);
+  // Formed once every member says it joined the generation's collective.
+  for (const Member& m : members) {
+    EXPECT_FALSE((*c)->generation().formed);
+    ReadAll(**c, m, 1, /*formed=*/1);
+  }
+  EXPECT_TRUE((*c)->generation().formed);
+  EXPECT_THAT((*c)->Join(M(3, 33)).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
+}
+
+TEST(CoordinatorTest, RestartLossAndLeaveEachStartANewGeneration) {
+  auto c = Coordinator::Create(TestOptions(3));
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11), M(2, 22)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  ASSERT_EQ(WaitGeneration(**c, 1, members).members.size(), 3u);
+
+  // Rank 2 restarts: the next generation starts at once, with the new incarnation in place of
+  // the old one (whose batches cannot run any more).
+  members[2] = M(2, 23);
+  ASSERT_OK((*c)->Join(members[2]).status());
+  Generation g = (*c)->generation();
+  EXPECT_EQ(g.number, 2);
+  ASSERT_EQ(g.members.size(), 3u);
+  EXPECT_EQ(g.members[2].incarnation, 23u);
+  // The old incarnation must join again.
+  EXPECT_THAT((*c)->Read(ReaderState{2, (*c)->epoch(), 22, 0, 0}, 0, absl::Milliseconds(1)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("join again")));
+
+  // Rank 1 leaves gracefully: the next generation goes without it, and it can still read
+  // until it has seen that.
+  ASSERT_OK((*c)->Leave(1, 11, (*c)->epoch()));
+  g = (*c)->generation();
+  EXPECT_EQ(g.number, 3);
+  ASSERT_EQ(g.members.size(), 2u);
+  EXPECT_EQ(g.members[1].rank, 2);
+  EXPECT_OK((*c)->Read(ReaderState{1, (*c)->epoch(), 11, 0, 0}, 0, absl::Milliseconds(1)).status());
+
+  // Rank 2 falls silent (rank 0 keeps reading): lost after the peer timeout.
+  const absl::Time silent = absl::Now();
+  g = WaitGeneration(**c, 4, {members[0]});
+  EXPECT_EQ(g.number, 4);
+  ASSERT_EQ(g.members.size(), 1u);
+  EXPECT_EQ(g.members[0].rank, 0);
+  EXPECT_GE(absl::Now() - silent, kPeer);
+  EXPECT_LT(absl::Now() - silent, kPeer + absl::Seconds(2));
+}
+
+TEST(CoordinatorTest, ReportsComeOnlyFromMembersOfThisEpoch) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  const GroupKey key{"t", "j", "g", 1};
+  // Nobody is a member yet.
+  EXPECT_THAT((*c)->Report(Report(**c, key, 0, 1, M(0, 10), 1)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member of generation 0")));
+  ASSERT_OK((*c)->Join(M(0, 10)).status());
+  WaitGeneration(**c, 1, {M(0, 10)});
+  ReadyReport stale = Report(**c, key, 0, 1, M(0, 10), 1);
+  stale.epoch ^= 1;
+  EXPECT_THAT((*c)->Report(stale), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("restarted")));
+  EXPECT_THAT((*c)->Report(Report(**c, key, 0, 1, M(0, 99), 1)), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_OK((*c)->Report(Report(**c, key, 0, 1, M(0, 10), 1)));
+  std::vector<LogEntry> batch = EntriesFor(ReadAll(**c, M(0, 10), 0), key);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_OK(batch[0].status);
+  EXPECT_EQ(batch[0].generation, 1);
+  EXPECT_EQ(batch[0].submissions, std::vector<uint64_t>{1});
+}
+
+TEST(CoordinatorTest, PlacementsNameCollectiveRanksOfTheGeneration) {
+  auto c = Coordinator::Create(TestOptions(4));
+  ASSERT_OK(c);
+  // Ranks 1 and 3 only: collective ranks 0 and 1.
+  std::vector<Member> members = {M(1, 11), M(3, 33)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  const GroupKey key{"t", "j", "g", 5};
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[1], 7)));
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[0], 8)));
+  std::vector<LogEntry> batch = EntriesFor(ReadAll(**c, members[0], 0), key);
+  ASSERT_EQ(batch.size(), 1u);
+  ASSERT_OK(batch[0].status);
+  EXPECT_EQ(batch[0].plan.fleet_world, 2);
+  EXPECT_EQ(batch[0].plan.matrices[0].blocks[0].fleet_rank, 1);  // Fleet rank 3.
+  EXPECT_EQ(batch[0].plan.matrices[0].blocks[1].fleet_rank, 0);  // Fleet rank 1.
+  EXPECT_EQ(batch[0].submissions, (std::vector<uint64_t>{7, 8}));
+}
+
+TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  const GroupKey key{"t", "j", "g", 2};
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 3, members[0], 1)));
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 3, members[0], 2)));
+  // Trainer rank 1 retries on another member (attempt 1): it replaces attempt 0.
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 3, members[1], 3, /*attempt=*/1)));
+  EXPECT_EQ((*c)->pending_steps(), 1u);
+  ASSERT_OK((*c)->Report(Report(**c, key, 2, 3, members[1], 4)));
+  std::vector<LogEntry> batch = EntriesFor(ReadAll(**c, members[0], 0), key);
+  ASSERT_EQ(batch.size(), 1u);
+  ASSERT_OK(batch[0].status);
+  EXPECT_EQ(batch[0].submissions, (std::vector<uint64_t>{1, 3, 4}));
+  EXPECT_EQ(batch[0].plan.matrices[0].blocks[1].fleet_rank, 1);
+
+  const GroupKey dup{"t", "j", "g", 3};
+  ASSERT_OK((*c)->Report(Report(**c, dup, 0, 2, members[0], 5, 1)));
+  ASSERT_OK((*c)->Report(Report(**c, dup, 0, 2, members[1], 6, 1)));
+  std::vector<LogEntry> failed = EntriesFor(ReadAll(**c, members[0], 0), dup);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(failed[0].status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate rank")));
+  EXPECT_FALSE(failed[0].retryable);
+}
+
+TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
+  auto c = Coordinator::Create(TestOptions(1));
+  ASSERT_OK(c);
+  const Member me = M(0, 10);
+  ASSERT_OK((*c)->Join(me).status());
+  WaitGeneration(**c, 1, {me});
+  const GroupKey key{"t", "j", "g", 1};
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, me, 1)));
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, me, 2)) );
+  // (A complete step runs; use a fresh one for the aborts.)
+  const GroupKey k2{"t", "j", "g", 2};
+  ASSERT_OK((*c)->Report(Report(**c, k2, 0, 2, me, 3)));
+  (*c)->Abort(k2, 0, absl::UnavailableError("draining"), 3);
+  EXPECT_EQ((*c)->pending_steps(), 0u);
+  EXPECT_TRUE(EntriesFor(ReadAll(**c, me, 0), k2).empty());
+  // The retry and the other rank complete it.
+  ASSERT_OK((*c)->Report(Report(**c, k2, 1, 2, me, 4)));
+  ASSERT_OK((*c)->Report(Report(**c, k2, 0, 2, me, 5, 1)));
+  std::vector<LogEntry> done = EntriesFor(ReadAll(**c, me, 0), k2);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_OK(done[0].status);
+
+  const GroupKey k3{"t", "j", "g", 3};
+  ASSERT_OK((*c)->Report(Report(**c, k3, 1, 2, me, 6)));
+  (*c)->Abort(k3, 0, absl::CancelledError("client went away"), 0);
+  std::vector<LogEntry> aborted = EntriesFor(ReadAll(**c, me, 0), k3);
+  ASSERT_EQ(aborted.size(), 1u);
+  EXPECT_THAT(aborted[0].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("trainer rank 0 failed")));
+  EXPECT_FALSE(aborted[0].retryable);
+}
+
+TEST(CoordinatorTest, ADroppedRanksReportsAreWithdrawnAndTheOthersWait) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  const GroupKey key{"t", "j", "g", 1};
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[0], 1)));
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[1], 2)) );
+  const GroupKey k2{"t", "j", "g", 2};
+  ASSERT_OK((*c)->Report(Report(**c, k2, 0, 2, members[0], 3)));
+  ASSERT_OK((*c)->Report(Report(**c, k2, 1, 2, members[1], 4)) );
+  const GroupKey k3{"t", "j", "g", 3};
+  ASSERT_OK((*c)->Report(Report(**c, k3, 0, 2, members[0], 5)));
+  ASSERT_OK((*c)->Report(Report(**c, k3, 1, 2, members[1], 6)) );
+  const GroupKey open{"t", "j", "g", 4};
+  ASSERT_OK((*c)->Report(Report(**c, open, 1, 2, members[1], 7)));
+  ASSERT_OK((*c)->Leave(1, 11, (*c)->epoch()));
+  // Rank 1's report is gone; the step still waits for both trainer ranks.
+  EXPECT_EQ((*c)->pending_steps(), 0u);
+  ASSERT_OK((*c)->Report(Report(**c, open, 0, 2, members[0], 8)));
+  EXPECT_EQ((*c)->pending_steps(), 1u);
+  ASSERT_OK((*c)->Report(Report(**c, open, 1, 2, members[0], 9, 1)));
+  std::vector<LogEntry> done = EntriesFor(ReadAll(**c, members[0], 0), open);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_OK(done[0].status);
+  EXPECT_EQ(done[0].plan.fleet_world, 1);
+  EXPECT_EQ(done[0].generation, 2);
+}
+
+TEST(CoordinatorTest, RendezvousTimeoutNamesAFewRanksAndACount) {
+  Coordinator::Options o = TestOptions(1);
+  o.rendezvous_timeout = absl::Milliseconds(100);
+  auto c = Coordinator::Create(o);
+  ASSERT_OK(c);
+  const Member me = M(0, 10);
+  ASSERT_OK((*c)->Join(me).status());
+  WaitGeneration(**c, 1, {me});
+  const GroupKey key{"t", "j", "big", 1};
+  ReadyReport r = Report(**c, key, 0, 4000, me, 1);
+  r.blocks = {Block{}};
+  ASSERT_OK((*c)->Report(r));
+  std::vector<LogEntry> failed;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (failed.empty() && absl::Now() < deadline) {
+    failed = EntriesFor(ReadAll(**c, me, 0), key);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(failed[0].status, StatusIs(absl::StatusCode::kAborted,
+                                         HasSubstr("trainer ranks [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
+                                                   "16 (and 3983 more)] of 4000 did not arrive")));
+  EXPECT_LT(failed[0].status.message().size(), 512u);
+  EXPECT_FALSE(failed[0].retryable);
+  EXPECT_EQ(CappedRankList({1, 2, 3}), "1, 2, 3");
+}
+
+TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  ASSERT_OK((*c)->Read(ReaderState{1, (*c)->epoch(), 11, 0, /*failed=*/1}, 0, absl::Milliseconds(1)).status());
+  Generation g = WaitGeneration(**c, 2, members);
+  EXPECT_EQ(g.number, 2);
+  EXPECT_EQ(g.members.size(), 2u);
+  EXPECT_THAT(g.members, Not(::testing::IsEmpty()));
+}
+
+}  // namespace
+}  // namespace orthoserve

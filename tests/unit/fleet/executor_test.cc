@@ -1,0 +1,333 @@
+// Executors of S fleet ranks as threads over one in-process coordinator, Gloo on loopback and
+// the CPU backend: group steps across generations give the engine's answer; a rank that stops
+// (frozen, as SIGSTOP would) is dropped, the batch waiting for it ends at the peer timeout —
+// not at the collective timeout — and the survivors serve the retry; a graceful leave runs the
+// batches already planned with the leaving rank; a restarted rank is taken back.
+#include "server/fleet/executor.h"
+
+#include <atomic>
+#include <future>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/collective/gloo/gloo_collective.h"
+#include "server/collective/in_memory_store.h"
+#include "server/collective/local_collective.h"
+#include "server/engine/cpu/cpu_backend.h"
+#include "server/engine/newton_schulz.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using ::orthoserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kPeer = absl::Milliseconds(600);
+constexpr absl::Duration kCollective = absl::Seconds(60);  // Far longer than any test may wait.
+
+// The coordinator in this process, as rank `rank` reaches it; Freeze() makes every call hang
+// (bounded by its timeout) and fail, as a stopped process's calls would never arrive.
+class FreezableLog final : public LogSource {
+ public:
+  explicit FreezableLog(Coordinator* c) : local_(c) {}
+  void Freeze(bool frozen) { frozen_.store(frozen); }
+
+  absl::StatusOr<Joined> Join(const Member& me) override {
+    RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
+    return local_.Join(me);
+  }
+  absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) override {
+    RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
+    return local_.Leave(rank, incarnation, epoch);
+  }
+  absl::Status Report(const ReadyReport& report) override {
+    RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
+    return local_.Report(report);
+  }
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override {
+    RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
+    return local_.Abort(key, trainer_rank, reason, submission);
+  }
+  absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override {
+    RETURN_IF_ERROR(Gate(timeout));
+    return local_.Read(reader, from, timeout);
+  }
+
+ private:
+  absl::Status Gate(absl::Duration wait) {
+    if (!frozen_.load()) return absl::OkStatus();
+    absl::SleepFor(wait);
+    return absl::UnavailableError("frozen");
+  }
+  LocalLogSource local_;
+  std::atomic<bool> frozen_{false};
+};
+
+class FleetHarness {
+ public:
+  explicit FleetHarness(int world) : world_(world), store_(std::make_shared<InMemoryStore>()) {
+    Coordinator::Options c;
+    c.fleet_world = world;
+    c.peer_timeout = kPeer;
+    c.reform_delay = absl::Milliseconds(50);
+    coordinator_ = *Coordinator::Create(c);
+    backend_ = *CpuBackend::Create({});
+    logs_.resize(world);
+    ranks_.resize(world);
+    for (int r = 0; r < world; ++r) logs_[r] = std::make_unique<FreezableLog>(coordinator_.get());
+  }
+  ~FleetHarness() {
+    for (auto& e : ranks_) e.reset();
+    coordinator_->Shutdown();
+  }
+
+  void Start(int rank) {
+    ranks_[rank].reset();
+    Executor::Options o;
+    o.self = Member{rank, absl::StrCat("rank", rank), next_incarnation_++};
+    o.backend = backend_.get();
+    o.log = logs_[rank].get();
+    o.execute.collective_timeout = kCollective;
+    o.peer_timeout = kPeer;
+    o.formation_timeout = absl::Seconds(10);
+    o.poll = absl::Milliseconds(50);
+    std::shared_ptr<Store> store = store_;
+    o.join_collective = [store](const CollectiveGroup& g,
+                                absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
+      if (g.world == 1) return std::unique_ptr<Collective>(std::make_unique<LocalCollective>());
+      GlooCollective::Options go;
+      go.rank = g.index;
+      go.world = g.world;
+      go.store = store.get();
+      go.prefix = g.prefix;
+      go.timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+      ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> gloo, GlooCollective::Create(go));
+      return std::unique_ptr<Collective>(std::move(gloo));
+    };
+    ranks_[rank] = *Executor::Create(o);
+  }
+  void StartAll() {
+    for (int r = 0; r < world_; ++r) Start(r);
+  }
+  // Stops a rank without a goodbye (its process died).
+  void Kill(int rank) { ranks_[rank].reset(); }
+  Executor& rank(int r) { return *ranks_[r]; }
+  FreezableLog& log(int r) { return *logs_[r]; }
+  Coordinator& coordinator() { return *coordinator_; }
+  Backend& backend() { return *backend_; }
+
+  // Waits (bounded) until a generation of exactly `ranks` is formed on each of them.
+  bool WaitFormed(const std::vector<int>& ranks, absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      bool all = true;
+      for (int r : ranks) {
+        Executor::View v = ranks_[r]->view();
+        all = all && v.formed && v.members.size() == ranks.size();
+      }
+      if (all) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  const int world_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<FreezableLog>> logs_;
+  std::vector<std::unique_ptr<Executor>> ranks_;
+  uint64_t next_incarnation_ = 1;
+};
+
+constexpr int kRows = 24;
+constexpr int kCols = 16;
+
+std::vector<float> RandomMatrix(int seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> m(kRows * kCols);
+  for (float& v : m) v = dist(gen);
+  return m;
+}
+
+NsOptions Highest() {
+  NsOptions o;
+  o.precision = Precision::kHighest;
+  return o;
+}
+
+// Trainer rank `r` of `world`'s row block of `full` as a step (AUTO).
+std::shared_ptr<TrainerStep> MakeStep(const GroupKey& key, int r, int world, const std::vector<float>& full,
+                                      int attempt = 0) {
+  auto step = std::make_shared<TrainerStep>();
+  step->key = key;
+  step->trainer_rank = r;
+  step->trainer_world = world;
+  step->attempt = attempt;
+  step->submitted = absl::Now();
+  const int rows = kRows / world;
+  MatrixPlan m;
+  m.name = "w";
+  m.shape = {kRows, kCols};
+  m.view = Matrix2d{kRows, kCols};
+  m.options = Highest();
+  m.blocks = {BlockPlacement{r, 0, Block{r * rows, 0, rows, kCols}}};
+  step->matrices = {m};
+  const char* begin = reinterpret_cast<const char*>(full.data() + r * rows * kCols);
+  step->inputs = {std::vector<char>(begin, begin + rows * kCols * sizeof(float))};
+  return step;
+}
+
+// Submits each trainer rank's step to the executor of fleet rank `placement[r]`; returns the
+// outcomes in trainer rank order.
+std::vector<StepOutcome> RunStep(FleetHarness& h, const GroupKey& key, const std::vector<int>& placement,
+                                 const std::vector<float>& full, std::vector<std::shared_ptr<TrainerStep>>* steps,
+                                 int attempt = 0) {
+  const int world = static_cast<int>(placement.size());
+  std::vector<std::future<StepOutcome>> futures;
+  steps->clear();
+  for (int r = 0; r < world; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    steps->push_back(MakeStep(key, r, world, full, attempt));
+    h.rank(placement[r]).Submit(steps->back(), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  std::vector<StepOutcome> out;
+  for (auto& f : futures) {
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << "step " << key.ToString() << " did not finish";
+      out.emplace_back();
+      out.back().status = absl::DeadlineExceededError("test wait");
+      continue;
+    }
+    out.push_back(f.get());
+  }
+  return out;
+}
+
+// The whole-matrix answer, computed on the backend directly.
+std::vector<float> Reference(Backend& backend, const std::vector<float>& full) {
+  std::vector<float> out(full.size());
+  NsOptions options = Highest();
+  MatrixJob job{"w", Matrix2d{kRows, kCols}, Matrix2d{kRows, kCols}, DType::kF32, full.data(), DType::kF32,
+                out.data(), &options};
+  EXPECT_OK(OrthogonalizeOne(backend, job));
+  return out;
+}
+
+// The result rows of the trainer steps, stitched back together.
+std::vector<float> Gather(const std::vector<std::shared_ptr<TrainerStep>>& steps) {
+  std::vector<float> out;
+  for (const auto& s : steps) {
+    const float* f = reinterpret_cast<const float*>(s->outputs[0].data());
+    out.insert(out.end(), f, f + s->outputs[0].size() / sizeof(float));
+  }
+  return out;
+}
+
+TEST(ExecutorTest, GroupStepsRunOnEveryGenerationWithTheSameBits) {
+  FleetHarness h(3);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
+  const std::vector<float> full = RandomMatrix(1);
+  const std::vector<float> expected = Reference(h.backend(), full);
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  // W = 4 trainers spread over the three ranks.
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1}, {0, 0, 1, 2}, full, &steps)) {
+    ASSERT_OK(o.status);
+    ASSERT_OK(o.matrices[0]);
+  }
+  EXPECT_EQ(Gather(steps), expected);
+
+  // Rank 2 dies: the others go on as a generation of two with identical results.
+  h.Kill(2);
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2}, {0, 1, 0, 1}, full, &steps)) ASSERT_OK(o.status);
+  EXPECT_EQ(Gather(steps), expected);
+
+  // It restarts and is taken back.
+  h.Start(2);
+  ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 3}, {2, 2, 1, 0}, full, &steps)) ASSERT_OK(o.status);
+  EXPECT_EQ(Gather(steps), expected);
+}
+
+TEST(ExecutorTest, AStoppedMemberEndsTheBatchAtThePeerTimeoutAndTheRetrySucceeds) {
+  FleetHarness h(3);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
+  const std::vector<float> full = RandomMatrix(2);
+  // Rank 2 stops answering (reads hang): it no longer takes part in batches or heartbeats.
+  h.log(2).Freeze(true);
+  absl::SleepFor(absl::Milliseconds(100));
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  const absl::Time start = absl::Now();
+  std::vector<StepOutcome> first = RunStep(h, {"t", "j", "g", 1}, {0, 1}, full, &steps);
+  const absl::Duration took = absl::Now() - start;
+  bool any_failed = false;
+  for (const StepOutcome& o : first) {
+    if (!o.status.ok()) {
+      any_failed = true;
+      EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+      EXPECT_TRUE(o.retryable);
+    }
+  }
+  // Either the batch waited for the stopped rank and was ended by the new generation, or it was
+  // planned in that generation already; never the collective timeout.
+  EXPECT_LT(took, kPeer + absl::Seconds(5));
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  if (any_failed) {
+    for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1}, {1, 0}, full, &steps, 1)) ASSERT_OK(o.status);
+  }
+  EXPECT_EQ(Gather(steps), Reference(h.backend(), full));
+
+  // It resumes: it finds itself dropped, joins again and is taken back.
+  h.log(2).Freeze(false);
+  ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2}, {2, 0}, full, &steps)) ASSERT_OK(o.status);
+}
+
+TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(3);
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1}, {0, 1}, full, &steps)) ASSERT_OK(o.status);
+  ASSERT_OK(h.rank(1).Leave(absl::Seconds(5)));
+  EXPECT_FALSE(h.rank(1).view().member);
+  ASSERT_TRUE(h.WaitFormed({0}));
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2}, {0, 0}, full, &steps)) ASSERT_OK(o.status);
+  EXPECT_EQ(Gather(steps), Reference(h.backend(), full));
+  // A rank outside the generation refuses steps with a retryable UNAVAILABLE.
+  std::vector<StepOutcome> refused = RunStep(h, {"t", "j", "g", 3}, {1}, full, &steps);
+  EXPECT_THAT(refused[0].status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member")));
+  EXPECT_TRUE(refused[0].retryable);
+}
+
+TEST(ExecutorTest, ALostCoordinatorFailsWaitingStepsWithinThePeerTimeout) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(4);
+  // Trainer rank 0 reports through rank 1; trainer rank 1 never comes. Then rank 1 loses the
+  // coordinator: the step fails with UNAVAILABLE well before the rendezvous timeout.
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  h.rank(1).Submit(MakeStep({"t", "j", "g", 1}, 0, 2, full), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  h.log(1).Freeze(true);
+  ASSERT_EQ(future.wait_for(std::chrono::milliseconds(absl::ToInt64Milliseconds(kPeer + absl::Seconds(5)))),
+            std::future_status::ready);
+  StepOutcome o = future.get();
+  EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unreachable")));
+  EXPECT_TRUE(o.retryable);
+  EXPECT_FALSE(h.rank(1).view().formed);
+  EXPECT_OK(h.rank(1).Liveness());
+}
+
+}  // namespace
+}  // namespace orthoserve
