@@ -50,6 +50,16 @@ absl::Status CheckInputs(absl::Span<const MatrixInput> inputs) {
   return absl::OkStatus();
 }
 
+// INVALID_ARGUMENT for bad inputs (CheckInputs) or a rank outside 0..world-1.
+absl::Status CheckStep(const StepOptions& step, absl::Span<const MatrixInput> inputs) {
+  RETURN_IF_ERROR(CheckInputs(inputs));
+  if (step.world < 1 || step.rank < 0 || step.rank >= step.world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step rank ", step.rank, " of world ", step.world, " is invalid; need 0 <= rank < world"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
@@ -57,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("client timeout must be positive (or infinite)");
   }
+  RETURN_IF_ERROR(ValidateRetryOptions(options.retry));
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("mutual TLS needs both a client certificate and its key");
   }
@@ -93,48 +104,63 @@ std::unique_ptr<Client> Client::CreateWithChannel(std::shared_ptr<grpc::Channel>
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
     : options_(options),
+      retry_environment_(options.retry.environment != nullptr ? options.retry.environment
+                                                              : MakeSystemRetryEnvironment()),
       channel_(std::move(channel)),
       stub_(v1::Orthogonalizer::NewStub(channel_)),
       send_buffers_(BufferPool::Create(BufferPool::Options{kMaxIdleSendBytes})) {}
 
-void Client::PrepareContext(grpc::ClientContext* context) const {
-  if (options_.timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
-  }
+void Client::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
+  if (timeout != absl::InfiniteDuration()) context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!options_.bearer_token.empty()) context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
 }
 
-absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+RetryLoop Client::NewRetryLoop(absl::string_view call) const {
+  return RetryLoop(options_.retry, retry_environment_.get(), options_.timeout,
+                   absl::StrCat(call, " to ", options_.address), &retries_);
+}
+
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfoOnce(absl::Duration timeout) {
   grpc::ClientContext context;
-  PrepareContext(&context);
+  PrepareContext(&context, timeout);
   v1::ServerInfo info;
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)));
+  const grpc::Status status = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  RETURN_IF_ERROR(FromCallStatus(status, context.GetServerTrailingMetadata()));
   absl::MutexLock lock(&mu_);
   limits_ = info.limits();
   return info;
 }
 
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+  RetryLoop loop = NewRetryLoop("GetServerInfo");
+  while (true) {
+    absl::StatusOr<v1::ServerInfo> info = GetServerInfoOnce(loop.AttemptTimeout());
+    if (info.ok()) return info;
+    if (!loop.BackOff(info.status())) return loop.GiveUp(info.status());
+  }
+}
+
 absl::Status Client::Health() {
   grpc::ClientContext context;
-  PrepareContext(&context);
+  PrepareContext(&context, options_.timeout);
   ASSIGN_OR_RETURN(ServingStatus serving, CheckHealth(channel_, &context, ""));
   if (serving == ServingStatus::kServing) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("server ", options_.address, " is ", ServingStatusName(serving)));
 }
 
-absl::Status Client::EnsureLimits() {
+absl::Status Client::EnsureLimits(absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
     if (limits_.has_value() || !options_.discover_limits) return absl::OkStatus();
   }
-  absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+  absl::StatusOr<v1::ServerInfo> info = GetServerInfoOnce(timeout);
   if (info.ok()) return absl::OkStatus();
   if (info.status().code() == absl::StatusCode::kUnimplemented) {  // Keep the configured chunk size.
     absl::MutexLock lock(&mu_);
     limits_ = v1::Limits();
     return absl::OkStatus();
   }
-  return Annotate(info.status(), "asking the server for its limits (GetServerInfo)");
+  return AnnotateKeepingMarks(info.status(), "asking the server for its limits (GetServerInfo)");
 }
 
 size_t Client::chunk_bytes() const {
@@ -155,10 +181,22 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const
     *m->mutable_spec() = ToSpec(input);
     m->set_data(input.data, input.bytes);
   }
+  RetryLoop loop = NewRetryLoop("Orthogonalize");
+  while (true) {
+    absl::StatusOr<std::vector<MatrixOutput>> outputs = OrthogonalizeAttempt(request, inputs, loop.AttemptTimeout());
+    if (outputs.ok()) return outputs;
+    if (!loop.BackOff(outputs.status())) return loop.GiveUp(outputs.status());
+  }
+}
+
+absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(const v1::OrthogonalizeRequest& request,
+                                                                       absl::Span<const MatrixInput> inputs,
+                                                                       absl::Duration timeout) {
   grpc::ClientContext context;
-  PrepareContext(&context);
+  PrepareContext(&context, timeout);
   v1::OrthogonalizeResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Orthogonalize(&context, request, &response)));
+  const grpc::Status status = stub_->Orthogonalize(&context, request, &response);
+  RETURN_IF_ERROR(FromCallStatus(status, context.GetServerTrailingMetadata()));
   if (response.results_size() != static_cast<int>(inputs.size())) {
     return absl::InternalError(
         absl::StrCat("server protocol error: ", response.results_size(), " results for ", inputs.size(), " matrices"));
@@ -186,19 +224,42 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const
 
 absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, absl::Span<const MatrixInput> inputs,
                                                        const ResultCallback& on_result) {
-  RETURN_IF_ERROR(CheckInputs(inputs));
-  if (step.world < 1 || step.rank < 0 || step.rank >= step.world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step rank ", step.rank, " of world ", step.world, " is invalid; need 0 <= rank < world"));
+  RETURN_IF_ERROR(CheckStep(step, inputs));
+  std::vector<bool> delivered(inputs.size(), false);
+  RetryLoop loop = NewRetryLoop("Step");
+  while (true) {
+    absl::StatusOr<std::vector<MatrixOutput>> outputs =
+        StepAttempt(step, loop.attempt(), loop.AttemptTimeout(), inputs, on_result, &delivered);
+    if (outputs.ok()) return outputs;
+    if (!loop.BackOff(outputs.status())) return loop.GiveUp(outputs.status());
   }
-  RETURN_IF_ERROR(EnsureLimits());
+}
+
+absl::StatusOr<std::vector<MatrixOutput>> Client::StepOnce(const StepOptions& step, int attempt, absl::Duration timeout,
+                                                           absl::Span<const MatrixInput> inputs,
+                                                           const ResultCallback& on_result,
+                                                           std::vector<bool>* delivered) {
+  RETURN_IF_ERROR(CheckStep(step, inputs));
+  if (delivered != nullptr && delivered->size() != inputs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepOnce: `delivered` has ", delivered->size(), " entries for ", inputs.size(), " inputs"));
+  }
+  return StepAttempt(step, attempt, timeout, inputs, on_result, delivered);
+}
+
+absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions& step, int attempt,
+                                                              absl::Duration timeout,
+                                                              absl::Span<const MatrixInput> inputs,
+                                                              const ResultCallback& on_result,
+                                                              std::vector<bool>* delivered) {
+  RETURN_IF_ERROR(EnsureLimits(timeout));
   const size_t chunk = chunk_bytes();
   std::vector<std::string> names;
   names.reserve(inputs.size());
   for (const MatrixInput& input : inputs) names.push_back(input.name);
 
   grpc::ClientContext context;
-  PrepareContext(&context);
+  PrepareContext(&context, timeout);
   // The stream's messages are written and read as raw bytes (step_codec.h), so that matrix data
   // is not copied into and out of protobuf messages: the generated stub's call, with ByteBuffer
   // in place of the message types.
@@ -211,7 +272,8 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
   absl::Status send_error;
   std::thread writer([&] {
     absl::Status written = WriteStep(
-        step, inputs, chunk, [&](const v1::StreamRequest& request) { return stream->Write(SerializeToByteBuffer(request)); },
+        step, attempt, inputs, chunk,
+        [&](const v1::StreamRequest& request) { return stream->Write(SerializeToByteBuffer(request)); },
         [&](int index, absl::string_view data) {
           absl::StatusOr<grpc::ByteBuffer> message = ChunkRequest(index, data, *send_buffers_);
           if (!message.ok()) {
@@ -238,7 +300,13 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
       context.TryCancel();
       break;
     }
-    if (done->has_value() && on_result) on_result(assembler.output(**done));
+    if (!done->has_value()) continue;
+    const int index = **done;
+    if (delivered != nullptr) {
+      if ((*delivered)[index]) continue;  // Seen by on_result in an earlier attempt.
+      (*delivered)[index] = true;
+    }
+    if (on_result) on_result(assembler.output(index));
   }
   while (stream->Read(&response.raw)) {
   }
@@ -246,7 +314,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
   const grpc::Status status = stream->Finish();
   RETURN_IF_ERROR(send_error);
   RETURN_IF_ERROR(protocol_error);
-  RETURN_IF_ERROR(FromGrpcStatus(status));
+  RETURN_IF_ERROR(FromCallStatus(status, context.GetServerTrailingMetadata()));
   RETURN_IF_ERROR(assembler.CheckComplete());
   {
     absl::MutexLock lock(&mu_);

@@ -1,10 +1,12 @@
 // orthoserve C++ client: one channel to one server rank, with the unary, streaming, info and
-// health calls of orthoserve.v1.Orthogonalizer (proto/orthoserve/v1/orthogonalizer.proto).
+// health calls of orthoserve.v1.Orthogonalizer (proto/orthoserve/v1/orthogonalizer.proto), which
+// retry retryable failures (client/cpp/retry.h).
 //
 //   ASSIGN_OR_RETURN(auto client, Client::Create({.address = "127.0.0.1:50051"}));
 //   ASSIGN_OR_RETURN(std::vector<MatrixOutput> out, client->Step(StepOptions{}, inputs));
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/cpp/matrix.h"
+#include "client/cpp/retry.h"
 #include "common/buffer_pool.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -27,7 +30,7 @@ namespace orthoserve::client {
 
 struct ClientOptions {
   std::string address = "127.0.0.1:50051";     // Server HOST:PORT (any gRPC target string).
-  absl::Duration timeout = absl::Seconds(60);  // Deadline of each call; InfiniteDuration for none.
+  absl::Duration timeout = absl::Seconds(60);  // Deadline of each attempt; InfiniteDuration for none.
   int max_send_message_bytes = 256 << 20;      // Channel limit on one outgoing message; -1: none.
   int max_receive_message_bytes = 256 << 20;   // Channel limit on one incoming message; -1: none.
   size_t chunk_bytes = 0;                      // DataChunk size; 0: 4 MiB. Lowered to the server's limit.
@@ -37,26 +40,39 @@ struct ClientOptions {
   std::string tls_key_file;                    // PEM client private key for mutual TLS (with cert).
   std::string tls_server_name;                 // Overrides the name checked in the server cert.
   std::string bearer_token;                    // Sent as "authorization: Bearer <token>" when set.
+  RetryOptions retry;                          // Retries of Step, Orthogonalize and GetServerInfo.
 };
 
 // Called on the caller's thread as each matrix's result is complete, before Step returns.
 using ResultCallback = std::function<void(const MatrixOutput&)>;
 
+// Retries. Step, Orthogonalize and GetServerInfo retry retryable failures (UNAVAILABLE; ABORTED
+// with `orthoserve-retryable: fleet-change` trailing metadata) under `ClientOptions::retry`: each
+// attempt is bounded by `timeout`, all of them together by `retry.deadline`, with jittered
+// exponential backoff between them; each retry is logged (LOG_WARNING "client") and counted
+// (retries()). Every other code is final. A call that gives up after more than one attempt returns
+// the last failure's code with "after N attempts: " in front of its message. Health never retries.
+//
 // Thread-safe: any number of calls may run at once on one Client.
 class Client {
  public:
   // Builds the channel (it connects lazily; no RPC is made). INVALID_ARGUMENT for bad options
-  // (empty address, cert without key, non-positive timeout); NOT_FOUND/PERMISSION_DENIED when a
-  // TLS file cannot be read.
+  // (empty address, cert without key, non-positive timeout, bad retry options); NOT_FOUND/
+  // PERMISSION_DENIED when a TLS file cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
 
   // Creates a client over an existing channel (in-process servers, tests). No TLS or token
-  // handling beyond `options.bearer_token` and the per-call timeout.
+  // handling beyond `options.bearer_token` and the per-call timeout; the options are not checked.
   static std::unique_ptr<Client> CreateWithChannel(std::shared_ptr<grpc::Channel> channel,
                                                    const ClientOptions& options);
 
-  // The server's description, fleet membership and limits. Remembers the limits for Step.
+  // The server's description, fleet membership and limits, with retries. Remembers the limits for
+  // Step. The RPC's status on failure.
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+
+  // One GetServerInfo attempt bounded by `timeout`, without retries (GroupClient re-reading the
+  // membership). Failures carry the fleet-change mark (IsRetryable) when the server set it.
+  absl::StatusOr<v1::ServerInfo> GetServerInfoOnce(absl::Duration timeout);
 
   // grpc.health.v1.Health/Check for the overall server (service ""). OK when SERVING;
   // UNAVAILABLE naming the state (NOT_SERVING, UNKNOWN, ...) otherwise; the RPC's status when the
@@ -71,11 +87,23 @@ class Client {
   // One OrthogonalizeStream step. Sends the header, each spec and its chunked data from a second
   // thread while reading results on this one; results may arrive before every matrix is sent.
   // Returns one output per input, in input order, each with its per-matrix status; `on_result`
-  // (optional) sees each as it completes. Stream-level failures return the stream's gRPC status
-  // (code and server message); INTERNAL when the server breaks the protocol; INVALID_ARGUMENT for
-  // a bad input (nothing is sent).
+  // (optional) sees each as it completes, each matrix index once even when the step is retried
+  // (results are deterministic; a retry's repeats are not passed again). Stream-level failures
+  // return the stream's gRPC status (code and server message) once retries are over; INTERNAL
+  // when the server breaks the protocol; INVALID_ARGUMENT for a bad input (nothing is sent).
+  // Attempt k sends `StepHeader.attempt` = k.
   absl::StatusOr<std::vector<MatrixOutput>> Step(const StepOptions& step, absl::Span<const MatrixInput> inputs,
                                                  const ResultCallback& on_result = nullptr);
+
+  // One attempt of Step, without retries, for callers that run their own retry loop (GroupClient):
+  // sends `attempt` in the header and bounds the call (and the limits lookup before a first step)
+  // by `timeout`. `delivered` (may be null; else inputs.size() entries) carries on_result's
+  // once-per-index promise across attempts: indices already true are not passed to on_result,
+  // and the ones passed are set. Returns what Step returns; failures carry the fleet-change mark
+  // (IsRetryable) when the server set it.
+  absl::StatusOr<std::vector<MatrixOutput>> StepOnce(const StepOptions& step, int attempt, absl::Duration timeout,
+                                                     absl::Span<const MatrixInput> inputs,
+                                                     const ResultCallback& on_result, std::vector<bool>* delivered);
 
   // The summary of the last Step that completed on this client (for tools such as bench).
   std::optional<v1::StepSummary> last_summary() const;
@@ -83,14 +111,28 @@ class Client {
   // The chunk size the next Step sends with.
   size_t chunk_bytes() const;
 
+  // Retries made by this client's calls so far (each retry of Step, Orthogonalize, GetServerInfo).
+  int64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+
   const ClientOptions& options() const { return options_; }
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
-  void PrepareContext(grpc::ClientContext* context) const;
-  absl::Status EnsureLimits();
+  // Sets the deadline (now + `timeout`, none when infinite) and the bearer token.
+  void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
+  absl::Status EnsureLimits(absl::Duration timeout);
+  RetryLoop NewRetryLoop(absl::string_view call) const;
+  // StepOnce after the inputs were checked.
+  absl::StatusOr<std::vector<MatrixOutput>> StepAttempt(const StepOptions& step, int attempt, absl::Duration timeout,
+                                                        absl::Span<const MatrixInput> inputs,
+                                                        const ResultCallback& on_result, std::vector<bool>* delivered);
+  absl::StatusOr<std::vector<MatrixOutput>> OrthogonalizeAttempt(const v1::OrthogonalizeRequest& request,
+                                                                 absl::Span<const MatrixInput> inputs,
+                                                                 absl::Duration timeout);
 
   const ClientOptions options_;
+  const std::shared_ptr<RetryEnvironment> retry_environment_;
+  mutable std::atomic<int64_t> retries_{0};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Orthogonalizer::Stub> stub_;
   std::shared_ptr<BufferPool> send_buffers_;  // Step's outgoing chunks.

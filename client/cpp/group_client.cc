@@ -1,9 +1,13 @@
 // Implementation of client/cpp/group_client.h.
 #include "client/cpp/group_client.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/shape.h"
 #include "common/status.h"
 
@@ -20,49 +24,150 @@ absl::StatusOr<std::unique_ptr<GroupClient>> GroupClient::Create(const Options& 
 absl::StatusOr<std::unique_ptr<GroupClient>> GroupClient::CreateFromInfo(const Options& options,
                                                                          const v1::ServerInfo& info,
                                                                          std::unique_ptr<Client> seed) {
+  RETURN_IF_ERROR(ValidateRetryOptions(options.client.retry));
+  if (options.membership_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("membership_timeout must be positive (or infinite)");
+  }
+  const std::string seed_address = seed != nullptr ? seed->options().address : options.client.address;
+  ASSIGN_OR_RETURN(std::vector<Member> members, MembersFromInfo(info, seed_address));
+  std::unique_ptr<GroupClient> group(new GroupClient(options));
+  absl::MutexLock lock(&group->mu_);
+  if (seed != nullptr) {
+    for (const Member& m : members) {
+      if (m.rank == info.fleet_rank() && m.address != seed_address) group->aliases_[m.address] = seed_address;
+    }
+    group->clients_[seed_address] = std::move(seed);
+  }
+  group->SetMembership(std::move(members), info.fleet_generation());
+  for (const Member& m : group->members_) RETURN_IF_ERROR(group->ClientFor(m.address).status());
+  return group;
+}
+
+GroupClient::GroupClient(const Options& options)
+    : options_(options),
+      retry_environment_(options.client.retry.environment != nullptr ? options.client.retry.environment
+                                                                     : MakeSystemRetryEnvironment()) {}
+
+absl::StatusOr<std::vector<GroupClient::Member>> GroupClient::MembersFromInfo(const v1::ServerInfo& info,
+                                                                              const std::string& answered_by) {
   const int world = info.fleet_world();
   if (world < 1) {
     return absl::FailedPreconditionError(absl::StrCat("server reports fleet_world ", world, "; is the fleet formed?"));
   }
-  std::vector<std::string> members(world);
-  if (info.members_size() == 0 && world == 1) {
-    members[0] = options.client.address;  // A one-rank fleet may leave its membership implicit.
-  } else {
-    if (info.members_size() != world) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("server lists ", info.members_size(), " fleet members for fleet_world ", world));
+  std::vector<Member> members;
+  if (info.members_size() == 0) {
+    if (world != 1) {
+      return absl::FailedPreconditionError(absl::StrCat("server lists no fleet members for fleet_world ", world));
     }
-    for (int r = 0; r < world; ++r) {
-      const v1::FleetMember& m = info.members(r);
-      if (m.rank() != r) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("fleet member ", r, " reports rank ", m.rank(), "; members must be ordered by rank"));
-      }
-      if (m.address().empty()) {
-        return absl::FailedPreconditionError(absl::StrCat("fleet rank ", r, " has no public address"));
-      }
-      members[r] = m.address();
-    }
+    members.push_back(Member{info.fleet_rank(), answered_by, true});  // A one-rank fleet may leave it implicit.
+    return members;
   }
-  std::vector<std::unique_ptr<Client>> clients(world);
-  const int seed_rank = info.fleet_rank();
-  for (int r = 0; r < world; ++r) {
-    if (r == seed_rank && seed != nullptr) {
-      clients[r] = std::move(seed);
-      members[r] = clients[r]->options().address;
-      continue;
+  for (int i = 0; i < info.members_size(); ++i) {
+    const v1::FleetMember& m = info.members(i);
+    if (m.rank() < 0 || (i > 0 && m.rank() <= info.members(i - 1).rank())) {
+      return absl::FailedPreconditionError(absl::StrCat("fleet member ", i, " reports rank ", m.rank(),
+                                                        "; members must be ordered by rank, each listed once"));
     }
-    ClientOptions o = options.client;
-    o.address = members[r];
-    ASSIGN_OR_RETURN(clients[r], Client::Create(o));
+    if (m.address().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("fleet rank ", m.rank(), " has no public address"));
+    }
+    members.push_back(Member{m.rank(), m.address(), m.ready()});
   }
-  return std::unique_ptr<GroupClient>(new GroupClient(std::move(members), std::move(clients)));
+  return members;
 }
 
-GroupClient::GroupClient(std::vector<std::string> members, std::vector<std::unique_ptr<Client>> clients)
-    : members_(std::move(members)), clients_(std::move(clients)) {}
+void GroupClient::SetMembership(std::vector<Member> members, int64_t generation) {
+  for (Member& m : members) {
+    auto alias = aliases_.find(m.address);
+    if (alias != aliases_.end()) m.address = alias->second;
+  }
+  auto describe = [](const std::vector<Member>& list) {
+    return absl::StrJoin(list, ", ", [](std::string* out, const Member& m) {
+      absl::StrAppend(out, m.rank, "@", m.address, m.ready ? "" : " (not ready)");
+    });
+  };
+  const std::string now = describe(members);
+  if (!members_.empty() && (generation != generation_ || now != describe(members_))) {
+    LOG_INFO("client") << "fleet membership, generation " << generation << ": " << now;
+  }
+  members_ = std::move(members);
+  generation_ = generation;
+  // Connect ahead (lazily; no RPC) so that member_client() has them; CreateFromInfo reports errors.
+  for (const Member& m : members_) ClientFor(m.address).IgnoreError();
+}
 
-int GroupClient::FleetRankFor(int rank, int world) const { return FleetRankOfTrainer(rank, world, fleet_world()); }
+absl::StatusOr<Client*> GroupClient::ClientFor(const std::string& address) {
+  std::unique_ptr<Client>& client = clients_[address];
+  if (client == nullptr) {
+    ClientOptions o = options_.client;
+    o.address = address;
+    absl::StatusOr<std::unique_ptr<Client>> made = Client::Create(o);
+    if (!made.ok()) {
+      clients_.erase(address);
+      return made.status();
+    }
+    client = *std::move(made);
+  }
+  return client.get();
+}
+
+const GroupClient::Member& GroupClient::Pick(int rank, int world, const std::string& avoid) const {
+  std::vector<const Member*> ready;
+  for (const Member& m : members_) {
+    if (m.ready) ready.push_back(&m);
+  }
+  if (ready.empty()) return members_[FleetRankOfTrainer(rank, world, static_cast<int>(members_.size()))];
+  const int n = static_cast<int>(ready.size());
+  const int preferred = FleetRankOfTrainer(rank, world, n);
+  // A member that just failed this step and still looks ready (it is draining, say) is passed
+  // over for the next ready one while there is another.
+  if (n > 1 && ready[preferred]->address == avoid) return *ready[(preferred + 1) % n];
+  return *ready[preferred];
+}
+
+absl::StatusOr<GroupClient::Route> GroupClient::RouteFor(int rank, int world, const std::string& avoid) {
+  absl::MutexLock lock(&mu_);
+  const Member& m = Pick(rank, world, avoid);
+  ASSIGN_OR_RETURN(Client * client, ClientFor(m.address));
+  return Route{m.rank, m.address, client};
+}
+
+void GroupClient::RefreshMembership(const std::string& failed_address, absl::Duration timeout) {
+  std::vector<Client*> ask;  // The member used, the others, the seed; each address once.
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> addresses = {failed_address};
+    for (const Member& m : members_) addresses.push_back(m.address);
+    addresses.push_back(options_.client.address);
+    for (const std::string& address : addresses) {
+      absl::StatusOr<Client*> client = ClientFor(address);
+      if (client.ok() && std::find(ask.begin(), ask.end(), *client) == ask.end()) ask.push_back(*client);
+    }
+  }
+  std::optional<std::pair<std::vector<Member>, int64_t>> fallback;
+  for (Client* client : ask) {
+    absl::StatusOr<v1::ServerInfo> info = client->GetServerInfoOnce(timeout);
+    absl::StatusOr<std::vector<Member>> members =
+        info.ok() ? MembersFromInfo(*info, client->options().address) : info.status();
+    if (!members.ok()) {
+      VLOG("client", 1) << "re-reading the fleet membership from " << client->options().address << ": "
+                        << members.status();
+      continue;
+    }
+    if (info->ready()) {  // A rank of the current generation: its view is current.
+      absl::MutexLock lock(&mu_);
+      SetMembership(*std::move(members), info->fleet_generation());
+      return;
+    }
+    if (!fallback.has_value()) fallback.emplace(*std::move(members), info->fleet_generation());
+  }
+  if (fallback.has_value()) {
+    absl::MutexLock lock(&mu_);
+    SetMembership(std::move(fallback->first), fallback->second);
+    return;
+  }
+  LOG_WARNING("client") << "no fleet member answered GetServerInfo; keeping the last membership";
+}
 
 absl::StatusOr<std::vector<MatrixOutput>> GroupClient::Step(const std::string& job, const std::string& group,
                                                             int64_t step, int rank, int world,
@@ -72,8 +177,64 @@ absl::StatusOr<std::vector<MatrixOutput>> GroupClient::Step(const std::string& j
     return absl::InvalidArgumentError(
         absl::StrCat("trainer rank ", rank, " of world ", world, " is invalid; need 0 <= rank < world"));
   }
-  StepOptions options{job, group, step, rank, world};
-  return clients_[FleetRankFor(rank, world)]->Step(options, inputs, on_result);
+  const StepOptions options{job, group, step, rank, world};
+  std::vector<bool> delivered(inputs.size(), false);
+  RetryLoop loop(
+      options_.client.retry, retry_environment_.get(), options_.client.timeout,
+      absl::StrCat("step ", step, " of group ", job, "/", group, " (trainer rank ", rank, " of ", world, ")"),
+      &retries_);
+  std::string failed;  // The member the last attempt failed on.
+  while (true) {
+    ASSIGN_OR_RETURN(Route route, RouteFor(rank, world, failed));
+    absl::StatusOr<std::vector<MatrixOutput>> outputs =
+        route.client->StepOnce(options, loop.attempt(), loop.AttemptTimeout(), inputs, on_result, &delivered);
+    if (outputs.ok()) return outputs;
+    if (!loop.BackOff(outputs.status())) return loop.GiveUp(outputs.status());
+    failed = route.address;
+    RefreshMembership(route.address, std::min(options_.membership_timeout, loop.AttemptTimeout()));
+  }
+}
+
+int GroupClient::fleet_world() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(members_.size());
+}
+
+std::string GroupClient::member_address(int fleet_rank) const {
+  absl::MutexLock lock(&mu_);
+  for (const Member& m : members_) {
+    if (m.rank == fleet_rank) return m.address;
+  }
+  return "";
+}
+
+bool GroupClient::member_ready(int fleet_rank) const {
+  absl::MutexLock lock(&mu_);
+  for (const Member& m : members_) {
+    if (m.rank == fleet_rank) return m.ready;
+  }
+  return false;
+}
+
+int64_t GroupClient::fleet_generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+int GroupClient::FleetRankFor(int rank, int world) const {
+  if (world < 1 || rank < 0 || rank >= world) return -1;
+  absl::MutexLock lock(&mu_);
+  return Pick(rank, world).rank;
+}
+
+Client* GroupClient::member_client(int fleet_rank) const {
+  absl::MutexLock lock(&mu_);
+  for (const Member& m : members_) {
+    if (m.rank != fleet_rank) continue;
+    auto it = clients_.find(m.address);
+    return it == clients_.end() ? nullptr : it->second.get();
+  }
+  return nullptr;
 }
 
 }  // namespace orthoserve::client

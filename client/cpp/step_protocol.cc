@@ -14,17 +14,17 @@ absl::Status StreamBroken() { return absl::UnavailableError("the stream closed b
 
 }  // namespace
 
-absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write) {
   v1::StreamRequest chunk;
-  return WriteStep(step, inputs, chunk_bytes, write, [&](int index, absl::string_view data) {
+  return WriteStep(step, attempt, inputs, chunk_bytes, write, [&](int index, absl::string_view data) {
     chunk.mutable_chunk()->set_index(index);
     chunk.mutable_chunk()->set_data(data.data(), data.size());
     return write(chunk);
   });
 }
 
-absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write,
                        const std::function<bool(int index, absl::string_view data)>& write_chunk) {
   v1::StreamRequest request;
@@ -35,6 +35,7 @@ absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> in
   header->set_rank(step.rank);
   header->set_world(step.world);
   header->set_num_matrices(static_cast<int>(inputs.size()));
+  header->set_attempt(attempt);
   if (!write(request)) return StreamBroken();
   for (size_t i = 0; i < inputs.size(); ++i) {
     *request.mutable_spec() = ToSpec(inputs[i]);

@@ -16,18 +16,18 @@
 
 namespace orthoserve::client {
 
-// Emits one step through `write`: a StepHeader, then for each input its MatrixSpec followed by
-// DataChunks of at most `chunk_bytes` carrying exactly its bytes, then StepEnd. The inputs must
-// have passed CheckInput. `write` returns false when the stream is broken; WriteStep then stops
-// and returns UNAVAILABLE (the stream's own status, read by the caller, says why). `write` may
-// reuse nothing of the message after it returns.
-absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+// Emits one step through `write`: a StepHeader (with `attempt`: 0 on the first try, +1 per retry),
+// then for each input its MatrixSpec followed by DataChunks of at most `chunk_bytes` carrying
+// exactly its bytes, then StepEnd. The inputs must have passed CheckInput. `write` returns false
+// when the stream is broken; WriteStep then stops and returns UNAVAILABLE (the stream's own status,
+// read by the caller, says why). `write` may reuse nothing of the message after it returns.
+absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write);
 
 // WriteStep that hands each DataChunk to `write_chunk` as its matrix index and a view of its bytes
 // in the input (no copy is made here); every other message goes through `write`. Both return
 // false when the stream is broken.
-absl::Status WriteStep(const StepOptions& step, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
                        const std::function<bool(const v1::StreamRequest&)>& write,
                        const std::function<bool(int index, absl::string_view data)>& write_chunk);
 

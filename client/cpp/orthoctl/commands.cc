@@ -125,7 +125,9 @@ std::string MainUsage() {
          "  orthogonalize   orthogonalize a .npy matrix (--in IN.npy --out OUT.npy) in one stream step\n"
          "  bench           time repeated steps of random matrices; median latency and throughput\n\n"
          "Every subcommand takes --server HOST:PORT (default 127.0.0.1:50051), --timeout, --token-file,\n"
-         "--tls-ca, --tls-cert, --tls-key, --tls-server-name. `orthoctl SUBCOMMAND --help` lists its flags.\n\n"
+         "--tls-ca, --tls-cert, --tls-key, --tls-server-name. `orthoctl SUBCOMMAND --help` lists its flags.\n"
+         "info, orthogonalize and bench retry calls that fail with UNAVAILABLE (or ABORTED by a fleet change)\n"
+         "for up to --retry-deadline seconds (default 120); --no-retry makes one attempt.\n\n"
          "exit codes: 0 ok, 1 usage error, 2 RPC failure (server error, failed matrix, not serving),\n"
          "3 I/O error (a file could not be read, parsed or written)\n";
 }
@@ -137,6 +139,7 @@ int RunInfo(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   ConnectionFlagValues conn;
   bool json = false;
   AddConnectionFlags(&flags, &conn);
+  AddRetryFlags(&flags, &conn);
   flags.AddBool("json", "print the ServerInfo message as JSON (proto field names)", &json);
   if (int rc = ParseOrExit(flags, args, out, err); rc >= 0) return rc;
   int rc = kExitRpc;
@@ -199,6 +202,7 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
                 &bf16);
   AddNsFlags(&flags, &ns);
   AddConnectionFlags(&flags, &conn);
+  AddRetryFlags(&flags, &conn);
   if (int rc = ParseOrExit(flags, args, out, err); rc >= 0) return rc;
   if (in_path.empty() || out_path.empty()) {
     err << "orthoctl: orthogonalize needs --in and --out; see --help\n";
@@ -282,6 +286,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   flags.AddBool("unary", "use the unary Orthogonalize call instead of a stream step", &unary);
   AddNsFlags(&flags, &ns);
   AddConnectionFlags(&flags, &conn);
+  AddRetryFlags(&flags, &conn);
   if (int rc = ParseOrExit(flags, args, out, err); rc >= 0) return rc;
   std::vector<int64_t> shape;
   for (absl::string_view part : absl::StrSplit(shape_text, ',')) {
@@ -357,6 +362,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   out << "\n";
   out << absl::StrFormat("throughput: %.2f matrices/s  %.3f GB/s payload  %.1f GFLOP/s\n", matrices / med,
                          bytes / med / 1e9, flops / med / 1e9);
+  if ((*c)->retries() > 0) out << "retries:    " << (*c)->retries() << " (their waits are in the latencies)\n";
   return kExitOk;
 }
 

@@ -22,6 +22,16 @@ void AddConnectionFlags(FlagSet* flags, ConnectionFlagValues* v) {
                    &v->tls_server_name);
 }
 
+void AddRetryFlags(FlagSet* flags, ConnectionFlagValues* v) {
+  flags->AddBool("no-retry",
+                 "make one attempt; by default a call that fails with UNAVAILABLE (or ABORTED by a fleet change) "
+                 "is retried with backoff",
+                 &v->no_retry);
+  flags->AddDouble("retry-deadline", "SECONDS",
+                   "give up retrying a call after this long, all attempts together (default 120)",
+                   &v->retry_deadline_seconds);
+}
+
 absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags(const ConnectionFlagValues& v) {
   client::ClientOptions o;
   o.address = v.server;
@@ -30,6 +40,12 @@ absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags(const ConnectionFla
         absl::StrCat("--timeout must be a positive number of seconds, got ", v.timeout_seconds));
   }
   o.timeout = absl::Seconds(v.timeout_seconds);
+  if (!(v.retry_deadline_seconds > 0) || !std::isfinite(v.retry_deadline_seconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--retry-deadline must be a positive number of seconds, got ", v.retry_deadline_seconds));
+  }
+  o.retry.enabled = !v.no_retry;
+  o.retry.deadline = absl::Seconds(v.retry_deadline_seconds);
   o.tls_ca_file = v.tls_ca;
   o.tls_cert_file = v.tls_cert;
   o.tls_key_file = v.tls_key;

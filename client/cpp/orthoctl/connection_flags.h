@@ -1,5 +1,6 @@
 // The connection flags every orthoctl subcommand takes (--server, --timeout, --token-file,
-// --tls-ca, --tls-cert, --tls-key, --tls-server-name) and the ClientOptions they make.
+// --tls-ca, --tls-cert, --tls-key, --tls-server-name), the retry flags of the subcommands that
+// retry (--no-retry, --retry-deadline), and the ClientOptions they make.
 #pragma once
 
 #include <string>
@@ -18,12 +19,18 @@ struct ConnectionFlagValues {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_server_name;
+  bool no_retry = false;                // Retries are on unless --no-retry.
+  double retry_deadline_seconds = 120;  // All attempts of one call together.
 };
 
 void AddConnectionFlags(FlagSet* flags, ConnectionFlagValues* values);
 
-// INVALID_ARGUMENT for a non-positive timeout; NOT_FOUND when the token file cannot be read,
-// INVALID_ARGUMENT when it is empty. The token is the file's content without surrounding whitespace.
+// --no-retry and --retry-deadline (info, orthogonalize, bench; health never retries).
+void AddRetryFlags(FlagSet* flags, ConnectionFlagValues* values);
+
+// INVALID_ARGUMENT for a non-positive timeout or retry deadline; NOT_FOUND when the token file
+// cannot be read, INVALID_ARGUMENT when it is empty. The token is the file's content without
+// surrounding whitespace. Retries keep RetryOptions' defaults but for `enabled` and `deadline`.
 absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags(const ConnectionFlagValues& values);
 
 }  // namespace orthoserve::orthoctl

@@ -182,8 +182,16 @@ TEST_F(ErrorsTest, HealthAndOrthogonalizeAgainstADeadPort) {
   ProcessResult r = Orthoctl({"health", "--timeout", "2"}, "dead_health", dead);
   EXPECT_EQ(r.exit_code, kExitRpc);
   EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
-  r = Orthoctl({"orthogonalize", "--in", GoodInput(), "--out", Path("dead.out.npy"), "--timeout", "2"}, "dead_call",
-               dead);
+  // UNAVAILABLE is retried (by default for 120 s); a short retry deadline gives up with it.
+  const absl::Time start = absl::Now();
+  r = Orthoctl({"orthogonalize", "--in", GoodInput(), "--out", Path("dead.out.npy"), "--timeout", "2",
+                "--retry-deadline", "1"},
+               "dead_call", dead);
+  EXPECT_EQ(r.exit_code, kExitRpc);
+  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  r = Orthoctl({"orthogonalize", "--in", GoodInput(), "--out", Path("dead.out.npy"), "--timeout", "2", "--no-retry"},
+               "dead_call_no_retry", dead);
   EXPECT_EQ(r.exit_code, kExitRpc);
   EXPECT_FALSE(r.err.empty());
   ExpectStillServing("calls to a dead port");

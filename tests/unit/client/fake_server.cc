@@ -65,10 +65,22 @@ grpc::Status FakeOrthogonalizer::CheckAuth(grpc::ServerContext* context) {
   return grpc::Status::OK;
 }
 
+grpc::Status FakeOrthogonalizer::TakeFailure(std::atomic<int>& budget, grpc::ServerContext* context) {
+  int left = budget.load();
+  while (left > 0 && !budget.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left <= 0) return grpc::Status::OK;
+  if (fail_fleet_change) context->AddTrailingMetadata("orthoserve-retryable", "fleet-change");
+  return grpc::Status(fail_code, "injected failure");
+}
+
 grpc::Status FakeOrthogonalizer::GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest*,
                                                v1::ServerInfo* info) {
+  ++info_calls;
   grpc::Status auth = CheckAuth(context);
   if (!auth.ok()) return auth;
+  if (grpc::Status failure = TakeFailure(fail_info, context); !failure.ok()) return failure;
+  absl::MutexLock lock(&mu);
   info->set_version("fake");
   info->set_backend("cpu");
   info->set_fleet_rank(fleet_rank);
@@ -77,8 +89,9 @@ grpc::Status FakeOrthogonalizer::GetServerInfo(grpc::ServerContext* context, con
     v1::FleetMember* m = info->add_members();
     m->set_rank(static_cast<int>(r));
     m->set_address(members[r]);
-    m->set_ready(true);
+    m->set_ready(member_ready.empty() || member_ready[r]);
   }
+  info->set_fleet_generation(fleet_generation);
   info->mutable_limits()->set_chunk_bytes(chunk_bytes);
   info->mutable_limits()->set_max_message_bytes(64 << 20);
   info->set_ready(true);
@@ -87,8 +100,10 @@ grpc::Status FakeOrthogonalizer::GetServerInfo(grpc::ServerContext* context, con
 
 grpc::Status FakeOrthogonalizer::Orthogonalize(grpc::ServerContext* context, const v1::OrthogonalizeRequest* request,
                                                v1::OrthogonalizeResponse* response) {
+  ++unary_calls;
   grpc::Status auth = CheckAuth(context);
   if (!auth.ok()) return auth;
+  if (grpc::Status failure = TakeFailure(fail_unary, context); !failure.ok()) return failure;
   for (int i = 0; i < request->matrices_size(); ++i) {
     v1::MatrixResult* r = response->add_results();
     r->set_index(i);
@@ -112,7 +127,10 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
   {
     absl::MutexLock lock(&mu);
     last_header = header;
+    attempts.push_back(header.attempt());
   }
+  grpc::Status failure = TakeFailure(fail_streams, context);
+  if (!failure.ok() && !fail_after_results) return failure;
   if (header.job() == "abort") return grpc::Status(grpc::StatusCode::ABORTED, "step 7 of group abort/x aborted");
   int ok = 0, failed = 0;
   for (int i = 0; i < header.num_matrices(); ++i) {
@@ -154,8 +172,10 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
     std::shared_ptr<absl::Notification> wait_for = gate;
     if (i == 0 && wait_for != nullptr) {
       while (!wait_for->WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
-        if (context->IsCancelled() || std::chrono::system_clock::now() > context->deadline()) {
-          return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        // The server may notice the deadline before the client does; answer as the client would.
+        if (std::chrono::system_clock::now() > context->deadline()) {
+          return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
         }
       }
     }
@@ -163,6 +183,7 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
   if (!stream->Read(&request) || !request.has_end()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected StepEnd");
   }
+  if (!failure.ok()) return failure;
   v1::StreamResponse summary;
   summary.mutable_summary()->set_matrices_ok(ok);
   summary.mutable_summary()->set_matrices_failed(failed);

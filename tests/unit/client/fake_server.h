@@ -1,6 +1,6 @@
 // An in-process stand-in for an orthoserve rank that speaks the public protocol exactly but
 // "computes" 2·X (in fp32, returned in the result dtype), so client tests can check the data
-// path, chunking, errors, metadata and fleet routing without the real engine.
+// path, chunking, errors, metadata, retries and fleet routing without the real engine.
 #pragma once
 
 #include <atomic>
@@ -28,11 +28,29 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
   std::shared_ptr<absl::Notification> gate;
   bool send_extra_byte = false;  // Protocol violation: one byte more than the block.
 
+  // Failure injection: the next `fail_streams` OrthogonalizeStream calls (`fail_unary` Orthogonalize,
+  // `fail_info` GetServerInfo calls) fail with `fail_code` and "injected failure", with the
+  // trailing metadata `orthoserve-retryable: fleet-change` when `fail_fleet_change`. A stream fails
+  // right after its header, or after it sent every matrix's result when `fail_after_results`.
+  std::atomic<int> fail_streams{0};
+  std::atomic<int> fail_unary{0};
+  std::atomic<int> fail_info{0};
+  grpc::StatusCode fail_code = grpc::StatusCode::UNAVAILABLE;
+  bool fail_fleet_change = false;
+  bool fail_after_results = false;
+
   std::atomic<int> streams{0};
+  std::atomic<int> unary_calls{0};
+  std::atomic<int> info_calls{0};
   std::atomic<int64_t> largest_chunk_received{0};
   absl::Mutex mu;
   std::string last_authorization ABSL_GUARDED_BY(mu);
   v1::StepHeader last_header ABSL_GUARDED_BY(mu);
+  std::vector<int> attempts ABSL_GUARDED_BY(mu);  // StepHeader.attempt of every stream, in order.
+  // members[r].ready as advertised (empty: every member ready) and the fleet generation; may be
+  // changed while serving.
+  std::vector<bool> member_ready ABSL_GUARDED_BY(mu);
+  int64_t fleet_generation ABSL_GUARDED_BY(mu) = 1;
 
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* info) override;
@@ -43,6 +61,8 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
 
  private:
   grpc::Status CheckAuth(grpc::ServerContext* context);
+  // The injected failure when `budget` (one of the fail_* counters) is not spent; OK otherwise.
+  grpc::Status TakeFailure(std::atomic<int>& budget, grpc::ServerContext* context);
 };
 
 // A running server on 127.0.0.1:<ephemeral port> with the fake service and the default health

@@ -71,13 +71,15 @@ TEST(FlagSet, HelpAndUsageListEveryFlag) {
   ConnectionFlagValues conn;
   AddNsFlags(&flags, &ns);
   AddConnectionFlags(&flags, &conn);
+  AddRetryFlags(&flags, &conn);
   ASSERT_OK(flags.Parse({"--steps", "3", "--help", "--bogus"}));  // Stops at --help.
   EXPECT_TRUE(flags.help_requested());
   const std::string usage = flags.Usage();
   for (const char* name :
        {"--coefficients NAME", "--custom-coefficients", "--steps N", "--precision", "--eps X", "--eps-mode",
         "--transpose", "--scale-mode", "--extra-scale", "--split-qkv", "--wire-dtype", "--algorithm",
-        "--server HOST:PORT", "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--help"}) {
+        "--server HOST:PORT", "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--no-retry",
+        "--retry-deadline SECONDS", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(name));
   }
 }
@@ -193,6 +195,50 @@ TEST(ConnectionFlags, TokenFileAndTimeout) {
   v.token_file.clear();
   v.timeout_seconds = 0;
   EXPECT_THAT(ClientOptionsFromFlags(v), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--timeout")));
+}
+
+TEST(ConnectionFlags, RetryFlags) {
+  auto parse = [](const std::vector<std::string>& args) -> absl::StatusOr<client::ClientOptions> {
+    FlagSet flags("t", "t");
+    ConnectionFlagValues v;
+    AddConnectionFlags(&flags, &v);
+    AddRetryFlags(&flags, &v);
+    absl::Status parsed = flags.Parse(args);
+    if (!parsed.ok()) return parsed;
+    return ClientOptionsFromFlags(v);
+  };
+  auto defaults = parse({});
+  ASSERT_OK(defaults);
+  EXPECT_TRUE(defaults->retry.enabled);
+  EXPECT_EQ(defaults->retry.deadline, absl::Seconds(120));
+  EXPECT_EQ(defaults->retry.initial_backoff, client::RetryOptions().initial_backoff);
+  auto off = parse({"--no-retry"});
+  ASSERT_OK(off);
+  EXPECT_FALSE(off->retry.enabled);
+  auto shorter = parse({"--retry-deadline", "7.5"});
+  ASSERT_OK(shorter);
+  EXPECT_TRUE(shorter->retry.enabled);
+  EXPECT_EQ(shorter->retry.deadline, absl::Milliseconds(7500));
+  EXPECT_THAT(parse({"--retry-deadline", "0"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--retry-deadline must be a positive")));
+  EXPECT_THAT(parse({"--retry-deadline", "inf"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--retry-deadline must be a positive")));
+  EXPECT_THAT(parse({"--retry-deadline", "soon"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--retry-deadline expects a number")));
+}
+
+TEST(Commands, RetryFlagsBelongToTheCallsThatRetry) {
+  std::ostringstream out, err;
+  for (auto run : {RunInfo, RunOrthogonalize, RunBench}) {
+    std::ostringstream help;
+    EXPECT_EQ(run({"--help"}, help, err), kExitOk);
+    EXPECT_THAT(help.str(), HasSubstr("--no-retry"));
+    EXPECT_THAT(help.str(), HasSubstr("--retry-deadline SECONDS"));
+  }
+  EXPECT_EQ(RunHealth({"--no-retry"}, out, err), kExitUsage);  // Health never retries.
+  EXPECT_EQ(RunInfo({"--retry-deadline", "-1"}, out, err), kExitUsage);
+  EXPECT_THAT(err.str(), HasSubstr("--retry-deadline"));
+  EXPECT_THAT(MainUsage(), HasSubstr("--no-retry"));
 }
 
 TEST(Commands, ExitCodesWithoutAServer) {

@@ -88,7 +88,7 @@ TEST(WriteStep, HeaderSpecsChunksEnd) {
   std::vector<MatrixInput> inputs = {F32Input("a", {2, 5}, a), F32Input("b", {3, 1}, b)};
   StepOptions step{"job", "tp", 42, 1, 2};
   std::vector<v1::StreamRequest> sent;
-  ASSERT_OK(WriteStep(step, inputs, 16, [&](const v1::StreamRequest& r) {
+  ASSERT_OK(WriteStep(step, 2, inputs, 16, [&](const v1::StreamRequest& r) {
     sent.push_back(r);
     return true;
   }));
@@ -101,6 +101,7 @@ TEST(WriteStep, HeaderSpecsChunksEnd) {
   EXPECT_EQ(sent[0].header().rank(), 1);
   EXPECT_EQ(sent[0].header().world(), 2);
   EXPECT_EQ(sent[0].header().num_matrices(), 2);
+  EXPECT_EQ(sent[0].header().attempt(), 2);
   ASSERT_TRUE(sent[1].has_spec());
   EXPECT_EQ(sent[1].spec().name(), "a");
   std::string joined;
@@ -126,7 +127,7 @@ TEST(WriteStep, EmptyBlockSendsSpecWithoutChunks) {
   empty.shape = {4, 4};
   empty.block = Block{4, 0, 0, 4};
   std::vector<v1::StreamRequest> sent;
-  ASSERT_OK(WriteStep(StepOptions{}, {&empty, 1}, 16, [&](const v1::StreamRequest& r) {
+  ASSERT_OK(WriteStep(StepOptions{}, 0, {&empty, 1}, 16, [&](const v1::StreamRequest& r) {
     sent.push_back(r);
     return true;
   }));
@@ -139,7 +140,7 @@ TEST(WriteStep, StopsWhenTheStreamBreaks) {
   std::vector<float> a(100);
   MatrixInput in = F32Input("a", {10, 10}, a);
   int writes = 0;
-  EXPECT_THAT(WriteStep(StepOptions{}, {&in, 1}, 8, [&](const v1::StreamRequest&) { return ++writes < 3; }),
+  EXPECT_THAT(WriteStep(StepOptions{}, 0, {&in, 1}, 8, [&](const v1::StreamRequest&) { return ++writes < 3; }),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
   EXPECT_EQ(writes, 3);
 }

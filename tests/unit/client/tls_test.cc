@@ -40,6 +40,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerTls(bool require_client_cert) {
 absl::StatusOr<v1::ServerInfo> InfoOver(const FakeServer& server, ClientOptions options) {
   options.address = server.address;
   options.timeout = absl::Seconds(10);
+  options.retry.enabled = false;  // Handshake failures are UNAVAILABLE, which would be retried.
   auto client = Client::Create(options);
   if (!client.ok()) return client.status();
   return (*client)->GetServerInfo();

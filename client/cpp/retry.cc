@@ -1,0 +1,156 @@
+// Implementation of client/cpp/retry.h.
+#include "client/cpp/retry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/types/optional.h"
+#include "common/logging.h"
+#include "proto/convert/grpc_status.h"
+
+namespace orthoserve::client {
+namespace {
+
+// The payload that marks an ABORTED status as a fleet change (retryable) once it has left the
+// call whose trailing metadata said so.
+constexpr char kFleetChangePayload[] = "orthoserve.dev/retryable";
+
+class SystemRetryEnvironment final : public RetryEnvironment {
+ public:
+  SystemRetryEnvironment() : random_(std::random_device()()) {}
+
+  absl::Time Now() override { return absl::Now(); }
+  void Sleep(absl::Duration duration) override { absl::SleepFor(duration); }
+  absl::Duration Jitter(absl::Duration bound) override {
+    const int64_t limit = absl::ToInt64Nanoseconds(bound);
+    if (limit <= 0) return absl::ZeroDuration();
+    absl::MutexLock lock(&mu_);
+    return absl::Nanoseconds(std::uniform_int_distribution<int64_t>(0, limit)(random_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string DurationText(absl::Duration d) { return absl::FormatDuration(d); }
+
+}  // namespace
+
+std::shared_ptr<RetryEnvironment> MakeSystemRetryEnvironment() { return std::make_shared<SystemRetryEnvironment>(); }
+
+absl::Status ValidateRetryOptions(const RetryOptions& o) {
+  if (o.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("retry deadline must be positive (or infinite)");
+  }
+  if (o.initial_backoff < absl::ZeroDuration() || o.max_backoff < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("retry backoffs must not be negative");
+  }
+  if (o.max_backoff < o.initial_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat("retry max_backoff (", DurationText(o.max_backoff),
+                                                   ") is below initial_backoff (", DurationText(o.initial_backoff),
+                                                   "); raise max_backoff"));
+  }
+  if (!(o.multiplier >= 1) || !std::isfinite(o.multiplier)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retry multiplier must be a finite number >= 1, got ", o.multiplier));
+  }
+  if (o.max_attempts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retry max_attempts must be >= 0 (0: bounded by the deadline only), got ", o.max_attempts));
+  }
+  return absl::OkStatus();
+}
+
+bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_ref, grpc::string_ref>& trailing) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) return true;
+  if (status.error_code() != grpc::StatusCode::ABORTED) return false;
+  auto [begin, end] = trailing.equal_range(grpc::string_ref(kRetryableMetadataKey));
+  return std::any_of(begin, end, [](const auto& entry) { return entry.second == grpc::string_ref(kFleetChangeValue); });
+}
+
+bool IsRetryable(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable) return true;
+  if (status.code() != absl::StatusCode::kAborted) return false;
+  const absl::optional<absl::Cord> mark = status.GetPayload(kFleetChangePayload);
+  return mark.has_value() && *mark == kFleetChangeValue;
+}
+
+absl::Status MarkFleetChange(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kFleetChangePayload, absl::Cord(kFleetChangeValue));
+  return status;
+}
+
+absl::Status FromCallStatus(const grpc::Status& status,
+                            const std::multimap<grpc::string_ref, grpc::string_ref>& trailing) {
+  absl::Status converted = FromGrpcStatus(status);
+  if (status.error_code() == grpc::StatusCode::ABORTED && IsRetryable(status, trailing)) {
+    return MarkFleetChange(std::move(converted));
+  }
+  return converted;
+}
+
+absl::Status AnnotateKeepingMarks(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  absl::Status annotated(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { annotated.SetPayload(url, payload); });
+  return annotated;
+}
+
+RetryLoop::RetryLoop(const RetryOptions& options, RetryEnvironment* environment, absl::Duration per_attempt_timeout,
+                     std::string what, std::atomic<int64_t>* retries)
+    : options_(options),
+      environment_(environment),
+      per_attempt_timeout_(per_attempt_timeout),
+      what_(std::move(what)),
+      retries_(retries),
+      deadline_(environment->Now() + options.deadline) {}
+
+absl::Duration RetryLoop::AttemptTimeout() const {
+  if (attempt_ == 0 || !options_.enabled) return per_attempt_timeout_;
+  // BackOff only lets a retry start before the deadline; the floor keeps a deadline that passed
+  // while this attempt was being prepared from turning into "no deadline".
+  const absl::Duration remaining = std::max(deadline_ - environment_->Now(), absl::Milliseconds(1));
+  return std::min(per_attempt_timeout_, remaining);
+}
+
+bool RetryLoop::BackOff(const absl::Status& status) {
+  if (status.ok() || !IsRetryable(status)) return false;
+  if (!options_.enabled) {
+    stop_reason_ = "retries are disabled";
+    return false;
+  }
+  if (options_.max_attempts > 0 && attempt_ + 1 >= options_.max_attempts) {
+    stop_reason_ = absl::StrCat("max_attempts ", options_.max_attempts, " reached");
+    return false;
+  }
+  const double growth = std::pow(options_.multiplier, std::min(attempt_, 64));
+  const absl::Duration bound = std::min(options_.max_backoff, options_.initial_backoff * growth);
+  const absl::Duration wait = environment_->Jitter(bound);
+  if (environment_->Now() + wait >= deadline_) {
+    stop_reason_ = absl::StrCat("retry deadline of ", DurationText(options_.deadline), " reached");
+    return false;
+  }
+  LOG_WARNING("client") << what_ << ": attempt " << attempt_ << " failed with "
+                        << absl::StatusCodeToString(status.code()) << ": " << status.message()
+                        << "; retrying as attempt " << attempt_ + 1 << " in " << DurationText(wait);
+  if (retries_ != nullptr) retries_->fetch_add(1, std::memory_order_relaxed);
+  environment_->Sleep(wait);
+  ++attempt_;
+  return true;
+}
+
+absl::Status RetryLoop::GiveUp(const absl::Status& status) const {
+  if (status.ok() || attempt_ == 0) return status;
+  const bool stopped_early = IsRetryable(status) && !stop_reason_.empty();
+  return AnnotateKeepingMarks(status, absl::StrCat("after ", attempt_ + 1, " attempts",
+                                                   stopped_early ? absl::StrCat(" (", stop_reason_, ")") : ""));
+}
+
+}  // namespace orthoserve::client
