@@ -4,10 +4,13 @@
     .venv/bin/python examples/train_small.py --address 127.0.0.1:50051 --steps 50
 
 The hidden layers' weight matrices use orthoserve.torch.Muon (one remote request per step); the biases use
-AdamW locally, as Muon is meant for 2-D weights only.
+AdamW locally, as Muon is meant for 2-D weights only. The client's default retry policy rides through a server
+(or fleet rank) that is restarted: the step is retried until the service is back (up to --retry-deadline
+seconds), and with --fallback a step the service cannot serve in that time is computed locally instead.
 """
 
 import argparse
+import logging
 
 import torch
 
@@ -17,12 +20,18 @@ from orthoserve.torch import Muon
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--address", default="127.0.0.1:50051", help="orthoserve server HOST:PORT")
+    parser.add_argument("--address", default="127.0.0.1:50051",
+                        help="orthoserve server HOST:PORT (a comma-separated list: fail over in this order)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--precision", default="medium", choices=["highest", "high", "medium"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--retry-deadline", type=float, default=120.0,
+                        help="seconds a step keeps retrying an unavailable service")
+    parser.add_argument("--fallback", action="store_true",
+                        help="compute a step locally when the service stays unavailable past the retry deadline")
     args = parser.parse_args()
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")  # Shows each retry.
 
     torch.manual_seed(args.seed)
     # A teacher network gives the targets, so the loss can fall well below its start.
@@ -35,9 +44,11 @@ def main() -> None:
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     others = [p for p in model.parameters() if p.dim() < 2]
 
-    with orthoserve.Client(args.address, timeout=120) as client:
+    retry = orthoserve.RetryPolicy(deadline=args.retry_deadline)
+    with orthoserve.Client(args.address.split(","), timeout=120, retry=retry) as client:
         muon = Muon(matrices, client=client, lr=args.lr, momentum=0.95, nesterov=True, weight_decay=0.0,
-                    fp32_matmul_prec=args.precision, scale_mode="shape_scaling", extra_scale_factor=1.0)
+                    fp32_matmul_prec=args.precision, scale_mode="shape_scaling", extra_scale_factor=1.0,
+                    fallback=args.fallback)
         adam = torch.optim.AdamW(others, lr=3e-3, weight_decay=0.0)
         for step in range(args.steps):
             muon.zero_grad()
@@ -47,6 +58,7 @@ def main() -> None:
             muon.step()
             adam.step()
             print(f"step {step:4d} loss {loss.item():.6f}", flush=True)
+        print(f"retries {client.retries}", flush=True)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ class ServerProcess:
         import orthoserve
 
         deadline = time.monotonic() + timeout
-        client = orthoserve.Client(self.address, **client_kwargs)
+        # One attempt per poll: this loop is the retry (a server not yet listening is UNAVAILABLE).
+        client = orthoserve.Client(self.address, retry=False, **client_kwargs)
         last = None
         try:
             while time.monotonic() < deadline:

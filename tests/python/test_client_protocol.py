@@ -85,7 +85,7 @@ def test_deadline(fake):
 
 
 def test_connection_refused_is_unavailable():
-    with orthoserve.Client("127.0.0.1:1", timeout=5) as client:
+    with orthoserve.Client("127.0.0.1:1", timeout=5, retry=False) as client:
         with pytest.raises(orthoserve.UnavailableError):
             client.info()
 

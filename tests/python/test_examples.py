@@ -1,16 +1,72 @@
-"""examples/train_small.py trains with the remote Muon and its loss falls."""
+"""examples/train_small.py trains with the remote Muon and its loss falls; with the default retry policy it rides
+through a server that is killed and restarted mid-run, and with --fallback it trains without a service."""
 
 import re
+import signal
 import subprocess
 import sys
+import time
 
-from conftest import REPO
+from conftest import REPO, ServerProcess, free_port, require_binary
+
+EXAMPLE = str(REPO / "examples" / "train_small.py")
+
+
+def losses_of(stdout):
+    return [float(m) for m in re.findall(r"^step\s+\d+ loss (\S+)$", stdout, re.M)]
 
 
 def test_train_small_loss_falls(server):
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "train_small.py"), "--address", server.address,
-                          "--steps", "25"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, EXAMPLE, "--address", server.address, "--steps", "25"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    losses = [float(m) for m in re.findall(r"^step\s+\d+ loss (\S+)$", out.stdout, re.M)]
+    losses = losses_of(out.stdout)
     assert len(losses) == 25
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_train_small_rides_through_a_server_restart(tmp_path):
+    binary = require_binary()
+    address = f"127.0.0.1:{free_port()}"
+    args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "",
+            "--fleet-listen", f"127.0.0.1:{free_port()}"]
+    server = ServerProcess(args, address, tmp_path / "before.log")
+    server.wait_ready()
+    trainer = subprocess.Popen([sys.executable, EXAMPLE, "--address", address, "--steps", "120"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    restarted = None
+    try:
+        lines = []
+        for line in trainer.stdout:
+            lines.append(line)
+            if line.startswith("step   10 "):
+                break
+        # Killed mid-run (no drain), then the same address comes back after a while.
+        server.proc.send_signal(signal.SIGKILL)
+        server.stop()
+        time.sleep(1.5)
+        restarted = ServerProcess(args, address, tmp_path / "after.log")
+        restarted.wait_ready()
+        rest, stderr = trainer.communicate(timeout=300)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        if restarted is not None:
+            restarted.stop()
+    stdout = "".join(lines) + rest
+    assert trainer.returncode == 0, stderr
+    losses = losses_of(stdout)
+    assert len(losses) == 120
+    assert losses[-1] < 0.5 * losses[0], losses
+    retries = int(re.search(r"^retries (\d+)$", stdout, re.M).group(1))
+    assert retries >= 1 and "UNAVAILABLE" in stderr and "retrying in" in stderr, stderr
+
+
+def test_train_small_falls_back_without_a_service():
+    address = f"127.0.0.1:{free_port()}"  # Nothing listens there.
+    out = subprocess.run([sys.executable, EXAMPLE, "--address", address, "--steps", "25", "--fallback",
+                          "--retry-deadline", "0.2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    losses = losses_of(out.stdout)
+    assert len(losses) == 25 and losses[-1] < 0.5 * losses[0], losses
+    assert "computing it locally" in out.stderr

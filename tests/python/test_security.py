@@ -46,7 +46,7 @@ def test_tls(tmp_path, certs):
         with orthoserve.Client(server.address, tls=tls, timeout=30) as client:
             assert client.info().ready
             assert client.orthogonalize([x])[0].shape == x.shape
-        with orthoserve.Client(server.address, timeout=5) as plaintext:
+        with orthoserve.Client(server.address, timeout=5, retry=False) as plaintext:
             with pytest.raises(orthoserve.UnavailableError):
                 plaintext.info()
     finally:

@@ -4,15 +4,17 @@
     client = orthoserve.Client("127.0.0.1:50051")
     [u] = client.orthogonalize([g], precision="highest")
 
+Calls retry UNAVAILABLE (and ABORTED marked as a fleet change) under an orthoserve.RetryPolicy.
 `orthoserve.torch` adds a newton_schulz callable and a Muon optimizer (requires torch).
 """
 
-from orthoserve.client import DEFAULT_CHUNK_BYTES, Client, Group
+from orthoserve.client import DEFAULT_CHUNK_BYTES, ND_MODES, Client, Group
 from orthoserve.errors import *  # noqa: F401,F403
 from orthoserve.errors import OrthoserveError
 from orthoserve.layout import Shard, block_of, chunk_blocks, chunk_sizes
+from orthoserve.retry import RetryPolicy
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "Group", "Shard", "OrthoserveError", "chunk_sizes", "chunk_blocks", "block_of",
-           "DEFAULT_CHUNK_BYTES", "__version__"]
+__all__ = ["Client", "Group", "Shard", "RetryPolicy", "OrthoserveError", "chunk_sizes", "chunk_blocks",
+           "block_of", "DEFAULT_CHUNK_BYTES", "ND_MODES", "__version__"]

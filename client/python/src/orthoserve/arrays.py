@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Tuple
+from typing import Any, Sequence, Tuple
 
 import numpy as np
 
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 
-__all__ = ["ArrayInfo", "describe", "to_bytes", "from_bytes", "matrix_view", "ITEMSIZE"]
+__all__ = ["ArrayInfo", "describe", "to_bytes", "from_bytes", "matrix_view", "stack", "ITEMSIZE"]
 
 ITEMSIZE = {pb.DTYPE_FP32: 4, pb.DTYPE_BF16: 2, pb.DTYPE_FP16: 2}
 _NUMPY = {"float32": pb.DTYPE_FP32, "float16": pb.DTYPE_FP16, "bfloat16": pb.DTYPE_BF16}
@@ -93,3 +93,17 @@ def from_bytes(buf: bytearray, info: ArrayInfo, shape: Tuple[int, ...]) -> Any:
         t = torch.frombuffer(buf, dtype=info.dtype).reshape(shape)
         return t.to(info.device) if info.device is not None and info.device.type != "cpu" else t
     return np.frombuffer(buf, dtype=info.dtype.newbyteorder("<")).reshape(shape).astype(info.dtype, copy=False)
+
+
+def stack(slices: Sequence[Any], info: ArrayInfo) -> Any:
+    """The results of x[0], x[1], ... of the array `info` describes, stacked back into its shape, type, dtype
+    and device (an empty array of that shape when shape[0] is 0)."""
+    if info.is_torch:
+        import torch
+
+        if not slices:
+            return torch.empty(info.shape, dtype=info.dtype, device=info.device)
+        return torch.stack(list(slices)).reshape(info.shape)
+    if not slices:
+        return np.empty(info.shape, dtype=info.dtype)
+    return np.stack(list(slices)).reshape(info.shape)

@@ -1,27 +1,33 @@
 """The orthoserve client: whole matrices of a lone client, and group steps of sharded matrices (DESIGN §3, §5).
 
 A Client holds one gRPC channel per server address; it is safe to share between threads (gRPC channels are),
-and a Group may be used by one thread at a time.
+and a Group may be used by one thread at a time. Calls retry retryable failures under the client's RetryPolicy
+(orthoserve.retry).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar, Union
 
 import grpc
 
-from orthoserve import arrays, errors, layout, options as options_lib
+from orthoserve import arrays, errors, layout, options as options_lib, retry as retry_lib, routing
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
-__all__ = ["Client", "Group", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["Client", "Group", "DEFAULT_CHUNK_BYTES", "ND_MODES"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Our messages are at most one chunk plus a few bytes; allow generous room for unary calls.
 _MAX_MESSAGE_BYTES = 1 << 30
+# How N-d (>= 3 dims) arrays are sent: "flatten" as one shape[0] x prod(rest) matrix (the service's view),
+# "batch" as one matrix per leading index (Emerging-Optimizers' batched newton_schulz).
+ND_MODES = ("flatten", "batch")
+# The longest a membership re-read of a retried group step waits for one address.
+_MEMBERSHIP_TIMEOUT = 10.0
 
-
+T = TypeVar("T")
 def _read(value: Union[None, bytes, str]) -> Optional[bytes]:
     if value is None or isinstance(value, bytes):
         return value
@@ -65,16 +71,23 @@ class Client:
     """A connection to an orthoserve fleet.
 
     Args:
-      address_or_addresses: "HOST:PORT", or a list of them. Lone requests go to the first address; group steps
-        go to the fleet rank floor(rank * S / W) of the fleet the first address reports (its `members`), or
-        to the given list in order when the server reports no members.
+      address_or_addresses: "HOST:PORT", or a list of them. Lone requests go to the first address (and fail over
+        to the others, then to the fleet's ready members, on retryable failures); group steps go to the ready
+        fleet member floor(rank * M / W) of the M ready members the server reports (see Group), or to the given
+        list by the same rule when the server reports no members.
       tls: None (plaintext), True, a dict (root_certificates, private_key, certificate_chain) or credentials.
       token: bearer token sent as "authorization: Bearer <token>" on every call.
-      timeout: default deadline in seconds of each call (None: no deadline).
+      timeout: default deadline in seconds of each attempt of a call (None: no deadline).
+      retry: an orthoserve.RetryPolicy; None or True for the default policy, False to make every call a single
+        attempt.
+
+    Attributes:
+      retries: how many retries this client's calls have made (each one also logged as a warning on the
+        "orthoserve" logger).
     """
 
     def __init__(self, address_or_addresses: Union[str, Sequence[str]], *, tls: Any = None,
-                 token: Optional[str] = None, timeout: Optional[float] = None):
+                 token: Optional[str] = None, timeout: Optional[float] = None, retry: Any = None):
         if isinstance(address_or_addresses, str):
             addresses = [address_or_addresses]
         else:
@@ -83,21 +96,35 @@ class Client:
             raise ValueError("orthoserve: Client needs at least one address")
         self.addresses = addresses
         self.timeout = timeout
+        self.retry = retry_lib.policy_of(retry)
+        self.retries = 0
         self._credentials = _credentials(tls)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._lock = threading.Lock()
         self._channels: Dict[str, grpc.Channel] = {}
         self._stubs: Dict[str, pb_grpc.OrthogonalizerStub] = {}
         self._infos: Dict[str, pb.ServerInfo] = {}
+        self._fleet: Optional[pb.ServerInfo] = None  # The last answer that listed the fleet's members.
+        self._lone_address = addresses[0]  # Where lone requests go first: the last address that answered.
 
     # -- connections ---------------------------------------------------------------------------------------
+
+    def _channel_options(self) -> List[tuple]:
+        opts = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+        if self.retry.enabled:
+            # A channel whose server went away reconnects with gRPC's own backoff (up to 120 s by default), and
+            # calls fail at once with UNAVAILABLE until it does; keep it within the retry policy's waits, so a
+            # restarted rank is used again soon after it is back.
+            opts += [("grpc.initial_reconnect_backoff_ms", max(100, int(self.retry.initial_backoff * 1000))),
+                     ("grpc.max_reconnect_backoff_ms", max(100, int(self.retry.max_backoff * 1000)))]
+        return opts
 
     def _stub(self, address: str) -> pb_grpc.OrthogonalizerStub:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                opts = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+                opts = self._channel_options()
                 if self._credentials is None:
                     channel = grpc.insecure_channel(address, options=opts)
                 else:
@@ -123,56 +150,146 @@ class Client:
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self.timeout if timeout is None else timeout
 
-    def info(self, address: Optional[str] = None, *, refresh: bool = False,
-             timeout: Optional[float] = None) -> pb.ServerInfo:
-        """GetServerInfo of `address` (default: the first), cached unless refresh. Raises OrthoserveError."""
-        address = address or self.addresses[0]
-        if not refresh and address in self._infos:
-            return self._infos[address]
+    # -- retries -------------------------------------------------------------------------------------------
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    def _attempts(self, timeout: Optional[float], what: str) -> retry_lib.Attempts:
+        return retry_lib.Attempts(self.retry, self._deadline(timeout), what, self._count_retry)
+
+    def _lone_targets(self) -> List[str]:
+        """Where a lone request may go, in order: the last address that answered, the client's addresses, then
+        the ready members of the newest membership seen."""
+        with self._lock:
+            fleet = self._fleet
+            first = self._lone_address
+        known = routing.ready_addresses(fleet) if fleet is not None else []
+        return routing.unique([first, *self.addresses, *known])
+
+    def _lone_call(self, what: str, timeout: Optional[float], attempt: Callable[[str, int, Optional[float]], T],
+                   address: Optional[str] = None) -> T:
+        """Runs attempt(address, number, timeout) under the retry policy: at `address` every time when given,
+        else attempt k at the k-th of the lone targets (cycling), remembering the one that answered."""
+        attempts = self._attempts(timeout, what)
+        while True:
+            if address is not None:
+                target = address
+            else:
+                targets = self._lone_targets()
+                target = targets[attempts.number % len(targets)]
+            attempts.what = f"{what} to {target}"
+            try:
+                result = attempt(target, attempts.number, attempts.timeout())
+            except errors.OrthoserveError as e:
+                if attempts.back_off(e):
+                    continue
+                raise attempts.give_up(e) from None
+            if address is None:
+                with self._lock:
+                    self._lone_address = target
+            return result
+
+    # -- server info ---------------------------------------------------------------------------------------
+
+    def _info_once(self, address: str, timeout: Optional[float]) -> pb.ServerInfo:
+        """One GetServerInfo call to `address` (no retries); remembers it. Raises OrthoserveError."""
         try:
-            info = self._stub(address).GetServerInfo(pb.GetServerInfoRequest(), timeout=self._deadline(timeout),
+            info = self._stub(address).GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout,
                                                      metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.error_from_rpc(e) from None
-        self._infos[address] = info
+        with self._lock:
+            self._infos[address] = info
+            # The latest answer wins, whatever its generation: a fleet that restarts as a whole may count its
+            # generations from the start again, and a stale view only costs a failed attempt and a re-read.
+            if routing.member_addresses(info):
+                self._fleet = info
         return info
 
-    def _chunk_bytes(self, address: str) -> int:
-        limit = self.info(address).limits.chunk_bytes
+    def info(self, address: Optional[str] = None, *, refresh: bool = False,
+             timeout: Optional[float] = None) -> pb.ServerInfo:
+        """GetServerInfo of `address` (default: the client's current lone address, failing over to the others on
+        retryable failures), cached unless refresh; retried under the client's policy. Raises OrthoserveError."""
+        if not refresh:
+            with self._lock:
+                cached = self._infos.get(address or self._lone_address)
+            if cached is not None:
+                return cached
+        return self._lone_call("GetServerInfo", timeout,
+                               lambda target, _, t: self._info_once(target, t), address=address)
+
+    def _chunk_bytes(self, address: str, timeout: Optional[float]) -> int:
+        with self._lock:
+            info = self._infos.get(address)
+        if info is None:
+            info = self._info_once(address, timeout)
+        limit = info.limits.chunk_bytes
         return int(limit) if limit > 0 else DEFAULT_CHUNK_BYTES
 
     def fleet_addresses(self) -> List[str]:
-        """The public addresses of the fleet's ranks, ordered by rank."""
-        members = sorted(self.info().members, key=lambda m: m.rank)
-        if members and all(m.address for m in members):
-            return [m.address for m in members]
-        return list(self.addresses)
+        """The public addresses of the fleet's ranks, ordered by rank (the client's addresses when the server
+        lists no members)."""
+        return routing.member_addresses(self.info()) or list(self.addresses)
+
+    def _known_membership(self) -> pb.ServerInfo:
+        """The last answer that listed the fleet's members, else info() (cached; retried)."""
+        with self._lock:
+            fleet = self._fleet
+        return fleet if fleet is not None else self.info()
+
+    def _membership(self, timeout: Optional[float]) -> Optional[pb.ServerInfo]:
+        """Re-reads the membership from the first reachable address (the client's, then the known members), one
+        call each without retries; None when none answers."""
+        with self._lock:
+            fleet = self._fleet
+        known = routing.member_addresses(fleet) if fleet is not None else []
+        candidates = routing.unique([*self.addresses, *(routing.ready_addresses(fleet) if fleet else []), *known])
+        bound = _MEMBERSHIP_TIMEOUT if timeout is None else min(timeout, _MEMBERSHIP_TIMEOUT)
+        for address in candidates:
+            try:
+                return self._info_once(address, bound)
+            except errors.OrthoserveError:
+                continue
+        return None
 
     # -- whole matrices ------------------------------------------------------------------------------------
 
     def orthogonalize(self, matrices: Any, *, algorithm: Optional[str] = None, method: str = "stream",
-                      timeout: Optional[float] = None, **options: Any) -> Any:
+                      timeout: Optional[float] = None, nd: str = "flatten", **options: Any) -> Any:
         """Orthogonalizes whole matrices; returns results of the same type, dtype, shape and device.
 
-        matrices: a list (or tuple) of numpy arrays / torch tensors (fp32, bf16, fp16; >= 2 dims, N-d viewed as
-        shape[0] x prod(rest)); a single array gives a single result. options: DESIGN §2 names (coefficients,
-        custom_coefficients, steps, precision, eps, eps_mode, transpose, scale_mode, extra_scale, split_qkv).
+        matrices: a list (or tuple) of numpy arrays / torch tensors (fp32, bf16, fp16; >= 2 dims); a single
+        array gives a single result. options: DESIGN §2 names (coefficients, custom_coefficients, steps,
+        precision, eps, eps_mode, transpose, scale_mode, extra_scale, split_qkv).
+        nd: how arrays of >= 3 dims are taken: "flatten" (the service's view: one shape[0] x prod(rest) matrix)
+        or "batch" (each x[i] is its own matrix, as Emerging-Optimizers' newton_schulz does for (B, M, N); the
+        results are stacked back into the input's shape).
         method: "stream" (chunked, any size) or "unary" (one message; small matrices).
-        Raises OrthoserveError (per-code subclasses) for a failed call or a failed matrix (naming it).
+        Raises OrthoserveError (per-code subclasses) for a failed call or a failed matrix (naming it), after the
+        client's retry policy gave up.
         """
         single = not isinstance(matrices, (list, tuple))
         items = [matrices] if single else list(matrices)
         per_matrix = [dict(options, algorithm=algorithm)] * len(items)
-        results = self.orthogonalize_batch(items, per_matrix, method=method, timeout=timeout)
+        results = self.orthogonalize_batch(items, per_matrix, method=method, timeout=timeout, nd=nd)
         return results[0] if single else results
 
     def orthogonalize_batch(self, matrices: Sequence[Any], options: Sequence[Dict[str, Any]], *,
-                            method: str = "stream", timeout: Optional[float] = None) -> List[Any]:
-        """Like orthogonalize, with one options dict per matrix (NS options by name, and "algorithm")."""
+                            method: str = "stream", timeout: Optional[float] = None,
+                            nd: str = "flatten") -> List[Any]:
+        """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm" and "name")."""
         if len(options) != len(matrices):
             raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(options)} option sets")
+        if nd not in ND_MODES:
+            raise ValueError(f"orthoserve: nd must be one of {ND_MODES}, got {nd!r}")
+        if method not in ("stream", "unary"):
+            raise ValueError(f"orthoserve: method must be 'stream' or 'unary', got {method!r}")
         if not matrices:
             return []
+        if nd == "batch":
+            return self._orthogonalize_slices(matrices, options, method, timeout)
         entries = []
         for i, (m, opts) in enumerate(zip(matrices, options)):
             opts = dict(opts)
@@ -182,20 +299,47 @@ class Client:
             spec = pb.MatrixSpec(name=str(opts.pop("name", f"m{i}")), shape=info.shape, dtype=info.wire_dtype,
                                  options=options_lib.ns_options(opts), algorithm=algo)
             entries.append(_Entry(spec, arrays.to_bytes(m), info, info.shape))
-        address = self.addresses[0]
         if method == "unary":
-            return self._unary(address, entries, timeout)
-        if method == "stream":
-            header = pb.StepHeader(world=1, num_matrices=len(entries))
-            return self._stream(address, header, entries, timeout)
-        raise ValueError(f"orthoserve: method must be 'stream' or 'unary', got {method!r}")
+            return self._lone_call("Orthogonalize", timeout, lambda address, _, t: self._unary(address, entries, t))
+
+        def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
+            header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
+            return self._stream(address, header, entries, t)
+
+        return self._lone_call("OrthogonalizeStream", timeout, stream)
+
+    def _orthogonalize_slices(self, matrices: Sequence[Any], options: Sequence[Dict[str, Any]], method: str,
+                              timeout: Optional[float]) -> List[Any]:
+        """nd="batch": every >= 3-D array as its x[i] slices, all in one request; results stacked back."""
+        flat: List[Any] = []
+        flat_options: List[Dict[str, Any]] = []
+        spans = []
+        for i, (m, opts) in enumerate(zip(matrices, options)):
+            info = arrays.describe(m, f"matrix {i}")
+            name = str(opts.get("name", f"m{i}"))  # The default names of the request without slicing.
+            if len(info.shape) < 3:
+                spans.append((len(flat), None))
+                flat.append(m)
+                flat_options.append(dict(opts, name=name))
+                continue
+            spans.append((len(flat), info))
+            for j in range(info.shape[0]):
+                flat.append(m[j])
+                flat_options.append(dict(opts, name=f"{name}[{j}]"))
+        out = self.orthogonalize_batch(flat, flat_options, method=method, timeout=timeout) if flat else []
+        results = []
+        for (start, info), m in zip(spans, matrices):
+            if info is None:
+                results.append(out[start])
+            else:
+                results.append(arrays.stack(out[start:start + info.shape[0]], info))
+        return results
 
     def _unary(self, address: str, entries: List[_Entry], timeout: Optional[float]) -> List[Any]:
         request = pb.OrthogonalizeRequest(
             matrices=[pb.Matrix(spec=e.spec, data=bytes(e.payload)) for e in entries])
         try:
-            response = self._stub(address).Orthogonalize(request, timeout=self._deadline(timeout),
-                                                         metadata=self._metadata)
+            response = self._stub(address).Orthogonalize(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.error_from_rpc(e) from None
         by_index = {r.index: r for r in response.results}
@@ -229,8 +373,9 @@ class Client:
 
     def _stream(self, address: str, header: pb.StepHeader, entries: List[_Entry],
                 timeout: Optional[float]) -> List[Any]:
-        """Runs one OrthogonalizeStream step: header, (spec, chunks)*, end; collects results by index."""
-        chunk = self._chunk_bytes(address)
+        """One attempt of one OrthogonalizeStream step (header, (spec, chunks)*, end) to `address`, bounded by
+        `timeout`; collects results by index. Raises OrthoserveError."""
+        chunk = self._chunk_bytes(address, timeout)
 
         def requests() -> Iterator[pb.StreamRequest]:
             yield pb.StreamRequest(header=header)
@@ -247,7 +392,7 @@ class Client:
         summary = None
         try:
             for response in self._stub(address).OrthogonalizeStream(
-                    requests(), timeout=self._deadline(timeout), metadata=self._metadata):
+                    requests(), timeout=timeout, metadata=self._metadata):
                 kind = response.WhichOneof("kind")
                 if kind == "result":
                     r = response.result
@@ -298,7 +443,10 @@ class Group:
 
     Every rank calls step(n, shards) with the same step number and the same ordered matrices (name, global
     shape, dtype, options, algorithm), each with its own block; the blocks of the W ranks tile each matrix.
-    This rank's request goes to fleet rank floor(rank * S / W).
+    This rank's request goes to the ready fleet member at position floor(rank * M / W) of the M ready members
+    sorted by rank (all members when none is marked ready). A step that fails retryably is retried under the
+    client's policy: the membership is re-read (GetServerInfo from any reachable address), the rank re-routed
+    by the same rule and the whole step sent again with StepHeader.attempt one higher.
     """
 
     def __init__(self, client: Client, job: str, name: str, rank: int, world: int):
@@ -313,15 +461,23 @@ class Group:
 
     @property
     def address(self) -> str:
-        """The fleet rank's address this trainer rank streams to."""
+        """The fleet member's address this trainer rank streams to."""
         if self._address is None:
-            fleet = self.client.fleet_addresses()
-            self._address = fleet[self.rank * len(fleet) // self.world]
+            self._address = routing.preferred_address(self.client._known_membership(), self.rank, self.world,
+                                                      self.client.addresses)
         return self._address
+
+    def _reroute(self, timeout: Optional[float]) -> None:
+        """Re-reads the membership (one GetServerInfo per address until one answers) and picks this rank's
+        member; keeps the previous choice when no address answers."""
+        info = self.client._membership(timeout)
+        if info is not None:
+            self._address = routing.preferred_address(info, self.rank, self.world, self.client.addresses)
 
     def step(self, step: int, shards: Sequence[layout.Shard], *, timeout: Optional[float] = None) -> List[Any]:
         """Sends this rank's blocks for step `step`; returns this rank's result blocks, in order, each of the
-        same type, dtype, shape and device as the shard's data. Raises OrthoserveError."""
+        same type, dtype, shape and device as the shard's data. `timeout` bounds each attempt (default: the
+        client's). Raises OrthoserveError once the client's retry policy gives up."""
         if not shards:
             return []
         entries = []
@@ -335,7 +491,18 @@ class Group:
                 spec.partition_dim = int(s.partition_dim)
             shape = s.info.shape if len(s.info.shape) >= 2 else (0, cols)
             entries.append(_Entry(spec, arrays.to_bytes(s.data), s.info, shape))
-        header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
-                               num_matrices=len(entries))
-        results = self.client._stream(self.address, header, entries, timeout)
+        attempts = self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")
+        while True:
+            header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
+                                   num_matrices=len(entries), attempt=attempts.number)
+            try:
+                if attempts.number > 0:
+                    self._reroute(attempts.timeout())
+                address = self.address
+                attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
+                results = self.client._stream(address, header, entries, attempts.timeout())
+                break
+            except errors.OrthoserveError as e:
+                if not attempts.back_off(e):
+                    raise attempts.give_up(e) from None
         return [r.reshape(s.info.shape) if len(s.info.shape) < 2 else r for r, s in zip(results, shards)]

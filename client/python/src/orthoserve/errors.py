@@ -21,7 +21,14 @@ __all__ = [
     "UnimplementedError",
     "error_from_rpc",
     "error_from_code",
+    "RETRYABLE_METADATA_KEY",
+    "FLEET_CHANGE",
 ]
+
+# Trailing metadata that makes an ABORTED call retryable: the step was cut short by a change of the fleet's
+# membership (the service comment of proto/orthoserve/v1/orthogonalizer.proto).
+RETRYABLE_METADATA_KEY = "orthoserve-retryable"
+FLEET_CHANGE = "fleet-change"
 
 
 class OrthoserveError(Exception):
@@ -31,16 +38,37 @@ class OrthoserveError(Exception):
       code: the grpc.StatusCode (canonical code) the server (or gRPC) gave.
       message: the server's message (details), without the client's decoration.
       matrix: the name of the matrix the error is about, or None for a call-level error.
+      fleet_change: the call's trailing metadata held `orthoserve-retryable: fleet-change`.
+      attempts: how many attempts the call made under its retry policy (1 without retries); when more than
+        one, str(error) says so ("after N attempts").
+      retryable: whether the service allows retrying the call (see is_retryable).
     """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, code: grpc.StatusCode, message: str, matrix: Optional[str] = None):
+    def __init__(self, code: grpc.StatusCode, message: str, matrix: Optional[str] = None, *,
+                 fleet_change: bool = False, attempts: int = 1, note: str = ""):
         self.code = code
         self.message = message
         self.matrix = matrix
+        self.fleet_change = fleet_change
+        self.attempts = attempts
         where = f"matrix '{matrix}': " if matrix is not None else ""
-        super().__init__(f"{code.name}: {where}{message}")
+        tried = f"after {attempts} attempts{f' ({note})' if note else ''}: " if attempts > 1 else ""
+        super().__init__(f"{code.name}: {tried}{where}{message}")
+
+    @property
+    def retryable(self) -> bool:
+        """A call-level UNAVAILABLE, or ABORTED marked as a fleet change. Per-matrix (in-band) errors are final."""
+        return self.matrix is None and (self.code == grpc.StatusCode.UNAVAILABLE or
+                                        (self.code == grpc.StatusCode.ABORTED and self.fleet_change))
+
+    def after_attempts(self, attempts: int, note: str = "") -> "OrthoserveError":
+        """The same error (class, code, message, matrix, marks) saying it is the last of `attempts` attempts."""
+        out = type(self)(self.code, self.message, self.matrix, fleet_change=self.fleet_change, attempts=attempts,
+                         note=note)
+        out.__cause__ = self.__cause__
+        return out
 
 
 class InvalidArgumentError(OrthoserveError):
@@ -103,8 +131,9 @@ _BY_CODE = {
 _BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def _make(code: grpc.StatusCode, message: str, matrix: Optional[str] = None) -> OrthoserveError:
-    return _BY_CODE.get(code, OrthoserveError)(code, message, matrix)
+def _make(code: grpc.StatusCode, message: str, matrix: Optional[str] = None,
+          fleet_change: bool = False) -> OrthoserveError:
+    return _BY_CODE.get(code, OrthoserveError)(code, message, matrix, fleet_change=fleet_change)
 
 
 def error_from_code(code: int, message: str, matrix: Optional[str] = None) -> OrthoserveError:
@@ -118,4 +147,12 @@ def error_from_rpc(error: grpc.RpcError) -> OrthoserveError:
     """The exception for a failed gRPC call (a grpc.RpcError that is also a grpc.Call)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    return _make(code or grpc.StatusCode.UNKNOWN, details or "")
+    return _make(code or grpc.StatusCode.UNKNOWN, details or "", fleet_change=_fleet_change(error))
+
+
+def _fleet_change(error: grpc.RpcError) -> bool:
+    try:
+        trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    except Exception:  # noqa: BLE001 - a call without metadata
+        return False
+    return any(key == RETRYABLE_METADATA_KEY and value == FLEET_CHANGE for key, value in (trailing or ()))

@@ -10,12 +10,14 @@ and extra scale), p -= lr·update. The orthogonalization of every parameter of a
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from orthoserve import layout
+from orthoserve import errors, layout, local_ns, options as options_lib
 from orthoserve.client import Client
 
 __all__ = ["RemoteNewtonSchulz", "Muon", "dtensor_block", "dtensor_group", "dtensor_shard", "is_dtensor"]
@@ -23,6 +25,29 @@ __all__ = ["RemoteNewtonSchulz", "Muon", "dtensor_block", "dtensor_group", "dten
 _PRECISIONS = ("highest", "high", "medium")
 _WEIGHT_DECAY_METHODS = ("decoupled", "independent", "l2")
 _TP_MODES = (None, "duplicated", "distributed", "blockwise")
+
+logger = logging.getLogger("orthoserve")
+
+
+def _falls_back(enabled: bool, error: errors.OrthoserveError, what: str) -> bool:
+    """Whether to compute `what` locally after `error`: fallback is on and the service stays unreachable (a
+    retryable failure that outlasted the client's retries). Warns and logs when it does."""
+    if not (enabled and error.retryable):
+        return False
+    message = f"orthoserve: {what} failed ({error}); computing it locally on the trainer (fallback=True)"
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    logger.warning("%s", message)
+    return True
+
+
+def _local(tensor: torch.Tensor, opts: Dict[str, Any], nd: str = "flatten") -> torch.Tensor:
+    """The server's result for whole `tensor`, computed here (orthoserve.local_ns); nd as Client.orthogonalize."""
+    ns = options_lib.split_options(opts)
+    if nd == "batch" and tensor.dim() >= 3:
+        if tensor.shape[0] == 0:
+            return torch.empty_like(tensor)
+        return torch.stack([local_ns.orthogonalize(t, **ns) for t in tensor])
+    return local_ns.orthogonalize(tensor, **ns)
 
 
 def _dtensor_type():
@@ -44,12 +69,17 @@ class RemoteNewtonSchulz:
     Drop-in where a newton_schulz function is expected (the `newton_schulz` argument of KempnerForge's
     orthogonalize_exact, an Emerging-Optimizers orthogonalize hook). Defaults: the server's NS defaults with
     scale_mode "none" (plain NS, as EO's newton_schulz; pass scale_mode="spectral" for Muon's scaled update)
-    and the precision of torch.get_float32_matmul_precision() at call time (as EO). The input is a 2-D tensor
-    (N-d: viewed as shape[0] x prod(rest)); the result has its dtype, shape and device.
+    and the precision of torch.get_float32_matmul_precision() at call time (as EO). Shapes as EO's
+    newton_schulz: a 2-D (M, N) tensor, or a 3-D (B, M, N) tensor of B independent matrices (sent as B matrices
+    of one request); other dims raise TypeError as EO does. The result has the input's dtype, shape and device.
+
+    fallback: when the service stays unreachable (a retryable failure that outlasted the client's retries),
+      compute the same numerics locally (orthoserve.local_ns) with a warning, instead of raising. Off by default.
     """
 
-    def __init__(self, client: Client, **options: Any):
+    def __init__(self, client: Client, fallback: bool = False, **options: Any):
         self.client = client
+        self.fallback = bool(fallback)
         self.options = dict(options)
         self.options.setdefault("scale_mode", "none")
 
@@ -63,9 +93,17 @@ class RemoteNewtonSchulz:
         return self.batch([x])[0]
 
     def batch(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        """Orthogonalizes many tensors in one request."""
+        """Orthogonalizes many 2-D or 3-D (batched) tensors in one request."""
+        for x in tensors:
+            if x.ndim < 2 or x.ndim > 3:  # Emerging-Optimizers' newton_schulz: the same check and exception type.
+                raise TypeError(f"Input tensor x must be 2d or 3d (batched 2d), got {x.ndim}d")
         opts = self._options()
-        return self.client.orthogonalize_batch(list(tensors), [opts] * len(tensors))
+        try:
+            return self.client.orthogonalize_batch(list(tensors), [opts] * len(tensors), nd="batch")
+        except errors.OrthoserveError as e:
+            if not _falls_back(self.fallback, e, f"newton_schulz of {len(tensors)} tensor(s)"):
+                raise
+        return [_local(x, opts, nd="batch") for x in tensors]
 
 
 # -- DTensor helpers ---------------------------------------------------------------------------------------
@@ -147,7 +185,11 @@ class Muon(torch.optim.Optimizer):
         algorithms for sharded DTensors); a parameter's own `tp_mode` attribute overrides it.
       algorithm: the algorithm for sharded DTensors when no TP mode applies (default "auto"); a parameter's
         own `orthoserve_algorithm` attribute overrides it.
-      timeout: deadline in seconds of each remote call.
+      timeout: deadline in seconds of each attempt of a remote call (the client's RetryPolicy bounds them all).
+      fallback: when the service stays unreachable (a retryable failure that outlasted the client's retries),
+        orthogonalize the whole (non-DTensor-sharded) parameters locally (orthoserve.local_ns) with a warning,
+        instead of raising. Off by default. Sharded DTensor group steps have no local fallback: their error
+        propagates.
     Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest)). DTensor parameters are sent as group
     steps of their mesh's shard group, each rank only its local shard; plain tensors go whole from each rank.
     """
@@ -159,7 +201,8 @@ class Muon(torch.optim.Optimizer):
                  custom_coefficients: Optional[Sequence[Tuple[float, float, float]]] = None,
                  split_qkv: bool = False, is_qkv_fn: Optional[Callable[[torch.Tensor], bool]] = None,
                  qkv_split_shapes: Optional[Sequence[int]] = None, tp_mode: Optional[str] = None,
-                 algorithm: str = "auto", job: Optional[str] = None, timeout: Optional[float] = None):
+                 algorithm: str = "auto", job: Optional[str] = None, timeout: Optional[float] = None,
+                 fallback: bool = False):
         if num_ns_steps < 1:
             raise ValueError(f"num_ns_steps must be at least 1, got {num_ns_steps}")
         if weight_decay_method not in _WEIGHT_DECAY_METHODS:
@@ -181,6 +224,7 @@ class Muon(torch.optim.Optimizer):
         self.algorithm = algorithm
         self.job = job or os.environ.get("ORTHOSERVE_JOB") or "muon"
         self.timeout = timeout
+        self.fallback = bool(fallback)
         self.ns_options: Dict[str, Any] = dict(
             coefficients=coefficient_type, steps=num_ns_steps, precision=fp32_matmul_prec, scale_mode=scale_mode,
             extra_scale=extra_scale_factor)
@@ -256,7 +300,12 @@ class Muon(torch.optim.Optimizer):
         if whole:
             tensors = [updates[i].to_local() if is_dtensor(updates[i]) else updates[i] for i in whole]
             opts = [dict(self._options_for(params[i]), name=self._names[id(params[i])]) for i in whole]
-            out = self.client.orthogonalize_batch(tensors, opts, timeout=self.timeout)
+            try:
+                out = self.client.orthogonalize_batch(tensors, opts, timeout=self.timeout)
+            except errors.OrthoserveError as e:
+                if not _falls_back(self.fallback, e, f"Muon step {self._remote_steps}"):
+                    raise
+                out = [_local(t, o) for t, o in zip(tensors, opts)]
             for i, o in zip(whole, out):
                 results[i] = self._like(updates[i], o)
         for (name, rank, world), indices in groups.items():

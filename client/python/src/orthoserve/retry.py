@@ -1,0 +1,151 @@
+"""Retries of the Python client: the policy (RetryPolicy) and the attempts of one call under it (Attempts).
+
+Which failures may be retried is the service's rule (proto/orthoserve/v1/orthogonalizer.proto, above
+`service Orthogonalizer`): UNAVAILABLE, and ABORTED whose trailing metadata holds
+`orthoserve-retryable: fleet-change`; every other code is final (OrthoserveError.retryable). Steps are
+deterministic, so a retry re-sends the whole step, with StepHeader.attempt one higher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from typing import Callable, Optional
+
+from orthoserve import errors
+
+__all__ = ["RetryPolicy", "Attempts", "policy_of"]
+
+logger = logging.getLogger("orthoserve")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How a client call retries retryable failures.
+
+    The wait before retry k (k = 0 for the first retry) is drawn uniformly from
+    [0, min(max_backoff, initial_backoff * multiplier**k)] ("full jitter"). A retry starts only if it can start
+    before `deadline` seconds have passed since the call began. Each attempt is still bounded by the call's own
+    timeout (a retry's by whatever remains of the deadline, if less).
+
+    Attributes:
+      enabled: False makes every call a single attempt.
+      deadline: seconds for all attempts of one call together; None for no limit.
+      initial_backoff: bound of the first wait, seconds.
+      max_backoff: largest bound of any wait, seconds.
+      multiplier: growth of the bound per retry (>= 1).
+      max_attempts: attempts in all, the first included; None for no limit.
+    """
+
+    enabled: bool = True
+    deadline: Optional[float] = 120.0
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+    max_attempts: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"orthoserve: RetryPolicy.deadline must be > 0 or None, got {self.deadline}")
+        if self.initial_backoff < 0:
+            raise ValueError(f"orthoserve: RetryPolicy.initial_backoff must be >= 0, got {self.initial_backoff}")
+        if self.max_backoff < self.initial_backoff:
+            raise ValueError(f"orthoserve: RetryPolicy.max_backoff ({self.max_backoff}) is below initial_backoff "
+                             f"({self.initial_backoff})")
+        if self.multiplier < 1:
+            raise ValueError(f"orthoserve: RetryPolicy.multiplier must be >= 1, got {self.multiplier}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"orthoserve: RetryPolicy.max_attempts must be >= 1 or None, got {self.max_attempts}")
+
+    def backoff_bound(self, retry: int) -> float:
+        """The bound of the wait before retry `retry` (0 for the first)."""
+        return min(self.max_backoff, self.initial_backoff * self.multiplier ** min(retry, 64))
+
+
+def policy_of(retry: object) -> RetryPolicy:
+    """The policy for Client's `retry` argument: None or True (the defaults), False (disabled) or a RetryPolicy."""
+    if retry is None or retry is True:
+        return RetryPolicy()
+    if retry is False:
+        return RetryPolicy(enabled=False)
+    if isinstance(retry, RetryPolicy):
+        return retry
+    raise TypeError(f"orthoserve: retry must be a RetryPolicy, True, False or None, got {type(retry).__name__}")
+
+
+class Attempts:
+    """The attempts of one call: the timeout of each, the decision to retry, the wait, the log line and the count.
+
+        attempts = Attempts(policy, timeout, "OrthogonalizeStream to host:1", on_retry)
+        while True:
+            try:
+                return attempt(attempts.number, attempts.timeout())
+            except errors.OrthoserveError as e:
+                if not attempts.back_off(e):
+                    raise attempts.give_up(e) from None
+
+    Not thread-safe; one per call. The overall deadline starts at construction.
+    """
+
+    def __init__(self, policy: RetryPolicy, timeout: Optional[float], what: str,
+                 on_retry: Optional[Callable[[], None]] = None):
+        self.policy = policy
+        self.what = what
+        self.number = 0  # The current attempt: 0 for the first (StepHeader.attempt).
+        self._timeout = timeout
+        self._on_retry = on_retry
+        self._start = time.monotonic()
+        self._stop_reason = ""
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left of the overall deadline (None: no deadline)."""
+        if self.policy.deadline is None:
+            return None
+        return self.policy.deadline - (time.monotonic() - self._start)
+
+    def timeout(self) -> Optional[float]:
+        """The timeout of the current attempt. The first gets the call's whole timeout (retries never shorten a
+        call that would have worked without them); a retry gets it cut to what remains of the deadline."""
+        if self.number == 0 or not self.policy.enabled:
+            return self._timeout
+        remaining = self.remaining()
+        if remaining is None:
+            return self._timeout
+        remaining = max(remaining, 0.001)
+        return remaining if self._timeout is None else min(self._timeout, remaining)
+
+    def back_off(self, error: BaseException) -> bool:
+        """After the current attempt failed with `error`: when it is retryable and the policy allows another
+        attempt that starts before the deadline, logs a warning, counts the retry, sleeps the jittered wait,
+        advances `number` and returns True; returns False otherwise."""
+        if not isinstance(error, errors.OrthoserveError) or not error.retryable:
+            return False
+        policy = self.policy
+        if not policy.enabled:
+            self._stop_reason = "retries are disabled"
+            return False
+        if policy.max_attempts is not None and self.number + 1 >= policy.max_attempts:
+            self._stop_reason = f"max_attempts {policy.max_attempts} reached"
+            return False
+        wait = random.uniform(0.0, policy.backoff_bound(self.number))
+        remaining = self.remaining()
+        if remaining is not None and wait >= remaining:
+            self._stop_reason = f"retry deadline of {policy.deadline:g} s reached"
+            return False
+        logger.warning("orthoserve: %s failed (attempt %d, %s: %s); retrying in %.3f s", self.what, self.number,
+                       error.code.name, error.message, wait)
+        if self._on_retry is not None:
+            self._on_retry()
+        time.sleep(wait)
+        self.number += 1
+        return True
+
+    def give_up(self, error: BaseException) -> BaseException:
+        """The exception to raise: `error` itself after a single attempt, else the same error saying how many
+        attempts were made (and why retrying stopped, when it stopped on a retryable failure)."""
+        if self.number == 0 or not isinstance(error, errors.OrthoserveError):
+            return error
+        note = self._stop_reason if error.retryable else ""
+        return error.after_attempts(self.number + 1, note)

@@ -1,0 +1,102 @@
+"""3-D input: Client.orthogonalize(nd="batch") sends each x[i] as its own matrix and stacks the results;
+nd="flatten" (the default) keeps the service's shape[0] x prod(rest) view; RemoteNewtonSchulz treats (B, M, N) as
+B matrices exactly as Emerging-Optimizers' newton_schulz does, and rejects the dims EO rejects with EO's
+exception type."""
+
+import numpy as np
+import pytest
+import torch
+from emerging_optimizers.orthogonalized_optimizers import muon_utils
+
+import oracle
+from orthoserve.torch import RemoteNewtonSchulz
+from fake_server import FakeServer
+
+TOL = 1e-5  # As the other EO comparisons (test_numerics.py): fp32 "highest", max abs error.
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def max_err(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+@pytest.mark.parametrize("shape", [(4, 24, 40), (3, 40, 24), (2, 16, 16), (1, 8, 12)])
+@pytest.mark.parametrize("coefficient_type", ["quintic", "polar_express", "simple"])
+def test_remote_newton_schulz_batches_3d_as_emerging_optimizers(client, shape, coefficient_type):
+    x = rand(*shape, seed=sum(shape))
+    ns = RemoteNewtonSchulz(client, coefficients=coefficient_type, steps=5)
+    with oracle.matmul_precision("highest"):
+        out = ns(x)
+        ref = muon_utils.newton_schulz(x, steps=5, coefficient_type=coefficient_type)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert max_err(out, ref) <= TOL
+    # The flattened view is a different computation (the bug this guards against).
+    flat = client.orthogonalize([x], coefficients=coefficient_type, precision="highest", scale_mode="none")[0]
+    if shape[0] > 1:
+        assert max_err(flat, ref) > 1e-2
+
+
+def test_remote_newton_schulz_3d_medium_tracks_emerging_optimizers(client):
+    x = rand(3, 32, 48, seed=5)
+    ns = RemoteNewtonSchulz(client)
+    with oracle.matmul_precision("medium"):
+        out = ns(x)
+        ref = muon_utils.newton_schulz(x, steps=5)
+    assert max_err(out, ref) <= 4 * 2 ** -8 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("shape", [(7,), (2, 3, 4, 5)])
+def test_remote_newton_schulz_rejects_what_emerging_optimizers_rejects(client, shape):
+    x = rand(*shape)
+    with pytest.raises(TypeError) as theirs:
+        muon_utils.newton_schulz(x, steps=5)
+    with pytest.raises(TypeError) as ours:
+        RemoteNewtonSchulz(client)(x)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_batch_mode_is_each_slice_alone(client):
+    x = rand(3, 10, 6, seed=7)
+    batched = client.orthogonalize([x], nd="batch", precision="highest")[0]
+    singles = client.orthogonalize([x[i] for i in range(3)], precision="highest")
+    assert batched.shape == x.shape
+    assert torch.equal(batched, torch.stack(singles))
+    # numpy in, numpy out, and a 4-D array: each x[i] (3-D) viewed as rows x prod(rest).
+    y = rand(2, 4, 3, 5, seed=8).numpy()
+    out = client.orthogonalize(y, nd="batch", precision="highest")
+    assert isinstance(out, np.ndarray) and out.shape == y.shape
+    for i in range(2):
+        ref = client.orthogonalize(y[i].reshape(4, 15), precision="highest")
+        assert np.array_equal(out[i].reshape(4, 15), ref)
+
+
+def test_flatten_is_the_default_and_unchanged(client):
+    x = rand(4, 6, 5, seed=9)
+    default = client.orthogonalize([x], precision="highest")[0]
+    flat = client.orthogonalize([x], nd="flatten", precision="highest")[0]
+    two_d = client.orthogonalize([x.reshape(4, 30)], precision="highest")[0]
+    assert torch.equal(default, flat) and torch.equal(flat.reshape(4, 30), two_d)
+    assert max_err(flat, oracle.scaled(x, "spectral")) <= TOL
+
+
+def test_batch_mode_on_the_wire():
+    fake = FakeServer()
+    try:
+        import orthoserve
+
+        a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        b = np.ones((2, 5), np.float32)
+        empty = np.zeros((0, 3, 4), np.float32)
+        with orthoserve.Client(fake.address) as client:
+            ra, rb, re = client.orthogonalize_batch([a, b, empty], [dict(name="a"), {}, {}], nd="batch")
+            assert np.array_equal(ra, a) and np.array_equal(rb, b) and re.shape == (0, 3, 4)
+            with pytest.raises(ValueError):
+                client.orthogonalize([a], nd="stack")
+        [messages] = fake.servicer.streams
+        specs = [m.spec for m in messages if m.WhichOneof("kind") == "spec"]
+        assert [(s.name, list(s.shape)) for s in specs] == [("a[0]", [3, 4]), ("a[1]", [3, 4]), ("m1", [2, 5])]
+    finally:
+        fake.stop()
