@@ -245,16 +245,37 @@ else
     failures+=("orthoctl missing")
   }
 
-  # Probe semantics: rank 0 of a 2-rank fleet whose rank 1 never comes. The liveness target (fleet
-  # port) must be SERVING, the readiness target (public port) NOT_SERVING.
-  p_grpc=$(free_port) p_fleet=$(free_port)
-  start_server waiting --listen "127.0.0.1:${p_grpc}" --fleet-listen "127.0.0.1:${p_fleet}" --metrics-address= \
-    --backend cpu --world 2 --rank 0 --coordinator "127.0.0.1:${p_fleet}" --rendezvous-timeout 120s
+  # A test matrix for the requests below.
+  "$py" "${checks[0]}" write-npy "$work/m.npy" 64 32
+
+  # Probe semantics: rank 1 of a 2-rank fleet whose coordinator (rank 0) never comes. It is alive
+  # (liveness target, the fleet port: SERVING; NOT_SERVING only when wedged) and takes calls
+  # (readiness target, the public port: SERVING; a lone client is computed on this rank alone),
+  # but it is not a fleet member (GetServerInfo `ready` false; orthoserve_fleet_ready 0), and it
+  # counts the time as degraded.
+  p_grpc=$(free_port) p_fleet=$(free_port) p_metrics=$(free_port) p_absent=$(free_port)
+  start_server waiting --listen "127.0.0.1:${p_grpc}" --fleet-listen "127.0.0.1:${p_fleet}" \
+    --metrics-address "127.0.0.1:${p_metrics}" --backend cpu --world 2 --rank 1 --coordinator "127.0.0.1:${p_absent}"
   if [[ -x $orthoctl ]] && wait_health "$p_grpc"; then
-    check "liveness target (fleet port) SERVING while the fleet forms" \
+    check "liveness target (fleet port) SERVING while the rank has no coordinator" \
       "$orthoctl" health --server "127.0.0.1:${p_fleet}" --timeout 5
-    check "readiness target (public port) NOT_SERVING until the fleet has formed" bash -c \
-      "'$orthoctl' health --server 127.0.0.1:${p_grpc} --timeout 5; rc=\$?; echo \"exit \$rc\"; [ \$rc -eq 2 ]"
+    check "readiness target (public port) SERVING while the rank is outside the fleet" \
+      "$orthoctl" health --server "127.0.0.1:${p_grpc}" --timeout 5
+    outside_fleet() {
+      "$orthoctl" info --json --no-retry --server "127.0.0.1:${p_grpc}" --timeout 5 >"$work/waiting-info.json" &&
+        "$py" -c 'import json, sys
+info = json.load(open(sys.argv[1]))
+print("ready:", info.get("ready", False), "generation:", info.get("fleet_generation", 0))
+sys.exit(1 if info.get("ready") else 0)' "$work/waiting-info.json" &&
+        "$orthoctl" orthogonalize --no-retry --server "127.0.0.1:${p_grpc}" --timeout 60 --in "$work/m.npy" \
+          --out "$work/waiting-result.npy" && echo "a lone client was served outside the fleet" &&
+        fetch "http://127.0.0.1:${p_metrics}/metrics" "$work/waiting-scrape.txt" &&
+        grep -E '^orthoserve_fleet_(ready|degraded_seconds_total)[ {]' "$work/waiting-scrape.txt" &&
+        grep -qE '^orthoserve_fleet_ready(\{\})? 0$' "$work/waiting-scrape.txt" &&
+        grep -qE '^orthoserve_fleet_degraded_seconds_total(\{\})? [0-9.e+-]*[1-9]' "$work/waiting-scrape.txt"
+    }
+    check "a rank outside the fleet: not ready in GetServerInfo, serves a lone client, counts degraded time" \
+      outside_fleet
   else
     echo "FAILED: a waiting rank's health service did not answer; its log:" >&2
     sed 's/^/    /' "$work/waiting.log" >&2
@@ -287,7 +308,6 @@ else
     fi
     # prometheus-cpp writes no # TYPE line for a family without samples: one real request makes
     # the per-matrix series appear (and shows they count it).
-    "$py" "${checks[0]}" write-npy "$work/m.npy" 64 32
     one_request() {
       "$orthoctl" orthogonalize --server "127.0.0.1:${grpc_port}" --timeout 60 --in "$work/m.npy" \
         --out "$work/result.npy" && scrape &&

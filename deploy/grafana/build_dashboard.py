@@ -61,27 +61,62 @@ def panels():
     y = 0
     out.append(row("Fleet", y)); y += 1
     red_green = {"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]}
-    out.append(stat("Ranks ready", f'min by (cell) (orthoserve_fleet_ready{{{SEL}}})', "{{cell}}", "none", 0, y,
-                    description="1 when every rank of the cell reports a formed fleet.",
-                    mappings=[{"type": "value", "options": {"0": {"text": "NOT READY"}, "1": {"text": "READY"}}}],
+    out.append(stat("Group steps", f'max by (cell) (orthoserve_fleet_ready{{{SEL}}})', "{{cell}}", "none", 0, y,
+                    description="UP while a fleet generation has formed (some rank of the cell is a member of it), "
+                                "so group steps are served. DOWN: no rank is a member, usually because rank 0, the "
+                                "coordinator, is away; every rank still serves lone clients alone.",
+                    mappings=[{"type": "value", "options": {"0": {"text": "DOWN"}, "1": {"text": "UP"}}}],
                     thresholds=red_green))
-    out.append(stat("Fleet members", f'min by (cell) (orthoserve_fleet_members_ready{{{SEL}}})', "{{cell}} ready",
-                    "none", 4, y))
-    out.append(stat("Fleet size", f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}}", "none", 8, y))
+    out.append(stat("Fleet members", f'max by (cell) (orthoserve_fleet_members_ready{{{SEL}}})', "{{cell}} members",
+                    "none", 4, y, description="Members of the fleet's current generation."))
+    out.append(stat("Fleet size", f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}}", "none", 8, y,
+                    description="ORTHOSERVE_WORLD: the ranks the fleet runs with when none is missing."))
     out.append(stat("Requests/s", f'sum(rate(orthoserve_requests_total{{{SEL}}}[{RI}]))', "", "reqps", 12, y))
     out.append(stat("NS FLOP/s", f'sum(rate(orthoserve_newton_schulz_flops_total{{{SEL}}}[{RI}]))', "", "flops", 16, y))
     out.append(stat("Build", f'count by (version, backend, device) (orthoserve_build_info{{{SEL}}})',
                     "{{version}} {{backend}} {{device}}", "none", 20, y))
     y += 4
-    out.append(timeseries("Fleet membership", [
-        (f'min by (cell) (orthoserve_fleet_members_ready{{{SEL}}})', "{{cell}} members ready"),
-        (f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}} size"),
-        (f'sum by (cell) (orthoserve_fleet_ready{{{SEL}}})', "{{cell}} ranks ready")], "none", 0, y,
-        description="A gap between size and members ready means a rank is missing (see the alert rules)."))
     out.append(timeseries("Rendezvous timeouts and aborted steps", [
         (f'sum by (cell) (increase(orthoserve_rendezvous_timeouts_total{{{SEL}}}[{RI}]))', "{{cell}} rendezvous timeouts"),
         (f'sum by (cell, reason) (increase(orthoserve_steps_aborted_total{{{SEL}}}[{RI}]))',
-         "{{cell}} aborted: {{reason}}")], "none", 12, y))
+         "{{cell}} aborted: {{reason}}")], "none", 0, y, w=24,
+        description="aborted: a trainer rank failed or never came; invalid: the trainer ranks disagree; collective: "
+                    "the fleet's collective broke; fleet_change: planned for a generation that ended (retried by "
+                    "the clients)."))
+    y += 8
+
+    out.append(row("Fleet membership", y)); y += 1
+    out.append(timeseries("Generation", [
+        (f'max by (cell) (orthoserve_fleet_generation{{{SEL}}})', "{{cell}}")], "none", 0, y, w=8,
+        description="The fleet's membership generation: one step up per re-formation (a rank joined, left, restarted "
+                    "or was lost). It starts again at 1 when rank 0, the coordinator, restarts."))
+    out.append(timeseries("Members vs size", [
+        (f'max by (cell) (orthoserve_fleet_members_ready{{{SEL}}})', "{{cell}} members"),
+        (f'max by (cell) (orthoserve_fleet_size{{{SEL}}})', "{{cell}} size"),
+        (f'sum by (cell) (orthoserve_fleet_ready{{{SEL}}})', "{{cell}} ranks in a formed generation")], "none", 8, y,
+        w=8, description="Members below size: the fleet runs without a rank (missing, restarting, draining or lost). "
+                         "Ranks outside the fleet serve lone clients alone."))
+    out.append(timeseries("Re-formations by reason", [
+        (f'sum by (cell, reason) (increase(orthoserve_fleet_reformations_total{{{SEL}}}[{RI}]))',
+         "{{cell}} {{reason}}")],
+        "none", 16, y, w=8, stack=True,
+        description="Generations started by the coordinator (counted on rank 0): joined, left (planned: rollouts, "
+                    "drains), restarted, lost, collective_failed (unplanned)."))
+    y += 8
+    out.append(timeseries("Retried steps/s", [
+        (f'sum by (cell, method) (rate(orthoserve_steps_retried_total{{{SEL}}}[{RI}]))', "{{cell}} {{method}}")],
+        "ops", 0, y, w=8,
+        description="Steps a client sent again after a retryable failure (StepHeader.attempt > 0), counted where "
+                    "the retry lands."))
+    out.append(timeseries("Share of steps retried", [
+        (f'sum by (cell, method) (rate(orthoserve_steps_retried_total{{{SEL}}}[{RI}])) / sum by (cell, method) '
+         f'(rate(orthoserve_requests_total{{{SEL}, method=~"Orthogonalize|OrthogonalizeStream"}}[{RI}]))',
+         "{{cell}} {{method}}")], "percentunit", 8, y, w=8))
+    out.append(timeseries("Time degraded", [
+        (f'sum by (pod) (rate(orthoserve_fleet_degraded_seconds_total{{{SEL}}}[{RI}]))', "{{pod}}")],
+        "percentunit", 16, y, w=8,
+        description="Share of time each rank saw fewer fleet members than ORTHOSERVE_WORLD, or was outside the "
+                    "fleet itself (orthoserve_fleet_degraded_seconds_total)."))
     y += 8
 
     out.append(row("Traffic", y)); y += 1
@@ -150,7 +185,8 @@ def dashboard():
         "uid": "orthoserve", "title": "orthoserve", "tags": ["orthoserve"], "editable": True,
         "schemaVersion": 39, "version": 1, "graphTooltip": 1, "refresh": "30s",
         "time": {"from": "now-3h", "to": "now"}, "timezone": "",
-        "description": "orthoserve fleets: readiness, traffic, errors by code, latency by stage, collectives, load.",
+        "description": "orthoserve fleets: membership and re-formations, retries, traffic, errors by code, "
+                       "latency by stage, collectives, load.",
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0},

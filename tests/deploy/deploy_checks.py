@@ -207,6 +207,11 @@ def pod_env(objs, sts, index, namespace):
     return env
 
 
+# Seconds the grace period must hold beyond preStop + drain: the server's backstop exits at drain +
+# 10s after SIGTERM (the graceful leave of up to 5s and teardown come within it), plus 5s of slack.
+TERMINATION_MARGIN_SECONDS = 15
+
+
 def check_statefulset(objs, sts):
     name = sts["metadata"]["name"]
     where = f"StatefulSet {name}"
@@ -255,7 +260,9 @@ def check_statefulset(objs, sts):
            "ORTHOSERVE_COORDINATOR must name pod 0 through the headless Service")
 
     fleet_port = int(cm.get("ORTHOSERVE_FLEET_LISTEN", ":50061").rsplit(":", 1)[1])
-    # Graceful termination: drain + preStop must fit in the grace period.
+    # Graceful termination: preStop, then SIGTERM: the drain (up to ORTHOSERVE_DRAIN_TIMEOUT), the
+    # graceful leave of the fleet (up to 5s) and teardown, which the server's backstop ends at
+    # drain + 10s after SIGTERM; plus 5s of slack before the kubelet's SIGKILL.
     drain = duration_seconds(cm.get("ORTHOSERVE_DRAIN_TIMEOUT", "0s"))
     pre = c.get("lifecycle", {}).get("preStop", {})
     pre_sleep = 0
@@ -264,13 +271,14 @@ def check_statefulset(objs, sts):
     elif "sleep" in pre:
         pre_sleep = pre["sleep"]["seconds"]
     grace = pod.get("terminationGracePeriodSeconds", 30)
-    expect(grace >= drain + pre_sleep + 5,
-           f"terminationGracePeriodSeconds {grace} < drain {drain:g}s + preStop {pre_sleep:g}s + 5s margin")
+    expect(grace >= drain + pre_sleep + TERMINATION_MARGIN_SECONDS,
+           f"terminationGracePeriodSeconds {grace} < drain {drain:g}s + preStop {pre_sleep:g}s + "
+           f"{TERMINATION_MARGIN_SECONDS}s (fleet leave and the server's 10s backstop margin, 5s slack)")
 
-    # Probes. Readiness: the public port's health (SERVING once the fleet has formed), natively or,
-    # under TLS, through `orthoctl health`. Liveness: the fleet port's health, which answers while
-    # the process runs (formed or not) and stays plaintext; on the public port it would kill ranks
-    # that wait for their fleet.
+    # Probes. Readiness: the public port's health (SERVING while the rank takes calls, fleet member
+    # or not; NOT_SERVING once it drains), natively or, under TLS, through `orthoctl health`.
+    # Liveness: the fleet port's health, NOT_SERVING only when the rank is wedged, and plaintext
+    # under TLS; the public port's turns NOT_SERVING during a drain, which must not kill the pod.
     listen_port = int(cm.get("ORTHOSERVE_LISTEN", ":50051").rsplit(":", 1)[1])
     ready, live = c.get("readinessProbe"), c.get("livenessProbe")
     expect(ready is not None and live is not None, "needs a readinessProbe and a livenessProbe")
@@ -314,6 +322,23 @@ def check_statefulset(objs, sts):
     pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget" and selects(o["spec"]["selector"].get("matchLabels"),
                                                                                labels)]
     expect(len(pdbs) == 1, f"{len(pdbs)} PodDisruptionBudgets select the fleet pods, want 1")
+    # Disruptions: the fleet goes on without any one rank (and takes it back), not without two at
+    # once; so node drains and rollouts take one rank at a time, and never none (a PDB that allows
+    # no eviction blocks node drains for good).
+    replicas = int(spec.get("replicas", 1))
+    for pdb in pdbs:
+        budget = pdb["spec"]
+        one = (budget.get("maxUnavailable") == 1 if "maxUnavailable" in budget
+               else budget.get("minAvailable") == replicas - 1)
+        expect(one, f"PodDisruptionBudget {pdb['metadata']['name']} must allow exactly one rank down "
+               f"(maxUnavailable: 1), not maxUnavailable {budget.get('maxUnavailable')!r} / minAvailable "
+               f"{budget.get('minAvailable')!r}")
+    update = spec.get("updateStrategy", {})
+    expect(update.get("type", "RollingUpdate") == "RollingUpdate",
+           f"updateStrategy.type must be RollingUpdate, not {update.get('type')!r}")
+    at_once = update.get("rollingUpdate", {}).get("maxUnavailable", 1)
+    expect(at_once == 1, f"updateStrategy.rollingUpdate.maxUnavailable is {at_once!r}: the fleet tolerates one rank "
+           "down at a time, so it must be 1")
     mons = [o for o in objs if o["kind"] == "ServiceMonitor"]
     expect(any(selects(m["spec"]["selector"].get("matchLabels"), svcs[0]["metadata"].get("labels", {}))
                for m in mons) if svcs else False, "no ServiceMonitor selects the headless Service")

@@ -140,6 +140,39 @@ class RenderedTest(TempDir):
         with self.assertRaisesRegex(dc.CheckError, r"terminationGracePeriodSeconds 30 < drain 30s \+ preStop 5s"):
             self.check(objs)
 
+    def test_grace_period_must_cover_the_leave_and_the_backstop(self):
+        # 45s covered preStop + drain + 5s, the crash-only fleet's rule; the graceful leave and
+        # the server's backstop (drain + 10s) need 15s beyond preStop + drain.
+        objs = self.load()
+        self.sts(objs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 49
+        with self.assertRaisesRegex(dc.CheckError,
+                                    r"terminationGracePeriodSeconds 49 < drain 30s \+ preStop 5s \+ 15s"):
+            self.check(objs)
+        self.sts(objs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 50
+        self.check(objs)
+
+    def test_disruption_budget_must_allow_one_rank_down(self):
+        objs = self.load()
+        pdb = next(o for o in objs if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "orthoserve-a")
+        pdb["spec"]["maxUnavailable"] = 2
+        with self.assertRaisesRegex(dc.CheckError, "PodDisruptionBudget orthoserve-a must allow exactly one rank down"):
+            self.check(objs)
+        del pdb["spec"]["maxUnavailable"]
+        pdb["spec"]["minAvailable"] = 4  # every rank: node drains would block for good
+        with self.assertRaisesRegex(dc.CheckError, "minAvailable 4"):
+            self.check(objs)
+        pdb["spec"]["minAvailable"] = 3
+        self.check(objs)
+
+    def test_rollout_must_take_one_rank_at_a_time(self):
+        objs = self.load()
+        self.sts(objs)["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] = "50%"
+        with self.assertRaisesRegex(dc.CheckError, "rollingUpdate.maxUnavailable is '50%'"):
+            self.check(objs)
+        self.sts(objs)["spec"]["updateStrategy"] = {"type": "OnDelete"}
+        with self.assertRaisesRegex(dc.CheckError, "updateStrategy.type must be RollingUpdate, not 'OnDelete'"):
+            self.check(objs)
+
     def test_headless_service_must_publish_not_ready(self):
         objs = self.load()
         svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "orthoserve-fleet-b")
@@ -169,7 +202,8 @@ class RenderedTest(TempDir):
             self.check(objs)
 
     def test_liveness_on_the_public_port_fails(self):
-        # The public port's health follows fleet formation: liveness there would kill waiting ranks.
+        # The public port's health turns NOT_SERVING for the drain: liveness there would kill
+        # draining ranks (and it says nothing about a wedged fleet executor).
         objs = self.load()
         dc.container(self.sts(objs))["livenessProbe"]["grpc"]["port"] = 50051
         with self.assertRaisesRegex(dc.CheckError, "livenessProbe must be gRPC on the fleet port 50061"):
