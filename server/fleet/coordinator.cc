@@ -102,6 +102,21 @@ absl::Status Coordinator::Report(ReadyReport report) {
                         false);
     return absl::OkStatus();
   }
+  if (report.attempt > 0 && report.trainer_world > 1 && !pending_.contains(key)) {
+    auto a = kept_.find(key.Group());
+    if (a != kept_.end() && a->second.key == key) {
+      StartReplayLocked(std::move(report));
+      return absl::OkStatus();
+    }
+    if (a != kept_.end() && a->second.key.step > key.step) {
+      AppendFailureLocked(key,
+                          absl::AbortedError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
+                                                          " retries a step older than the last one its group ran (",
+                                                          a->second.key.step, "); it cannot be run again")),
+                          false);
+      return absl::OkStatus();
+    }
+  }
   auto [it, inserted] = pending_.try_emplace(key);
   Pending& p = it->second;
   if (inserted) {
@@ -109,6 +124,7 @@ absl::Status Coordinator::Report(ReadyReport report) {
     p.first_generation = generation_.number;
     p.trainer_world = report.trainer_world;
     p.reports.resize(report.trainer_world);
+    p.cached.assign(report.trainer_world, false);
     timer_cv_.notify_all();
   }
   if (report.trainer_world != p.trainer_world) {
@@ -133,16 +149,24 @@ absl::Status Coordinator::Report(ReadyReport report) {
                           false);
       return absl::OkStatus();
     }
-    // A retry replaces the report of the attempt it retries (whose stream is gone).
+    // A retry replaces the report of the attempt it retries (whose stream is gone), or the
+    // original a replay would have taken from a member's cache.
     VLOG("fleet", 1) << "step " << step << ": trainer rank " << report.trainer_rank << " attempt " << report.attempt
                      << " replaces attempt " << slot->attempt;
+    p.cached[report.trainer_rank] = false;
     slot = std::move(report);
   } else {
     slot = std::move(report);
     ++p.arrived;
   }
-  if (p.arrived < p.trainer_world) return absl::OkStatus();
+  if (p.arrived == p.trainer_world) CompleteLocked(key);
+  return absl::OkStatus();
+}
 
+void Coordinator::CompleteLocked(const GroupKey& key) {
+  auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  Pending& p = it->second;
   absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, p);
   pending_.erase(it);
   if (batch.ok()) {
@@ -150,7 +174,44 @@ absl::Status Coordinator::Report(ReadyReport report) {
   } else {
     AppendFailureLocked(key, batch.status(), false);
   }
-  return absl::OkStatus();
+}
+
+void Coordinator::StartReplayLocked(ReadyReport report) {
+  const GroupKey key = report.key;
+  const int world = report.trainer_world;
+  LOG_INFO("fleet") << "step " << key.ToString() << ": trainer rank " << report.trainer_rank << " retries (attempt "
+                    << report.attempt << ") a step that was planned before; members' kept inputs stand in for the ranks "
+                       "that do not retry";
+  Pending& p = pending_[key];
+  p.first_report = absl::Now();
+  p.first_generation = generation_.number;
+  p.trainer_world = world;
+  p.reports.assign(world, std::nullopt);
+  p.cached.assign(world, false);
+  const int rank = report.trainer_rank;
+  p.reports[rank] = std::move(report);
+  p.arrived = 1;
+  timer_cv_.notify_all();
+  FillReplayLocked(key);
+}
+
+void Coordinator::FillReplayLocked(const GroupKey& key) {
+  auto it = pending_.find(key);
+  auto k = kept_.find(key.Group());
+  if (it == pending_.end() || k == kept_.end() || !(k->second.key == key)) return;
+  Pending& p = it->second;
+  const Kept& kept = k->second;
+  if (static_cast<int>(kept.reports.size()) != p.trainer_world) return;
+  for (int t = 0; t < p.trainer_world; ++t) {
+    if (p.reports[t] || !kept.reports[t]) continue;
+    const ReadyReport& original = *kept.reports[t];
+    // Its inputs are on that rank only while it is the same process and a member.
+    if (!IsMemberLocked(original.fleet_rank, original.incarnation)) continue;
+    p.reports[t] = original;
+    p.cached[t] = true;
+    ++p.arrived;
+  }
+  if (p.arrived == p.trainer_world) CompleteLocked(key);
 }
 
 absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pending& p) {
@@ -190,6 +251,7 @@ absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pend
     }
   }
   for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.reports[r]->submission);
+  if (std::find(p.cached.begin(), p.cached.end(), true) != p.cached.end()) entry.cached = p.cached;
   AssignOwners(plan);
   return entry;
 }
@@ -197,6 +259,7 @@ absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pend
 void Coordinator::WithdrawLocked(Pending& p, int trainer_rank) {
   if (trainer_rank < 0 || trainer_rank >= p.trainer_world || !p.reports[trainer_rank]) return;
   p.reports[trainer_rank].reset();
+  p.cached[trainer_rank] = false;
   --p.arrived;
 }
 
@@ -228,6 +291,24 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
   std::unique_lock<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));
+  for (const ReadyReport& r : reader.kept) {
+    // Only what this very process keeps, of a group step, newer than what is known.
+    if (r.fleet_rank != reader.rank || r.incarnation != reader.incarnation || r.trainer_world < 2 ||
+        r.trainer_rank < 0 || r.trainer_rank >= r.trainer_world) {
+      continue;
+    }
+    Kept& kept = kept_[r.key.Group()];
+    if (kept.reports.empty() || kept.key.step < r.key.step ||
+        static_cast<int>(kept.reports.size()) != r.trainer_world) {
+      if (!kept.reports.empty() && kept.key.step > r.key.step) continue;
+      kept.key = r.key;
+      kept.reports.assign(r.trainer_world, std::nullopt);
+    }
+    if (!(kept.key == r.key)) continue;
+    kept.at = absl::Now();
+    kept.reports[r.trainer_rank] = r;
+    FillReplayLocked(r.key);
+  }
   {
     Known& k = known_[reader.rank];
     k.last_seen = absl::Now();
@@ -334,6 +415,13 @@ void Coordinator::TimerLoop() {
       next = std::min(next, reform_at_);
     }
     CheckPendingLocked(now, next);
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      if (now - it->second.at > options_.rendezvous_timeout) {
+        kept_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
     timer_cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(next - absl::Now(), absl::Milliseconds(1))));
   }
 }

@@ -12,6 +12,16 @@
 // collective. Steps reported by ranks that drop out are withdrawn (their trainers retry
 // elsewhere); batches already in the log run or fail on the members of their generation.
 //
+// Replays. A group step can run on every rank and still lose one trainer rank's result: the
+// fleet rank that streamed to it died before sending it. The other trainers have moved on, so a
+// retry of that rank alone could never meet them again. Members therefore keep the inputs of
+// the last step of each group they ran (Executor) and send its reports with their next read (and
+// again to a restarted coordinator). A retried report (attempt > 0) of a step that members keep
+// starts a replay: the trainer ranks whose inputs a member holds are filled in from there
+// ("cached"), retries fill the rest, and the batch runs again with the same specs (the same
+// bits), results going to the retried ranks only. A retry of a step older than the group's last
+// kept one fails at once with ABORTED.
+//
 // Steps. A fleet rank reports a trainer rank ready once it holds all of that trainer's blocks
 // for a (group, step). When all W trainer ranks of the step have reported, the coordinator
 // checks that they agree (same world, no duplicate rank, the same spec list — INVALID_ARGUMENT
@@ -87,6 +97,7 @@ struct LogEntry {
   bool retryable = false;
   BatchPlan plan;
   std::vector<uint64_t> submissions;
+  std::vector<bool> cached;  // Batch: trainer ranks whose inputs come from the members' caches (a replay).
   std::vector<Member> members;
 
   bool membership() const { return !members.empty(); }
@@ -99,6 +110,7 @@ struct ReaderState {
   uint64_t incarnation = 0;
   int64_t formed_generation = 0;  // The last generation whose collective it joined.
   int64_t failed_generation = 0;  // The last generation whose collective it could not join or lost.
+  std::vector<ReadyReport> kept;  // Reports of the steps it has kept since its last read (or join).
 };
 
 // The generation in force.
@@ -179,9 +191,21 @@ class Coordinator {
     int64_t first_generation = 0;  // The generation at the first report.
     int trainer_world = 1;
     std::vector<std::optional<ReadyReport>> reports;
+    std::vector<bool> cached;  // Replay: the report is the original, its inputs in a member's cache.
     int arrived = 0;
     bool warned = false;
   };
+  // The last step of a group (key step = 0) that members keep: their reports by trainer rank.
+  struct Kept {
+    GroupKey key;
+    absl::Time at;
+    std::vector<std::optional<ReadyReport>> reports;
+  };
+  // A retried report of the step its group's members keep: starts the replay.
+  void StartReplayLocked(ReadyReport report);
+  // Fills replay slots from what members keep; appends the batch when every slot is filled.
+  void FillReplayLocked(const GroupKey& key);
+  void CompleteLocked(const GroupKey& key);
 
   explicit Coordinator(const Options& options);
   void AppendLocked(LogEntry entry);
@@ -212,6 +236,7 @@ class Coordinator {
   std::string reform_reason_;
   bool reform_forced_ = false;  // The next reform happens even with unchanged members.
   absl::flat_hash_map<GroupKey, Pending> pending_;
+  absl::flat_hash_map<GroupKey, Kept> kept_;  // By GroupKey::Group().
   std::deque<LogEntry> log_;  // log_.front().index == first_index_.
   int64_t first_index_ = 0;
   bool shutdown_ = false;

@@ -116,6 +116,7 @@ void Executor::Reset(const absl::Status& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.clear();
     aborts_.clear();  // For steps of a membership that no longer exists.
+    advertise_.clear();  // Sent again, to whichever coordinator this rank joins next.
     reset_requested_ = true;
     ++resets_;
     if (collective_ != nullptr) {
@@ -188,7 +189,8 @@ void Executor::ReaderLoop() {
       if (stopping_) return;
       joined = joined_;
       state = ReaderState{options_.self.rank, epoch_, options_.self.incarnation, formed_generation_,
-                          failed_generation_};
+                          failed_generation_, {}};
+      if (joined) state.kept.swap(advertise_);
     }
     if (!joined) {
       absl::StatusOr<LogSource::Joined> j = options_.log->Join(options_.self);
@@ -205,6 +207,11 @@ void Executor::ReaderLoop() {
       // whatever it had: report nothing of the past.
       formed_generation_ = 0;
       failed_generation_ = 0;
+      // What this rank keeps for replays may be what a restarted coordinator needs.
+      advertise_.clear();
+      for (const auto& [group, batch] : cache_) {
+        for (const std::shared_ptr<TrainerStep>& s : batch.steps) advertise_.push_back(ReportOf(*s));
+      }
       joined_ = true;
       lost_ = false;
       last_contact_ = absl::Now();
@@ -227,6 +234,11 @@ void Executor::ReaderLoop() {
         }
         Reset(absl::UnavailableError(absl::StrCat("this rank must join the fleet again: ", entries.status().message())));
         continue;
+      }
+      {
+        // Say it again with the next read.
+        std::lock_guard<std::mutex> lock(mu_);
+        advertise_.insert(advertise_.end(), state.kept.begin(), state.kept.end());
       }
       unreachable(entries.status());
       continue;
@@ -317,6 +329,7 @@ void Executor::ApplyMembership(const LogEntry& entry) {
     generation_ = entry.generation;
     members_ = entry.members;
     member_ = index >= 0;
+    collective_rank_ = index;
     resets = resets_;
     group = CollectiveGroup{epoch_, entry.generation, index, static_cast<int>(entry.members.size()),
                             absl::StrCat(Hex(epoch_), "/gen-", entry.generation)};

@@ -18,6 +18,13 @@
 // step fails with UNAVAILABLE and the collective is closed; the rank then serves lone clients
 // locally (member() is false) until it is a member of a formed generation again.
 //
+// Replays (coordinator.h): after a group step's batch ran, this rank keeps the steps it took part
+// with (their inputs) until the group's next step runs here or `cache_ttl` passes, and sends
+// their reports with its next read (and again after joining a restarted coordinator, the cache
+// surviving a reset); a replay entry takes the inputs of its cached trainer ranks
+// from there (their results are computed again and dropped) and delivers results only to the
+// retried ranks' steps.
+//
 // Every wait is bounded: log reads and control calls by their RPC deadlines, collective calls
 // by the collective timeout, joining a collective by `formation_timeout` (and given up at once
 // for a newer generation or at shutdown).
@@ -73,6 +80,7 @@ class Executor {
     absl::Duration peer_timeout = absl::Seconds(15);       // Coordinator unreachable this long: lost.
     absl::Duration formation_timeout = absl::Seconds(30);  // Bound on joining one generation's collective.
     absl::Duration poll = absl::Milliseconds(250);         // Long-poll of the log (the heartbeat period).
+    absl::Duration cache_ttl = absl::Seconds(60);          // Keep a group's last steps this long (for replays).
   };
 
   // What this rank knows of the fleet.
@@ -116,6 +124,11 @@ class Executor {
     std::shared_ptr<TrainerStep> step;
     StepCallback done;
   };
+  struct CachedBatch {
+    GroupKey key;
+    absl::Time at;
+    std::vector<std::shared_ptr<TrainerStep>> steps;
+  };
   struct PendingAbort {
     GroupKey key;
     int trainer_rank;
@@ -129,6 +142,8 @@ class Executor {
   void Apply(const LogEntry& entry);
   void ApplyMembership(const LogEntry& entry);
   void ApplyStep(const LogEntry& entry);
+  // Keeps the steps of a group's batch that ran here (for a replay) and queues their notice.
+  void Keep(const GroupKey& key, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached);
   // Joins `group` on a helper thread; gives up when `deadline` passes, a newer generation is
   // queued, or the executor resets or stops.
   absl::StatusOr<std::shared_ptr<Collective>> JoinCollective(const CollectiveGroup& group, absl::Time deadline);
@@ -136,6 +151,8 @@ class Executor {
   // applier forgets the generation. Called by the reader.
   void Reset(const absl::Status& reason);
   void SendAborts();
+  // The ready report of a step submitted here.
+  ReadyReport ReportOf(const TrainerStep& step) const;
   void PublishMetricsLocked();
 
   const Options options_;
@@ -154,6 +171,7 @@ class Executor {
   bool reset_requested_ = false;
   int64_t resets_ = 0;
   int64_t generation_ = 0;
+  int collective_rank_ = -1;  // This rank's position in the generation's members.
   std::vector<Member> members_;
   bool member_ = false;
   std::shared_ptr<Collective> collective_;  // The formed generation's group; null otherwise.
@@ -165,6 +183,8 @@ class Executor {
   bool left_ = false;
   // Steps.
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_;
+  absl::flat_hash_map<GroupKey, CachedBatch> cache_;  // By group (step 0): its last batch's steps here.
+  std::vector<ReadyReport> advertise_;                // Reports of steps kept since the last read.
   uint64_t next_submission_;
   bool stopping_ = false;
   std::thread reader_;

@@ -16,21 +16,27 @@ StepOutcome Unavailable(const GroupKey& key, absl::string_view why) {
 
 }  // namespace
 
-void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
+ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   ReadyReport report;
-  report.key = step->key;
-  report.trainer_rank = step->trainer_rank;
-  report.trainer_world = step->trainer_world;
+  report.key = step.key;
+  report.trainer_rank = step.trainer_rank;
+  report.trainer_world = step.trainer_world;
   report.fleet_rank = options_.self.rank;
-  report.attempt = step->attempt;
+  report.attempt = step.attempt;
   report.incarnation = options_.self.incarnation;
-  report.matrices.reserve(step->matrices.size());
-  for (const MatrixPlan& m : step->matrices) {
+  report.submission = step.submission;
+  report.matrices.reserve(step.matrices.size());
+  for (const MatrixPlan& m : step.matrices) {
     report.blocks.push_back(m.blocks.empty() ? Block{} : m.blocks[0].block);
     MatrixPlan spec = m;
     spec.blocks.clear();
     report.matrices.push_back(std::move(spec));
   }
+  return report;
+}
+
+void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
+  ReadyReport report = ReportOf(*step);
   const GroupKey key = step->key;
   uint64_t submission;
   {
@@ -74,10 +80,31 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
   }
 }
 
+void Executor::Keep(const GroupKey& key, const std::vector<Waiting>& ran,
+                    const std::vector<std::shared_ptr<TrainerStep>>& cached) {
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    if (now - it->second.at > options_.cache_ttl) {
+      cache_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  // The group's previous step is dropped: its next one ran, so every trainer rank has its result.
+  CachedBatch& batch = cache_[key.Group()];
+  batch.key = key;
+  batch.at = now;
+  batch.steps = cached;
+  for (const Waiting& w : ran) batch.steps.push_back(w.step);
+  for (const std::shared_ptr<TrainerStep>& s : batch.steps) advertise_.push_back(ReportOf(*s));
+}
+
 void Executor::ApplyStep(const LogEntry& entry) {
   std::vector<Waiting> all;
   std::shared_ptr<Collective> collective;
   bool usable;
+  std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = waiting_.find(entry.key);
@@ -88,6 +115,13 @@ void Executor::ApplyStep(const LogEntry& entry) {
     collective = collective_;
     usable = member_ && collective != nullptr && entry.generation == generation_ &&
              formed_generation_ == generation_;
+    auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
+    if (c != cache_.end() && c->second.key == entry.key) {
+      for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {
+        const size_t r = static_cast<size_t>(s->trainer_rank);
+        if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission) cached.push_back(s);
+      }
+    }
   }
   const absl::Time start = absl::Now();
   auto resolve = [&](std::vector<Waiting>& steps, const StepOutcome& outcome) {
@@ -138,6 +172,23 @@ void Executor::ApplyStep(const LogEntry& entry) {
       local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[i].data(), s.outputs[i].data()});
     }
   }
+  // A replay: the kept inputs of ranks that already have their results; what they compute
+  // again goes to scratch buffers (it is the same).
+  std::vector<std::vector<char>> scratch;
+  for (const std::shared_ptr<TrainerStep>& s : cached) {
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
+      const MatrixPlan& m = entry.plan.matrices[i];
+      const Block& block = m.blocks[s->trainer_rank].block;
+      scratch.emplace_back(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
+    }
+  }
+  size_t next_scratch = 0;
+  for (const std::shared_ptr<TrainerStep>& s : cached) {
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
+      local.push_back(
+          LocalBlock{static_cast<int>(i), s->trainer_rank, s->inputs[i].data(), scratch[next_scratch++].data()});
+    }
+  }
   absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, *collective, options_.execute);
   StepOutcome outcome;
   if (!result.ok()) {
@@ -161,6 +212,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
       options_.metrics->StageTime(Stage::kCollective, result->collective_time);
       options_.metrics->StageTime(Stage::kCompute, result->compute_time);
     }
+    if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty())) Keep(entry.key, mine, cached);
   }
   resolve(mine, outcome);
 }

@@ -170,6 +170,7 @@ absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& r
   request.set_incarnation(reader.incarnation);
   request.set_formed_generation(reader.formed_generation);
   request.set_failed_generation(reader.failed_generation);
+  for (const ReadyReport& r : reader.kept) *request.add_kept() = ReadyReportToProto(r);
   request.set_from(from);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   fleet::v1::ReadLogResponse response;

@@ -77,6 +77,7 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   p.set_retryable(entry.retryable);
   for (const Member& m : entry.members) *p.add_members() = MemberToProto(m);
   for (uint64_t s : entry.submissions) p.add_submissions(s);
+  for (bool c : entry.cached) p.add_cached(c);
   *p.mutable_key() = GroupKeyToProto(entry.key);
   p.set_code(static_cast<int>(entry.status.code()));
   p.set_message(std::string(entry.status.message()));
@@ -103,6 +104,7 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   entry.retryable = p.retryable();
   for (const fleet::v1::Member& m : p.members()) entry.members.push_back(MemberFromProto(m));
   entry.submissions.assign(p.submissions().begin(), p.submissions().end());
+  entry.cached.assign(p.cached().begin(), p.cached().end());
   entry.key = GroupKeyFromProto(p.key());
   entry.status = absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
   entry.plan.trainer_world = p.trainer_world();

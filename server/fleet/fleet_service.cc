@@ -91,6 +91,10 @@ grpc::Status FleetService::ReadLog(grpc::ServerContext*, const fleet::v1::ReadLo
   reader.incarnation = request->incarnation();
   reader.formed_generation = request->formed_generation();
   reader.failed_generation = request->failed_generation();
+  for (const fleet::v1::ReadyReport& r : request->kept()) {
+    absl::StatusOr<ReadyReport> report = ReadyReportFromProto(r);
+    if (report.ok()) reader.kept.push_back(*std::move(report));
+  }
   absl::StatusOr<std::vector<LogEntry>> entries =
       coordinator_->Read(reader, request->from(), WaitOf(request->timeout_ms()));
   if (!entries.ok()) return ToGrpcStatus(entries.status());

@@ -30,6 +30,8 @@ struct GroupKey {
   }
   // "tenant/job/group@step" for logs and messages.
   std::string ToString() const;
+  // The group this is a step of (step 0).
+  GroupKey Group() const { return GroupKey{tenant, job, group, 0}; }
 };
 
 // What one trainer rank sent for a step. `matrices[i].blocks` holds exactly one placement:

@@ -32,7 +32,7 @@ Member M(int rank, uint64_t incarnation) { return Member{rank, absl::StrCat("127
 // Reads as rank `m` would (its heartbeat) and returns the entries from `from`.
 std::vector<LogEntry> ReadAll(Coordinator& c, const Member& m, int64_t from, int64_t formed = 0) {
   absl::StatusOr<std::vector<LogEntry>> entries =
-      c.Read(ReaderState{m.rank, c.epoch(), m.incarnation, formed, 0}, from, absl::Milliseconds(1));
+      c.Read(ReaderState{m.rank, c.epoch(), m.incarnation, formed, 0, {}}, from, absl::Milliseconds(1));
   EXPECT_OK(entries.status());
   return entries.ok() ? *entries : std::vector<LogEntry>{};
 }
@@ -117,7 +117,7 @@ TEST(CoordinatorTest, RestartLossAndLeaveEachStartANewGeneration) {
   ASSERT_EQ(g.members.size(), 3u);
   EXPECT_EQ(g.members[2].incarnation, 23u);
   // The old incarnation must join again.
-  EXPECT_THAT((*c)->Read(ReaderState{2, (*c)->epoch(), 22, 0, 0}, 0, absl::Milliseconds(1)).status(),
+  EXPECT_THAT((*c)->Read(ReaderState{2, (*c)->epoch(), 22, 0, 0, {}}, 0, absl::Milliseconds(1)).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("join again")));
 
   // Rank 1 leaves gracefully: the next generation goes without it, and it can still read
@@ -127,7 +127,7 @@ TEST(CoordinatorTest, RestartLossAndLeaveEachStartANewGeneration) {
   EXPECT_EQ(g.number, 3);
   ASSERT_EQ(g.members.size(), 2u);
   EXPECT_EQ(g.members[1].rank, 2);
-  EXPECT_OK((*c)->Read(ReaderState{1, (*c)->epoch(), 11, 0, 0}, 0, absl::Milliseconds(1)).status());
+  EXPECT_OK((*c)->Read(ReaderState{1, (*c)->epoch(), 11, 0, 0, {}}, 0, absl::Milliseconds(1)).status());
 
   // Rank 2 falls silent (rank 0 keeps reading): lost after the peer timeout.
   const absl::Time silent = absl::Now();
@@ -295,13 +295,63 @@ TEST(CoordinatorTest, RendezvousTimeoutNamesAFewRanksAndACount) {
   EXPECT_EQ(CappedRankList({1, 2, 3}), "1, 2, 3");
 }
 
+TEST(CoordinatorTest, ARetryOfAStepThatRanIsReplayedFromWhatMembersKept) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  const GroupKey key{"t", "j", "g", 7};
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[0], 100)));
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[1], 101)));
+  ASSERT_EQ(EntriesFor(ReadAll(**c, members[0], 0), key).size(), 1u);
+  // Trainer rank 1 lost its result and retries on rank 0; nothing is known to be kept yet, so
+  // it waits.
+  ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[0], 200, /*attempt=*/1)));
+  EXPECT_EQ((*c)->pending_steps(), 1u);
+  EXPECT_EQ(EntriesFor(ReadAll(**c, members[0], 0), key).size(), 1u);
+  // Rank 0 says it kept trainer rank 0's step: the replay runs with that and the retry.
+  ReaderState kept{0, (*c)->epoch(), 10, 0, 0, {Report(**c, key, 0, 2, members[0], 100)}};
+  ASSERT_OK((*c)->Read(kept, 0, absl::Milliseconds(1)).status());
+  std::vector<LogEntry> entries = EntriesFor(ReadAll(**c, members[0], 0), key);
+  ASSERT_EQ(entries.size(), 2u);
+  const LogEntry& replay = entries[1];
+  ASSERT_OK(replay.status);
+  EXPECT_EQ(replay.submissions, (std::vector<uint64_t>{100, 200}));
+  EXPECT_EQ(replay.cached, (std::vector<bool>{true, false}));
+  EXPECT_EQ(replay.plan.matrices[0].blocks[0].fleet_rank, 0);
+  EXPECT_EQ(replay.plan.matrices[0].blocks[1].fleet_rank, 0);
+  EXPECT_EQ((*c)->pending_steps(), 0u);
+
+  // A notice that comes first makes the replay immediate; a claim for a submission the batch
+  // did not use is ignored.
+  const GroupKey next{"t", "j", "g", 8};
+  ASSERT_OK((*c)->Report(Report(**c, next, 0, 2, members[0], 300)));
+  ASSERT_OK((*c)->Report(Report(**c, next, 1, 2, members[1], 301)));
+  ReaderState wrong{1, (*c)->epoch(), 11, 0, 0, {Report(**c, next, 0, 2, members[0], 300)}};  // Not rank 1's.
+  ASSERT_OK((*c)->Read(wrong, 0, absl::Milliseconds(1)).status());
+  ReaderState right{1, (*c)->epoch(), 11, 0, 0, {Report(**c, next, 1, 2, members[1], 301)}};
+  ASSERT_OK((*c)->Read(right, 0, absl::Milliseconds(1)).status());
+  ASSERT_OK((*c)->Report(Report(**c, next, 0, 2, members[1], 400, 2)));
+  entries = EntriesFor(ReadAll(**c, members[0], 0), next);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[1].cached, (std::vector<bool>{false, true}));
+  EXPECT_EQ(entries[1].submissions, (std::vector<uint64_t>{400, 301}));
+
+  // A retry of an older step than the group's last cannot be run again.
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[0], 500, 3)));
+  std::vector<LogEntry> old = EntriesFor(ReadAll(**c, members[0], 0), key);
+  ASSERT_EQ(old.size(), 3u);
+  EXPECT_THAT(old[2].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("older than the last one")));
+}
+
 TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers) {
   auto c = Coordinator::Create(TestOptions(2));
   ASSERT_OK(c);
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
   WaitGeneration(**c, 1, members);
-  ASSERT_OK((*c)->Read(ReaderState{1, (*c)->epoch(), 11, 0, /*failed=*/1}, 0, absl::Milliseconds(1)).status());
+  ASSERT_OK((*c)->Read(ReaderState{1, (*c)->epoch(), 11, 0, /*failed=*/1, {}}, 0, absl::Milliseconds(1)).status());
   Generation g = WaitGeneration(**c, 2, members);
   EXPECT_EQ(g.number, 2);
   EXPECT_EQ(g.members.size(), 2u);

@@ -309,6 +309,28 @@ TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {
   EXPECT_TRUE(refused[0].retryable);
 }
 
+TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(5);
+  const GroupKey key{"t", "j", "g", 1};
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (const StepOutcome& o : RunStep(h, key, {0, 1}, full, &steps)) ASSERT_OK(o.status);
+  const std::vector<char> first = steps[1]->outputs[0];
+  // Trainer rank 1's result never reached it: it retries the step (on rank 0 this time) after
+  // the other trainer has moved on. The members kept the inputs, so the step runs again.
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  std::shared_ptr<TrainerStep> retry = MakeStep(key, 1, 2, full, /*attempt=*/1);
+  h.rank(0).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_OK(o.matrices[0]);
+  EXPECT_EQ(retry->outputs[0], first);
+}
+
 TEST(ExecutorTest, ALostCoordinatorFailsWaitingStepsWithinThePeerTimeout) {
   FleetHarness h(2);
   h.StartAll();

@@ -1,0 +1,475 @@
+// The elastic fleet under faults, with the real binaries on loopback: a 3-rank CPU fleet
+// serves a W = 4 trainer group and a lone client stepping continuously (default client
+// settings: retries on) while ranks are killed and restarted (a member, then the coordinator),
+// restarted one by one with SIGTERM (a rolling update), and stopped for longer than the peer
+// timeout. No step may fail, every result must be bit-identical to the fault-free run, the
+// fleet must be back to 3 members within a bound, and every rank must exit on SIGTERM within
+// the drain timeout. Also: SIGTERM ends a rank promptly while its coordinator is gone and a
+// group step waits on it. Prints the measured recovery figures (time to detect, to re-form,
+// steps retried) as a table, also written to $ORTHOSERVE_ELASTIC_REPORT when set.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cpp/client.h"
+#include "client/cpp/group_client.h"
+#include "common/shape.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/binaries/subprocess.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using client::GroupClient;
+using client::MatrixInput;
+using client::MatrixOutput;
+using testing::Subprocess;
+using testing::StatusIs;
+
+constexpr int kFleet = 3;
+constexpr int kWorld = 4;
+constexpr int kVariants = 4;  // Distinct inputs; step s uses variant s % kVariants.
+constexpr absl::Duration kPeer = absl::Seconds(2);
+constexpr absl::Duration kDrain = absl::Seconds(5);
+constexpr absl::Duration kRestartDelay = absl::Milliseconds(500);
+// A rank must be gone within the drain timeout plus its graceful leave and teardown.
+constexpr absl::Duration kExitMargin = absl::Seconds(6);
+// The fleet must be whole again this long after a fault ends.
+constexpr absl::Duration kReformBound = absl::Seconds(15);
+
+bool PortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return free;
+}
+
+int FreeBasePort(int world) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 30000 + static_cast<int>((getpid() * 4099 + attempt * 137) % 2500) * 10;
+    bool ok = true;
+    for (int r = 0; r < world && ok; ++r) ok = PortFree(base + r) && PortFree(base + 50 + r);
+    if (ok) return base;
+  }
+  return 0;
+}
+
+// S rank processes, started, signalled and restarted one by one.
+class Fleet {
+ public:
+  explicit Fleet(int world, const std::string& name) : world_(world), ranks_(world) {
+    base_ = FreeBasePort(world);
+    dir_ = ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());
+    std::system(("mkdir -p " + dir_).c_str());
+  }
+  ~Fleet() {
+    for (auto& r : ranks_) r.reset();  // SIGKILL whatever still runs.
+  }
+
+  std::string Address(int r) const { return absl::StrCat("127.0.0.1:", base_ + r); }
+
+  void Start(int r) {
+    std::vector<std::string> argv = {ORTHOSERVE_BINARY,
+                                     "--rank", std::to_string(r),
+                                     "--world", std::to_string(world_),
+                                     "--listen", Address(r),
+                                     "--fleet-listen", absl::StrCat("127.0.0.1:", base_ + 50 + r),
+                                     "--coordinator", absl::StrCat("127.0.0.1:", base_ + 50),
+                                     "--metrics-address", "",
+                                     "--fleet-peer-timeout", absl::StrCat(absl::ToInt64Seconds(kPeer), "s"),
+                                     "--drain-timeout", absl::StrCat(absl::ToInt64Seconds(kDrain), "s"),
+                                     "--rendezvous-timeout", "30s"};
+    auto p = Subprocess::Start(argv, absl::StrCat(dir_, "/rank", r, "-", starts_++));
+    ASSERT_OK(p);
+    ranks_[r] = std::move(*p);
+  }
+  void StartAll() {
+    for (int r = 0; r < world_; ++r) Start(r);
+  }
+  Subprocess& rank(int r) { return *ranks_[r]; }
+
+  // Ready members as rank r sees them (-1 when it does not answer, or is not ready itself).
+  int ReadyMembers(int r) {
+    ClientOptions o;
+    o.address = Address(r);
+    o.timeout = absl::Seconds(1);
+    o.retry.enabled = false;
+    auto c = Client::Create(o);
+    if (!c.ok()) return -1;
+    absl::StatusOr<v1::ServerInfo> info = (*c)->GetServerInfo();
+    if (!info.ok() || !info->ready()) return -1;
+    int n = 0;
+    for (const v1::FleetMember& m : info->members()) n += m.ready() ? 1 : 0;
+    return n;
+  }
+  // Waits until every rank is a member of a formed generation of all S ranks.
+  absl::Duration WaitWhole(absl::Duration timeout) {
+    const absl::Time start = absl::Now();
+    while (absl::Now() - start < timeout) {
+      bool whole = true;
+      for (int r = 0; r < world_ && whole; ++r) whole = ReadyMembers(r) == world_;
+      if (whole) return absl::Now() - start;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return absl::InfiniteDuration();
+  }
+  // Waits until rank `observer` no longer lists `gone` among the ready members.
+  absl::Duration WaitDropped(int observer, absl::Duration timeout) {
+    const absl::Time start = absl::Now();
+    while (absl::Now() - start < timeout) {
+      const int n = ReadyMembers(observer);
+      if (n >= 0 && n < world_) return absl::Now() - start;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return absl::InfiniteDuration();
+  }
+
+ private:
+  const int world_;
+  int base_ = 0;
+  int starts_ = 0;
+  std::string dir_;
+  std::vector<std::unique_ptr<Subprocess>> ranks_;
+};
+
+struct Case {
+  std::string name;
+  Matrix2d shape;
+  v1::Algorithm algorithm;
+  int partition_dim;
+};
+
+// Every algorithm whose result does not depend on how the fleet is cut (TP_DISTRIBUTED sums its
+// Gram in an order that follows the placement, so it agrees within tolerance only; the
+// distributed tests hold it to that).
+const std::vector<Case>& Batch() {
+  static const std::vector<Case> cases = {
+      {"auto_rows", {48, 32}, v1::ALGORITHM_AUTO, 0},
+      {"auto_cols", {24, 64}, v1::ALGORITHM_AUTO, 1},
+      {"row_sharded", {40, 24}, v1::ALGORITHM_ROW_SHARDED, 0},
+      {"gathered", {36, 36}, v1::ALGORITHM_GATHERED, 1},
+      {"tp_duplicated", {32, 48}, v1::ALGORITHM_TP_DUPLICATED, 1},
+      {"tp_blockwise", {32, 24}, v1::ALGORITHM_TP_BLOCKWISE, 0},
+  };
+  return cases;
+}
+
+Block BlockOf(const Case& c, int rank, int world) {
+  if (c.partition_dim == 0) {
+    std::vector<int64_t> o = ChunkOffsets(c.shape.rows, world);
+    return Block{o[rank], 0, o[rank + 1] - o[rank], c.shape.cols};
+  }
+  std::vector<int64_t> o = ChunkOffsets(c.shape.cols, world);
+  return Block{0, o[rank], c.shape.rows, o[rank + 1] - o[rank]};
+}
+
+std::vector<float> Random(Matrix2d m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> out(static_cast<size_t>(m.numel()));
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+// Trainer rank r's blocks of variant v, owned here.
+struct TrainerInputs {
+  std::vector<std::vector<float>> data;
+  std::vector<MatrixInput> inputs;
+};
+
+TrainerInputs MakeInputs(int variant, int r, int world = kWorld) {
+  TrainerInputs t;
+  const std::vector<Case>& cases = Batch();
+  t.data.resize(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const std::vector<float> full = Random(c.shape, 1000 * variant + static_cast<uint32_t>(i));
+    const Block b = BlockOf(c, r, world);
+    t.data[i].resize(static_cast<size_t>(b.numel()));
+    CopyBlockOut(full.data(), c.shape.cols, b, sizeof(float), t.data[i].data());
+    MatrixInput in;
+    in.name = c.name;
+    in.shape = {c.shape.rows, c.shape.cols};
+    in.data = t.data[i].data();
+    in.bytes = t.data[i].size() * sizeof(float);
+    in.algorithm = c.algorithm;
+    in.partition_dim = c.partition_dim;
+    in.block = b;
+    in.options.precision = Precision::kHighest;
+    t.inputs.push_back(in);
+  }
+  return t;
+}
+
+// What a workload thread saw.
+struct Tally {
+  std::atomic<int64_t> steps{0};
+  std::mutex mu;
+  std::vector<std::string> errors;      // Failures that reached the caller.
+  std::vector<std::string> mismatches;  // Results that differ from the fault-free run.
+  void Error(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (errors.size() < 20) errors.push_back(e);
+  }
+  void Mismatch(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (mismatches.size() < 20) mismatches.push_back(e);
+  }
+};
+
+using Bytes = std::vector<std::vector<char>>;  // One result per matrix.
+
+Bytes ResultBytes(const std::vector<MatrixOutput>& out) {
+  Bytes b;
+  for (const MatrixOutput& o : out) b.emplace_back(o.data.begin(), o.data.end());
+  return b;
+}
+
+// The W = 4 group and the lone client, stepping until told to stop.
+class Workload {
+ public:
+  Workload(GroupClient* group, Client* lone) : group_(group), lone_(lone) {
+    for (int v = 0; v < kVariants; ++v) {
+      for (int r = 0; r < kWorld; ++r) inputs_[v][r] = MakeInputs(v, r);
+    }
+    lone_data_ = Random({64, 40}, 77);
+  }
+
+  void Start() {
+    for (int r = 0; r < kWorld; ++r) threads_.emplace_back([this, r] { Trainer(r); });
+    threads_.emplace_back([this] { Lone(); });
+  }
+  // Every trainer runs every step up to one past the furthest started, then all stop.
+  void Stop() {
+    last_step_.store(started_.load() + 1);
+    stop_lone_.store(true);
+    for (std::thread& t : threads_) t.join();
+  }
+  int64_t group_steps() const { return done_.load(); }
+  int64_t lone_steps() const { return lone_tally_.steps.load(); }
+  // Waits until `n` more group and lone steps have completed (bounded).
+  bool Progress(int n, absl::Duration timeout) {
+    const int64_t g = group_steps(), l = lone_steps();
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (group_steps() >= g + n && lone_steps() >= l + n) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+  Tally& trainers() { return tally_; }
+  Tally& lone() { return lone_tally_; }
+
+ private:
+  void Trainer(int r) {
+    for (int64_t s = 0; s <= last_step_.load(); ++s) {
+      int64_t seen = started_.load();
+      while (seen < s && !started_.compare_exchange_weak(seen, s)) {
+      }
+      const int v = static_cast<int>(s % kVariants);
+      absl::StatusOr<std::vector<MatrixOutput>> out =
+          group_->Step("elastic", "g", s, r, kWorld, inputs_[v][r].inputs);
+      if (!out.ok()) {
+        tally_.Error(absl::StrCat("trainer ", r, " step ", s, ": ", out.status().ToString()));
+        continue;
+      }
+      for (const MatrixOutput& o : *out) {
+        if (!o.status.ok()) tally_.Error(absl::StrCat("trainer ", r, " step ", s, " ", o.name, ": ", o.status.ToString()));
+      }
+      Bytes got = ResultBytes(*out);
+      {
+        std::lock_guard<std::mutex> lock(ref_mu_);
+        if (s < kVariants) {
+          reference_[v][r] = got;  // The fault-free run.
+        } else if (got != reference_[v][r]) {
+          tally_.Mismatch(absl::StrCat("trainer ", r, " step ", s));
+        }
+      }
+      if (r == 0) done_.fetch_add(1);
+      tally_.steps.fetch_add(1);
+    }
+  }
+
+  void Lone() {
+    MatrixInput in;
+    in.name = "lone";
+    in.shape = {64, 40};
+    in.data = lone_data_.data();
+    in.bytes = lone_data_.size() * sizeof(float);
+    in.options.precision = Precision::kHighest;
+    Bytes first;
+    while (!stop_lone_.load()) {
+      absl::StatusOr<std::vector<MatrixOutput>> out = lone_->Step(client::StepOptions{}, {in});
+      if (!out.ok()) {
+        lone_tally_.Error(out.status().ToString());
+        continue;
+      }
+      if (!(*out)[0].status.ok()) lone_tally_.Error((*out)[0].status.ToString());
+      Bytes got = ResultBytes(*out);
+      if (first.empty()) {
+        first = got;
+      } else if (got != first) {
+        lone_tally_.Mismatch(absl::StrCat("lone step ", lone_tally_.steps.load()));
+      }
+      lone_tally_.steps.fetch_add(1);
+    }
+  }
+
+  GroupClient* group_;
+  Client* lone_;
+  TrainerInputs inputs_[kVariants][kWorld];
+  std::vector<float> lone_data_;
+  std::mutex ref_mu_;
+  Bytes reference_[kVariants][kWorld];
+  std::atomic<int64_t> started_{0};
+  std::atomic<int64_t> last_step_{std::numeric_limits<int64_t>::max()};
+  std::atomic<int64_t> done_{0};
+  std::atomic<bool> stop_lone_{false};
+  Tally tally_;
+  Tally lone_tally_;
+  std::vector<std::thread> threads_;
+};
+
+std::string FormatSeconds(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return "never";
+  return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d));
+}
+
+TEST(ElasticFleetTest, TrainersRideThroughKillsRestartsRollingUpdatesAndStops) {
+  Fleet fleet(kFleet, "elastic");
+  fleet.StartAll();
+  ASSERT_NE(fleet.WaitWhole(absl::Seconds(60)), absl::InfiniteDuration()) << "the fleet did not form";
+
+  GroupClient::Options go;
+  go.client.address = fleet.Address(0);
+  go.client.timeout = absl::Seconds(60);
+  auto group = GroupClient::Create(go);
+  ASSERT_OK(group);
+  ClientOptions lo;
+  lo.address = fleet.Address(1);
+  lo.timeout = absl::Seconds(60);
+  auto lone = Client::Create(lo);
+  ASSERT_OK(lone);
+
+  Workload work(group->get(), lone->get());
+  work.Start();
+  ASSERT_TRUE(work.Progress(kVariants + 2, absl::Seconds(60))) << "no progress before the faults";
+
+  // Times are from the start of the fault; "whole again" is when every rank reports a formed
+  // generation of all three.
+  std::string table =
+      "| fault | rank gone after | fleet whole again after | group steps retried | lone steps retried |\n"
+      "|---|---|---|---|---|\n";
+  auto row = [&](const std::string& fault, const std::string& gone, absl::Time start, int64_t g0, int64_t l0) {
+    const absl::Duration whole = fleet.WaitWhole(absl::Seconds(60));
+    const absl::Duration since = whole == absl::InfiniteDuration() ? whole : absl::Now() - start;
+    absl::StrAppend(&table, "| ", fault, " | ", gone, " | ", FormatSeconds(since), " | ", (*group)->retries() - g0,
+                    " | ", (*lone)->retries() - l0, " |\n");
+    EXPECT_LE(since, kReformBound) << fault;
+    EXPECT_TRUE(work.Progress(3, absl::Seconds(60))) << "no progress after " << fault;
+  };
+
+  for (int r : {2, 0}) {  // SIGKILL of a member, then of the coordinator, restarted after 0.5 s.
+    const int64_t g0 = (*group)->retries(), l0 = (*lone)->retries();
+    const absl::Time start = absl::Now();
+    fleet.rank(r).Signal(SIGKILL);
+    absl::SleepFor(kRestartDelay);
+    fleet.Start(r);
+    row(absl::StrCat("SIGKILL rank ", r, r == 0 ? " (the coordinator)" : "", ", restart after 0.5 s"), "at once",
+        start, g0, l0);
+  }
+  for (int r = 0; r < kFleet; ++r) {  // Rolling update: SIGTERM, wait for the exit, start again.
+    const int64_t g0 = (*group)->retries(), l0 = (*lone)->retries();
+    const absl::Time start = absl::Now();
+    fleet.rank(r).Signal(SIGTERM);
+    absl::StatusOr<int> code = fleet.rank(r).Wait(kDrain + kExitMargin);
+    ASSERT_TRUE(code.ok()) << code.status() << "rank " << r << " did not exit on SIGTERM";
+    EXPECT_EQ(*code, 0);
+    const absl::Duration exited = absl::Now() - start;
+    fleet.Start(r);
+    row(absl::StrCat("SIGTERM rank ", r, " (rolling update), restart at its exit"),
+        absl::StrCat("exited in ", FormatSeconds(exited)), start, g0, l0);
+  }
+  {  // SIGSTOP of a member for longer than the peer timeout.
+    const int64_t g0 = (*group)->retries(), l0 = (*lone)->retries();
+    const absl::Time start = absl::Now();
+    fleet.rank(2).Signal(SIGSTOP);
+    const absl::Duration detect = fleet.WaitDropped(0, kPeer + absl::Seconds(10));
+    absl::SleepFor(std::max(absl::ZeroDuration(), kPeer + absl::Seconds(1) - detect));
+    fleet.rank(2).Signal(SIGCONT);
+    EXPECT_LE(detect, kPeer + absl::Seconds(3));
+    row("SIGSTOP rank 2 for the peer timeout (2 s) + 1 s, then SIGCONT",
+        absl::StrCat("dropped after ", FormatSeconds(detect)), start, g0, l0);
+  }
+
+  work.Stop();
+  std::cout << "\n" << table << std::endl;
+  if (const char* path = std::getenv("ORTHOSERVE_ELASTIC_REPORT"); path != nullptr) std::ofstream(path) << table;
+  EXPECT_THAT(work.trainers().errors, ::testing::IsEmpty());
+  EXPECT_THAT(work.trainers().mismatches, ::testing::IsEmpty());
+  EXPECT_THAT(work.lone().errors, ::testing::IsEmpty());
+  EXPECT_THAT(work.lone().mismatches, ::testing::IsEmpty());
+  EXPECT_GT(work.group_steps(), 20);
+
+  // Nothing is left hanging: every rank ends on SIGTERM within the drain timeout.
+  for (int r = 0; r < kFleet; ++r) fleet.rank(r).Signal(SIGTERM);
+  for (int r = 0; r < kFleet; ++r) {
+    absl::StatusOr<int> code = fleet.rank(r).Wait(kDrain + kExitMargin);
+    ASSERT_TRUE(code.ok()) << code.status() << "rank " << r << " did not exit";
+    EXPECT_EQ(*code, 0) << "rank " << r;
+  }
+}
+
+TEST(ElasticFleetTest, SigtermEndsARankPromptlyWhileItsCoordinatorIsGone) {
+  Fleet fleet(2, "elastic-term");
+  fleet.StartAll();
+  ASSERT_NE(fleet.WaitWhole(absl::Seconds(60)), absl::InfiniteDuration());
+  // Trainer rank 0 of 2 streams to rank 1 and waits for a partner that never comes.
+  ClientOptions o;
+  o.address = fleet.Address(1);
+  o.timeout = absl::Seconds(120);
+  o.retry.enabled = false;
+  auto c = Client::Create(o);
+  ASSERT_OK(c);
+  TrainerInputs t = MakeInputs(0, 0, /*world=*/2);
+  auto call = std::async(std::launch::async, [&] {
+    return (*c)->Step(client::StepOptions{"term", "g", 1, 0, 2}, t.inputs);
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  fleet.rank(0).Signal(SIGKILL);
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::Time start = absl::Now();
+  fleet.rank(1).Signal(SIGTERM);
+  absl::StatusOr<int> code = fleet.rank(1).Wait(kDrain + kExitMargin);
+  ASSERT_TRUE(code.ok()) << code.status() << "rank 1 did not exit within the drain timeout + " << kExitMargin;
+  EXPECT_EQ(*code, 0);
+  EXPECT_LE(absl::Now() - start, kDrain + kExitMargin);
+  ASSERT_EQ(call.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  absl::StatusOr<std::vector<MatrixOutput>> out = call.get();
+  EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+}  // namespace
+}  // namespace orthoserve
