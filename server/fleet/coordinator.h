@@ -99,6 +99,9 @@ struct LogEntry {
   std::vector<uint64_t> submissions;
   std::vector<bool> cached;  // Batch: trainer ranks whose inputs come from the members' caches (a replay).
   std::vector<Member> members;
+  // Membership: the ranks it drops left gracefully — they run every batch before this entry,
+  // so nothing in flight is to be aborted.
+  bool graceful = false;
 
   bool membership() const { return !members.empty(); }
 };

@@ -123,6 +123,7 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
     LogEntry entry;
     entry.generation = generation_.number;
     entry.members = members;
+    entry.graceful = reason == "left";
     AppendLocked(std::move(entry));
   }
   // Reports held by ranks that are no longer members cannot take part: withdraw them (their
@@ -138,6 +139,13 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
       ++it;
     }
   }
+  // Ranks that keep a replay's inputs may have become members just now.
+  std::vector<GroupKey> replays;
+  for (const auto& [key, p] : pending_) {
+    auto k = kept_.find(key.Group());
+    if (k != kept_.end() && k->second.key == key) replays.push_back(key);
+  }
+  for (const GroupKey& key : replays) FillReplayLocked(key);
   if (options_.on_generation) options_.on_generation(generation_, reason);
 }
 

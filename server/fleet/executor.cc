@@ -209,7 +209,10 @@ void Executor::ReaderLoop() {
       failed_generation_ = 0;
       // What this rank keeps for replays may be what a restarted coordinator needs.
       advertise_.clear();
+      const absl::Time now = absl::Now();
       for (const auto& [group, batch] : cache_) {
+        // Only what stays here for as long as the coordinator may count on it.
+        if (batch.at + options_.cache_ttl - now < options_.notice_ttl) continue;
         for (const std::shared_ptr<TrainerStep>& s : batch.steps) advertise_.push_back(ReportOf(*s));
       }
       joined_ = true;
@@ -249,8 +252,9 @@ void Executor::ReaderLoop() {
     for (LogEntry& entry : *entries) {
       if (entry.index < next_read_) continue;
       next_read_ = entry.index + 1;
-      if (entry.membership() && collective_ != nullptr && entry.generation > generation_) {
+      if (entry.membership() && !entry.graceful && collective_ != nullptr && entry.generation > generation_) {
         // A member of the generation in use is gone: end the batch that may be waiting for it.
+        // (One that left gracefully runs every batch up to this entry: nothing waits for it.)
         bool dropped = false;
         for (const Member& m : members_) {
           bool kept = false;

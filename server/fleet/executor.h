@@ -80,7 +80,9 @@ class Executor {
     absl::Duration peer_timeout = absl::Seconds(15);       // Coordinator unreachable this long: lost.
     absl::Duration formation_timeout = absl::Seconds(30);  // Bound on joining one generation's collective.
     absl::Duration poll = absl::Milliseconds(250);         // Long-poll of the log (the heartbeat period).
-    absl::Duration cache_ttl = absl::Seconds(60);          // Keep a group's last steps this long (for replays).
+    absl::Duration cache_ttl = absl::Seconds(150);         // Keep a group's last steps this long (for replays).
+    absl::Duration notice_ttl = absl::Seconds(60);         // How long the coordinator relies on a notice of them:
+                                                           // only steps kept at least this much longer are noticed.
   };
 
   // What this rank knows of the fleet.

@@ -95,7 +95,10 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   e.join_collective = fleet->MakeCollectiveFactory();
   e.execute.collective_timeout = options.collective_timeout;
   e.peer_timeout = options.peer_timeout;
-  e.cache_ttl = options.rendezvous_timeout + options.peer_timeout;
+  // The coordinator counts on a notice for a rendezvous timeout; a restarted one is told again
+  // (what is kept for at least that long still).
+  e.notice_ttl = options.rendezvous_timeout;
+  e.cache_ttl = 2 * (options.rendezvous_timeout + options.peer_timeout);
   // Members of a generation are live processes, so joining its group is quick; a member that
   // died meanwhile is dropped by the coordinator within the peer timeout.
   e.formation_timeout = std::max(absl::Seconds(10), 2 * options.peer_timeout);

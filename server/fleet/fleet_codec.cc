@@ -78,6 +78,7 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   for (const Member& m : entry.members) *p.add_members() = MemberToProto(m);
   for (uint64_t s : entry.submissions) p.add_submissions(s);
   for (bool c : entry.cached) p.add_cached(c);
+  p.set_graceful(entry.graceful);
   *p.mutable_key() = GroupKeyToProto(entry.key);
   p.set_code(static_cast<int>(entry.status.code()));
   p.set_message(std::string(entry.status.message()));
@@ -105,6 +106,7 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   for (const fleet::v1::Member& m : p.members()) entry.members.push_back(MemberFromProto(m));
   entry.submissions.assign(p.submissions().begin(), p.submissions().end());
   entry.cached.assign(p.cached().begin(), p.cached().end());
+  entry.graceful = p.graceful();
   entry.key = GroupKeyFromProto(p.key());
   entry.status = absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
   entry.plan.trainer_world = p.trainer_world();

@@ -47,6 +47,7 @@ class ServerProcess:
     """One orthoserve process; `address` is its public HOST:PORT."""
 
     def __init__(self, args, address: str, log_path: pathlib.Path):
+        self.args = list(args)  # To start the same rank again.
         self.address = address
         self.log_path = log_path
         self._log = open(log_path, "wb")

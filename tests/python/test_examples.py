@@ -1,5 +1,6 @@
 """examples/train_small.py trains with the remote Muon and its loss falls; with the default retry policy it rides
-through a server that is killed and restarted mid-run, and with --fallback it trains without a service."""
+through a server that is killed and restarted mid-run, and through a rank of a 3-rank fleet killed and restarted;
+with --fallback it trains without a service."""
 
 import re
 import signal
@@ -7,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, ServerProcess, free_port, require_binary
+from conftest import REPO, ServerProcess, free_port, require_binary, start_fleet
 
 EXAMPLE = str(REPO / "examples" / "train_small.py")
 
@@ -60,6 +61,40 @@ def test_train_small_rides_through_a_server_restart(tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
     retries = int(re.search(r"^retries (\d+)$", stdout, re.M).group(1))
     assert retries >= 1 and "UNAVAILABLE" in stderr and "retrying in" in stderr, stderr
+
+
+def test_train_small_rides_through_a_fleet_rank_restart(tmp_path):
+    ranks = start_fleet(tmp_path, 3)
+    address = ranks[1].address
+    trainer = subprocess.Popen([sys.executable, EXAMPLE, "--address", address, "--steps", "120"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    restarted = None
+    try:
+        lines = []
+        for line in trainer.stdout:
+            lines.append(line)
+            if line.startswith("step   10 "):
+                break
+        # The rank the trainer talks to is killed mid-run and comes back half a second later (as Kubernetes
+        # restarts a pod); the other two ranks go on as the next fleet generation meanwhile.
+        ranks[1].proc.send_signal(signal.SIGKILL)
+        ranks[1].stop()
+        time.sleep(0.5)
+        restarted = ServerProcess(ranks[1].args, address, tmp_path / "rank1-restarted.log")
+        rest, stderr = trainer.communicate(timeout=300)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        for s in [restarted, ranks[2], ranks[0]]:
+            if s is not None:
+                s.stop()
+    stdout = "".join(lines) + rest
+    assert trainer.returncode == 0, stderr
+    losses = losses_of(stdout)
+    assert len(losses) == 120
+    assert losses[-1] < 0.5 * losses[0], losses
+    retries = int(re.search(r"^retries (\d+)$", stdout, re.M).group(1))
+    assert retries >= 1, stderr
 
 
 def test_train_small_falls_back_without_a_service():

@@ -7,10 +7,7 @@
 // the drain timeout. Also: SIGTERM ends a rank promptly while its coordinator is gone and a
 // group step waits on it. Prints the measured recovery figures (time to detect, to re-form,
 // steps retried) as a table, also written to $ORTHOSERVE_ELASTIC_REPORT when set.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -31,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/binaries/subprocess.h"
+#include "tests/integration/fleet/fleet_test_util.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {
@@ -55,32 +53,11 @@ constexpr absl::Duration kExitMargin = absl::Seconds(6);
 // The fleet must be whole again this long after a fault ends.
 constexpr absl::Duration kReformBound = absl::Seconds(15);
 
-bool PortFree(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return free;
-}
-
-int FreeBasePort(int world) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 30000 + static_cast<int>((getpid() * 4099 + attempt * 137) % 2500) * 10;
-    bool ok = true;
-    for (int r = 0; r < world && ok; ++r) ok = PortFree(base + r) && PortFree(base + 50 + r);
-    if (ok) return base;
-  }
-  return 0;
-}
-
 // S rank processes, started, signalled and restarted one by one.
 class Fleet {
  public:
   explicit Fleet(int world, const std::string& name) : world_(world), ranks_(world) {
-    base_ = FreeBasePort(world);
+    base_ = testing::FreeBasePort(world, 30000);
     dir_ = ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());
     std::system(("mkdir -p " + dir_).c_str());
   }
@@ -176,22 +153,9 @@ const std::vector<Case>& Batch() {
   return cases;
 }
 
-Block BlockOf(const Case& c, int rank, int world) {
-  if (c.partition_dim == 0) {
-    std::vector<int64_t> o = ChunkOffsets(c.shape.rows, world);
-    return Block{o[rank], 0, o[rank + 1] - o[rank], c.shape.cols};
-  }
-  std::vector<int64_t> o = ChunkOffsets(c.shape.cols, world);
-  return Block{0, o[rank], c.shape.rows, o[rank + 1] - o[rank]};
-}
+Block BlockOf(const Case& c, int rank, int world) { return testing::ChunkBlock(c.shape, c.partition_dim, rank, world); }
 
-std::vector<float> Random(Matrix2d m, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  std::vector<float> out(static_cast<size_t>(m.numel()));
-  for (float& x : out) x = dist(rng);
-  return out;
-}
+std::vector<float> Random(Matrix2d m, uint32_t seed) { return testing::RandomMatrix(m, seed); }
 
 // Trainer rank r's blocks of variant v, owned here.
 struct TrainerInputs {

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/cpu/cpu_backend.h"
 #include "server/engine/newton_schulz.h"
+#include "tests/integration/fleet/fleet_test_util.h"
 #include "tests/util/status_matchers.h"
 
 extern char** environ;
@@ -53,29 +54,6 @@ std::string BuildDir() {
 
 int Shell(const std::string& command) { return std::system(command.c_str()); }
 
-bool PortFree(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return free;
-}
-
-// A base port P for deploy/local/fleet.sh whose ranks' ports (P + r, P + 50 + r, P + 100 + r)
-// are all free now, searched from a point that differs between processes.
-int FreeBasePort(int world) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 20000 + static_cast<int>((getpid() * 7919 + attempt * 131) % 3000) * 10;
-    bool ok = true;
-    for (int r = 0; r < world && ok; ++r) ok = PortFree(base + r) && PortFree(base + 50 + r) && PortFree(base + 100 + r);
-    if (ok) return base;
-  }
-  return 0;
-}
-
 // One matrix of the mixed batch, with how its blocks are laid out over the W trainer ranks.
 struct Case {
   std::string name;
@@ -98,22 +76,9 @@ const std::vector<Case>& MixedBatch() {
   return cases;
 }
 
-Block BlockOf(const Case& c, int rank, int world) {
-  if (c.partition_dim == 0) {
-    std::vector<int64_t> o = ChunkOffsets(c.shape.rows, world);
-    return Block{o[rank], 0, o[rank + 1] - o[rank], c.shape.cols};
-  }
-  std::vector<int64_t> o = ChunkOffsets(c.shape.cols, world);
-  return Block{0, o[rank], c.shape.rows, o[rank + 1] - o[rank]};
-}
+Block BlockOf(const Case& c, int rank, int world) { return testing::ChunkBlock(c.shape, c.partition_dim, rank, world); }
 
-std::vector<float> Random(Matrix2d m, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  std::vector<float> out(static_cast<size_t>(m.numel()));
-  for (float& x : out) x = dist(rng);
-  return out;
-}
+std::vector<float> Random(Matrix2d m, uint32_t seed) { return testing::RandomMatrix(m, seed); }
 
 NsOptions Highest() {
   NsOptions o;
@@ -133,7 +98,7 @@ double RelativeError(const float* a, const float* b, size_t n) {
 class FleetTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    base_port_ = FreeBasePort(kFleet);
+    base_port_ = testing::FreeBasePort(kFleet, 20000);
     dir_ = ::testing::TempDir() + "/fleet-" + std::to_string(getpid());
     std::string cmd = absl::StrCat(ORTHOSERVE_FLEET_SCRIPT, " start --world ", kFleet, " --base-port ", base_port_,
                                    " --dir ", dir_, " --bin ", BuildDir(), "/bin -- --rendezvous-timeout ",
