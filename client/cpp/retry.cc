@@ -70,6 +70,9 @@ absl::Status ValidateRetryOptions(const RetryOptions& o) {
 
 bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_ref, grpc::string_ref>& trailing) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) return true;
+  // The client never cancels a call whose status it reports: CANCELLED came from the server,
+  // which gave up on the call (its drain deadline passed, or it shut down as the call arrived).
+  if (status.error_code() == grpc::StatusCode::CANCELLED) return true;
   if (status.error_code() != grpc::StatusCode::ABORTED) return false;
   auto [begin, end] = trailing.equal_range(grpc::string_ref(kRetryableMetadataKey));
   return std::any_of(begin, end, [](const auto& entry) { return entry.second == grpc::string_ref(kFleetChangeValue); });
@@ -77,7 +80,7 @@ bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_re
 
 bool IsRetryable(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kUnavailable) return true;
-  if (status.code() != absl::StatusCode::kAborted) return false;
+  if (status.code() != absl::StatusCode::kAborted && status.code() != absl::StatusCode::kCancelled) return false;
   const absl::optional<absl::Cord> mark = status.GetPayload(kFleetChangePayload);
   return mark.has_value() && *mark == kFleetChangeValue;
 }
@@ -90,7 +93,8 @@ absl::Status MarkFleetChange(absl::Status status) {
 absl::Status FromCallStatus(const grpc::Status& status,
                             const std::multimap<grpc::string_ref, grpc::string_ref>& trailing) {
   absl::Status converted = FromGrpcStatus(status);
-  if (status.error_code() == grpc::StatusCode::ABORTED && IsRetryable(status, trailing)) {
+  if ((status.error_code() == grpc::StatusCode::ABORTED || status.error_code() == grpc::StatusCode::CANCELLED) &&
+      IsRetryable(status, trailing)) {
     return MarkFleetChange(std::move(converted));
   }
   return converted;

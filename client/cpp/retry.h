@@ -52,11 +52,13 @@ struct RetryOptions {
 // backoff, max_backoff below initial_backoff, a multiplier below 1, negative max_attempts.
 absl::Status ValidateRetryOptions(const RetryOptions& options);
 
-// Whether a failed call may be retried: UNAVAILABLE, or ABORTED when `trailing` (the call's
-// trailing metadata) holds `orthoserve-retryable: fleet-change`. Every other code is final.
+// Whether a failed call may be retried: UNAVAILABLE; ABORTED when `trailing` (the call's
+// trailing metadata) holds `orthoserve-retryable: fleet-change`; CANCELLED (the client never
+// cancels a call whose status it reports, so the server gave up on it: it was shutting down).
+// Every other code is final.
 bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_ref, grpc::string_ref>& trailing);
 
-// The same for a status that left the call: UNAVAILABLE, or ABORTED carrying the fleet-change
+// The same for a status that left the call: UNAVAILABLE, or ABORTED or CANCELLED carrying the
 // mark that FromCallStatus (or MarkFleetChange) puts on it.
 bool IsRetryable(const absl::Status& status);
 

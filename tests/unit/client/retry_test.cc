@@ -35,9 +35,11 @@ TEST(IsRetryable, GrpcCodesAndTrailingMetadata) {
   EXPECT_FALSE(IsRetryable(grpc::Status(grpc::StatusCode::ABORTED, "rendezvous timeout"), none));
   EXPECT_FALSE(IsRetryable(grpc::Status(grpc::StatusCode::ABORTED, "x"), other_value));
   EXPECT_FALSE(IsRetryable(grpc::Status(grpc::StatusCode::ABORTED, "x"), other_key));
+  // The server cancelled the call (the client never does so on a call whose status it reports).
+  EXPECT_TRUE(IsRetryable(grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED"), none));
   for (grpc::StatusCode code :
        {grpc::StatusCode::OK, grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::RESOURCE_EXHAUSTED,
-        grpc::StatusCode::CANCELLED, grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::FAILED_PRECONDITION,
+        grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::FAILED_PRECONDITION,
         grpc::StatusCode::INTERNAL, grpc::StatusCode::UNAUTHENTICATED}) {
     EXPECT_FALSE(IsRetryable(grpc::Status(code, "final"), fleet_change)) << code;
   }
@@ -55,6 +57,7 @@ TEST(IsRetryable, TheMarkSurvivesConversionAndAnnotation) {
 
   EXPECT_FALSE(IsRetryable(FromCallStatus(grpc::Status(grpc::StatusCode::ABORTED, "timeout"), Metadata())));
   EXPECT_TRUE(IsRetryable(FromCallStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone"), Metadata())));
+  EXPECT_TRUE(IsRetryable(FromCallStatus(grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED"), Metadata())));
   EXPECT_FALSE(IsRetryable(FromCallStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"), fleet_change)));
   EXPECT_OK(FromCallStatus(grpc::Status::OK, fleet_change));
   EXPECT_TRUE(IsRetryable(MarkFleetChange(absl::AbortedError("x"))));

@@ -59,8 +59,9 @@ class OrthoserveError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """A call-level UNAVAILABLE, or ABORTED marked as a fleet change. Per-matrix (in-band) errors are final."""
-        return self.matrix is None and (self.code == grpc.StatusCode.UNAVAILABLE or
+        """A call-level UNAVAILABLE; ABORTED marked as a fleet change; CANCELLED (the client does not cancel its
+        calls, so the server gave up on it: it was shutting down). Per-matrix (in-band) errors are final."""
+        return self.matrix is None and (self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or
                                         (self.code == grpc.StatusCode.ABORTED and self.fleet_change))
 
     def after_attempts(self, attempts: int, note: str = "") -> "OrthoserveError":
