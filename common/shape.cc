@@ -10,30 +10,35 @@
 
 namespace orthoserve {
 
+std::string ListText(absl::Span<const int64_t> values, size_t shown) {
+  if (values.size() <= shown) return absl::StrJoin(values, ", ");
+  return absl::StrCat(absl::StrJoin(values.subspan(0, shown), ", "), ", ... (and ", values.size() - shown, " more)");
+}
+
 absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what) {
   if (shape.size() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " [", absl::StrJoin(shape, ", "), "] has ", shape.size(),
+        what, " [", ListText(shape), "] has ", shape.size(),
         " dims; orthogonalization needs at least 2 (a 1-D parameter is not a matrix)"));
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   int64_t cols = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " [", absl::StrJoin(shape, ", "), "] has dim ", i, " = ",
+      return absl::InvalidArgumentError(absl::StrCat(what, " [", ListText(shape), "] has dim ", i, " = ",
                                                      shape[i], "; every dim must be positive"));
     }
     if (i > 0) {
       if (cols > kMax / shape[i]) {
         return absl::InvalidArgumentError(
-            absl::StrCat(what, " [", absl::StrJoin(shape, ", "), "] has more elements than fit in int64"));
+            absl::StrCat(what, " [", ListText(shape), "] has more elements than fit in int64"));
       }
       cols *= shape[i];
     }
   }
   if (shape[0] > kMax / cols) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " [", absl::StrJoin(shape, ", "), "] has more elements than fit in int64"));
+        absl::StrCat(what, " [", ListText(shape), "] has more elements than fit in int64"));
   }
   return Matrix2d{shape[0], cols};
 }

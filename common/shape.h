@@ -27,6 +27,11 @@ struct Matrix2d {
 // int64; `what` names the field in the message (for example "matrix \"w1\" shape").
 absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what);
 
+// "4, 5, 6" for messages; a list longer than `shown` keeps its first `shown` values and says how
+// many more there are ("1, 1, ... (and 9984 more)"): gRPC carries messages in metadata, whose
+// size is limited.
+std::string ListText(absl::Span<const int64_t> values, size_t shown = 16);
+
 // A rectangle [row_offset, row_offset + rows) × [col_offset, col_offset + cols) of a matrix.
 // Empty blocks (rows or cols == 0) are allowed: a rank may hold nothing of a matrix.
 struct Block {

@@ -12,7 +12,7 @@ namespace orthoserve {
 namespace {
 
 // "(6, 4, 3)": the shape as Python prints a tuple, as in the seed's row-count message.
-std::string ShapeTuple(const std::vector<int64_t>& shape) { return absl::StrCat("(", absl::StrJoin(shape, ", "), ")"); }
+std::string ShapeTuple(const std::vector<int64_t>& shape) { return absl::StrCat("(", ListText(shape), ")"); }
 
 bool ValidDType(DType dtype) { return static_cast<int>(dtype) >= 0 && static_cast<int>(dtype) <= 2; }
 

@@ -24,12 +24,6 @@ uint64_t RandomNonZero() {
 
 std::string GroupKey::ToString() const { return absl::StrCat(tenant, "/", job, "/", group, "@", step); }
 
-std::string CappedRankList(const std::vector<int>& ranks, size_t shown) {
-  if (ranks.size() <= shown) return absl::StrJoin(ranks, ", ");
-  std::vector<int> head(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(shown));
-  return absl::StrCat(absl::StrJoin(head, ", "), " (and ", ranks.size() - shown, " more)");
-}
-
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& options) {
   if (options.fleet_world < 1) {
     return absl::InvalidArgumentError(absl::StrCat("fleet world = ", options.fleet_world, " must be >= 1"));
@@ -373,19 +367,19 @@ void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
     next = std::min(next, deadline);
     if (!p.warned && now >= p.first_report + options_.stall_warning) {
       p.warned = true;
-      std::vector<int> missing;
+      std::vector<int64_t> missing;
       for (int r = 0; r < p.trainer_world; ++r) {
         if (!p.reports[r]) missing.push_back(r);
       }
       LOG_WARNING("fleet") << "step " << key.ToString() << " has waited " << (now - p.first_report)
-                           << " for trainer ranks [" << CappedRankList(missing) << "] of " << p.trainer_world;
+                           << " for trainer ranks [" << ListText(missing) << "] of " << p.trainer_world;
     } else if (!p.warned) {
       next = std::min(next, p.first_report + options_.stall_warning);
     }
   }
   for (const GroupKey& key : expired) {
     Pending& p = pending_[key];
-    std::vector<int> missing;
+    std::vector<int64_t> missing;
     for (int r = 0; r < p.trainer_world; ++r) {
       if (!p.reports[r]) missing.push_back(r);
     }
@@ -394,7 +388,7 @@ void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
     const bool fleet_changed = p.first_generation != generation_.number;
     absl::Status status = absl::AbortedError(absl::StrCat(
         "step ", key.ToString(), " aborted: rendezvous timeout after ", absl::FormatDuration(options_.rendezvous_timeout),
-        ": trainer ranks [", CappedRankList(missing), "] of ", p.trainer_world, " did not arrive",
+        ": trainer ranks [", ListText(missing), "] of ", p.trainer_world, " did not arrive",
         fleet_changed ? " (the fleet's membership changed meanwhile)" : ""));
     pending_.erase(key);
     AppendFailureLocked(key, std::move(status), fleet_changed);

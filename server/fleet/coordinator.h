@@ -123,9 +123,6 @@ struct Generation {
   bool formed = false;          // Every member has joined its collective.
 };
 
-// Caps a list of ranks for a status message: "0, 1, 2 (and 1497 more)". gRPC carries messages
-// in metadata, whose size is limited.
-std::string CappedRankList(const std::vector<int>& ranks, size_t shown = 16);
 
 class Coordinator {
  public:

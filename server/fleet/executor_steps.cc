@@ -1,5 +1,7 @@
 // Steps half of server/fleet/executor.h: submitting trainer steps and running the batches and
 // failures the log decides for them.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "server/fleet/executor.h"
@@ -92,12 +94,26 @@ void Executor::Keep(const GroupKey& key, const std::vector<Waiting>& ran,
     }
   }
   // The group's previous step is dropped: its next one ran, so every trainer rank has its result.
+  // Another run of the same step (a replay) adds to what is kept: a trainer rank placed
+  // elsewhere this time is still kept here, as the coordinator was told.
   CachedBatch& batch = cache_[key.Group()];
-  batch.key = key;
+  if (!(batch.key == key)) {
+    batch.key = key;
+    batch.steps.clear();
+  }
   batch.at = now;
-  batch.steps = cached;
-  for (const Waiting& w : ran) batch.steps.push_back(w.step);
-  for (const std::shared_ptr<TrainerStep>& s : batch.steps) advertise_.push_back(ReportOf(*s));
+  std::vector<std::shared_ptr<TrainerStep>> steps = cached;
+  for (const Waiting& w : ran) steps.push_back(w.step);
+  for (const std::shared_ptr<TrainerStep>& s : steps) {
+    auto same = std::find_if(batch.steps.begin(), batch.steps.end(),
+                             [&](const std::shared_ptr<TrainerStep>& k) { return k->trainer_rank == s->trainer_rank; });
+    if (same != batch.steps.end()) {
+      *same = s;
+    } else {
+      batch.steps.push_back(s);
+    }
+    advertise_.push_back(ReportOf(*s));
+  }
 }
 
 void Executor::ApplyStep(const LogEntry& entry) {

@@ -51,7 +51,7 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
   plan.shape.assign(spec.shape().begin(), spec.shape().end());
   ASSIGN_OR_RETURN(plan.view, ViewAs2d(plan.shape, absl::StrCat(what, " shape")));
   if (plan.view.numel() > max_elements) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " shape [", absl::StrJoin(plan.shape, ", "), "] has ",
+    return absl::ResourceExhaustedError(absl::StrCat(what, " shape [", ListText(plan.shape), "] has ",
                                                      plan.view.numel(), " elements; this server accepts at most ",
                                                      max_elements, " (--max-matrix-elements)"));
   }
@@ -95,7 +95,7 @@ v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block) {
 std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
   if (a.name != b.name) return absl::StrCat("name (\"", a.name, "\" vs \"", b.name, "\")");
   if (a.shape != b.shape) {
-    return absl::StrCat("shape ([", absl::StrJoin(a.shape, ", "), "] vs [", absl::StrJoin(b.shape, ", "), "])");
+    return absl::StrCat("shape ([", ListText(a.shape), "] vs [", ListText(b.shape), "])");
   }
   if (a.dtype != b.dtype) return absl::StrCat("dtype (", DTypeName(a.dtype), " vs ", DTypeName(b.dtype), ")");
   if (a.result_dtype != b.result_dtype) {
@@ -133,8 +133,8 @@ std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
     return absl::StrCat("options.extra_scale (", x.extra_scale, " vs ", y.extra_scale, ")");
   }
   if (x.split_qkv != y.split_qkv) {
-    return absl::StrCat("options.split_qkv ([", absl::StrJoin(x.split_qkv, ", "), "] vs [",
-                        absl::StrJoin(y.split_qkv, ", "), "])");
+    return absl::StrCat("options.split_qkv ([", ListText(x.split_qkv), "] vs [",
+                        ListText(y.split_qkv), "])");
   }
   return "";
 }
