@@ -99,8 +99,10 @@ struct LogEntry {
   std::vector<uint64_t> submissions;
   std::vector<bool> cached;  // Batch: trainer ranks whose inputs come from the members' caches (a replay).
   std::vector<Member> members;
-  // Membership: the ranks it drops left gracefully — they run every batch before this entry,
-  // so nothing in flight is to be aborted.
+  // Membership: every member of the previous generation can still run its batches — the change
+  // only adds ranks or drops ranks that left gracefully (they run every batch before this
+  // entry) — so nothing in flight is to be aborted. False when a rank was lost or restarted, or
+  // the previous generation's collective broke.
   bool graceful = false;
 
   bool membership() const { return !members.empty(); }

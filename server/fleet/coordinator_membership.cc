@@ -123,7 +123,7 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
     LogEntry entry;
     entry.generation = generation_.number;
     entry.members = members;
-    entry.graceful = reason == "left";
+    entry.graceful = reason == "left" || reason == "joined";
     AppendLocked(std::move(entry));
   }
   // Reports held by ranks that are no longer members cannot take part: withdraw them (their

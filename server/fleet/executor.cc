@@ -253,18 +253,12 @@ void Executor::ReaderLoop() {
       if (entry.index < next_read_) continue;
       next_read_ = entry.index + 1;
       if (entry.membership() && !entry.graceful && collective_ != nullptr && entry.generation > generation_) {
-        // A member of the generation in use is gone: end the batch that may be waiting for it.
-        // (One that left gracefully runs every batch up to this entry: nothing waits for it.)
-        bool dropped = false;
-        for (const Member& m : members_) {
-          bool kept = false;
-          for (const Member& n : entry.members) kept = kept || (n.rank == m.rank && n.incarnation == m.incarnation);
-          dropped = dropped || !kept;
-        }
-        if (dropped) {
-          collective_->Abort(absl::StrCat("generation ", entry.generation, " drops a member of generation ", generation_));
-          if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
-        }
+        // A member of the generation in use is gone (or its group broke): end the batch that may
+        // be waiting for it. A graceful change (ranks joining, or leaving after running every
+        // batch before this entry) leaves batches in flight alone.
+        collective_->Abort(absl::StrCat("generation ", entry.generation, " replaces generation ", generation_,
+                                        " after a rank was lost or its group broke"));
+        if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
       }
       queue_.push_back(std::move(entry));
     }

@@ -12,8 +12,9 @@
 // Failure handling. A batch of a generation this rank is not (or no longer) a member of fails
 // with UNAVAILABLE (retryable); so does one whose collective breaks, after which this rank
 // reports the generation failed and the coordinator forms the next. When the reader sees a
-// membership entry that drops a member of the generation in use, it aborts the collective, so
-// a batch waiting on a dead or stopped peer ends now rather than at its timeout. When the
+// membership entry that is not graceful (a rank lost or restarted, or a group broken), it aborts
+// the collective in use, so a batch waiting on a dead or stopped peer ends now rather than at its
+// timeout. When the
 // coordinator restarts, drops this rank, or stays unreachable for `peer_timeout`, every waiting
 // step fails with UNAVAILABLE and the collective is closed; the rank then serves lone clients
 // locally (member() is false) until it is a member of a formed generation again.

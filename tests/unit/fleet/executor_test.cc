@@ -28,31 +28,33 @@ constexpr absl::Duration kPeer = absl::Milliseconds(600);
 constexpr absl::Duration kCollective = absl::Seconds(60);  // Far longer than any test may wait.
 
 // The coordinator in this process, as rank `rank` reaches it; Freeze() makes every call hang
-// (bounded by its timeout) and fail, as a stopped process's calls would never arrive.
+// (bounded by its timeout) and fail, as a stopped process's calls would never arrive; Point()
+// sends later calls to another coordinator (a restarted one).
 class FreezableLog final : public LogSource {
  public:
-  explicit FreezableLog(Coordinator* c) : local_(c) {}
+  explicit FreezableLog(Coordinator* c) : coordinator_(c) {}
   void Freeze(bool frozen) { frozen_.store(frozen); }
+  void Point(Coordinator* c) { coordinator_.store(c); }
 
   absl::StatusOr<Joined> Join(const Member& me) override {
     RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
-    return local_.Join(me);
+    return Local().Join(me);
   }
   absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) override {
     RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
-    return local_.Leave(rank, incarnation, epoch);
+    return Local().Leave(rank, incarnation, epoch);
   }
   absl::Status Report(const ReadyReport& report) override {
     RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
-    return local_.Report(report);
+    return Local().Report(report);
   }
   absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override {
     RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
-    return local_.Abort(key, trainer_rank, reason, submission);
+    return Local().Abort(key, trainer_rank, reason, submission);
   }
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override {
     RETURN_IF_ERROR(Gate(timeout));
-    return local_.Read(reader, from, timeout);
+    return Local().Read(reader, from, timeout);
   }
 
  private:
@@ -61,18 +63,15 @@ class FreezableLog final : public LogSource {
     absl::SleepFor(wait);
     return absl::UnavailableError("frozen");
   }
-  LocalLogSource local_;
+  LocalLogSource Local() { return LocalLogSource(coordinator_.load()); }
+  std::atomic<Coordinator*> coordinator_;
   std::atomic<bool> frozen_{false};
 };
 
 class FleetHarness {
  public:
   explicit FleetHarness(int world) : world_(world), store_(std::make_shared<InMemoryStore>()) {
-    Coordinator::Options c;
-    c.fleet_world = world;
-    c.peer_timeout = kPeer;
-    c.reform_delay = absl::Milliseconds(50);
-    coordinator_ = *Coordinator::Create(c);
+    coordinator_ = NewCoordinator();
     backend_ = *CpuBackend::Create({});
     logs_.resize(world);
     ranks_.resize(world);
@@ -81,6 +80,16 @@ class FleetHarness {
   ~FleetHarness() {
     for (auto& e : ranks_) e.reset();
     coordinator_->Shutdown();
+    for (auto& old : retired_) old->Shutdown();
+  }
+
+  // A new coordinator process (a new epoch, nothing of the old one's state) in place of the old.
+  void RestartCoordinator() {
+    std::unique_ptr<Coordinator> fresh = NewCoordinator();
+    for (auto& log : logs_) log->Point(fresh.get());
+    coordinator_->Shutdown();
+    retired_.push_back(std::move(coordinator_));  // Calls in flight may still use it.
+    coordinator_ = std::move(fresh);
   }
 
   void Start(int rank) {
@@ -134,9 +143,18 @@ class FleetHarness {
   }
 
  private:
+  std::unique_ptr<Coordinator> NewCoordinator() const {
+    Coordinator::Options c;
+    c.fleet_world = world_;
+    c.peer_timeout = kPeer;
+    c.reform_delay = absl::Milliseconds(50);
+    return *Coordinator::Create(c);
+  }
+
   const int world_;
   std::shared_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::vector<std::unique_ptr<Coordinator>> retired_;
   std::unique_ptr<Backend> backend_;
   std::vector<std::unique_ptr<FreezableLog>> logs_;
   std::vector<std::unique_ptr<Executor>> ranks_;
@@ -324,6 +342,37 @@ TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
   std::future<StepOutcome> future = promise->get_future();
   std::shared_ptr<TrainerStep> retry = MakeStep(key, 1, 2, full, /*attempt=*/1);
   h.rank(0).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_OK(o.matrices[0]);
+  EXPECT_EQ(retry->outputs[0], first);
+}
+
+TEST(ExecutorTest, AReplayWorksAcrossACoordinatorRestart) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(6);
+  const GroupKey key{"t", "j", "g", 1};
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (const StepOutcome& o : RunStep(h, key, {0, 1}, full, &steps)) ASSERT_OK(o.status);
+  const std::vector<char> first = steps[1]->outputs[0];
+  // The coordinator restarts (it knows nothing of step 1); the ranks join its new epoch and tell
+  // it what they keep, so trainer rank 1's retry still finds trainer rank 0's inputs.
+  const uint64_t old_epoch = h.rank(0).view().epoch;
+  h.RestartCoordinator();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((h.rank(0).view().epoch == old_epoch || h.rank(1).view().epoch == old_epoch) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_NE(h.rank(0).view().epoch, old_epoch);
+  ASSERT_NE(h.rank(1).view().epoch, old_epoch);
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  std::shared_ptr<TrainerStep> retry = MakeStep(key, 1, 2, full, /*attempt=*/1);
+  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   StepOutcome o = future.get();
   ASSERT_OK(o.status);
