@@ -195,15 +195,17 @@ void Coordinator::FillReplayLocked(const GroupKey& key) {
   if (it == pending_.end() || k == kept_.end() || !(k->second.key == key)) return;
   Pending& p = it->second;
   const Kept& kept = k->second;
-  if (static_cast<int>(kept.reports.size()) != p.trainer_world) return;
+  if (static_cast<int>(kept.holders.size()) != p.trainer_world) return;
   for (int t = 0; t < p.trainer_world; ++t) {
-    if (p.reports[t] || !kept.reports[t]) continue;
-    const ReadyReport& original = *kept.reports[t];
-    // Its inputs are on that rank only while it is the same process and a member.
-    if (!IsMemberLocked(original.fleet_rank, original.incarnation)) continue;
-    p.reports[t] = original;
-    p.cached[t] = true;
-    ++p.arrived;
+    if (p.reports[t]) continue;
+    for (const ReadyReport& holder : kept.holders[t]) {
+      // Its inputs are on that rank only while it is the same process and a member.
+      if (!IsMemberLocked(holder.fleet_rank, holder.incarnation)) continue;
+      p.reports[t] = holder;
+      p.cached[t] = true;
+      ++p.arrived;
+      break;
+    }
   }
   if (p.arrived == p.trainer_world) CompleteLocked(key);
 }
@@ -292,15 +294,22 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
       continue;
     }
     Kept& kept = kept_[r.key.Group()];
-    if (kept.reports.empty() || kept.key.step < r.key.step ||
-        static_cast<int>(kept.reports.size()) != r.trainer_world) {
-      if (!kept.reports.empty() && kept.key.step > r.key.step) continue;
+    if (kept.holders.empty() || kept.key.step < r.key.step ||
+        static_cast<int>(kept.holders.size()) != r.trainer_world) {
+      if (!kept.holders.empty() && kept.key.step > r.key.step) continue;
       kept.key = r.key;
-      kept.reports.assign(r.trainer_world, std::nullopt);
+      kept.holders.assign(r.trainer_world, {});
     }
     if (!(kept.key == r.key)) continue;
     kept.at = absl::Now();
-    kept.reports[r.trainer_rank] = r;
+    std::vector<ReadyReport>& holders = kept.holders[r.trainer_rank];
+    auto same = std::find_if(holders.begin(), holders.end(),
+                             [&](const ReadyReport& h) { return h.fleet_rank == r.fleet_rank; });
+    if (same != holders.end()) {
+      *same = r;
+    } else {
+      holders.push_back(r);
+    }
     FillReplayLocked(r.key);
   }
   {

@@ -15,7 +15,8 @@
 // Replays. A group step can run on every rank and still lose one trainer rank's result: the
 // fleet rank that streamed to it died before sending it. The other trainers have moved on, so a
 // retry of that rank alone could never meet them again. Members therefore keep the inputs of
-// the last step of each group they ran (Executor) and send its reports with their next read (and
+// the last step of each group they ran (Executor; a member that ran several trainer ranks of a
+// step also leaves a copy with the next member) and send its reports with their next read (and
 // again to a restarted coordinator). A retried report (attempt > 0) of a step that members keep
 // starts a replay: the trainer ranks whose inputs a member holds are filled in from there
 // ("cached"), retries fill the rest, and the batch runs again with the same specs (the same
@@ -197,11 +198,13 @@ class Coordinator {
     int arrived = 0;
     bool warned = false;
   };
-  // The last step of a group (key step = 0) that members keep: their reports by trainer rank.
+  // The last step of a group (key step = 0) that members keep: by trainer rank, the reports of
+  // every member that keeps its inputs (the one it ran on, and a copy on the next member when
+  // that rank ran several trainer ranks of the step).
   struct Kept {
     GroupKey key;
     absl::Time at;
-    std::vector<std::optional<ReadyReport>> reports;
+    std::vector<std::vector<ReadyReport>> holders;
   };
   // A retried report of the step its group's members keep: starts the replay.
   void StartReplayLocked(ReadyReport report);

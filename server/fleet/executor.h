@@ -20,7 +20,8 @@
 // locally (member() is false) until it is a member of a formed generation again.
 //
 // Replays (coordinator.h): after a group step's batch ran, this rank keeps the steps it took part
-// with (their inputs) until the group's next step runs here or `cache_ttl` passes, and sends
+// with (their inputs; and a copy of those of the previous member when that member ran several
+// trainer ranks of the step, see CopyToNextMember) until the group's next step runs here or `cache_ttl` passes, and sends
 // their reports with its next read (and again after joining a restarted coordinator, the cache
 // surviving a reset); a replay entry takes the inputs of its cached trainer ranks
 // from there (their results are computed again and dropped) and delivers results only to the
@@ -145,6 +146,13 @@ class Executor {
   void Apply(const LogEntry& entry);
   void ApplyMembership(const LogEntry& entry);
   void ApplyStep(const LogEntry& entry);
+  // After a group's batch ran: every member that ran several of its trainer ranks sends their
+  // inputs to the next member (one all-to-allv, only when some member ran several), so that a
+  // replay still finds them if that member dies before all of those ranks have their results.
+  // Returns the copies received here; the collective's error (results must then be withheld).
+  absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> CopyToNextMember(
+      const LogEntry& entry, const BatchResult& result, const std::vector<std::shared_ptr<TrainerStep>>& here,
+      Collective& collective);
   // Keeps the steps of a group's batch that ran here (for a replay) and queues their notice.
   void Keep(const GroupKey& key, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached);
   // Joins `group` on a helper thread; gives up when `deadline` passes, a newer generation is

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "server/fleet/executor.h"
 
 namespace orthoserve {
@@ -116,6 +117,81 @@ void Executor::Keep(const GroupKey& key, const std::vector<Waiting>& ran,
   }
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMember(
+    const LogEntry& entry, const BatchResult& result, const std::vector<std::shared_ptr<TrainerStep>>& here,
+    Collective& collective) {
+  std::vector<std::shared_ptr<TrainerStep>> copies;
+  const BatchPlan& plan = entry.plan;
+  const int members = plan.fleet_world;
+  const int world = plan.trainer_world;
+  if (world < 2 || members < 2 || plan.matrices.empty()) return copies;
+  for (const absl::Status& s : result.matrices) {
+    if (!s.ok()) return copies;  // Agreed on every rank; a replay would fail the same way.
+  }
+  // Trainer ranks by the member they ran on; a member running one needs no copy (if it dies
+  // before that rank has its result, nobody else has it yet either: everyone retries).
+  std::vector<std::vector<int>> on(members);
+  for (int t = 0; t < world; ++t) {
+    const int q = plan.matrices[0].blocks[t].fleet_rank;
+    if (q >= 0 && q < members) on[q].push_back(t);
+  }
+  auto bytes_of = [&](int q) {
+    size_t n = 0;
+    if (on[q].size() < 2) return n;
+    for (int t : on[q]) {
+      for (const MatrixPlan& m : plan.matrices) {
+        n += static_cast<size_t>(std::max<int64_t>(m.blocks[t].block.numel(), 0)) * ElementSize(m.dtype);
+      }
+    }
+    return n;
+  };
+  bool any = false;
+  for (int q = 0; q < members; ++q) any = any || on[q].size() >= 2;
+  if (!any) return copies;
+  const int me = collective.rank();
+  const int next = (me + 1) % members;
+  const int prev = (me + members - 1) % members;
+  std::vector<size_t> send_bytes(members, 0), recv_bytes(members, 0);
+  send_bytes[next] = bytes_of(me);
+  recv_bytes[prev] = bytes_of(prev);
+  std::vector<char> send, recv(recv_bytes[prev]);
+  send.reserve(send_bytes[next]);
+  if (send_bytes[next] > 0) {
+    for (int t : on[me]) {
+      auto s = std::find_if(here.begin(), here.end(), [t](const auto& step) { return step->trainer_rank == t; });
+      if (s == here.end()) return absl::InternalError(absl::StrCat("trainer rank ", t, "'s step is not on this rank"));
+      for (size_t i = 0; i < plan.matrices.size(); ++i) {
+        const std::vector<char>& in = (*s)->inputs[i];
+        send.insert(send.end(), in.begin(), in.end());
+      }
+    }
+    if (send.size() != send_bytes[next]) return absl::InternalError("the inputs kept here do not match their blocks");
+  }
+  RETURN_IF_ERROR(collective.AllToAllv(send.data(), send_bytes, recv.data(), recv_bytes,
+                                       options_.execute.collective_timeout));
+  if (recv_bytes[prev] == 0) return copies;
+  size_t offset = 0;
+  for (int t : on[prev]) {
+    auto step = std::make_shared<TrainerStep>();
+    step->key = entry.key;
+    step->trainer_rank = t;
+    step->trainer_world = world;
+    step->submission = entry.submissions[t];
+    for (const MatrixPlan& m : plan.matrices) {
+      MatrixPlan spec = m;
+      spec.blocks = {BlockPlacement{t, prev, m.blocks[t].block}};
+      spec.owner = -1;
+      const size_t n = static_cast<size_t>(std::max<int64_t>(m.blocks[t].block.numel(), 0)) * ElementSize(m.dtype);
+      step->inputs.emplace_back(recv.begin() + static_cast<std::ptrdiff_t>(offset),
+                                recv.begin() + static_cast<std::ptrdiff_t>(offset + n));
+      offset += n;
+      step->matrices.push_back(std::move(spec));
+    }
+    copies.push_back(std::move(step));
+  }
+  return copies;
+}
+
 void Executor::ApplyStep(const LogEntry& entry) {
   std::vector<Waiting> all;
   std::shared_ptr<Collective> collective;
@@ -132,10 +208,14 @@ void Executor::ApplyStep(const LogEntry& entry) {
     usable = member_ && collective != nullptr && entry.generation == generation_ &&
              formed_generation_ == generation_;
     auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
-    if (c != cache_.end() && c->second.key == entry.key) {
+    if (c != cache_.end() && c->second.key == entry.key && !entry.plan.matrices.empty()) {
       for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {
         const size_t r = static_cast<size_t>(s->trainer_rank);
-        if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission) cached.push_back(s);
+        // Only where the plan takes it from: another member may keep a copy of the same step.
+        if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission &&
+            entry.plan.matrices[0].blocks[r].fleet_rank == collective_rank_) {
+          cached.push_back(s);
+        }
       }
     }
   }
@@ -206,6 +286,18 @@ void Executor::ApplyStep(const LogEntry& entry) {
     }
   }
   absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, *collective, options_.execute);
+  std::vector<std::shared_ptr<TrainerStep>> copies;  // Steps of the previous member, kept here too.
+  if (result.ok()) {
+    std::vector<std::shared_ptr<TrainerStep>> here = cached;
+    for (const Waiting& w : mine) here.push_back(w.step);
+    absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> copied =
+        CopyToNextMember(entry, *result, here, *collective);
+    if (copied.ok()) {
+      copies = *std::move(copied);
+    } else {
+      result = copied.status();  // Results are withheld: no rank has them without the copies.
+    }
+  }
   StepOutcome outcome;
   if (!result.ok()) {
     LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed in generation " << entry.generation << ": "
@@ -228,7 +320,10 @@ void Executor::ApplyStep(const LogEntry& entry) {
       options_.metrics->StageTime(Stage::kCollective, result->collective_time);
       options_.metrics->StageTime(Stage::kCompute, result->compute_time);
     }
-    if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty())) Keep(entry.key, mine, cached);
+    if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty() || !copies.empty())) {
+      cached.insert(cached.end(), copies.begin(), copies.end());
+      Keep(entry.key, mine, cached);
+    }
   }
   resolve(mine, outcome);
 }

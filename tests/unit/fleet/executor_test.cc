@@ -349,6 +349,54 @@ TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
   EXPECT_EQ(retry->outputs[0], first);
 }
 
+TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(7);
+  const GroupKey key{"t", "j", "g", 1};
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  // Trainer ranks 0 and 1 on fleet rank 0, 2 and 3 on fleet rank 1.
+  for (const StepOutcome& o : RunStep(h, key, {0, 0, 1, 1}, full, &steps)) ASSERT_OK(o.status);
+  const std::vector<char> first = steps[0]->outputs[0];
+  // Fleet rank 0 dies having delivered trainer rank 1's result but not trainer rank 0's: the
+  // replay of rank 0's retry needs rank 1's inputs, which only fleet rank 1's copy still has.
+  h.Kill(0);
+  ASSERT_TRUE(h.WaitFormed({1}));
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  std::shared_ptr<TrainerStep> retry = MakeStep(key, 0, 4, full, /*attempt=*/1);
+  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_OK(o.matrices[0]);
+  EXPECT_EQ(retry->outputs[0], first);
+}
+
+TEST(ExecutorTest, AReplayTakesEachKeptStepFromOneHolder) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(8);
+  const GroupKey key{"t", "j", "g", 1};
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (const StepOutcome& o : RunStep(h, key, {0, 0, 1, 1}, full, &steps)) ASSERT_OK(o.status);
+  const std::vector<char> first = steps[0]->outputs[0];
+  // Both ranks live: trainer rank 1's inputs are kept on fleet rank 0 and copied to fleet rank 1;
+  // the replay must take them from one of the two only.
+  absl::SleepFor(absl::Milliseconds(200));  // The notices of both reach the coordinator.
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  std::shared_ptr<TrainerStep> retry = MakeStep(key, 0, 4, full, /*attempt=*/1);
+  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_OK(o.matrices[0]);
+  EXPECT_EQ(retry->outputs[0], first);
+}
+
 TEST(ExecutorTest, AReplayWorksAcrossACoordinatorRestart) {
   FleetHarness h(2);
   h.StartAll();
