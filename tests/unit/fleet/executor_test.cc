@@ -247,6 +247,18 @@ std::vector<float> Gather(const std::vector<std::shared_ptr<TrainerStep>>& steps
   return out;
 }
 
+// Submits a retried trainer step and expects it to succeed (by a replay) with `expected` bytes.
+void ExpectReplayed(Executor& rank, std::shared_ptr<TrainerStep> retry, const std::vector<char>& expected) {
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  rank.Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_OK(o.matrices[0]);
+  EXPECT_EQ(retry->outputs[0], expected);
+}
+
 TEST(ExecutorTest, GroupStepsRunOnEveryGenerationWithTheSameBits) {
   FleetHarness h(3);
   h.StartAll();
@@ -338,15 +350,7 @@ TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
   const std::vector<char> first = steps[1]->outputs[0];
   // Trainer rank 1's result never reached it: it retries the step (on rank 0 this time) after
   // the other trainer has moved on. The members kept the inputs, so the step runs again.
-  auto promise = std::make_shared<std::promise<StepOutcome>>();
-  std::future<StepOutcome> future = promise->get_future();
-  std::shared_ptr<TrainerStep> retry = MakeStep(key, 1, 2, full, /*attempt=*/1);
-  h.rank(0).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  StepOutcome o = future.get();
-  ASSERT_OK(o.status);
-  ASSERT_OK(o.matrices[0]);
-  EXPECT_EQ(retry->outputs[0], first);
+  ExpectReplayed(h.rank(0), MakeStep(key, 1, 2, full, /*attempt=*/1), first);
 }
 
 TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
@@ -363,15 +367,7 @@ TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
   // replay of rank 0's retry needs rank 1's inputs, which only fleet rank 1's copy still has.
   h.Kill(0);
   ASSERT_TRUE(h.WaitFormed({1}));
-  auto promise = std::make_shared<std::promise<StepOutcome>>();
-  std::future<StepOutcome> future = promise->get_future();
-  std::shared_ptr<TrainerStep> retry = MakeStep(key, 0, 4, full, /*attempt=*/1);
-  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  StepOutcome o = future.get();
-  ASSERT_OK(o.status);
-  ASSERT_OK(o.matrices[0]);
-  EXPECT_EQ(retry->outputs[0], first);
+  ExpectReplayed(h.rank(1), MakeStep(key, 0, 4, full, /*attempt=*/1), first);
 }
 
 TEST(ExecutorTest, AReplayTakesEachKeptStepFromOneHolder) {
@@ -386,15 +382,7 @@ TEST(ExecutorTest, AReplayTakesEachKeptStepFromOneHolder) {
   // Both ranks live: trainer rank 1's inputs are kept on fleet rank 0 and copied to fleet rank 1;
   // the replay must take them from one of the two only.
   absl::SleepFor(absl::Milliseconds(200));  // The notices of both reach the coordinator.
-  auto promise = std::make_shared<std::promise<StepOutcome>>();
-  std::future<StepOutcome> future = promise->get_future();
-  std::shared_ptr<TrainerStep> retry = MakeStep(key, 0, 4, full, /*attempt=*/1);
-  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  StepOutcome o = future.get();
-  ASSERT_OK(o.status);
-  ASSERT_OK(o.matrices[0]);
-  EXPECT_EQ(retry->outputs[0], first);
+  ExpectReplayed(h.rank(1), MakeStep(key, 0, 4, full, /*attempt=*/1), first);
 }
 
 TEST(ExecutorTest, AReplayWorksAcrossACoordinatorRestart) {
@@ -417,15 +405,7 @@ TEST(ExecutorTest, AReplayWorksAcrossACoordinatorRestart) {
   ASSERT_NE(h.rank(0).view().epoch, old_epoch);
   ASSERT_NE(h.rank(1).view().epoch, old_epoch);
   ASSERT_TRUE(h.WaitFormed({0, 1}));
-  auto promise = std::make_shared<std::promise<StepOutcome>>();
-  std::future<StepOutcome> future = promise->get_future();
-  std::shared_ptr<TrainerStep> retry = MakeStep(key, 1, 2, full, /*attempt=*/1);
-  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  StepOutcome o = future.get();
-  ASSERT_OK(o.status);
-  ASSERT_OK(o.matrices[0]);
-  EXPECT_EQ(retry->outputs[0], first);
+  ExpectReplayed(h.rank(1), MakeStep(key, 1, 2, full, /*attempt=*/1), first);
 }
 
 TEST(ExecutorTest, ALostCoordinatorFailsWaitingStepsWithinThePeerTimeout) {
