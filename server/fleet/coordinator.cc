@@ -11,16 +11,12 @@
 #include "server/fleet/spec_codec.h"
 
 namespace orthoserve {
-namespace {
-
-uint64_t RandomNonZero() {
+uint64_t RandomNonZeroId() {
   std::random_device device;
   uint64_t value = 0;
   while (value == 0) value = (static_cast<uint64_t>(device()) << 32) ^ device();
   return value;
 }
-
-}  // namespace
 
 std::string GroupKey::ToString() const { return absl::StrCat(tenant, "/", job, "/", group, "@", step); }
 
@@ -38,7 +34,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& 
 }
 
 Coordinator::Coordinator(const Options& options)
-    : options_(options), epoch_(RandomNonZero()), known_(options.fleet_world) {
+    : options_(options), epoch_(RandomNonZeroId()), known_(options.fleet_world) {
   timer_ = std::thread([this] { TimerLoop(); });
 }
 

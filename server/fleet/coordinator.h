@@ -58,6 +58,9 @@
 
 namespace orthoserve {
 
+// A random non-zero 64-bit id (coordinator epochs, rank incarnations, submission bases).
+uint64_t RandomNonZeroId();
+
 // One rank process of the fleet.
 struct Member {
   int rank = 0;
@@ -169,8 +172,6 @@ class Coordinator {
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout);
 
   Generation generation() const;
-  // Every rank that has joined and not dropped out, by rank (members and ranks about to be).
-  std::vector<Member> joined() const;
   // Steps waiting for trainer ranks (for tests and metrics).
   size_t pending_steps() const;
 

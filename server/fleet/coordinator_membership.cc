@@ -154,13 +154,4 @@ Generation Coordinator::generation() const {
   return generation_;
 }
 
-std::vector<Member> Coordinator::joined() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Member> out;
-  for (const Known& k : known_) {
-    if (k.state == RankState::kJoining || k.state == RankState::kMember) out.push_back(k.member);
-  }
-  return out;
-}
-
 }  // namespace orthoserve

@@ -3,7 +3,6 @@
 #include "server/fleet/executor.h"
 
 #include <future>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -31,10 +30,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const Options& option
 }
 
 Executor::Executor(const Options& options) : options_(options) {
-  std::random_device device;
-  // Submissions are unique per process; the incarnation-derived base keeps them distinct
-  // across restarts too (the coordinator compares them only within one step).
-  next_submission_ = ((static_cast<uint64_t>(device()) << 32) ^ device()) | 1;
+  // Submissions count up from a random base: unique within the process, and unlikely to meet
+  // another process's (the coordinator compares them only within one step).
+  next_submission_ = RandomNonZeroId();
   last_contact_ = absl::Now();
   reader_alive_ = absl::Now();
   reader_ = std::thread([this] { ReaderLoop(); });
@@ -50,12 +48,19 @@ Executor::~Executor() {
     std::lock_guard<std::mutex> lock(mu_);
     left.swap(waiting_);
   }
-  for (auto& [key, list] : left) {
-    for (Waiting& w : list) {
-      StepOutcome outcome;
-      outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": the server is shutting down"));
-      w.done(std::move(outcome));
-    }
+  FailAll(left, "the server is shutting down");
+}
+
+StepOutcome Executor::Unavailable(const GroupKey& key, absl::string_view why) {
+  StepOutcome outcome;
+  outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", why));
+  outcome.retryable = true;
+  return outcome;
+}
+
+void Executor::FailAll(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& steps, absl::string_view why) {
+  for (auto& [key, list] : steps) {
+    for (Waiting& w : list) w.done(Unavailable(key, why));
   }
 }
 
@@ -81,8 +86,7 @@ Executor::View Executor::view() const {
   v.generation = generation_;
   v.members = members_;
   v.member = member_;
-  v.formed = member_ && collective_ != nullptr && formed_generation_ == generation_;
-  v.coordinator_reachable = joined_ && !lost_;
+  v.formed = FormedLocked();
   return v;
 }
 
@@ -104,7 +108,7 @@ absl::Status Executor::Liveness() const {
 void Executor::PublishMetricsLocked() {
   Metrics* m = options_.metrics;
   if (m == nullptr) return;
-  const bool formed = member_ && collective_ != nullptr && formed_generation_ == generation_;
+  const bool formed = FormedLocked();
   m->fleet_generation().Set(static_cast<double>(generation_));
   m->fleet_members_ready().Set(static_cast<double>(members_.size()));
   m->fleet_ready().Set(formed ? 1 : 0);
@@ -127,14 +131,7 @@ void Executor::Reset(const absl::Status& reason) {
     cv_.notify_all();
   }
   LOG_WARNING("fleet") << "leaving the fleet's generation: " << reason;
-  for (auto& [key, list] : failed) {
-    for (Waiting& w : list) {
-      StepOutcome outcome;
-      outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", reason.message(), "; retry"));
-      outcome.retryable = true;
-      w.done(std::move(outcome));
-    }
-  }
+  FailAll(failed, absl::StrCat(reason.message(), "; retry"));
 }
 
 void Executor::SendAborts() {
@@ -338,15 +335,7 @@ void Executor::ApplyMembership(const LogEntry& entry) {
   closing.reset();
   if (index < 0) {
     LOG_INFO("fleet") << "generation " << entry.generation << " goes on without this rank";
-    for (auto& [key, list] : dropped) {
-      for (Waiting& w : list) {
-        StepOutcome outcome;
-        outcome.status = absl::UnavailableError(absl::StrCat(
-            "step ", key.ToString(), ": this rank is not in generation ", entry.generation, " of the fleet; retry"));
-        outcome.retryable = true;
-        w.done(std::move(outcome));
-      }
-    }
+    FailAll(dropped, absl::StrCat("this rank is not in generation ", entry.generation, " of the fleet; retry"));
     return;
   }
   const absl::Time start = absl::Now();

@@ -94,7 +94,6 @@ class Executor {
     std::vector<Member> members;  // That generation's members.
     bool member = false;          // This rank is one of them.
     bool formed = false;          // It joined the generation's collective, which is intact.
-    bool coordinator_reachable = false;
   };
 
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const Options& options);
@@ -162,6 +161,12 @@ class Executor {
   // applier forgets the generation. Called by the reader.
   void Reset(const absl::Status& reason);
   void SendAborts();
+  // A member of the generation applied, with its collective joined and intact.
+  bool FormedLocked() const { return member_ && collective_ != nullptr && formed_generation_ == generation_; }
+  // A retryable UNAVAILABLE "step <key>: <why>".
+  static StepOutcome Unavailable(const GroupKey& key, absl::string_view why);
+  // Resolves every step of `steps` with Unavailable(key, why).
+  static void FailAll(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& steps, absl::string_view why);
   // The ready report of a step submitted here.
   ReadyReport ReportOf(const TrainerStep& step) const;
   void PublishMetricsLocked();

@@ -8,17 +8,6 @@
 #include "server/fleet/executor.h"
 
 namespace orthoserve {
-namespace {
-
-StepOutcome Unavailable(const GroupKey& key, absl::string_view why) {
-  StepOutcome outcome;
-  outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", why));
-  outcome.retryable = true;
-  return outcome;
-}
-
-}  // namespace
-
 ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   ReadyReport report;
   report.key = step.key;
@@ -48,8 +37,7 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
       done(Unavailable(key, "the server is shutting down"));
       return;
     }
-    const bool formed = member_ && collective_ != nullptr && formed_generation_ == generation_;
-    if (!joined_ || !formed) {
+    if (!joined_ || !FormedLocked()) {
       done(Unavailable(key, absl::StrCat("fleet rank ", options_.self.rank,
                                          " is not a member of a formed fleet generation; retry on a ready member")));
       return;
@@ -205,8 +193,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
       waiting_.erase(it);
     }
     collective = collective_;
-    usable = member_ && collective != nullptr && entry.generation == generation_ &&
-             formed_generation_ == generation_;
+    usable = FormedLocked() && entry.generation == generation_;
     auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
     if (c != cache_.end() && c->second.key == entry.key && !entry.plan.matrices.empty()) {
       for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {

@@ -1,8 +1,6 @@
 // Implementation of server/fleet/fleet.h.
 #include "server/fleet/fleet.h"
 
-#include <random>
-
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -30,13 +28,6 @@ std::string HostOf(const std::string& address) {
 }
 
 bool IsWildcard(const std::string& host) { return host.empty() || host == "0.0.0.0" || host == "::"; }
-
-uint64_t NewIncarnation() {
-  std::random_device device;
-  uint64_t value = 0;
-  while (value == 0) value = (static_cast<uint64_t>(device()) << 32) ^ device();
-  return value;
-}
 
 // A one-rank fleet is usable as soon as Create returns.
 constexpr absl::Duration kLocalFormation = absl::Seconds(10);
@@ -88,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   RETURN_IF_ERROR(fleet->ServeFleetPort());
 
   Executor::Options e;
-  e.self = Member{options.rank, options.advertise_address, NewIncarnation()};
+  e.self = Member{options.rank, options.advertise_address, RandomNonZeroId()};
   e.backend = options.backend;
   e.log = fleet->log_.get();
   e.metrics = metrics;
