@@ -1,4 +1,4 @@
-// Reusable memory for matrix bytes on their way through the service and the client (DESIGN §9):
+// Reusable memory for matrix bytes on their way through the service and the client (docs/architecture.md):
 // a server stream's input and result blocks, a client's outgoing chunks. Buffers come from here
 // instead of fresh allocations, which the kernel would have to map and zero page by page, and are
 // handed out uninitialized; each is at most 1/8 larger than asked for. Released buffers are kept

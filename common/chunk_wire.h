@@ -1,6 +1,6 @@
 // The protobuf wire form of a message whose field `field` holds one orthoserve.v1.DataChunk
 // {int32 index = 1; bytes data = 2;} — StreamRequest.chunk and StreamResponse.chunk — read and
-// written without copying the data bytes (DESIGN §9). Protobuf's wire format only (no gRPC, no
+// written without copying the data bytes (docs/architecture.md). Protobuf's wire format only (no gRPC, no
 // generated code): callers pass the outer field number and the byte stream. Thread-safe.
 #pragma once
 

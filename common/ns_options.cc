@@ -1,4 +1,4 @@
-// Implementation of common/ns_options.h. The coefficient literals are DESIGN §2's, verbatim.
+// Implementation of common/ns_options.h. The coefficient literals are docs/numerics.md's, verbatim.
 #include "common/ns_options.h"
 
 #include <algorithm>

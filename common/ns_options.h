@@ -1,4 +1,4 @@
-// Newton–Schulz options (DESIGN §2): coefficient sets and their step schedules, precision,
+// Newton–Schulz options (docs/numerics.md): coefficient sets and their step schedules, precision,
 // eps and its mode, transpose, scale modes, split_qkv — and their validation.
 //
 // The defaults are Emerging-Optimizers' Muon defaults: quintic, 5 steps, MEDIUM precision,
@@ -74,7 +74,7 @@ absl::Status ParseScaleMode(absl::string_view text, ScaleMode* mode);
 // Parses "a,b,c;a,b,c" into triples. INVALID_ARGUMENT on a malformed or non-finite entry.
 absl::StatusOr<std::vector<CoefficientTriple>> ParseCustomCoefficients(absl::string_view text);
 
-// The fixed triples of a named set (DESIGN §2). Empty for kCustom.
+// The fixed triples of a named set (docs/numerics.md). Empty for kCustom.
 const std::vector<CoefficientTriple>& CoefficientTable(CoefficientType type);
 
 // Checks the shape-independent options. INVALID_ARGUMENT names the field (prefixed by `what`,

@@ -15,7 +15,27 @@ std::string ListText(absl::Span<const int64_t> values, size_t shown) {
   return absl::StrCat(absl::StrJoin(values.subspan(0, shown), ", "), ", ... (and ", values.size() - shown, " more)");
 }
 
-absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what) {
+absl::string_view NdLayoutName(NdLayout layout) { return layout == NdLayout::kBatch ? "batch" : "flatten"; }
+
+absl::Status ParseNdLayout(absl::string_view text, NdLayout* layout) {
+  if (text == "flatten") {
+    *layout = NdLayout::kFlatten;
+  } else if (text == "batch") {
+    *layout = NdLayout::kBatch;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown N-d layout \"", text, "\"; expected flatten or batch"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t BatchRows(absl::Span<const int64_t> shape, NdLayout layout) {
+  if (layout != NdLayout::kBatch || shape.size() < 3) return 0;
+  int64_t matrices = 1;
+  for (size_t i = 0; i + 2 < shape.size(); ++i) matrices *= shape[i];
+  return matrices > 1 ? shape[shape.size() - 2] : 0;
+}
+
+absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what, NdLayout layout) {
   if (shape.size() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " [", ListText(shape), "] has ", shape.size(),
@@ -39,6 +59,10 @@ absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::st
   if (shape[0] > kMax / cols) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " [", ListText(shape), "] has more elements than fit in int64"));
+  }
+  if (layout == NdLayout::kBatch) {
+    const int64_t last = shape[shape.size() - 1];
+    return Matrix2d{shape[0] * cols / last, last};
   }
   return Matrix2d{shape[0], cols};
 }

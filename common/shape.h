@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace orthoserve {
@@ -22,10 +23,25 @@ struct Matrix2d {
   bool operator==(const Matrix2d& o) const { return rows == o.rows && cols == o.cols; }
 };
 
-// Views `shape` (at least 2 dims, each > 0) as rows × prod(rest). INVALID_ARGUMENT when a dim
-// is zero or negative, when there are fewer than 2 dims, or when the element count overflows
-// int64; `what` names the field in the message (for example "matrix \"w1\" shape").
-absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what);
+// How an N-d tensor is read as matrices (the wire's NdLayout). For 2 dims both are the same.
+//  - kFlatten: one matrix shape[0] × prod(shape[1:]) (Muon's convention for conv filters);
+//  - kBatch: prod(shape[:-2]) matrices of shape[-2] × shape[-1] (Emerging-Optimizers' batched
+//    newton_schulz), stacked by rows into the 2-D view prod(shape[:-1]) × shape[-1].
+enum class NdLayout { kFlatten, kBatch };
+
+absl::string_view NdLayoutName(NdLayout layout);  // "flatten", "batch"
+// INVALID_ARGUMENT listing the accepted names.
+absl::Status ParseNdLayout(absl::string_view text, NdLayout* layout);
+
+// The 2-D view of `shape` (at least 2 dims, each > 0) under `layout`. INVALID_ARGUMENT when a
+// dim is zero or negative, when there are fewer than 2 dims, or when the element count
+// overflows int64; `what` names the field in the message (for example "matrix \"w1\" shape").
+absl::StatusOr<Matrix2d> ViewAs2d(absl::Span<const int64_t> shape, const std::string& what,
+                                  NdLayout layout = NdLayout::kFlatten);
+
+// Rows of each matrix when the 2-D view of a valid `shape` under `layout` stacks more than one
+// matrix (shape[-2] for kBatch with prod(shape[:-2]) > 1); 0 when the view is a single matrix.
+int64_t BatchRows(absl::Span<const int64_t> shape, NdLayout layout);
 
 // "4, 5, 6" for messages; a list longer than `shown` keeps its first `shown` values and says how
 // many more there are ("1, 1, ... (and 9984 more)"): gRPC carries messages in metadata, whose

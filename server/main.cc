@@ -12,9 +12,13 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "server/app/flags.h"
 #include "server/app/server.h"
@@ -53,8 +57,19 @@ std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::st
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists the server's flags (defined in server/app/flags.cc, not in this file, which is
+  // where abseil looks by default); --version prints the release.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/app/flags.cc"); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("server/app/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  usage.version_string = [] { return std::string("orthoserve " ORTHOSERVE_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "orthoserve: Muon's Newton-Schulz orthogonalization as a gRPC service (one fleet rank).\n"
+      "Muon's Newton-Schulz orthogonalization as a gRPC service (one fleet rank).\n"
       "Every flag can also be set through ORTHOSERVE_<FLAG> (upper case, '-' as '_'); the command line wins.\n"
       "Flags may be written with dashes or underscores (--metrics-address, --metrics_address).");
   if (absl::Status env = orthoserve::ApplyEnvironmentFallbacks(); !env.ok()) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU engine vs numpy + OpenBLAS, side by side in one run (DESIGN §9): builds cpu_ns_bench (in
+# CPU engine vs numpy + OpenBLAS, side by side in one run: builds cpu_ns_bench (in
 # $ORTHOSERVE_BUILD_DIR when set, else build-bench/ under the repository), then for each shape
 # runs the engine's benchmark and numpy_ns.py one after the other, all with one BLAS thread,
 # and writes bench/results/cpu_ns.md with the medians and the ratios.
@@ -98,7 +98,7 @@ for i, py in enumerate(pythons):
     first = numpy_runs[i][1]
     L.append(f"  - numpy[{i}]: `{py}` — numpy {first.get('numpy', '?')}, BLAS: {first.get('blas', '?')}")
 L.append("")
-L.append("Ratio = numpy time / engine time (above 1: the engine is faster). DESIGN §9 target: ≥ 1.0, goal 1.4.\n")
+L.append("Ratio = numpy time / engine time (above 1: the engine is faster). Target: ≥ 1.0, goal 1.4.\n")
 head = "| shape | precision | engine real ms | engine CPU ms |"
 sep = "|---|---|---|---|"
 for i in range(len(pythons)):

@@ -254,7 +254,7 @@ absl::Status Run(const Config& config) {
 
   int64_t step = 0;
   for (const std::string& mode : mode_list) {
-    // The first warm-up step's results of each fleet; AUTO on one backend is bit-identical (DESIGN §3).
+    // The first warm-up step's results of each fleet; AUTO on one backend is bit-identical (docs/architecture.md).
     Results first[2];
     for (int it = 0; it < config.warmup + config.reps; ++it) {
       for (int f = 0; f < 2; ++f) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fleet scaling (DESIGN §9): a 2-rank CPU fleet vs a 1-rank one, one compute thread per rank
+# Fleet scaling: a 2-rank CPU fleet vs a 1-rank one, one compute thread per rank
 # (--blas-threads 1 --workers 1), on the same batch sent as ONE step by a lone client and by a
 # W = 2 trainer group, measured alternately (S=1, S=2, S=1, S=2, ...) in one run by fleet_bench;
 # writes bench/results/fleet.md with the medians and the ratios.
@@ -121,7 +121,7 @@ L.append("- *wall*: client-side time of the step (first byte sent to last result
          "during the step (from /proc, 10 ms ticks). *CPU-bound estimate* = S=1 CPU / busiest S=2 rank's CPU: "
          "the speedup an otherwise idle 2-core machine would show if compute dominates (it ignores the "
          "transfer phases that are serial).\n")
-L.append("DESIGN §9 target: S = 2 at least 1.6× faster than S = 1 (ratio = S=1 wall / S=2 wall).\n")
+L.append("Target: S = 2 at least 1.6× faster than S = 1 (ratio = S=1 wall / S=2 wall).\n")
 L.append("| mode | fleet | wall s (median) | wall s (all reps) | server s (median) | CPU s per rank (median) | "
          "CPU s total (median) |")
 L.append("|---|---|---|---|---|---|---|")

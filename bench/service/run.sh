@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Service overhead on loopback (DESIGN §9), side by side in one run by service_bench against one
+# Service overhead on loopback, side by side in one run by service_bench against one
 # CPU rank (--blas-threads 1 --workers 1):
 #  - overhead: a remote stream step vs the in-process CPU engine (one thread) on the same model
 #    matrices, alternately; target remote ≤ 1.15× engine;
@@ -124,7 +124,7 @@ if over:
                  f"{r['first_result_s']:.3f} |")
     L.append(f"| **median** | **{e:.3f}** | **{w:.3f}** | {s:.3f} | {f:.3f} |")
     pairs = ", ".join(f"{r['remote_s'] / r['engine_s']:.2f}" for r in over)
-    L.append(f"\nRemote / engine: **{w / e:.2f}×** (ratio of medians; per pair {pairs}). DESIGN §9 target: ≤ 1.15×.\n")
+    L.append(f"\nRemote / engine: **{w / e:.2f}×** (ratio of medians; per pair {pairs}). Target: ≤ 1.15×.\n")
 if trans:
     b = trans[0]["bytes_each_way"]
     rw = med([r["raw_s"] for r in trans])
@@ -148,7 +148,7 @@ if trans:
              f"{cc:.3f} | {f:.3f} |")
     pairs = ", ".join(f"{r['raw_s'] / r['stream_s']:.2f}" for r in trans)
     L.append(f"\nStream / raw throughput: **{rw / st:.2f}×** (ratio of medians; per pair {pairs}). "
-             "DESIGN §9 target: ≥ 0.5×. The first of the "
+             "Target: ≥ 0.5×. The first of the "
              f"{stream_matrices} results arrives after {f / st * 100:.0f}% of the step (median; "
              f"1/{stream_matrices} = {100 / int(stream_matrices):.0f}% if results stream back while later "
              "matrices are still being sent, ~100% if the server waits for the whole batch).\n")

@@ -1,4 +1,4 @@
-// service_bench: the service's overhead on loopback (DESIGN §9), measured side by side in one run:
+// service_bench: the service's overhead on loopback (docs/architecture.md), measured side by side in one run:
 // a remote stream step vs the in-process CPU engine on the same matrices, and a transport-bound
 // step (steps = 0) vs a raw loopback TCP echo of the same bytes. One JSON line per measurement.
 #include <arpa/inet.h>

@@ -9,7 +9,7 @@
 
 namespace orthoserve::client {
 
-inline constexpr size_t kDefaultChunkBytes = size_t{4} << 20;  // 4 MiB (DESIGN §5: 1–4 MiB).
+inline constexpr size_t kDefaultChunkBytes = size_t{4} << 20;  // 4 MiB (docs/architecture.md: 1–4 MiB).
 
 // Bytes of framing a DataChunk message adds around its data (field tags, lengths, index) — an
 // upper bound used to keep a chunk message under a message-size limit.

@@ -1,6 +1,6 @@
 // A trainer rank's view of a server fleet: discovers the fleet from any one endpoint and sends
 // each step to a ready member; on a retryable failure it re-reads the membership and retries the
-// step there (the service comment of proto/orthoserve/v1/orthogonalizer.proto; DESIGN §3).
+// step there (the service comment of proto/orthoserve/v1/orthogonalizer.proto; docs/architecture.md).
 #pragma once
 
 #include <atomic>

@@ -10,7 +10,7 @@ namespace orthoserve::client {
 
 absl::StatusOr<Block> CheckInput(const MatrixInput& input) {
   const std::string what = absl::StrCat("matrix \"", input.name, "\"");
-  ASSIGN_OR_RETURN(Matrix2d m, ViewAs2d(input.shape, what + " shape"));
+  ASSIGN_OR_RETURN(Matrix2d m, ViewAs2d(input.shape, what + " shape", input.layout));
   Block block = input.block.value_or(WholeBlock(m));
   RETURN_IF_ERROR(CheckBlockInside(block, m, what + " block"));
   const size_t expected = static_cast<size_t>(block.numel()) * ElementSize(input.dtype);
@@ -29,6 +29,7 @@ v1::MatrixSpec ToSpec(const MatrixInput& input) {
   v1::MatrixSpec spec;
   spec.set_name(input.name);
   for (int64_t d : input.shape) spec.add_shape(d);
+  if (input.layout != NdLayout::kFlatten) spec.set_nd_layout(NdLayoutToProto(input.layout));
   spec.set_dtype(DTypeToProto(input.dtype));
   if (input.result_dtype.has_value()) spec.set_result_dtype(DTypeToProto(*input.result_dtype));
   *spec.mutable_options() = NsOptionsToProto(input.options);
@@ -50,7 +51,10 @@ absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result) {
   auto dtype = DTypeFromProto(result.dtype(), what + " dtype");
   if (!dtype.ok()) return absl::InternalError(dtype.status().message());
   out.dtype = *dtype;
-  auto m = ViewAs2d(out.shape, what + " shape");
+  auto layout = NdLayoutFromProto(result.nd_layout(), what + " nd_layout");
+  if (!layout.ok()) return absl::InternalError(layout.status().message());
+  out.layout = *layout;
+  auto m = ViewAs2d(out.shape, what + " shape", out.layout);
   if (!m.ok()) return absl::InternalError(m.status().message());
   if (out.block == Block{}) out.block = WholeBlock(*m);
   absl::Status inside = CheckBlockInside(out.block, *m, what + " block");

@@ -22,9 +22,10 @@ namespace orthoserve::client {
 struct MatrixInput {
   std::string name;                                     // Unique within a call; names it in errors.
   std::vector<int64_t> shape;                           // Global shape, >= 2 dims, each > 0.
+  NdLayout layout = NdLayout::kFlatten;                 // How an N-d shape is read as matrices.
   DType dtype = DType::kF32;                            // Dtype of `data`.
   std::optional<DType> result_dtype;                    // Dtype of the result; default `dtype`.
-  NsOptions options;                                    // Newton–Schulz options (DESIGN §2).
+  NsOptions options;                                    // Newton–Schulz options (docs/numerics.md).
   v1::Algorithm algorithm = v1::ALGORITHM_UNSPECIFIED;  // Distributed algorithm; default AUTO.
   int partition_dim = 0;                                // TP modes: 0 (rows) or 1 (cols).
   std::optional<Block> block;                           // This rank's block; unset: whole matrix.
@@ -40,7 +41,8 @@ struct MatrixOutput {
   absl::Status status;         // Per-matrix outcome (MatrixResult.code/message).
   DType dtype = DType::kF32;   // Dtype of `data` (meaningful when status is OK).
   std::vector<int64_t> shape;  // Global shape, as sent.
-  Block block;                 // The block `data` holds, in the 2-D view.
+  NdLayout layout = NdLayout::kFlatten;  // As sent.
+  Block block;                 // The block `data` holds, in the 2-D view of shape and layout.
   std::vector<char> data;      // Block elements, row-major.
 };
 

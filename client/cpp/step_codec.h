@@ -1,4 +1,4 @@
-// The client's side of OrthogonalizeStream on raw gRPC byte buffers (DESIGN §9), the mirror of
+// The client's side of OrthogonalizeStream on raw gRPC byte buffers (docs/architecture.md), the mirror of
 // server/rpc/stream_codec.h: a result chunk's bytes are read where gRPC received them, and a
 // request chunk is copied once, into reused memory. The wire format is orthoserve.v1's, unchanged.
 #pragma once

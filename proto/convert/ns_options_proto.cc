@@ -129,6 +129,21 @@ v1::DType DTypeToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+absl::StatusOr<NdLayout> NdLayoutFromProto(v1::NdLayout layout, const std::string& what) {
+  switch (layout) {
+    case v1::ND_LAYOUT_UNSPECIFIED:
+    case v1::ND_LAYOUT_FLATTEN: return NdLayout::kFlatten;
+    case v1::ND_LAYOUT_BATCH: return NdLayout::kBatch;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": nd_layout = ", static_cast<int>(layout), " is not a value this server knows"));
+  }
+}
+
+v1::NdLayout NdLayoutToProto(NdLayout layout) {
+  return layout == NdLayout::kBatch ? v1::ND_LAYOUT_BATCH : v1::ND_LAYOUT_FLATTEN;
+}
+
 Block BlockFromProto(const v1::Block& p) { return Block{p.row_offset(), p.col_offset(), p.rows(), p.cols()}; }
 
 v1::Block BlockToProto(const Block& b) {

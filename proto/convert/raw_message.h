@@ -1,7 +1,7 @@
 // OrthogonalizeStream's messages (StreamRequest, StreamResponse) read from and written to raw
 // gRPC byte buffers, shared by the server (server/rpc/stream_codec) and the C++ client
 // (client/cpp/step_codec): a message that holds only a DataChunk has its bytes viewed where gRPC
-// received them instead of being copied into a protobuf string (DESIGN §9).
+// received them instead of being copied into a protobuf string (docs/architecture.md).
 #pragma once
 
 #include <vector>

@@ -43,7 +43,7 @@ ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30, "Matrix bytes the serve
 ABSL_FLAG(int64_t, max_tenant_inflight_bytes, int64_t{2} << 30, "Matrix bytes one tenant holds in flight at most.");
 ABSL_FLAG(int, max_concurrent_streams, 64, "Concurrent OrthogonalizeStream calls at most.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "Largest gRPC message sent or received.");
-ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "Largest DataChunk accepted and sent.");
+ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "Largest DataChunk.data accepted; results go out in chunks under 4 MiB (gRPC's default receive limit) unless a client asks for larger ones, up to this.");
 ABSL_FLAG(int64_t, stream_buffer_idle_bytes, int64_t{512} << 20,
           "Bytes of released stream matrix buffers kept for reuse by later steps (at most --max-inflight-bytes); 0 "
           "keeps none.");

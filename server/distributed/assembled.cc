@@ -39,9 +39,10 @@ void OrthogonalizeAssembled(BatchContext& ctx, std::vector<Assembled>& matrices)
     const MatrixPlan& mp = ctx.matrix(a.matrix);
     const void* in = a.direct_in != nullptr ? a.direct_in : a.in.data();
     void* out = a.direct_out != nullptr ? a.direct_out : a.out.data();
-    jobs.push_back(MatrixJob{mp.name, mp.view, mp.view, mp.dtype, in, mp.result_dtype, out, &mp.options});
+    jobs.push_back(
+        MatrixJob{mp.name, mp.view, mp.view, mp.dtype, in, mp.result_dtype, out, &mp.options, BatchRowsOf(mp)});
     job_matrix.push_back(a.matrix);
-    flops += EngineFlops(mp.view, mp.options);
+    flops += EngineFlops(mp.view, mp.options, BatchRowsOf(mp));
   }
   if (jobs.empty()) return;
   std::vector<absl::Status> results = ctx.Compute(flops, [&] { return Orthogonalize(ctx.backend(), jobs); });

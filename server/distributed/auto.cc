@@ -1,4 +1,4 @@
-// AUTO (DESIGN §3): every block to its matrix's owner, NS once there, the results back.
+// AUTO (docs/architecture.md): every block to its matrix's owner, NS once there, the results back.
 #include <vector>
 
 #include "server/distributed/algorithms.h"

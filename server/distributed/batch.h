@@ -1,5 +1,5 @@
 // A batch: the matrices of one (group, step) as the fleet executes it, and the distributed
-// algorithms of DESIGN §3 that run it over a Backend and a Collective. No gRPC here.
+// algorithms of docs/architecture.md that run it over a Backend and a Collective. No gRPC here.
 //
 // Every fleet rank receives the same BatchPlan (from the coordinator log) and calls
 // ExecuteBatch with the blocks its own trainer ranks sent. The plan is a pure description, so
@@ -37,7 +37,8 @@ struct BlockPlacement {
 struct MatrixPlan {
   std::string name;
   std::vector<int64_t> shape;  // Global shape as sent (N-d allowed).
-  Matrix2d view;               // ViewAs2d(shape).
+  NdLayout layout = NdLayout::kFlatten;  // How `shape` is read as matrices.
+  Matrix2d view;               // ViewAs2d(shape, layout).
   DType dtype = DType::kF32;   // Dtype of the blocks' bytes.
   DType result_dtype = DType::kF32;
   NsOptions options;
@@ -56,7 +57,9 @@ struct BatchPlan {
 // Per-matrix validation of a plan, identical on every rank. Returns one status per matrix, OK or
 // INVALID_ARGUMENT with a message that starts with `matrix "name"` and names the field:
 //  - "algorithm", "dtype", "result_dtype": known enum values;
-//  - "shape" (ViewAs2d) and "view" (must equal ViewAs2d(shape));
+//  - "shape" (ViewAs2d) and "view" (must equal ViewAs2d(shape, layout));
+//  - "nd_layout": a batch of several matrices (BatchRows > 0) takes neither split_qkv nor
+//    TP_DISTRIBUTED or TP_BLOCKWISE (whose blocks are orthogonalized without the whole matrix);
 //  - "options": ValidateNsOptions and ValidateNsOptionsForShape (split_qkv divisibility of the
 //    whole matrix, and of every non-empty block for TP_BLOCKWISE and for TP_DISTRIBUTED with
 //    partition_dim 0, whose blocks are split locally);
@@ -65,11 +68,17 @@ struct BatchPlan {
 //  - "blocks": one placement per trainer rank 0..W-1 in order, each on a fleet rank in [0, S) (any rank: the
 //    clients' spreading rule is a preference, not a requirement); the blocks inside the matrix and tiling it
 //    exactly (naming the overlapping blocks or the gap); and the layout the algorithm needs — ROW_SHARDED: torch.chunk
-//    row shards over the W trainer ranks, spanning all columns (a wrong count gives the seed's "rank R of W holds N
+//    shards of the tensor's dim 0 over the W trainer ranks (rows of the view), spanning all columns (a wrong count gives the seed's "rank R of W holds N
 //    rows of a (d0, d1, ...) matrix, expected E"); TP_DUPLICATED / TP_DISTRIBUTED: torch.chunk shards along
 //    partition_dim spanning the other dim. A trainer rank whose chunk is empty may hold any empty block.
 // A plan-level error (trainer_world or fleet_world < 1) is reported for every matrix.
 std::vector<absl::Status> ValidatePlan(const BatchPlan& plan);
+
+// The "nd_layout" check of ValidatePlan on its own, for ingress: `what` starts the message.
+absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what);
+
+// The engine's batch_rows for `m` (BatchRows of its shape and layout).
+inline int64_t BatchRowsOf(const MatrixPlan& m) { return BatchRows(m.shape, m.layout); }
 
 // AUTO owner choice: matrices ordered by estimated cost (NsFlops of what the engine computes —
 // Q, K and V separately under split_qkv — plus 2 per element, so that steps = 0 matrices still

@@ -120,7 +120,10 @@ void BatchContext::WriteBlock(int m, int t, const void* src) const {
   std::memcpy(lb->out, src, bytes);
 }
 
-double EngineFlops(Matrix2d shape, const NsOptions& options) {
+double EngineFlops(Matrix2d shape, const NsOptions& options, int64_t batch_rows) {
+  if (batch_rows > 0) {
+    return static_cast<double>(shape.rows / batch_rows) * NsFlops(batch_rows, shape.cols, options);
+  }
   if (options.split_qkv.empty()) return NsFlops(shape.rows, shape.cols, options);
   const std::vector<int64_t>& split = options.split_qkv;
   const int64_t groups = shape.rows / (split[0] + split[1] + split[2]);

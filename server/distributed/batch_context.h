@@ -110,7 +110,7 @@ inline size_t OutBytes(const MatrixPlan& m, const Block& b) {
 }
 
 // NS FLOPs the engine spends on a rows × cols matrix with `options` (Q, K and V separately
-// under split_qkv).
-double EngineFlops(Matrix2d shape, const NsOptions& options);
+// under split_qkv; each matrix of a batch when batch_rows > 0, see MatrixJob).
+double EngineFlops(Matrix2d shape, const NsOptions& options, int64_t batch_rows = 0);
 
 }  // namespace orthoserve::distributed_internal

@@ -1,4 +1,4 @@
-// GATHERED and TP_DUPLICATED (DESIGN §3): every matrix all-gathered to every fleet rank, NS on
+// GATHERED and TP_DUPLICATED (docs/architecture.md): every matrix all-gathered to every fleet rank, NS on
 // every rank that holds a block of it, each rank keeps its own blocks. The seed's fallback for
 // layouts other than row shards, and Emerging-Optimizers' "duplicated" tensor-parallel mode.
 #include <string>

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "server/distributed/batch.h"
+#include "server/distributed/batch_context.h"
 
 namespace orthoserve {
 namespace {
@@ -15,12 +16,8 @@ namespace {
 double MatrixCost(const MatrixPlan& m) {
   if (m.view.rows <= 0 || m.view.cols <= 0) return 0;
   if (!ValidateNsOptions(m.options, "").ok() || !ValidateNsOptionsForShape(m.options, m.view, "").ok()) return 0;
-  double cost = 2.0 * static_cast<double>(m.view.numel());
-  if (m.options.split_qkv.empty()) return cost + NsFlops(m.view.rows, m.view.cols, m.options);
-  const std::vector<int64_t>& split = m.options.split_qkv;
-  const int64_t groups = m.view.rows / (split[0] + split[1] + split[2]);
-  for (int64_t part : split) cost += NsFlops(groups * part, m.view.cols, m.options);
-  return cost;
+  if (!ValidateNdLayout(m, "").ok()) return 0;
+  return 2.0 * static_cast<double>(m.view.numel()) + distributed_internal::EngineFlops(m.view, m.options, BatchRowsOf(m));
 }
 
 }  // namespace

@@ -23,8 +23,13 @@ bool ValidAlgorithm(Algorithm algorithm) {
 
 // ROW_SHARDED: trainer rank r holds torch.chunk row shard r of W, spanning every column.
 absl::Status CheckRowShardedLayout(const MatrixPlan& m, int world, const std::string& what) {
-  const std::vector<int64_t> sizes = ChunkSizes(m.view.rows, world);
-  const std::vector<int64_t> offsets = ChunkOffsets(m.view.rows, world);
+  // torch.chunk splits the tensor's dim 0; each of its entries is `unit` rows of the view (1 when
+  // flattened, prod(shape[1:-1]) for a batch).
+  const int64_t unit = m.view.rows / m.shape[0];
+  std::vector<int64_t> sizes = ChunkSizes(m.shape[0], world);
+  std::vector<int64_t> offsets = ChunkOffsets(m.shape[0], world);
+  for (int64_t& n : sizes) n *= unit;
+  for (int64_t& n : offsets) n *= unit;
   for (int r = 0; r < world; ++r) {
     const Block& b = m.blocks[r].block;
     if (sizes[r] == 0 && b.empty()) continue;
@@ -65,6 +70,32 @@ absl::Status CheckTpLayout(const MatrixPlan& m, int world, const std::string& wh
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what) {
+  if (m.layout != NdLayout::kFlatten && m.layout != NdLayout::kBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " nd_layout: ", static_cast<int>(m.layout), " is not a known layout"));
+  }
+  const int64_t batch_rows = BatchRows(m.shape, m.layout);
+  if (batch_rows == 0) return absl::OkStatus();
+  const std::string matrices =
+      absl::StrCat(m.view.rows / batch_rows, " matrices of ", batch_rows, "x", m.view.cols, " (nd_layout batch of ",
+                   ShapeTuple(m.shape), ")");
+  if (!m.options.split_qkv.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " nd_layout: split_qkv applies to one matrix, not to ", matrices));
+  }
+  if (m.algorithm == Algorithm::kTpDistributed || m.algorithm == Algorithm::kTpBlockwise) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " nd_layout: ", AlgorithmName(m.algorithm),
+                                                   " orthogonalizes one matrix from its blocks, not ", matrices,
+                                                   "; use auto, row_sharded, gathered or tp_duplicated"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
   const std::string what = absl::StrCat("matrix \"", m.name, "\"");
   const int world = plan.trainer_world;
@@ -79,7 +110,7 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " result_dtype: ", static_cast<int>(m.result_dtype), " is not a dtype"));
   }
-  ASSIGN_OR_RETURN(Matrix2d view, ViewAs2d(m.shape, absl::StrCat(what, " shape")));
+  ASSIGN_OR_RETURN(Matrix2d view, ViewAs2d(m.shape, absl::StrCat(what, " shape"), m.layout));
   if (!(view == m.view)) {
     return absl::InvalidArgumentError(absl::StrCat(what, " view: ", m.view.rows, "x", m.view.cols,
                                                    " is not the 2-D view ", view.rows, "x", view.cols, " of shape ",
@@ -87,6 +118,7 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
   }
   RETURN_IF_ERROR(ValidateNsOptions(m.options, absl::StrCat(what, " options")));
   RETURN_IF_ERROR(ValidateNsOptionsForShape(m.options, view, absl::StrCat(what, " options")));
+  RETURN_IF_ERROR(ValidateNdLayout(m, what));
   const bool tp_sharded = m.algorithm == Algorithm::kTpDuplicated || m.algorithm == Algorithm::kTpDistributed;
   if (tp_sharded && m.partition_dim != 0 && m.partition_dim != 1) {
     return absl::InvalidArgumentError(

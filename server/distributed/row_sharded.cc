@@ -1,4 +1,4 @@
-// ROW_SHARDED (DESIGN §3): the seed's orthogonalize_exact — matrices grouped by dtype, ordered by
+// ROW_SHARDED (docs/architecture.md): the seed's orthogonalize_exact — matrices grouped by dtype, ordered by
 // numel descending, processed in rounds of world() with fleet rank i owning the i-th matrix of a
 // round. The row layout itself was checked by ValidatePlan.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// TP_BLOCKWISE (DESIGN §3, MindSpeed's tp_mode "blockwise"): each trainer rank's block is
+// TP_BLOCKWISE (docs/architecture.md, MindSpeed's tp_mode "blockwise"): each trainer rank's block is
 // orthogonalized alone and scaled by its own shape. Local to the rank that holds the block.
 #include <vector>
 

@@ -1,4 +1,4 @@
-// TP_DISTRIBUTED (DESIGN §3, Emerging-Optimizers' newton_schulz_tp "distributed"): the engine's
+// TP_DISTRIBUTED (docs/architecture.md, Emerging-Optimizers' newton_schulz_tp "distributed"): the engine's
 // sharded NS over the whole fleet, each trainer shard one NsShard (so that in MEDIUM each
 // trainer shard's Gram is rounded to bf16 before the sum, as the trainers do). Fleet ranks with
 // no shards join every reduction with zeros.

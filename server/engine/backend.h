@@ -1,6 +1,6 @@
 // Backend: one compute device (a CPU thread pool or one GPU) that runs Newton–Schulz.
 //
-// Contract. A backend implements DESIGN §2 steps 1–4 for fully resolved tasks: transpose as
+// Contract. A backend implements docs/numerics.md §2 steps 1–4 for fully resolved tasks: transpose as
 // told, normalize in fp32 with eps in its mode, run the given schedule at the given precision,
 // transpose back, multiply by `scale`, and write the result in the output dtype. Everything
 // above that — defaults, coefficient tables, split_qkv, N-d views, which shape the scale comes

@@ -64,6 +64,14 @@ absl::Status CheckJob(const MatrixJob& job) {
   if (!job.options->split_qkv.empty()) {
     RETURN_IF_ERROR(ValidateNsOptionsForShape(*job.options, job.scale_shape, absl::StrCat(what, " options")));
   }
+  if (job.batch_rows < 0 || (job.batch_rows > 0 && job.shape.rows % job.batch_rows != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": batch of ", job.batch_rows, "-row matrices in ",
+                                                   job.shape.rows, " rows"));
+  }
+  if (job.batch_rows > 0 && (!job.options->split_qkv.empty() || !(job.scale_shape == job.shape))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a batch of matrices takes neither split_qkv nor a scale shape of its own"));
+  }
   return absl::OkStatus();
 }
 
@@ -103,6 +111,20 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
     results[j] = CheckJob(job);
     if (!results[j].ok()) continue;
     const NsOptions& o = *job.options;
+    if (job.batch_rows > 0) {
+      // The matrices of a batch are consecutive row slabs: each is a task on the job's buffers.
+      const Matrix2d shape{job.batch_rows, job.shape.cols};
+      const size_t in_bytes = static_cast<size_t>(shape.numel()) * ElementSize(job.in_dtype);
+      const size_t out_bytes = static_cast<size_t>(shape.numel()) * ElementSize(job.out_dtype);
+      for (int64_t b = 0; b < job.shape.rows / job.batch_rows; ++b) {
+        args.push_back(ResolveKernelArgs(o, shape, shape));
+        tasks.push_back(NsTask{shape, job.in_dtype, static_cast<const char*>(job.in) + b * in_bytes, job.out_dtype,
+                               static_cast<char*>(job.out) + b * out_bytes, nullptr});
+        task_job.push_back(j);
+        staged.push_back(Staged{j, -1, {}, {}});
+      }
+      continue;
+    }
     if (o.split_qkv.empty()) {
       args.push_back(ResolveKernelArgs(o, job.shape, job.scale_shape));
       tasks.push_back(NsTask{job.shape, job.in_dtype, job.in, job.out_dtype, job.out, nullptr});

@@ -1,5 +1,5 @@
 // The engine's entry point: orthogonalize matrices on a Backend with the whole numerics
-// contract of DESIGN §2 — option defaults resolved, split_qkv, the N-d view, the scale factor.
+// contract of docs/numerics.md — option defaults resolved, split_qkv, the N-d view, the scale factor.
 // Knows nothing of gRPC or collectives; the distributed algorithms call it on assembled
 // matrices and the RPC layer calls it for lone clients.
 #pragma once
@@ -26,6 +26,10 @@ struct MatrixJob {
   DType out_dtype = DType::kF32;
   void* out = nullptr;
   const NsOptions* options = nullptr;
+  // > 0: `shape` stacks shape.rows / batch_rows matrices of batch_rows rows (an ND_LAYOUT_BATCH
+  // tensor), each orthogonalized and scaled on its own; then scale_shape must equal shape and
+  // split_qkv be empty. 0: the job is one matrix.
+  int64_t batch_rows = 0;
 };
 
 // Resolves options into kernel arguments for a rows × cols matrix whose scale factor is that of
@@ -34,9 +38,10 @@ NsKernelArgs ResolveKernelArgs(const NsOptions& options, Matrix2d shape, Matrix2
 
 // Orthogonalizes each job: out = scale(scale_shape) · NS(in), with split_qkv applied when the
 // options ask for it (Q, K and V gathered across query groups, each orthogonalized and scaled
-// as its own matrix, written back interleaved). Returns one status per job: INVALID_ARGUMENT
-// for bad options or a split_qkv that does not divide the rows (naming the job), or the
-// backend's error. Thread-safe as the backend is.
+// as its own matrix, written back interleaved), and each matrix of a batch job on its own.
+// Returns one status per job: INVALID_ARGUMENT for bad options, a split_qkv that does not
+// divide the rows or a batch_rows that does not (naming the job), or the backend's error.
+// Thread-safe as the backend is.
 std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const MatrixJob> jobs);
 
 // Convenience for one job.

@@ -1,4 +1,4 @@
-// Fleet: this process's membership in an elastic fleet of up to S server ranks (DESIGN §3) —
+// Fleet: this process's membership in an elastic fleet of up to S server ranks (docs/architecture.md) —
 // its identity, the rendezvous store, the coordinator (on rank 0) and the executor that runs
 // the coordinator's log.
 //

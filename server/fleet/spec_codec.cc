@@ -49,7 +49,8 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
   MatrixPlan& plan = parsed.plan;
   plan.name = spec.name();
   plan.shape.assign(spec.shape().begin(), spec.shape().end());
-  ASSIGN_OR_RETURN(plan.view, ViewAs2d(plan.shape, absl::StrCat(what, " shape")));
+  ASSIGN_OR_RETURN(plan.layout, NdLayoutFromProto(spec.nd_layout(), what));
+  ASSIGN_OR_RETURN(plan.view, ViewAs2d(plan.shape, absl::StrCat(what, " shape"), plan.layout));
   if (plan.view.numel() > max_elements) {
     return absl::ResourceExhaustedError(absl::StrCat(what, " shape [", ListText(plan.shape), "] has ",
                                                      plan.view.numel(), " elements; this server accepts at most ",
@@ -71,6 +72,7 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
     return absl::InvalidArgumentError(absl::StrCat(what, ": partition_dim = ", plan.partition_dim, " must be 0 or 1 for ",
                                                    AlgorithmName(plan.algorithm)));
   }
+  RETURN_IF_ERROR(ValidateNdLayout(plan, what));
   Block block = BlockFromProto(spec.block());
   const bool unset = block.row_offset == 0 && block.col_offset == 0 && block.rows == 0 && block.cols == 0;
   parsed.block = unset && whole_if_unset ? WholeBlock(plan.view) : block;
@@ -83,6 +85,7 @@ v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block) {
   v1::MatrixSpec spec;
   spec.set_name(plan.name);
   for (int64_t d : plan.shape) spec.add_shape(d);
+  spec.set_nd_layout(NdLayoutToProto(plan.layout));
   spec.set_dtype(DTypeToProto(plan.dtype));
   spec.set_result_dtype(DTypeToProto(plan.result_dtype));
   *spec.mutable_options() = NsOptionsToProto(plan.options);
@@ -96,6 +99,9 @@ std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
   if (a.name != b.name) return absl::StrCat("name (\"", a.name, "\" vs \"", b.name, "\")");
   if (a.shape != b.shape) {
     return absl::StrCat("shape ([", ListText(a.shape), "] vs [", ListText(b.shape), "])");
+  }
+  if (a.layout != b.layout) {
+    return absl::StrCat("nd_layout (", NdLayoutName(a.layout), " vs ", NdLayoutName(b.layout), ")");
   }
   if (a.dtype != b.dtype) return absl::StrCat("dtype (", DTypeName(a.dtype), " vs ", DTypeName(b.dtype), ")");
   if (a.result_dtype != b.result_dtype) {

@@ -1,4 +1,4 @@
-// Admission control for the public API (DESIGN §8): concurrent streams, and matrix bytes held
+// Admission control for the public API (docs/operations.md): concurrent streams, and matrix bytes held
 // in flight per server and per tenant. Over a limit a request gets RESOURCE_EXHAUSTED before
 // anything is allocated — never an out-of-memory kill. Thread-safe.
 #pragma once

@@ -1,6 +1,6 @@
 // Receives one matrix block's bytes, chunk after chunk, into its final buffer (one copy, no
 // zero fill) and looks for NaN and Inf while the bytes are still in the cache: the server's only
-// pass over an input before compute (DESIGN §9). Not thread-safe; one per matrix.
+// pass over an input before compute (docs/architecture.md). Not thread-safe; one per matrix.
 #pragma once
 
 #include <cstdint>

@@ -145,6 +145,7 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
     r->set_name(p.plan.name);
     r->set_dtype(DTypeToProto(p.plan.result_dtype));
     for (int64_t d : p.plan.shape) r->add_shape(d);
+    r->set_nd_layout(NdLayoutToProto(p.plan.layout));
     *r->mutable_block() = BlockToProto(p.block);
     r->set_data(std::move(outputs[i]));
   }

@@ -23,6 +23,7 @@ void ResultWriter::Write(int index, const MatrixPlan& plan, const Block& block, 
   r->set_name(plan.name);
   r->set_dtype(DTypeToProto(plan.result_dtype));
   for (int64_t d : plan.shape) r->add_shape(d);
+  r->set_nd_layout(NdLayoutToProto(plan.layout));
   *r->mutable_block() = BlockToProto(block);
   r->set_code(static_cast<int>(status.code()));
   r->set_message(std::string(status.message()));

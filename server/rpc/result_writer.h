@@ -1,6 +1,6 @@
 // Writes one OrthogonalizeStream's responses from a thread of its own, so that whoever produces
 // a result (a compute thread) hands it over and goes on with the next matrix while gRPC sends
-// this one (DESIGN §9: results stream back while later matrices are computed and still arrive).
+// this one (docs/architecture.md: results stream back while later matrices are computed and still arrive).
 // Results are written in the order they are handed over, each matrix's header and chunks
 // together; the chunks refer to the result's bytes (stream_codec.h), they are not copied.
 #pragma once
@@ -31,6 +31,10 @@ class ResultWriter {
   // Close().
   ~ResultWriter();
 
+  // Largest DataChunk.data of the results, from the step header; call before the first Write
+  // (results are produced only after the header).
+  void SetChunkBytes(int64_t chunk_bytes) { chunk_bytes_ = chunk_bytes; }
+
   // Queues matrix `index`'s result: its header and, when `status` is OK, `data` in chunks.
   // `owner` keeps `data` alive and unchanged until gRPC has sent it. Returns at once.
   // Thread-safe.
@@ -59,7 +63,7 @@ class ResultWriter {
   bool WriteItem(Item& item);
 
   Stream* stream_;
-  const int64_t chunk_bytes_;
+  int64_t chunk_bytes_;
   Metrics* metrics_;
   const char* method_;
   std::mutex mu_;

@@ -1,9 +1,11 @@
 // OrthogonalizeStream's messages as raw gRPC byte buffers, so that matrix bytes are not copied
-// on their way through the server (DESIGN §9): a request's DataChunk bytes are read where gRPC
+// on their way through the server (docs/architecture.md): a request's DataChunk bytes are read where gRPC
 // received them, and a result's DataChunk refers to the result buffer instead of holding a copy.
 // The wire format is orthoserve.v1's StreamRequest / StreamResponse, unchanged.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -27,6 +29,16 @@ absl::Status ParseStreamRequest(StreamRequestView* view);
 // data bytes are not copied: the message refers to them, and holds `owner` (which must keep them
 // alive and unchanged) until gRPC has sent them.
 grpc::ByteBuffer ChunkResponse(int index, absl::string_view data, std::shared_ptr<const void> owner);
+
+// Result chunks fit gRPC's default 4 MiB receive limit unless the client asks for more: 4 MiB
+// less room for the message's framing (DataChunk's tags and lengths take under 30 bytes).
+inline constexpr int64_t kDefaultResultChunkBytes = (int64_t{4} << 20) - 1024;
+
+// The result chunk size of a step whose header asked for `requested` bytes (0: the default) on
+// a server accepting chunks of up to `limit` bytes.
+inline int64_t ResultChunkBytes(int64_t requested, int64_t limit) {
+  return std::min(requested > 0 ? requested : kDefaultResultChunkBytes, limit);
+}
 
 
 }  // namespace orthoserve

@@ -137,6 +137,11 @@ absl::Status StreamStep::ReadHeader() {
     return absl::InvalidArgumentError(absl::StrCat("header attempt = ", header_.attempt(), " is negative"));
   }
   if (header_.attempt() > 0) s_.metrics_->StepRetried(kMethod);
+  if (header_.result_chunk_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header result_chunk_bytes = ", header_.result_chunk_bytes(), " is negative"));
+  }
+  writer_.SetChunkBytes(ResultChunkBytes(header_.result_chunk_bytes(), s_.options_.chunk_bytes));
   // A lone client is served here alone when the fleet cannot take it (one rank, or this rank is
   // not in a formed generation), and through the fleet's batches otherwise.
   const bool fleet_ready = s_.fleet_->ready();

@@ -186,7 +186,7 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
                 "or N-d viewed as shape[0] x "
                 "prod(rest)), orthogonalizes it on the server in one OrthogonalizeStream step (any size; chunked), "
                 "and writes the result in the input's dtype and shape. Unset options take the server defaults "
-                "(DESIGN §2).");
+                "(docs/numerics.md).");
   ConnectionFlagValues conn;
   NsFlagValues ns;
   std::string in_path, out_path, name;
@@ -214,12 +214,14 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
   if (!wire.ok()) return Fail(err, kExitUsage, wire.status());
   absl::StatusOr<v1::Algorithm> algorithm = AlgorithmFromFlags(ns);
   if (!algorithm.ok()) return Fail(err, kExitUsage, algorithm.status());
+  absl::StatusOr<NdLayout> layout = NdLayoutFromFlags(ns);
+  if (!layout.ok()) return Fail(err, kExitUsage, layout.status());
 
   client::NpyReadOptions read_options;
   read_options.void2_as_bf16 = bf16;
   absl::StatusOr<client::NpyArray> array = client::ReadNpy(in_path, read_options);
   if (!array.ok()) return Fail(err, kExitIo, array.status());
-  absl::StatusOr<Matrix2d> m = ViewAs2d(array->shape, in_path + " shape");
+  absl::StatusOr<Matrix2d> m = ViewAs2d(array->shape, in_path + " shape", *layout);
   if (!m.ok()) return Fail(err, kExitIo, m.status());
   absl::Status for_shape = ValidateNsOptionsForShape(*options, *m, "options");
   if (!for_shape.ok()) return Fail(err, kExitUsage, for_shape);
@@ -233,6 +235,7 @@ int RunOrthogonalize(const std::vector<std::string>& args, std::ostream& out, st
   MatrixInput input;
   input.name = name.empty() ? in_path.substr(in_path.find_last_of('/') + 1) : name;
   input.shape = array->shape;
+  input.layout = *layout;
   input.dtype = wire_dtype;
   input.options = *options;
   input.algorithm = *algorithm;
@@ -294,7 +297,9 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     if (!absl::SimpleAtoi(part, &d)) return Fail(err, kExitUsage, absl::InvalidArgumentError("--shape expects R,C"));
     shape.push_back(d);
   }
-  absl::StatusOr<Matrix2d> m = ViewAs2d(shape, "--shape");
+  absl::StatusOr<NdLayout> layout = NdLayoutFromFlags(ns);
+  if (!layout.ok()) return Fail(err, kExitUsage, layout.status());
+  absl::StatusOr<Matrix2d> m = ViewAs2d(shape, "--shape", *layout);
   if (!m.ok()) return Fail(err, kExitUsage, m.status());
   if (matrices < 1 || iters < 1 || warmup < 0) {
     return Fail(err, kExitUsage, absl::InvalidArgumentError("--matrices and --iters must be >= 1, --warmup >= 0"));
@@ -323,6 +328,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     ConvertFromF32(dtype, values.data(), values.size(), payloads[i].data());
     inputs[i].name = absl::StrCat("bench", i);
     inputs[i].shape = shape;
+    inputs[i].layout = *layout;
     inputs[i].dtype = dtype;
     inputs[i].options = *options;
     inputs[i].algorithm = *algorithm;

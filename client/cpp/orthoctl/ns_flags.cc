@@ -49,6 +49,10 @@ void AddNsFlags(FlagSet* flags, NsFlagValues* v) {
   flags->AddString("algorithm", "A",
                    "auto, row_sharded, gathered, tp_duplicated, tp_distributed, tp_blockwise (default auto)",
                    &v->algorithm);
+  flags->AddString("nd", "L",
+                   "how an N-d input is read: flatten (one shape[0] x prod(rest) matrix, Muon's convention) or "
+                   "batch (prod(shape[:-2]) matrices of shape[-2] x shape[-1], Emerging-Optimizers'); default flatten",
+                   &v->nd);
 }
 
 absl::StatusOr<NsOptions> NsOptionsFromFlags(const NsFlagValues& v) {
@@ -99,6 +103,12 @@ absl::StatusOr<std::optional<DType>> WireDTypeFromFlags(const NsFlagValues& v) {
   DType dtype;
   RETURN_IF_ERROR(FlagError("--wire-dtype", ParseDType(v.wire_dtype, &dtype)));
   return std::optional<DType>(dtype);
+}
+
+absl::StatusOr<NdLayout> NdLayoutFromFlags(const NsFlagValues& v) {
+  NdLayout layout = NdLayout::kFlatten;
+  if (!v.nd.empty()) RETURN_IF_ERROR(FlagError("--nd", ParseNdLayout(v.nd, &layout)));
+  return layout;
 }
 
 absl::StatusOr<v1::Algorithm> AlgorithmFromFlags(const NsFlagValues& v) {

@@ -1,5 +1,5 @@
-// orthoctl's Newton–Schulz option flags (every option of DESIGN §2) plus --wire-dtype and
-// --algorithm, and their translation into NsOptions.
+// orthoctl's Newton–Schulz option flags (every option of the proto's NsOptions) plus --wire-dtype,
+// --algorithm and --nd, and their translation into NsOptions.
 #pragma once
 
 #include <optional>
@@ -27,10 +27,11 @@ struct NsFlagValues {
   std::string split_qkv;
   std::string wire_dtype;
   std::string algorithm;
+  std::string nd;
 };
 
 // Registers --coefficients, --custom-coefficients, --steps, --precision, --eps, --eps-mode,
-// --transpose, --scale-mode, --extra-scale, --split-qkv, --wire-dtype and --algorithm on `flags`,
+// --transpose, --scale-mode, --extra-scale, --split-qkv, --wire-dtype, --algorithm and --nd on `flags`,
 // storing into `values` (which must outlive the parse).
 void AddNsFlags(FlagSet* flags, NsFlagValues* values);
 
@@ -45,5 +46,9 @@ absl::StatusOr<std::optional<DType>> WireDTypeFromFlags(const NsFlagValues& valu
 // --algorithm (auto, row_sharded, gathered, tp_duplicated, tp_distributed, tp_blockwise), or
 // ALGORITHM_UNSPECIFIED when not given. INVALID_ARGUMENT listing the names otherwise.
 absl::StatusOr<v1::Algorithm> AlgorithmFromFlags(const NsFlagValues& values);
+
+// --nd (flatten, batch): how an N-d input is read as matrices; flatten when not given.
+// INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<NdLayout> NdLayoutFromFlags(const NsFlagValues& values);
 
 }  // namespace orthoserve::orthoctl

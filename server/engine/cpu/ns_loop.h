@@ -1,4 +1,4 @@
-// The Newton–Schulz iteration of DESIGN §2 steps 2–3 on fp32 working matrices: normalization
+// The Newton–Schulz iteration of docs/numerics.md §2 steps 2–3 on fp32 working matrices: normalization
 // and the schedule's steps, for one matrix or for the local shards of a sharded matrix whose
 // Gram and norm are summed over participants by a SumReducer.
 #pragma once

@@ -1,5 +1,5 @@
 // Moving matrices between the caller's buffers (fp32/bf16/fp16, either orientation) and the
-// backend's fp32 working layout, and the Frobenius normalization of DESIGN §2 step 2.
+// backend's fp32 working layout, and the Frobenius normalization of docs/numerics.md §2 step 2.
 // Pure functions of their arguments; thread-safe for distinct outputs.
 #pragma once
 

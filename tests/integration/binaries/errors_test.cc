@@ -24,6 +24,7 @@ namespace orthoserve::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // orthoctl's documented exit codes.
 constexpr int kExitUsage = 1;
@@ -195,6 +196,23 @@ TEST_F(ErrorsTest, HealthAndOrthogonalizeAgainstADeadPort) {
   EXPECT_EQ(r.exit_code, kExitRpc);
   EXPECT_FALSE(r.err.empty());
   ExpectStillServing("calls to a dead port");
+}
+
+// --help lists every server flag with its default; --version prints the release.
+TEST(ServerLifecycleTest, HelpListsTheFlagsAndVersionPrintsTheRelease) {
+  const std::string dir = MakeScratchDir();
+  ProcessResult help = RunProcess({OrthoserveBinary(), "--help"}, dir + "/help", absl::Seconds(30));
+  const std::string text = help.out + help.err;
+  EXPECT_THAT(text, Not(HasSubstr("No flags matched")));
+  EXPECT_THAT(text, HasSubstr("Flags from server/app/flags.cc"));
+  for (const char* flag : {"--listen", "--backend", "--world", "--chunk_bytes", "--max_inflight_bytes",
+                           "--drain_timeout", "--metrics_address"}) {
+    EXPECT_THAT(text, HasSubstr(flag)) << flag;
+  }
+  EXPECT_THAT(text, HasSubstr("default: 4194304"));  // --chunk_bytes, with its default.
+  ProcessResult version = RunProcess({OrthoserveBinary(), "--version"}, dir + "/version", absl::Seconds(30));
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_THAT(version.out, ::testing::MatchesRegex("orthoserve [0-9]+\\.[0-9]+\\.[0-9]+\n"));
 }
 
 // SIGTERM while a large matrix is being computed: the call in flight completes and the server exits 0.

@@ -30,6 +30,32 @@ TEST(ViewAs2d, RejectsBadShapes) {
   EXPECT_THAT(ViewAs2d({2, big, 4}, "w"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int64")));
 }
 
+TEST(ViewAs2d, BatchStacksTheLastTwoDimsByRows) {
+  auto m = ViewAs2d({4, 3, 2, 5}, "w", NdLayout::kBatch);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->rows, 24);  // 12 matrices of 2 x 5.
+  EXPECT_EQ(m->cols, 5);
+  EXPECT_EQ(BatchRows({4, 3, 2, 5}, NdLayout::kBatch), 2);
+  EXPECT_EQ(BatchRows({4, 3, 2, 5}, NdLayout::kFlatten), 0);
+  // Two dims, or one matrix in the batch: the same single matrix either way.
+  EXPECT_EQ(*ViewAs2d({6, 7}, "w", NdLayout::kBatch), *ViewAs2d({6, 7}, "w"));
+  EXPECT_EQ(BatchRows({6, 7}, NdLayout::kBatch), 0);
+  EXPECT_EQ(BatchRows({1, 6, 7}, NdLayout::kBatch), 0);
+  EXPECT_EQ(ViewAs2d({1, 6, 7}, "w", NdLayout::kBatch)->rows, 6);
+  EXPECT_THAT(ViewAs2d({2, 0, 7}, "w", NdLayout::kBatch), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dim 1 = 0")));
+}
+
+TEST(NdLayout, NamesRoundTrip) {
+  for (NdLayout layout : {NdLayout::kFlatten, NdLayout::kBatch}) {
+    NdLayout parsed = NdLayout::kFlatten;
+    ASSERT_OK(ParseNdLayout(NdLayoutName(layout), &parsed));
+    EXPECT_EQ(parsed, layout);
+  }
+  NdLayout parsed;
+  EXPECT_THAT(ParseNdLayout("stack", &parsed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected flatten or batch")));
+}
+
 TEST(ChunkSizes, MatchesTorchChunk) {
   EXPECT_THAT(ChunkSizes(7, 4), ElementsAre(2, 2, 2, 1));
   EXPECT_THAT(ChunkSizes(5, 4), ElementsAre(2, 2, 1, 0));

@@ -54,7 +54,8 @@ MatrixPlan MakeMatrixPlan(const MatrixSpec& spec, int trainer_world, int fleet_w
   MatrixPlan m;
   m.name = spec.name;
   m.shape = spec.shape;
-  absl::StatusOr<Matrix2d> view = ViewAs2d(spec.shape, spec.name);
+  m.layout = spec.nd;
+  absl::StatusOr<Matrix2d> view = ViewAs2d(spec.shape, spec.name, spec.nd);
   m.view = view.ok() ? *view : Matrix2d{0, 0};
   m.dtype = spec.dtype;
   m.result_dtype = spec.result_dtype;
@@ -144,9 +145,16 @@ std::vector<char> AssembleResult(const BatchPlan& plan, const BatchData& data, i
 
 std::vector<char> WholeReference(Backend& backend, const MatrixPlan& m, const std::vector<char>& whole) {
   std::vector<char> out(static_cast<size_t>(m.view.numel()) * ElementSize(m.result_dtype));
-  MatrixJob job{m.name, m.view, m.view, m.dtype, whole.data(), m.result_dtype, out.data(), &m.options};
-  absl::Status status = OrthogonalizeOne(backend, job);
-  EXPECT_TRUE(status.ok()) << status;
+  // A batch's reference is each of its matrices run alone.
+  const int64_t rows = BatchRowsOf(m) > 0 ? BatchRowsOf(m) : m.view.rows;
+  const size_t in_bytes = static_cast<size_t>(rows * m.view.cols) * ElementSize(m.dtype);
+  const size_t out_bytes = static_cast<size_t>(rows * m.view.cols) * ElementSize(m.result_dtype);
+  for (int64_t b = 0; b < m.view.rows / rows; ++b) {
+    MatrixJob job{m.name, {rows, m.view.cols}, {rows, m.view.cols}, m.dtype, whole.data() + b * in_bytes,
+                  m.result_dtype, out.data() + b * out_bytes, &m.options};
+    absl::Status status = OrthogonalizeOne(backend, job);
+    EXPECT_TRUE(status.ok()) << status;
+  }
   return out;
 }
 

@@ -38,6 +38,7 @@ struct MatrixSpec {
   Algorithm algorithm = Algorithm::kAuto;
   int partition_dim = 0;
   Layout layout = Layout::kRows;
+  NdLayout nd = NdLayout::kFlatten;  // How `shape` is read as matrices.
   uint32_t seed = 1;  // Seeds the matrix's data: equal seeds and shapes give equal inputs.
 };
 

@@ -199,6 +199,38 @@ TEST(PlanValidationTest, ShapeOptionsAndSplitQkvAreChecked) {
   EXPECT_OK(ValidateOne(MakePlan(3, 1, {qkv})));
 }
 
+TEST(PlanValidationTest, BatchLayoutViewRowShardsAndRestrictions) {
+  MatrixSpec batch = Spec("b", {4, 3, 5}, Algorithm::kRowSharded, Layout::kRows);
+  batch.nd = NdLayout::kBatch;
+  BatchPlan plan = MakePlan(2, 1, {batch});  // View 12x5; W = 2 row chunks of 6 = 2 matrices each.
+  EXPECT_EQ(plan.matrices[0].view, (Matrix2d{12, 5}));
+  EXPECT_OK(ValidateOne(plan));
+  // The flattened view is not the batch's.
+  plan.matrices[0].view = Matrix2d{4, 15};
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"b\" view")));
+  // W = 3: torch.chunk of dim 0 gives 2, 2, 0 matrices (6, 6, 0 view rows), not 4, 4, 4 rows.
+  plan = MakePlan(3, 1, {batch});
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("rank 0 of 3 holds 4 rows of a (4, 3, 5) matrix, expected 6")));
+  for (int r = 0; r < 3; ++r) plan.matrices[0].blocks[r].block = Block{6 * std::min(r, 2), 0, r < 2 ? 6 : 0, 5};
+  EXPECT_OK(ValidateOne(plan));
+  // Several matrices take neither split_qkv nor the modes that never assemble the matrix.
+  plan = MakePlan(1, 1, {batch});
+  plan.matrices[0].options.split_qkv = {1, 1, 1};
+  EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nd_layout: split_qkv")));
+  for (Algorithm a : {Algorithm::kTpDistributed, Algorithm::kTpBlockwise}) {
+    plan = MakePlan(1, 1, {batch});
+    plan.matrices[0].algorithm = a;
+    EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("orthogonalizes one matrix from its blocks, not 4 matrices")));
+  }
+  // One matrix in the batch is just a matrix: everything is allowed.
+  MatrixSpec one = Spec("one", {1, 6, 5}, Algorithm::kTpDistributed, Layout::kRows);
+  one.nd = NdLayout::kBatch;
+  one.options.split_qkv = {1, 1, 1};
+  EXPECT_OK(ValidateOne(MakePlan(2, 1, {one})));
+}
+
 TEST(PlanValidationTest, OneStatusPerMatrixIndependently) {
   BatchPlan plan = MakePlan(2, 2,
                             {Spec("good", {4, 6}, Algorithm::kAuto, Layout::kGrid),

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/engine/newton_schulz.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/util/status_matchers.h"
 
@@ -290,6 +291,52 @@ TEST(SplitQkvTest, RowsNotDivisibleIsInvalidArgument) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, SplitQkvTest, Values(Precision::kHighest, Precision::kMedium));
+
+// A batch job (ND_LAYOUT_BATCH) is each of its row slabs orthogonalized and scaled on its own:
+// against the reference of each slab, and bit for bit the slab run alone.
+class BatchTest : public ::testing::TestWithParam<std::tuple<std::pair<int64_t, int64_t>, Precision>> {};
+
+TEST_P(BatchTest, EachMatrixIsOrthogonalizedAndScaledOnItsOwn) {
+  const auto [rows, cols] = std::get<0>(GetParam());
+  const int64_t matrices = 3;
+  NsOptions o;
+  o.precision = std::get<1>(GetParam());
+  o.scale_mode = ScaleMode::kShapeScaling;  // Shape-dependent, so a wrong shape would show.
+  std::vector<double> g = RandomMatrix(matrices * rows, cols, 21);
+  const std::vector<char> in = Pack(g, DType::kF32);
+  std::vector<char> out(in.size());
+  MatrixJob job{"w", {matrices * rows, cols}, {matrices * rows, cols}, DType::kF32, in.data(), DType::kF32,
+                out.data(), &o, rows};
+  ASSERT_OK(OrthogonalizeOne(CpuBackendWithThreads(1), job));
+  const std::vector<double> got = Unpack(out, DType::kF32);
+  for (int64_t b = 0; b < matrices; ++b) {
+    const std::vector<double> slab(g.begin() + b * rows * cols, g.begin() + (b + 1) * rows * cols);
+    const std::vector<double> got_slab(got.begin() + b * rows * cols, got.begin() + (b + 1) * rows * cols);
+    EXPECT_LE(RelativeError(got_slab, Reference(slab, rows, cols, o)), Tolerance(o.precision)) << "matrix " << b;
+    NsRun alone = RunNs(CpuBackendWithThreads(1), slab, rows, cols, o);
+    ASSERT_OK(alone.status);
+    EXPECT_EQ(std::vector<char>(out.begin() + b * rows * cols * 4, out.begin() + (b + 1) * rows * cols * 4),
+              alone.bytes)
+        << "matrix " << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BatchTest,
+                         Combine(Values(std::pair<int64_t, int64_t>{6, 10}, std::pair<int64_t, int64_t>{10, 6}),
+                                 Values(Precision::kHighest, Precision::kMedium)));
+
+TEST(BatchTest, RowsNotDivisibleOrWithSplitQkvIsInvalidArgument) {
+  NsOptions o;
+  std::vector<char> in(7 * 4 * 4), out(in.size());
+  MatrixJob job{"w", {7, 4}, {7, 4}, DType::kF32, in.data(), DType::kF32, out.data(), &o, 2};
+  EXPECT_THAT(OrthogonalizeOne(CpuBackendWithThreads(1), job),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("batch of 2-row matrices in 7 rows")));
+  NsOptions qkv;
+  qkv.split_qkv = {1, 1, 1};
+  MatrixJob with_split{"w", {6, 4}, {6, 4}, DType::kF32, in.data(), DType::kF32, out.data(), &qkv, 3};
+  EXPECT_THAT(OrthogonalizeOne(CpuBackendWithThreads(1), with_split),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("split_qkv")));
+}
 
 class ExtraScaleTest : public ::testing::TestWithParam<std::tuple<double, Precision>> {};
 

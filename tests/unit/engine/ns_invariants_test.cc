@@ -1,4 +1,4 @@
-// The invariants of DESIGN §2 (scale invariance, transposition, zero rows and columns) and
+// The invariants of docs/numerics.md (scale invariance, transposition, zero rows and columns) and
 // determinism: the same bits twice, alone or inside a batch, and concurrently from two threads.
 #include <cstring>
 #include <thread>

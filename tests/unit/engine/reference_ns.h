@@ -1,4 +1,4 @@
-// An independent, deliberately plain reference of DESIGN §2 for the engine tests: naive triple
+// An independent, deliberately plain reference of docs/numerics.md for the engine tests: naive triple
 // loops, its own coefficient tables, scale factors and bf16 rounding, sharing no code with the
 // backends. Highest: the loop in float64. Medium: the bf16-emulating loop of the contract.
 #pragma once
@@ -16,10 +16,10 @@ struct RefTriple {
   double a, b, c;
 };
 
-// The DESIGN §2 table for `type` expanded to `steps` triples (custom: `custom` cycled).
+// The docs/numerics.md table for `type` expanded to `steps` triples (custom: `custom` cycled).
 std::vector<RefTriple> RefSchedule(CoefficientType type, int steps, const std::vector<RefTriple>& custom = {});
 
-// scale(out = rows, in = cols) of DESIGN §2, times extra.
+// scale(out = rows, in = cols) of docs/numerics.md, times extra.
 double RefScale(int64_t rows, int64_t cols, ScaleMode mode, double extra);
 
 struct RefArgs {

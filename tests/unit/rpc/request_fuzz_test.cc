@@ -1,4 +1,4 @@
-// Randomized robustness tests of request parsing and validation (DESIGN §8): thousands of
+// Randomized robustness tests of request parsing and validation (docs/operations.md): thousands of
 // mutated specs through ParseMatrixSpec, and hundreds of random message sequences through a live
 // in-process server. Nothing may crash; every failure must carry one of the documented codes;
 // every accepted spec must be self-consistent; the server must go on serving. Deterministic

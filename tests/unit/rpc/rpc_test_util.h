@@ -82,6 +82,7 @@ struct StreamOutcome {
   std::map<int, v1::MatrixResult> results;  // By index.
   std::map<int, std::string> data;          // Reassembled result bytes by index.
   std::vector<int> order;                   // Indices in the order results arrived.
+  size_t largest_chunk = 0;                 // Bytes of the largest result DataChunk.
   bool summary = false;
   v1::StepSummary step_summary;
 };
@@ -140,6 +141,7 @@ inline StreamOutcome RunStream(v1::Orthogonalizer::Stub& stub, const std::vector
       out.data[response.result().index()];
     } else if (response.has_chunk()) {
       out.data[response.chunk().index()] += response.chunk().data();
+      out.largest_chunk = std::max(out.largest_chunk, response.chunk().data().size());
     } else if (response.has_summary()) {
       out.summary = true;
       out.step_summary = response.summary();

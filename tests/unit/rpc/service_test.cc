@@ -122,6 +122,90 @@ TEST_F(ServiceTest, StreamReportsBadMatrixInBandAndGoesOn) {
   EXPECT_EQ(out.step_summary.matrices_failed(), 2);
 }
 
+// A 4x6 matrix's bytes as a (2, 2, 6) batch of two 2x6 matrices.
+void AsBatchOfTwo(v1::Matrix& m) {
+  m.mutable_spec()->clear_shape();
+  for (int64_t d : {2, 2, 6}) m.mutable_spec()->add_shape(d);
+  m.mutable_spec()->set_nd_layout(v1::ND_LAYOUT_BATCH);
+}
+
+TEST_F(ServiceTest, BatchLayoutOrthogonalizesEachMatrixFlattenTheWhole) {
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  const std::vector<int64_t> shape = {3, 8, 5};
+  const std::string in = Bytes(RandomMatrix(24, 5, 31), DType::kF32);
+  for (bool stream : {false, true}) {
+    for (v1::NdLayout layout : {v1::ND_LAYOUT_UNSPECIFIED, v1::ND_LAYOUT_BATCH}) {
+      v1::MatrixSpec spec = Spec("w", shape, DType::kF32, options);
+      spec.set_nd_layout(layout);
+      std::string got;
+      v1::MatrixResult result;
+      if (stream) {
+        std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+        AppendMatrix(messages, 0, spec, in);
+        messages.push_back(EndMessage());
+        StreamOutcome out = RunStream(*stub_, messages);
+        ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+        result = out.results[0];
+        got = out.data[0];
+      } else {
+        v1::OrthogonalizeRequest request;
+        *request.add_matrices()->mutable_spec() = spec;
+        request.mutable_matrices(0)->set_data(in);
+        v1::OrthogonalizeResponse response;
+        grpc::Status status = Unary(request, &response);
+        ASSERT_TRUE(status.ok()) << status.error_message();
+        result = response.results(0);
+        got = response.results(0).data();
+      }
+      ASSERT_EQ(result.code(), 0) << result.message();
+      EXPECT_EQ(result.nd_layout(), layout == v1::ND_LAYOUT_BATCH ? v1::ND_LAYOUT_BATCH : v1::ND_LAYOUT_FLATTEN);
+      if (layout == v1::ND_LAYOUT_BATCH) {
+        // Three 8x5 matrices, each the engine's answer for it alone; the block is the stacked view.
+        EXPECT_EQ(result.block().rows(), 24);
+        EXPECT_EQ(result.block().cols(), 5);
+        for (int b = 0; b < 3; ++b) {
+          const size_t bytes = 8 * 5 * 4;
+          EXPECT_EQ(got.substr(b * bytes, bytes),
+                    Reference(in.substr(b * bytes, bytes), Matrix2d{8, 5}, DType::kF32, DType::kF32, options))
+              << "stream " << stream << " matrix " << b;
+        }
+      } else {
+        EXPECT_EQ(result.block().rows(), 3);
+        EXPECT_EQ(got, Reference(in, Matrix2d{3, 40}, DType::kF32, DType::kF32, options)) << "stream " << stream;
+      }
+    }
+  }
+}
+
+TEST_F(ServiceTest, ResultChunksFitTheDefaultReceiveLimitUnlessTheClientAsks) {
+  ServerOptions options = TestServerOptions();
+  options.service.chunk_bytes = int64_t{8} << 20;
+  Start(options);
+  NsOptions ns;
+  ns.steps = 0;  // The transport is under test, not the arithmetic.
+  const std::vector<int64_t> shape = {1536, 2048};  // 12 MiB of fp32.
+  const std::string in = Bytes(RandomMatrix(1536, 2048, 5), DType::kF32);
+  for (int64_t asked : {int64_t{0}, int64_t{1} << 20, int64_t{16} << 20}) {
+    std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+    messages[0].mutable_header()->set_result_chunk_bytes(asked);
+    AppendMatrix(messages, 0, Spec("w", shape, DType::kF32, ns), in, size_t{4} << 20);
+    messages.push_back(EndMessage());
+    StreamOutcome out = RunStream(*stub_, messages);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    ASSERT_EQ(out.data[0].size(), in.size());
+    // Default: under 4 MiB with room for framing; asked: that, up to the server's chunk limit.
+    const size_t expected = asked == 0 ? (size_t{4} << 20) - 1024 : std::min<size_t>(asked, size_t{8} << 20);
+    EXPECT_EQ(out.largest_chunk, expected) << "asked " << asked;
+  }
+  std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+  messages[0].mutable_header()->set_result_chunk_bytes(-1);
+  AppendMatrix(messages, 0, Spec("w", {4, 6}, DType::kF32, ns), Bytes(RandomMatrix(4, 6, 1), DType::kF32));
+  StreamOutcome bad = RunStream(*stub_, messages);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("result_chunk_bytes = -1 is negative"));
+}
+
 struct BadUnaryCase {
   std::string name;
   std::function<void(v1::Matrix&)> mutate;
@@ -181,6 +265,20 @@ TEST_F(ServiceTest, UnaryRejectsEachBadInputWithItsCode) {
          m.mutable_spec()->set_partition_dim(2);
        },
        grpc::StatusCode::INVALID_ARGUMENT, "partition_dim = 2 must be 0 or 1"},
+      {"unknown nd_layout", [](v1::Matrix& m) { m.mutable_spec()->set_nd_layout(static_cast<v1::NdLayout>(7)); },
+       grpc::StatusCode::INVALID_ARGUMENT, "matrix 0 (\"w\"): nd_layout = 7"},
+      {"batch with split_qkv",
+       [](v1::Matrix& m) {
+         AsBatchOfTwo(m);
+         for (int s : {1, 2, 1}) m.mutable_spec()->mutable_options()->add_split_qkv(s);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "nd_layout: split_qkv applies to one matrix, not to 2 matrices of 2x6"},
+      {"batch with TP_DISTRIBUTED",
+       [](v1::Matrix& m) {
+         AsBatchOfTwo(m);
+         m.mutable_spec()->set_algorithm(v1::ALGORITHM_TP_DISTRIBUTED);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "tp_distributed orthogonalizes one matrix from its blocks"},
   };
   const std::string data = Bytes(RandomMatrix(4, 6, 7), DType::kF32);
   for (const BadUnaryCase& c : cases) {
@@ -343,7 +441,7 @@ TEST_F(ServiceTest, ConcurrentClientsAllGetTheirOwnResults) {
 namespace orthoserve::testing {
 namespace {
 
-// A bounded load test on loopback (DESIGN §8): 8 clients × 20 steps of mixed shapes and dtypes
+// A bounded load test on loopback (docs/operations.md): 8 clients × 20 steps of mixed shapes and dtypes
 // at once, every response checked against the engine; limited in count and by a deadline.
 TEST(ServiceLoadTest, EveryResponseUnderConcurrentLoadIsCorrect) {
   ServerOptions options = TestServerOptions();
