@@ -1,4 +1,4 @@
-"""Emerging-Optimizers 0.3.0 as the numerics oracle (DESIGN §2): its newton_schulz and get_muon_scale_factor,
+"""Emerging-Optimizers 0.3.0 as the numerics oracle (docs/numerics.md): its newton_schulz and get_muon_scale_factor,
 run in fp32 under a chosen torch matmul precision."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""3-D input: Client.orthogonalize(nd="batch") sends each x[i] as its own matrix and stacks the results;
-nd="flatten" (the default) keeps the service's shape[0] x prod(rest) view; RemoteNewtonSchulz treats (B, M, N) as
-B matrices exactly as Emerging-Optimizers' newton_schulz does, and rejects the dims EO rejects with EO's
-exception type."""
+"""N-d input: Client.orthogonalize(nd="batch") sends an N-d array as one matrix with MatrixSpec.nd_layout =
+ND_LAYOUT_BATCH (prod(shape[:-2]) independent shape[-2] x shape[-1] matrices) and gets the result in the input's
+shape; nd="flatten" (the default) keeps the service's shape[0] x prod(rest) view; RemoteNewtonSchulz treats
+(B, M, N) as B matrices exactly as Emerging-Optimizers' newton_schulz does, and rejects the dims EO rejects with
+EO's exception type."""
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from emerging_optimizers.orthogonalized_optimizers import muon_utils
 import oracle
 from orthoserve.torch import RemoteNewtonSchulz
 from fake_server import FakeServer
+from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 
 TOL = 1e-5  # As the other EO comparisons (test_numerics.py): fp32 "highest", max abs error.
 
@@ -64,13 +66,16 @@ def test_batch_mode_is_each_slice_alone(client):
     singles = client.orthogonalize([x[i] for i in range(3)], precision="highest")
     assert batched.shape == x.shape
     assert torch.equal(batched, torch.stack(singles))
-    # numpy in, numpy out, and a 4-D array: each x[i] (3-D) viewed as rows x prod(rest).
+    # numpy in, numpy out, and a 4-D array: prod(shape[:-2]) = 8 matrices of 3 x 5.
     y = rand(2, 4, 3, 5, seed=8).numpy()
     out = client.orthogonalize(y, nd="batch", precision="highest")
     assert isinstance(out, np.ndarray) and out.shape == y.shape
     for i in range(2):
-        ref = client.orthogonalize(y[i].reshape(4, 15), precision="highest")
-        assert np.array_equal(out[i].reshape(4, 15), ref)
+        for j in range(4):
+            ref = client.orthogonalize(y[i, j], precision="highest")
+            assert np.array_equal(out[i, j], ref)
+    # The unary call takes the same layout.
+    assert torch.equal(client.orthogonalize([x], nd="batch", precision="highest", method="unary")[0], batched)
 
 
 def test_flatten_is_the_default_and_unchanged(client):
@@ -95,8 +100,40 @@ def test_batch_mode_on_the_wire():
             assert np.array_equal(ra, a) and np.array_equal(rb, b) and re.shape == (0, 3, 4)
             with pytest.raises(ValueError):
                 client.orthogonalize([a], nd="stack")
-        [messages] = fake.servicer.streams
+        [messages] = fake.servicer.streams  # The empty batch (no matrices) was not sent.
         specs = [m.spec for m in messages if m.WhichOneof("kind") == "spec"]
-        assert [(s.name, list(s.shape)) for s in specs] == [("a[0]", [3, 4]), ("a[1]", [3, 4]), ("m1", [2, 5])]
+        assert [(s.name, list(s.shape), s.nd_layout) for s in specs] == [
+            ("a", [2, 3, 4], pb.ND_LAYOUT_BATCH), ("m1", [2, 5], pb.ND_LAYOUT_UNSPECIFIED)]
     finally:
         fake.stop()
+
+
+def test_group_step_with_the_batch_layout(client):
+    """Two trainer ranks each hold two of the four matrices of a (4, 6, 8) batch: row blocks of its 2-D view
+    prod(shape[:-1]) x shape[-1] = 24 x 8 (Shard(nd="batch")); together they get the lone client's result."""
+    import threading
+
+    import orthoserve
+
+    x = rand(4, 6, 8, seed=12)
+    whole = client.orthogonalize([x], nd="batch", precision="highest")[0]
+    results, errors = [None, None], []
+
+    def trainer(rank):
+        try:
+            shard = orthoserve.Shard("x", x.shape, (12 * rank, 0), x[2 * rank:2 * rank + 2], nd="batch",
+                                     precision="highest")
+            assert shard.block == (12, 8)
+            [results[rank]] = client.group("test-nd-batch", "g", rank, 2).step(0, [shard])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.equal(torch.cat(results), whole)
+    with pytest.raises(ValueError, match="does not fit"):  # Checked against the batch view, not the flat one.
+        orthoserve.Shard("x", x.shape, (0, 8), x[:2], nd="batch")

@@ -1,4 +1,4 @@
-"""NS options by DESIGN §2 name map onto the wire's NsOptions; bad names and values are rejected up front."""
+"""NS options by name map onto the wire's NsOptions; bad names and values are rejected up front."""
 
 import pytest
 

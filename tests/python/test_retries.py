@@ -137,6 +137,40 @@ def test_deadline_bounds_all_attempts(fake):
     assert [h.attempt for h in fake.headers] == list(range(n))
 
 
+def test_a_retry_cut_short_by_the_deadline_reports_the_unavailable_service():
+    """A retry whose timeout is what remains of the retry deadline, and that runs out of it, failed because the
+    service stayed unavailable: that failure is reported (not the DEADLINE_EXCEEDED of the cut attempt); the
+    call's own timeout running out stays DEADLINE_EXCEEDED. No retry starts with almost nothing left."""
+    from orthoserve import errors, retry
+
+    policy = orthoserve.RetryPolicy(deadline=0.3, initial_backoff=0.01, max_backoff=0.01)
+    unavailable_error = errors.UnavailableError(grpc.StatusCode.UNAVAILABLE, "rank draining")
+    expired = errors.DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    attempts = retry.Attempts(policy, None, "call")
+    timeouts = []
+    while True:
+        timeouts.append(attempts.timeout())
+        error = unavailable_error if attempts.number < 2 else expired  # The third attempt runs out of time.
+        if not attempts.back_off(error):
+            final = attempts.give_up(error)
+            break
+    assert timeouts[0] is None and all(t is not None and t >= 0.03 for t in timeouts[1:]), timeouts
+    assert isinstance(final, errors.UnavailableError) and final.attempts == 3
+    assert "after 3 attempts (retry deadline of 0.3 s reached)" in str(final)
+    # The call's own timeout (shorter than what remains of the deadline) running out is final as it is.
+    attempts = retry.Attempts(policy, 0.05, "call")
+    attempts.timeout()
+    assert attempts.back_off(unavailable_error)
+    assert attempts.timeout() == 0.05
+    assert not attempts.back_off(expired)
+    assert isinstance(attempts.give_up(expired), errors.DeadlineExceededError)
+    # Retries stop while a useful attempt still fits: never a retry with under a tenth of the deadline left.
+    attempts = retry.Attempts(orthoserve.RetryPolicy(deadline=0.3, initial_backoff=0.02, max_backoff=0.02), None,
+                              "call")
+    while attempts.back_off(unavailable_error):
+        assert attempts.timeout() >= 0.03
+
+
 def test_max_attempts(fake):
     fake.servicer.fail(*unavailable(10))
     with orthoserve.Client(fake.address, retry=orthoserve.RetryPolicy(initial_backoff=0.001, max_backoff=0.001,

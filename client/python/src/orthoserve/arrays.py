@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Sequence, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 
-__all__ = ["ArrayInfo", "describe", "to_bytes", "from_bytes", "matrix_view", "stack", "ITEMSIZE"]
+__all__ = ["ArrayInfo", "describe", "to_bytes", "from_bytes", "matrix_view", "ITEMSIZE"]
 
 ITEMSIZE = {pb.DTYPE_FP32: 4, pb.DTYPE_BF16: 2, pb.DTYPE_FP16: 2}
 _NUMPY = {"float32": pb.DTYPE_FP32, "float16": pb.DTYPE_FP16, "bfloat16": pb.DTYPE_BF16}
@@ -57,10 +57,14 @@ def describe(x: Any, what: str) -> ArrayInfo:
     raise TypeError(f"orthoserve: {what} is a {type(x).__name__}; expected a numpy array or a torch tensor")
 
 
-def matrix_view(shape: Tuple[int, ...]) -> Tuple[int, int]:
-    """Rows and columns of the 2-D view of `shape`: shape[0] x prod(shape[1:])."""
+def matrix_view(shape: Tuple[int, ...], nd: str = "flatten") -> Tuple[int, int]:
+    """Rows and columns of the 2-D view of `shape` (the view blocks refer to; MatrixSpec.nd_layout in
+    proto/orthoserve/v1/orthogonalizer.proto): nd "flatten" shape[0] x prod(shape[1:]); nd "batch"
+    prod(shape[:-1]) x shape[-1] (the matrices shape[-2] x shape[-1] stacked by rows). The same for 2 dims."""
     if len(shape) < 2:
         raise ValueError(f"orthoserve: a matrix needs at least 2 dims, got shape {tuple(shape)}")
+    if nd == "batch":
+        return int(math.prod(shape[:-1])), int(shape[-1])
     return int(shape[0]), int(math.prod(shape[1:]))
 
 
@@ -93,17 +97,3 @@ def from_bytes(buf: bytearray, info: ArrayInfo, shape: Tuple[int, ...]) -> Any:
         t = torch.frombuffer(buf, dtype=info.dtype).reshape(shape)
         return t.to(info.device) if info.device is not None and info.device.type != "cpu" else t
     return np.frombuffer(buf, dtype=info.dtype.newbyteorder("<")).reshape(shape).astype(info.dtype, copy=False)
-
-
-def stack(slices: Sequence[Any], info: ArrayInfo) -> Any:
-    """The results of x[0], x[1], ... of the array `info` describes, stacked back into its shape, type, dtype
-    and device (an empty array of that shape when shape[0] is 0)."""
-    if info.is_torch:
-        import torch
-
-        if not slices:
-            return torch.empty(info.shape, dtype=info.dtype, device=info.device)
-        return torch.stack(list(slices)).reshape(info.shape)
-    if not slices:
-        return np.empty(info.shape, dtype=info.dtype)
-    return np.stack(list(slices)).reshape(info.shape)

@@ -1,4 +1,5 @@
-"""The orthoserve client: whole matrices of a lone client, and group steps of sharded matrices (DESIGN §3, §5).
+"""The orthoserve client: whole matrices of a lone client, and group steps of sharded matrices (the service and
+its messages: proto/orthoserve/v1/orthogonalizer.proto; group steps and algorithms: docs/architecture.md).
 
 A Client holds one gRPC channel per server address; it is safe to share between threads (gRPC channels are),
 and a Group may be used by one thread at a time. Calls retry retryable failures under the client's RetryPolicy
@@ -7,6 +8,7 @@ and a Group may be used by one thread at a time. Calls retry retryable failures 
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar, Union
 
@@ -21,8 +23,9 @@ __all__ = ["Client", "Group", "DEFAULT_CHUNK_BYTES", "ND_MODES"]
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Our messages are at most one chunk plus a few bytes; allow generous room for unary calls.
 _MAX_MESSAGE_BYTES = 1 << 30
-# How N-d (>= 3 dims) arrays are sent: "flatten" as one shape[0] x prod(rest) matrix (the service's view),
-# "batch" as one matrix per leading index (Emerging-Optimizers' batched newton_schulz).
+# How N-d (>= 3 dims) arrays are read as matrices (MatrixSpec.nd_layout): "flatten" as one shape[0] x prod(rest)
+# matrix (the service's default, Muon's for conv filters), "batch" as prod(shape[:-2]) independent
+# shape[-2] x shape[-1] matrices (Emerging-Optimizers' batched newton_schulz).
 ND_MODES = ("flatten", "batch")
 # The longest a membership re-read of a retried group step waits for one address.
 _MEMBERSHIP_TIMEOUT = 10.0
@@ -261,11 +264,13 @@ class Client:
         """Orthogonalizes whole matrices; returns results of the same type, dtype, shape and device.
 
         matrices: a list (or tuple) of numpy arrays / torch tensors (fp32, bf16, fp16; >= 2 dims); a single
-        array gives a single result. options: DESIGN §2 names (coefficients, custom_coefficients, steps,
-        precision, eps, eps_mode, transpose, scale_mode, extra_scale, split_qkv).
-        nd: how arrays of >= 3 dims are taken: "flatten" (the service's view: one shape[0] x prod(rest) matrix)
-        or "batch" (each x[i] is its own matrix, as Emerging-Optimizers' newton_schulz does for (B, M, N); the
-        results are stacked back into the input's shape).
+        array gives a single result. options: NS options by name (coefficients, custom_coefficients, steps,
+        precision, eps, eps_mode, transpose, scale_mode, extra_scale, split_qkv; orthoserve.options.ns_options,
+        the NsOptions message of proto/orthoserve/v1/orthogonalizer.proto).
+        nd: how arrays of >= 3 dims are read (MatrixSpec.nd_layout): "flatten" (one shape[0] x prod(rest) matrix)
+        or "batch" (prod(shape[:-2]) independent shape[-2] x shape[-1] matrices, as Emerging-Optimizers'
+        newton_schulz reads a (B, M, N) tensor; sent as one matrix, its result has the input's shape). An array
+        of no matrices (a zero in shape[:-2]) gives an empty result without a call.
         method: "stream" (chunked, any size) or "unary" (one message; small matrices).
         Raises OrthoserveError (per-code subclasses) for a failed call or a failed matrix (naming it), after the
         client's retry policy gave up.
@@ -288,51 +293,36 @@ class Client:
             raise ValueError(f"orthoserve: method must be 'stream' or 'unary', got {method!r}")
         if not matrices:
             return []
-        if nd == "batch":
-            return self._orthogonalize_slices(matrices, options, method, timeout)
-        entries = []
+        entries: List[_Entry] = []
+        results: List[Any] = [None] * len(matrices)
+        sent: List[int] = []  # Index in `matrices` of each entry.
         for i, (m, opts) in enumerate(zip(matrices, options)):
             opts = dict(opts)
             algo = options_lib.algorithm_value(opts.pop("algorithm", None))
             info = arrays.describe(m, f"matrix {i}")
             arrays.matrix_view(info.shape)
+            batched = nd == "batch" and len(info.shape) >= 3
+            if batched and math.prod(info.shape[:-2]) == 0:
+                results[i] = arrays.from_bytes(bytearray(), info, info.shape)  # No matrices: nothing to send.
+                continue
             spec = pb.MatrixSpec(name=str(opts.pop("name", f"m{i}")), shape=info.shape, dtype=info.wire_dtype,
                                  options=options_lib.ns_options(opts), algorithm=algo)
+            if batched:
+                spec.nd_layout = pb.ND_LAYOUT_BATCH
             entries.append(_Entry(spec, arrays.to_bytes(m), info, info.shape))
-        if method == "unary":
-            return self._lone_call("Orthogonalize", timeout, lambda address, _, t: self._unary(address, entries, t))
-
-        def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
-            header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
-            return self._stream(address, header, entries, t)
-
-        return self._lone_call("OrthogonalizeStream", timeout, stream)
-
-    def _orthogonalize_slices(self, matrices: Sequence[Any], options: Sequence[Dict[str, Any]], method: str,
-                              timeout: Optional[float]) -> List[Any]:
-        """nd="batch": every >= 3-D array as its x[i] slices, all in one request; results stacked back."""
-        flat: List[Any] = []
-        flat_options: List[Dict[str, Any]] = []
-        spans = []
-        for i, (m, opts) in enumerate(zip(matrices, options)):
-            info = arrays.describe(m, f"matrix {i}")
-            name = str(opts.get("name", f"m{i}"))  # The default names of the request without slicing.
-            if len(info.shape) < 3:
-                spans.append((len(flat), None))
-                flat.append(m)
-                flat_options.append(dict(opts, name=name))
-                continue
-            spans.append((len(flat), info))
-            for j in range(info.shape[0]):
-                flat.append(m[j])
-                flat_options.append(dict(opts, name=f"{name}[{j}]"))
-        out = self.orthogonalize_batch(flat, flat_options, method=method, timeout=timeout) if flat else []
-        results = []
-        for (start, info), m in zip(spans, matrices):
-            if info is None:
-                results.append(out[start])
+            sent.append(i)
+        if entries:
+            if method == "unary":
+                out = self._lone_call("Orthogonalize", timeout,
+                                      lambda address, _, t: self._unary(address, entries, t))
             else:
-                results.append(arrays.stack(out[start:start + info.shape[0]], info))
+                def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
+                    header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
+                    return self._stream(address, header, entries, t)
+
+                out = self._lone_call("OrthogonalizeStream", timeout, stream)
+            for i, r in zip(sent, out):
+                results[i] = r
         return results
 
     def _unary(self, address: str, entries: List[_Entry], timeout: Optional[float]) -> List[Any]:
@@ -489,6 +479,8 @@ class Group:
                                  block=pb.Block(row_offset=r0, col_offset=c0, rows=rows, cols=cols))
             if s.partition_dim is not None:
                 spec.partition_dim = int(s.partition_dim)
+            if s.nd == "batch" and len(s.global_shape) >= 3:
+                spec.nd_layout = pb.ND_LAYOUT_BATCH
             shape = s.info.shape if len(s.info.shape) >= 2 else (0, cols)
             entries.append(_Entry(spec, arrays.to_bytes(s.data), s.info, shape))
         attempts = self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")

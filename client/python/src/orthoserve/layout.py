@@ -73,11 +73,17 @@ class Shard:
         rows x cols. An empty block (0 rows or cols) is allowed: the rank takes part without data.
       algorithm: "auto" (default), "row_sharded", "gathered", "tp_duplicated", "tp_distributed", "tp_blockwise".
       partition_dim: 0 or 1 for the TP algorithms (the 2-D view's dim the blocks split).
-      **options: NS options by DESIGN §2 name (see orthoserve.options.ns_options).
+      nd: how a global shape of >= 3 dims is read (MatrixSpec.nd_layout): "flatten" (default; the 2-D view is
+        shape[0] x prod(rest)) or "batch" (prod(shape[:-2]) matrices shape[-2] x shape[-1]; the 2-D view that
+        offset and the block refer to is prod(shape[:-1]) x shape[-1], and data's is likewise).
+      **options: NS options by name (see orthoserve.options.ns_options).
     """
 
     def __init__(self, name: str, global_shape: Sequence[int], offset: Sequence[int], data: Any,
-                 algorithm: Optional[str] = "auto", partition_dim: Optional[int] = None, **options: Any):
+                 algorithm: Optional[str] = "auto", partition_dim: Optional[int] = None, nd: str = "flatten",
+                 **options: Any):
+        if nd not in ("flatten", "batch"):
+            raise ValueError(f"orthoserve: Shard '{name}' nd must be 'flatten' or 'batch', got {nd!r}")
         self.name = str(name)
         self.global_shape = tuple(int(d) for d in global_shape)
         if len(offset) != 2:
@@ -86,12 +92,13 @@ class Shard:
         self.data = data
         self.algorithm = algorithm
         self.partition_dim = partition_dim
+        self.nd = nd
         options_lib.ns_options(options)  # Validates names and values now, not mid-stream.
         self.options = dict(options)
         self.info = arrays.describe(data, f"Shard '{name}' data")
-        rows, cols = arrays.matrix_view(self.global_shape)
+        rows, cols = arrays.matrix_view(self.global_shape, nd)
         if len(self.info.shape) >= 2:
-            self.block = arrays.matrix_view(self.info.shape)
+            self.block = arrays.matrix_view(self.info.shape, nd)
         elif len(self.info.shape) == 1 and self.info.shape[0] == 0:
             self.block = (0, cols)
         else:

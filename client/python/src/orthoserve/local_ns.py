@@ -176,7 +176,7 @@ def orthogonalize(x: torch.Tensor, *, coefficients: Optional[str] = None,
                   precision: Optional[str] = None, eps: Optional[float] = None, eps_mode: Optional[str] = None,
                   transpose: Any = None, scale_mode: Optional[str] = None, extra_scale: Optional[float] = None,
                   split_qkv: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """What the server returns for whole tensor `x` with these options (DESIGN §2 names; None: the server's
+    """What the server returns for whole tensor `x` with these options (orthoserve.options names; None: the server's
     default — quintic, 5 steps, medium, eps 1e-7 in max mode, auto transpose, spectral scale, extra scale 1):
     a tensor of x's dtype, shape and device. N-d tensors are viewed as shape[0] x prod(rest).
     ValueError for bad options or shapes, as the server's INVALID_ARGUMENT."""

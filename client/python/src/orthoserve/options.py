@@ -1,4 +1,5 @@
-"""Newton–Schulz options by their DESIGN §2 names, converted to the wire's NsOptions / MatrixSpec fields."""
+"""Newton–Schulz options by name, converted to the wire's NsOptions / MatrixSpec fields (the NsOptions message and
+its enums in proto/orthoserve/v1/orthogonalizer.proto; the arithmetic in docs/numerics.md)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _choice(table: Mapping[str, int], name: str, value: Any) -> int:
 
 
 def ns_options(options: Mapping[str, Any]) -> pb.NsOptions:
-    """NsOptions for `options` (DESIGN §2 names). Raises TypeError for an unknown name, ValueError for a bad value.
+    """NsOptions for `options` (names as OPTION_NAMES). Raises TypeError for an unknown name, ValueError for a bad value.
 
     Values: coefficients in COEFFICIENTS (given custom_coefficients alone means "custom"); custom_coefficients a
     sequence of (a, b, c); steps an int; precision "highest"|"high"|"medium"; eps a float; eps_mode "max"|"add";

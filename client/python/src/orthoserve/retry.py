@@ -14,9 +14,15 @@ import random
 import time
 from typing import Callable, Optional
 
+import grpc
+
 from orthoserve import errors
 
 __all__ = ["RetryPolicy", "Attempts", "policy_of"]
+
+# A retry starts only when at least this much of the deadline (seconds; at most a tenth of the deadline) is left
+# after its wait: an attempt cut to a millisecond fails with DEADLINE_EXCEEDED before the server can answer.
+_MIN_ATTEMPT_SECONDS = 0.05
 
 logger = logging.getLogger("orthoserve")
 
@@ -98,6 +104,9 @@ class Attempts:
         self._on_retry = on_retry
         self._start = time.monotonic()
         self._stop_reason = ""
+        self._cut = False  # The current attempt's timeout is what remains of the deadline.
+        self._previous: Optional[errors.OrthoserveError] = None  # The retryable failure before this attempt.
+        self._final: Optional[errors.OrthoserveError] = None  # The error give_up reports instead, if any.
 
     def remaining(self) -> Optional[float]:
         """Seconds left of the overall deadline (None: no deadline)."""
@@ -108,21 +117,30 @@ class Attempts:
     def timeout(self) -> Optional[float]:
         """The timeout of the current attempt. The first gets the call's whole timeout (retries never shorten a
         call that would have worked without them); a retry gets it cut to what remains of the deadline."""
+        self._cut = False
         if self.number == 0 or not self.policy.enabled:
             return self._timeout
         remaining = self.remaining()
         if remaining is None:
             return self._timeout
         remaining = max(remaining, 0.001)
+        self._cut = self._timeout is None or remaining < self._timeout
         return remaining if self._timeout is None else min(self._timeout, remaining)
 
     def back_off(self, error: BaseException) -> bool:
         """After the current attempt failed with `error`: when it is retryable and the policy allows another
         attempt that starts before the deadline, logs a warning, counts the retry, sleeps the jittered wait,
         advances `number` and returns True; returns False otherwise."""
+        policy = self.policy
+        if (isinstance(error, errors.OrthoserveError) and error.code == grpc.StatusCode.DEADLINE_EXCEEDED and
+                self._cut and self._previous is not None):
+            # A retry ran out of the retry deadline, not of the call's timeout: the call failed because the service
+            # stayed unavailable; report that failure.
+            self._stop_reason = f"retry deadline of {policy.deadline:g} s reached"
+            self._final = self._previous
+            return False
         if not isinstance(error, errors.OrthoserveError) or not error.retryable:
             return False
-        policy = self.policy
         if not policy.enabled:
             self._stop_reason = "retries are disabled"
             return False
@@ -131,7 +149,7 @@ class Attempts:
             return False
         wait = random.uniform(0.0, policy.backoff_bound(self.number))
         remaining = self.remaining()
-        if remaining is not None and wait >= remaining:
+        if remaining is not None and remaining - wait < min(_MIN_ATTEMPT_SECONDS, policy.deadline / 10):
             self._stop_reason = f"retry deadline of {policy.deadline:g} s reached"
             return False
         logger.warning("orthoserve: %s failed (attempt %d, %s: %s); retrying in %.3f s", self.what, self.number,
@@ -140,11 +158,14 @@ class Attempts:
             self._on_retry()
         time.sleep(wait)
         self.number += 1
+        self._previous = error
         return True
 
     def give_up(self, error: BaseException) -> BaseException:
         """The exception to raise: `error` itself after a single attempt, else the same error saying how many
         attempts were made (and why retrying stopped, when it stopped on a retryable failure)."""
+        if self._final is not None:
+            error = self._final
         if self.number == 0 or not isinstance(error, errors.OrthoserveError):
             return error
         note = self._stop_reason if error.retryable else ""
