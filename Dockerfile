@@ -2,6 +2,7 @@
 # orthoserve container images, built with the same command as README.md (./scripts/setup.sh):
 #   docker build --target cpu -t orthoserve:cpu .     # OpenBLAS backend on debian:bookworm
 #   docker build --target gpu -t orthoserve:gpu .     # cuBLAS + NCCL on the CUDA 13 runtime image
+#                                                     # (nodes need an NVIDIA driver >= 580, see below)
 # tests/deploy/deploy_checks.py (run by scripts/check_deploy.sh) fails when the build steps here and
 # in README.md drift apart. See docs/operations.md.
 
@@ -78,8 +79,23 @@ STOPSIGNAL SIGTERM
 ENTRYPOINT ["orthoserve"]
 
 # ---- GPU runtime --------------------------------------------------------------------------------
+# What the image contains: the CUDA 13.0.2 runtime with cuBLAS and NCCL (from the nvidia/cuda
+# runtime base) and orthoserve's kernels for sm_80 (A100; runs on every 8.x part) and sm_90
+# (H100/H200), plus compute_90 PTX that the driver compiles for newer GPUs (Blackwell). It has no
+# driver: the node's NVIDIA driver (libcuda, mounted in by the nvidia runtime) must run CUDA 13,
+# i.e. be of the R580 branch or newer: >= 580.65.06 (CUDA 13.x minor version compatibility), and
+# >= 580.95.05, the driver CUDA 13.0.2 ships with, recommended. GPUs older than compute capability
+# 8.0 (V100, T4) are not supported. With an older driver the container runtime refuses the image
+# (NVIDIA_REQUIRE_CUDA "cuda>=13.0", set by the base image) or the server exits at start with
+# "no usable CUDA device: ... cudaErrorInsufficientDriver". The labels below say the same;
+# tests/deploy/k8s_checks.py keeps them, the CUDA version of CUDA_RUNTIME_IMAGE and
+# docs/operations.md ("Images") in step.
 FROM ${CUDA_RUNTIME_IMAGE} AS gpu
 ARG ORTHOSERVE_UID
+LABEL io.orthoserve.cuda.version="13.0.2" \
+      io.orthoserve.nvidia-driver.min="580.65.06" \
+      io.orthoserve.nvidia-driver.recommended="580.95.05" \
+      io.orthoserve.cuda.architectures="sm_80 sm_90 compute_90"
 COPY --from=build-gpu /out/runtime-packages.txt /tmp/runtime-packages.txt
 RUN apt-get update -qq \
  && xargs -a /tmp/runtime-packages.txt apt-get install -y -qq --no-install-recommends \

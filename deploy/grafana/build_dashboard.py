@@ -46,6 +46,14 @@ def stat(title, expr, legend, unit, x, y, w=4, h=4, description="", mappings=Non
     }
 
 
+def stats(title, exprs, unit, x, y, w=8, h=4, description=""):
+    """A stat panel with one value per query (each a series per cell)."""
+    panel = stat(title, exprs[0][0], exprs[0][1], unit, x, y, w=w, h=h, description=description)
+    panel["targets"] = [target(e, l, chr(ord("A") + i)) for i, (e, l) in enumerate(exprs)]
+    panel["options"]["colorMode"] = "none"
+    return panel
+
+
 def row(title, y):
     return {"type": "row", "title": title, "collapsed": False, "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
             "panels": []}
@@ -80,9 +88,11 @@ def panels():
         (f'sum by (cell) (increase(orthoserve_rendezvous_timeouts_total{{{SEL}}}[{RI}]))', "{{cell}} rendezvous timeouts"),
         (f'sum by (cell, reason) (increase(orthoserve_steps_aborted_total{{{SEL}}}[{RI}]))',
          "{{cell}} aborted: {{reason}}")], "none", 0, y, w=24,
-        description="aborted: a trainer rank failed or never came; invalid: the trainer ranks disagree; collective: "
-                    "the fleet's collective broke; fleet_change: planned for a generation that ended (retried by "
-                    "the clients)."))
+        description="Counted on the ranks whose trainers waited for the step. timeout: not every trainer rank "
+                    "arrived within the rendezvous timeout; cancelled: a trainer rank's client cancelled or ran out "
+                    "of time; aborted: a trainer rank's call failed otherwise; invalid: the trainer ranks disagree; "
+                    "collective: the batch failed in the fleet's collective; fleet_change: planned for a generation "
+                    "that ended (the last two are retried by the clients)."))
     y += 8
 
     out.append(row("Fleet membership", y)); y += 1
@@ -158,19 +168,73 @@ def panels():
          f'sum by (stage) (rate(orthoserve_stage_duration_seconds_count{{{SEL}}}[{RI}]))', "{{stage}}")],
         "s", 0, y, stack=True))
     out.append(timeseries("Collective duration by op", quantiles("orthoserve_collective_duration_seconds", "op", "{{op}}"),
-                          "s", 12, y))
+                          "s", 12, y,
+                          description="Each call of the fleet's collective (Gloo, NCCL, or local on a one-rank fleet) "
+                                      "that group steps and lone clients on a formed fleet make, failed calls "
+                                      "included."))
     y += 8
 
     out.append(row("Load and memory", y)); y += 1
     out.append(timeseries("Queue depth", [
         (f'sum by (pod) (orthoserve_queue_depth{{{SEL}}})', "{{pod}}")], "none", 0, y, w=8))
     out.append(timeseries("In-flight requests", [
-        (f'sum by (pod) (orthoserve_inflight_requests{{{SEL}}})', "{{pod}}")], "none", 8, y, w=8))
+        (f'sum by (pod) (orthoserve_inflight_requests{{{SEL}}})', "{{pod}} requests"),
+        (f'sum by (pod) (orthoserve_inflight_streams{{{SEL}}})', "{{pod}} streams")], "none", 8, y, w=8,
+        description="RPCs in progress, and the OrthogonalizeStream calls among them (admitted against "
+                    "--max-concurrent-streams)."))
     out.append(timeseries("In-flight bytes", [
-        (f'sum by (pod) (orthoserve_inflight_bytes{{{SEL}}})', "{{pod}}")], "bytes", 16, y, w=8))
+        (f'sum by (pod) (orthoserve_inflight_bytes{{{SEL}}})', "{{pod}}"),
+        (f'max by (pod) (orthoserve_limit_inflight_bytes{{{SEL}}})', "{{pod}} limit")], "bytes", 16, y, w=8,
+        description="Matrix bytes held for requests in progress, and --max-inflight-bytes."))
     y += 8
+    out.append(timeseries("Use of the limits", [
+        (f'max by (pod) (orthoserve_inflight_bytes{{{SEL}}} / orthoserve_limit_inflight_bytes{{{SEL}}})',
+         "{{pod}} in-flight bytes"),
+        (f'max by (pod, tenant) (orthoserve_tenant_inflight_bytes{{{SEL}}} / ignoring (tenant) group_left '
+         f'orthoserve_limit_tenant_inflight_bytes{{{SEL}}})', "{{pod}} tenant {{tenant}}"),
+        (f'max by (pod) (orthoserve_inflight_streams{{{SEL}}} / orthoserve_limit_concurrent_streams{{{SEL}}})',
+         "{{pod}} streams")], "percentunit", 0, y, w=12,
+        description="Use as a share of --max-inflight-bytes, --max-tenant-inflight-bytes (per tenant) and "
+                    "--max-concurrent-streams. Requests beyond a limit get RESOURCE_EXHAUSTED; the *NearLimit "
+                    "alerts fire above 90% for 10 minutes."))
     out.append(timeseries("Device memory", [
-        (f'sum by (pod, kind) (orthoserve_device_memory_bytes{{{SEL}}})', "{{pod}} {{kind}}")], "bytes", 0, y, w=24))
+        (f'sum by (pod, kind) (orthoserve_device_memory_bytes{{{SEL}}})', "{{pod}} {{kind}}")], "bytes", 12, y, w=12,
+        description="used: device memory tasks hold now (0 on the cpu backend); budget: what the backend may hold."))
+    y += 8
+    limit = "max by (cell) (orthoserve_limit_{}{{" + SEL + "}})"
+    out.append(stats("Limits: bytes", [
+        (limit.format("inflight_bytes"), "{{cell}} in flight"),
+        (limit.format("tenant_inflight_bytes"), "{{cell}} per tenant"),
+        (limit.format("message_bytes"), "{{cell}} message"),
+        (limit.format("chunk_bytes"), "{{cell}} chunk")], "bytes", 0, y,
+        description="--max-inflight-bytes, --max-tenant-inflight-bytes, --max-message-bytes, --chunk-bytes "
+                    "(orthoserve_limit_* gauges)."))
+    out.append(stats("Limits: counts", [
+        (limit.format("concurrent_streams"), "{{cell}} streams"),
+        (limit.format("matrix_elements"), "{{cell}} matrix elements"),
+        (limit.format("matrices_per_step"), "{{cell}} matrices per step"),
+        (limit.format("compute_workers"), "{{cell}} compute workers")], "short", 8, y,
+        description="--max-concurrent-streams, --max-matrix-elements, --max-matrices-per-step, --workers."))
+    out.append(stats("Limits: timeouts", [
+        (limit.format("rendezvous_timeout_seconds"), "{{cell}} rendezvous"),
+        (limit.format("collective_timeout_seconds"), "{{cell}} collective")], "s", 16, y,
+        description="--rendezvous-timeout, --collective-timeout."))
+    y += 4
+
+    out.append(row("Process", y)); y += 1
+    out.append(timeseries("CPU", [
+        (f'sum by (pod) (rate(process_cpu_seconds_total{{{SEL}}}[{RI}]))', "{{pod}}")], "short", 0, y, w=6,
+        description="CPU seconds per second (cores busy), user and system."))
+    out.append(timeseries("Resident memory", [
+        (f'sum by (pod) (process_resident_memory_bytes{{{SEL}}})', "{{pod}}")], "bytes", 6, y, w=6))
+    out.append(timeseries("Open file descriptors", [
+        (f'max by (pod) (process_open_fds{{{SEL}}} / process_max_fds{{{SEL}}})', "{{pod}}")], "percentunit", 12,
+        y, w=6, description="Open file descriptors as a share of the process's limit (sockets: clients, fleet "
+                            "peers, Gloo pairs)."))
+    out.append(timeseries("Threads and uptime", [
+        (f'sum by (pod) (process_threads{{{SEL}}})', "{{pod}} threads"),
+        (f'time() - max by (pod) (process_start_time_seconds{{{SEL}}})', "{{pod}} uptime (s)")], "short", 18, y,
+        w=6, description="OS threads of the rank, and seconds since it started (a drop is a restart)."))
     return out
 
 
@@ -186,7 +250,7 @@ def dashboard():
         "schemaVersion": 39, "version": 1, "graphTooltip": 1, "refresh": "30s",
         "time": {"from": "now-3h", "to": "now"}, "timezone": "",
         "description": "orthoserve fleets: membership and re-formations, retries, traffic, errors by code, "
-                       "latency by stage, collectives, load.",
+                       "latency by stage, collectives, load and use of the limits, process resources.",
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0},

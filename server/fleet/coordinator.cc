@@ -64,11 +64,12 @@ void Coordinator::AppendLocked(LogEntry entry) {
   log_cv_.notify_all();
 }
 
-void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable) {
+void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure) {
   LogEntry entry;
   entry.key = key;
   entry.status = std::move(status);
   entry.retryable = retryable;
+  entry.failure = failure;
   AppendLocked(std::move(entry));
 }
 
@@ -89,7 +90,7 @@ absl::Status Coordinator::Report(ReadyReport report) {
     AppendFailureLocked(key,
                         absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
                                                                 " is out of range for world ", report.trainer_world)),
-                        false);
+                        false, kStepFailureInvalid);
     return absl::OkStatus();
   }
   if (report.attempt > 0 && report.trainer_world > 1 && !pending_.contains(key)) {
@@ -103,7 +104,7 @@ absl::Status Coordinator::Report(ReadyReport report) {
                           absl::AbortedError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
                                                           " retries a step older than the last one its group ran (",
                                                           a->second.key.step, "); it cannot be run again")),
-                          false);
+                          false, kStepFailureAborted);
       return absl::OkStatus();
     }
   }
@@ -126,7 +127,7 @@ absl::Status Coordinator::Report(ReadyReport report) {
                         absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
                                                                 " says world = ", report.trainer_world, " but rank ",
                                                                 other, " said ", said)),
-                        false);
+                        false, kStepFailureInvalid);
     return absl::OkStatus();
   }
   std::optional<ReadyReport>& slot = p.reports[report.trainer_rank];
@@ -136,7 +137,7 @@ absl::Status Coordinator::Report(ReadyReport report) {
       AppendFailureLocked(key,
                           absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
                                                                   " joined twice (duplicate rank)")),
-                          false);
+                          false, kStepFailureInvalid);
       return absl::OkStatus();
     }
     // A retry replaces the report of the attempt it retries (whose stream is gone), or the
@@ -162,7 +163,7 @@ void Coordinator::CompleteLocked(const GroupKey& key) {
   if (batch.ok()) {
     AppendLocked(*std::move(batch));
   } else {
-    AppendFailureLocked(key, batch.status(), false);
+    AppendFailureLocked(key, batch.status(), false, kStepFailureInvalid);
   }
 }
 
@@ -275,7 +276,7 @@ void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Statu
   AppendFailureLocked(key,
                       absl::AbortedError(absl::StrCat("step ", key.ToString(), " aborted: trainer rank ", trainer_rank,
                                                       " failed: ", reason.ToString())),
-                      false);
+                      false, reason.code() == absl::StatusCode::kCancelled ? kStepFailureCancelled : kStepFailureAborted);
 }
 
 absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reader, int64_t from,
@@ -396,7 +397,7 @@ void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
         ": trainer ranks [", ListText(missing), "] of ", p.trainer_world, " did not arrive",
         fleet_changed ? " (the fleet's membership changed meanwhile)" : ""));
     pending_.erase(key);
-    AppendFailureLocked(key, std::move(status), fleet_changed);
+    AppendFailureLocked(key, std::move(status), fleet_changed, kStepFailureTimeout);
     if (options_.on_rendezvous_timeout) options_.on_rendezvous_timeout();
   }
 }

@@ -1,6 +1,6 @@
 // The coordinator of a fleet (runs on fleet rank 0): it decides the fleet's membership, one
 // generation after another, collects ready reports of trainer ranks and appends one totally
-// ordered log that every member executes in order, as Horovod's controller does (DESIGN §3).
+// ordered log that every member executes in order, as Horovod's controller does (docs/architecture.md).
 // Pure C++: the fleet service carries its calls between processes.
 //
 // Membership. A rank process joins with its rank and a random incarnation; the coordinator
@@ -86,18 +86,31 @@ struct ReadyReport {
   std::vector<Block> blocks;         // One per matrix.
 };
 
+// Why the coordinator failed a group step before it ran (LogEntry::failure; the `reason` label of
+// orthoserve_steps_aborted_total on the ranks whose trainers waited for it):
+//  - timeout: not every trainer rank arrived within the rendezvous timeout;
+//  - cancelled: a trainer rank's client cancelled its call (or its deadline passed);
+//  - aborted: a trainer rank's call failed otherwise, or it retried a step its group had already
+//    run past (which cannot run again);
+//  - invalid: the trainer ranks' reports disagree (world, duplicate rank, specs) or are out of range.
+inline constexpr char kStepFailureTimeout[] = "timeout";
+inline constexpr char kStepFailureCancelled[] = "cancelled";
+inline constexpr char kStepFailureAborted[] = "aborted";
+inline constexpr char kStepFailureInvalid[] = "invalid";
+
 // One entry of the ordered log, of one of three kinds:
 //  - membership (members non-empty): generation `generation` starts with these members,
 //    members[i] being collective rank i;
 //  - batch (status OK): run `plan` for `key` in `generation` (placements name collective
 //    ranks); submissions[r] is trainer rank r's submission;
 //  - failure (status not OK): step `key` fails on every rank; `retryable` when a fleet change
-//    caused it.
+//    caused it; `failure` says why (one of the kStepFailure* above).
 struct LogEntry {
   int64_t index = 0;
   int64_t generation = 0;
   GroupKey key;
   absl::Status status;
+  std::string failure;  // Failure entries: why the step failed (kStepFailure*); empty otherwise.
   bool retryable = false;
   BatchPlan plan;
   std::vector<uint64_t> submissions;
@@ -215,7 +228,8 @@ class Coordinator {
 
   explicit Coordinator(const Options& options);
   void AppendLocked(LogEntry entry);
-  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable);
+  // `failure`: one of the kStepFailure* reasons.
+  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure);
   absl::StatusOr<LogEntry> BuildBatchLocked(const GroupKey& key, Pending& pending);
   // A member of the current generation with this rank and incarnation.
   bool IsMemberLocked(int rank, uint64_t incarnation) const;

@@ -8,6 +8,19 @@
 #include "server/fleet/executor.h"
 
 namespace orthoserve {
+namespace {
+
+// The `reason` of orthoserve_steps_aborted_total for a failure entry: the coordinator's, or, from
+// a coordinator that predates LogEntry::failure, the closest one its status code allows.
+const char* FailureReason(const LogEntry& entry) {
+  for (const char* known : {kStepFailureTimeout, kStepFailureCancelled, kStepFailureAborted, kStepFailureInvalid}) {
+    if (entry.failure == known) return known;
+  }
+  return entry.status.code() == absl::StatusCode::kAborted ? kStepFailureAborted : kStepFailureInvalid;
+}
+
+}  // namespace
+
 ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   ReadyReport report;
   report.key = step.key;
@@ -215,9 +228,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
     }
   };
   if (!entry.status.ok()) {
-    if (options_.metrics != nullptr && !all.empty()) {
-      options_.metrics->StepAborted(entry.status.code() == absl::StatusCode::kAborted ? "aborted" : "invalid");
-    }
+    if (options_.metrics != nullptr && !all.empty()) options_.metrics->StepAborted(FailureReason(entry));
     StepOutcome outcome;
     outcome.status = entry.status;
     outcome.retryable = entry.retryable;
@@ -289,7 +300,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
   if (!result.ok()) {
     LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed in generation " << entry.generation << ": "
                        << result.status();
-    if (options_.metrics != nullptr) options_.metrics->StepAborted("collective");
+    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("collective");
     outcome = Unavailable(entry.key, absl::StrCat("failed in the fleet: ", result.status().ToString()));
     // The group is broken for good: report the generation failed so that the next one forms.
     std::lock_guard<std::mutex> lock(mu_);

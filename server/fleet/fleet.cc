@@ -10,6 +10,7 @@
 #include "server/collective/gloo/gloo_collective.h"
 #include "server/collective/in_memory_store.h"
 #include "server/collective/local_collective.h"
+#include "server/collective/timed_collective.h"
 #if ORTHOSERVE_WITH_CUDA
 #include "server/collective/nccl/nccl_collective.h"
 #endif
@@ -114,8 +115,8 @@ CollectiveFactory Fleet::MakeCollectiveFactory() const {
   std::shared_ptr<Store> store = store_;
   const std::string kind = o.collective;
   const int device = o.device;
-  return [store, hostname, kind, device](const CollectiveGroup& group,
-                                         absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
+  auto make = [store, hostname, kind, device](const CollectiveGroup& group,
+                                              absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
     if (group.world == 1) return std::unique_ptr<Collective>(std::make_unique<LocalCollective>());
     const absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
     if (kind == "nccl") {
@@ -145,6 +146,16 @@ CollectiveFactory Fleet::MakeCollectiveFactory() const {
     g.timeout = timeout;
     ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> gloo, GlooCollective::Create(g));
     return std::unique_ptr<Collective>(std::move(gloo));
+  };
+  Metrics* metrics = o.metrics;
+  if (metrics == nullptr) return make;
+  // Every call of the generation's collective, whichever implementation, is timed by operation.
+  return [make, metrics](const CollectiveGroup& group,
+                         absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<Collective> collective, make(group, deadline));
+    return std::unique_ptr<Collective>(std::make_unique<TimedCollective>(
+        std::move(collective),
+        [metrics](absl::string_view op, absl::Duration duration) { metrics->CollectiveTime(op, duration); }));
   };
 }
 

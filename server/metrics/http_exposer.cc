@@ -42,8 +42,7 @@ void WriteAll(int fd, const std::string& data) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::string& address,
-                                                                 std::shared_ptr<prometheus::Registry> registry) {
+absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::string& address, CollectFn collect) {
   std::string host, port;
   if (!SplitHostPort(address, &host, &port)) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-address \"", address, "\" is not HOST:PORT"));
@@ -81,7 +80,7 @@ absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::stri
   exposer->port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                                : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   if (pipe(exposer->wake_fds_) != 0) return absl::InternalError("pipe() failed for the metrics endpoint");
-  exposer->registry_ = std::move(registry);
+  exposer->collect_ = std::move(collect);
   HttpExposer* raw = exposer.get();
   exposer->thread_ = std::thread([raw] { raw->Serve(); });
   return exposer;
@@ -138,7 +137,7 @@ void HttpExposer::Answer(int connection) {
   std::string type = "text/plain; version=0.0.4; charset=utf-8";
   if (path == "/metrics") {
     std::ostringstream out;
-    prometheus::TextSerializer().Serialize(out, registry_->Collect());
+    prometheus::TextSerializer().Serialize(out, collect_());
     body = out.str();
   } else {
     status = path.empty() ? "405 Method Not Allowed" : "404 Not Found";

@@ -1,6 +1,7 @@
 // Implementation of server/metrics/metrics.h.
 #include "server/metrics/metrics.h"
 
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,7 +56,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                             .Register(r);
   m->collective_duration_ = &prometheus::BuildHistogram()
                                  .Name("orthoserve_collective_duration_seconds")
-                                 .Help("Duration of fleet collective calls, by operation.")
+                                 .Help("Duration of each call of the fleet's collective (Gloo, NCCL, or local on a "
+                                       "one-rank fleet), failed calls included, by op: all_to_allv, all_gatherv, "
+                                       "all_reduce, broadcast, barrier.")
                                  .Register(r);
   m->bytes_in_ = &prometheus::BuildCounter()
                       .Name("orthoserve_received_bytes_total")
@@ -67,9 +70,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                        .Register(r);
   m->steps_aborted_ = &prometheus::BuildCounter()
                            .Name("orthoserve_steps_aborted_total")
-                           .Help("Group steps failed before or while running, by reason: aborted (a trainer rank failed or "
-                                 "the rendezvous timed out), invalid (ranks disagree), collective (the fleet's group "
-                                 "broke), fleet_change (planned for a generation that ended).")
+                           .Help("Group steps that failed on this rank's trainers, by reason: timeout (not every trainer "
+                                 "rank arrived within the rendezvous timeout), cancelled (a trainer rank's client "
+                                 "cancelled its call or its deadline passed), aborted (a trainer rank's call failed "
+                                 "otherwise, or it retried a step its group had already run past), invalid (the trainer "
+                                 "ranks' requests disagree), collective (the batch failed in the fleet's collective), "
+                                 "fleet_change (planned for a fleet generation that ended before it ran).")
                            .Register(r);
   m->device_memory_ = &prometheus::BuildGauge()
                            .Name("orthoserve_device_memory_bytes")
@@ -103,7 +109,43 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
     return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
   };
   m->inflight_requests_ = gauge("orthoserve_inflight_requests", "RPCs in progress.");
-  m->inflight_bytes_ = gauge("orthoserve_inflight_bytes", "Matrix bytes held for requests in progress.");
+  m->inflight_bytes_ = gauge("orthoserve_inflight_bytes",
+                             "Matrix bytes held for requests in progress (admitted against --max-inflight-bytes).");
+  m->inflight_streams_ = gauge("orthoserve_inflight_streams",
+                               "OrthogonalizeStream calls in progress (admitted against --max-concurrent-streams).");
+  m->tenant_inflight_bytes_ = &prometheus::BuildGauge()
+                                   .Name("orthoserve_tenant_inflight_bytes")
+                                   .Help("Matrix bytes held for a tenant's requests in progress (admitted against "
+                                         "--max-tenant-inflight-bytes), by tenant (from the token file; \"default\" "
+                                         "without one).")
+                                   .Register(r);
+  // The configured limits, constant for the process.
+  const Limits& l = options.limits;
+  auto limit = [&gauge](const char* name, const char* help, double value) {
+    if (value > 0) gauge(name, help)->Set(value);
+  };
+  limit("orthoserve_limit_inflight_bytes", "--max-inflight-bytes: matrix bytes the rank holds in flight at most.",
+        static_cast<double>(l.inflight_bytes));
+  limit("orthoserve_limit_tenant_inflight_bytes",
+        "--max-tenant-inflight-bytes: matrix bytes one tenant holds in flight at most.",
+        static_cast<double>(l.tenant_inflight_bytes));
+  limit("orthoserve_limit_concurrent_streams", "--max-concurrent-streams: OrthogonalizeStream calls at once at most.",
+        static_cast<double>(l.concurrent_streams));
+  limit("orthoserve_limit_chunk_bytes", "--chunk-bytes: largest DataChunk accepted and sent.",
+        static_cast<double>(l.chunk_bytes));
+  limit("orthoserve_limit_message_bytes", "--max-message-bytes: largest gRPC message sent or received.",
+        static_cast<double>(l.message_bytes));
+  limit("orthoserve_limit_matrix_elements", "--max-matrix-elements: largest matrix accepted, in elements.",
+        static_cast<double>(l.matrix_elements));
+  limit("orthoserve_limit_matrices_per_step", "--max-matrices-per-step: matrices in one step or unary call at most.",
+        static_cast<double>(l.matrices_per_step));
+  limit("orthoserve_limit_compute_workers", "--workers: concurrent compute jobs for lone clients.",
+        static_cast<double>(l.compute_workers));
+  limit("orthoserve_limit_rendezvous_timeout_seconds",
+        "--rendezvous-timeout: how long a group step waits for all its trainer ranks.",
+        absl::ToDoubleSeconds(l.rendezvous_timeout));
+  limit("orthoserve_limit_collective_timeout_seconds", "--collective-timeout: bound of each fleet collective call.",
+        absl::ToDoubleSeconds(l.collective_timeout));
   m->queue_depth_ = gauge("orthoserve_queue_depth", "Matrices and batches waiting for compute.");
   m->fleet_size_ = gauge("orthoserve_fleet_size", "Configured number of fleet ranks (S).");
   m->fleet_members_ready_ = gauge("orthoserve_fleet_members_ready",
@@ -125,9 +167,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* op : {"all_to_allv", "all_gatherv", "all_reduce", "broadcast", "barrier"}) {
     m->collective_duration_->Add({{"op", op}}, kLatencyBuckets);
   }
-  for (const char* reason : {"aborted", "invalid", "collective", "fleet_change"}) {
-    m->steps_aborted_->Add({{"reason", reason}});
-  }
+  for (const char* reason : kStepAbortReasons) m->steps_aborted_->Add({{"reason", reason}});
   for (const char* reason : {"joined", "restarted", "left", "lost", "collective_failed"}) {
     m->reformations_->Add({{"reason", reason}});
   }
@@ -135,8 +175,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
 
+  if (options.process_metrics) m->process_ = std::make_unique<ProcessCollector>();
+
   if (!options.address.empty()) {
-    auto exposer = HttpExposer::Create(options.address, m->registry_);
+    const Metrics* raw = m.get();
+    auto exposer = HttpExposer::Create(options.address, [raw] { return raw->Collect(); });
     if (!exposer.ok()) return exposer.status();
     m->exposer_ = std::move(*exposer);
   }
@@ -144,6 +187,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
 }
 
 int Metrics::port() const { return exposer_ == nullptr ? 0 : exposer_->port(); }
+
+std::vector<prometheus::MetricFamily> Metrics::Collect() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  if (process_ != nullptr) {
+    std::vector<prometheus::MetricFamily> process = process_->Collect();
+    families.insert(families.end(), std::make_move_iterator(process.begin()), std::make_move_iterator(process.end()));
+  }
+  return families;
+}
 
 void Metrics::RequestDone(absl::string_view method, absl::string_view code, absl::Duration duration) {
   requests_->Add({{"method", std::string(method)}, {"code", std::string(code)}}).Increment();
@@ -188,6 +240,10 @@ void Metrics::StepRetried(absl::string_view method) {
 }
 void Metrics::Reformation(absl::string_view reason) { reformations_->Add({{"reason", std::string(reason)}}).Increment(); }
 void Metrics::Degraded(absl::Duration duration) { degraded_seconds_->Increment(absl::ToDoubleSeconds(duration)); }
+
+prometheus::Gauge& Metrics::tenant_inflight_bytes(absl::string_view tenant) {
+  return tenant_inflight_bytes_->Add({{"tenant", std::string(tenant)}});
+}
 
 prometheus::Gauge& Metrics::device_memory(absl::string_view kind) {
   return device_memory_->Add({{"kind", std::string(kind)}});

@@ -1,13 +1,17 @@
-// Prometheus metrics of one server rank (DESIGN §6): a registry with every orthoserve_ family,
+// Prometheus metrics of one server rank: a registry with every orthoserve_ family, the standard
+// process_* metrics (process_collector.h), gauges of the configured limits (orthoserve_limit_*),
 // typed accessors for the code that records, and an optional HTTP exposer at /metrics.
+// docs/operations.md#metrics-and-alerts lists them all.
 //
 // Names carry the orthoserve_ prefix and base units (seconds, bytes); counters end in _total;
-// histograms use the explicit buckets below. Thread-safe: prometheus-cpp metrics are atomic and
-// label lookups (Family::Add) are internally locked.
+// histograms use the explicit buckets of metrics.cc. Thread-safe: prometheus-cpp metrics are
+// atomic and label lookups (Family::Add) are internally locked.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -16,8 +20,10 @@
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "server/metrics/http_exposer.h"
+#include "server/metrics/process_collector.h"
 
 namespace orthoserve {
 
@@ -25,13 +31,36 @@ namespace orthoserve {
 enum class Stage { kReceive, kQueue, kRendezvous, kCollective, kCompute, kSend };
 absl::string_view StageName(Stage stage);
 
+// The values orthoserve_steps_aborted_total{reason} takes (Metrics::StepAborted), each series
+// there from the start. timeout, cancelled, aborted and invalid are the coordinator's verdicts
+// (server/fleet/coordinator.h, kStepFailure*); collective and fleet_change the executor's.
+inline constexpr const char* kStepAbortReasons[] = {"timeout", "cancelled",  "aborted",
+                                                    "invalid", "collective", "fleet_change"};
+
 class Metrics {
  public:
+  // The configured limits, exported as constant orthoserve_limit_* gauges so that alerts and
+  // panels can put use in proportion to them. A limit <= 0 is not exported (not configured).
+  struct Limits {
+    int64_t inflight_bytes = 0;         // --max-inflight-bytes: orthoserve_limit_inflight_bytes
+    int64_t tenant_inflight_bytes = 0;  // --max-tenant-inflight-bytes: orthoserve_limit_tenant_inflight_bytes
+    int64_t concurrent_streams = 0;     // --max-concurrent-streams: orthoserve_limit_concurrent_streams
+    int64_t chunk_bytes = 0;            // --chunk-bytes: orthoserve_limit_chunk_bytes
+    int64_t message_bytes = 0;          // --max-message-bytes: orthoserve_limit_message_bytes
+    int64_t matrix_elements = 0;        // --max-matrix-elements: orthoserve_limit_matrix_elements
+    int64_t matrices_per_step = 0;      // --max-matrices-per-step: orthoserve_limit_matrices_per_step
+    int64_t compute_workers = 0;        // --workers: orthoserve_limit_compute_workers
+    absl::Duration rendezvous_timeout;  // --rendezvous-timeout: orthoserve_limit_rendezvous_timeout_seconds
+    absl::Duration collective_timeout;  // --collective-timeout: orthoserve_limit_collective_timeout_seconds
+  };
+
   struct Options {
     std::string address;  // HOST:PORT of the /metrics HTTP endpoint; empty: no exposer.
     std::string version;  // build_info labels.
     std::string backend;
     std::string device;
+    Limits limits;
+    bool process_metrics = true;  // The process_* families (from /proc).
   };
 
   // INVALID_ARGUMENT for a malformed `address`, UNAVAILABLE when it cannot be bound.
@@ -40,16 +69,21 @@ class Metrics {
   // The port the exposer listens on (resolves ":0"), or 0 without an exposer.
   int port() const;
   prometheus::Registry& registry() { return *registry_; }
+  // Everything a scrape serves: the registry's families, then the process_* ones.
+  std::vector<prometheus::MetricFamily> Collect() const;
 
   void RequestDone(absl::string_view method, absl::string_view code, absl::Duration duration);
   void MatrixDone(absl::string_view method, absl::string_view algorithm, absl::string_view dtype,
                   absl::string_view code);
   void StageTime(Stage stage, absl::Duration duration);
+  // One call of the fleet's collective; op: all_to_allv, all_gatherv, all_reduce, broadcast,
+  // barrier (server/collective/timed_collective.h).
   void CollectiveTime(absl::string_view op, absl::Duration duration);
   void BytesIn(absl::string_view method, double bytes);
   void BytesOut(absl::string_view method, double bytes);
   void Flops(double flops);
   void RendezvousTimeout();
+  // A group step failed on this rank's trainers; reason: one of kStepAbortReasons.
   void StepAborted(absl::string_view reason);
   // A step arrived with attempt > 0 (a client retried it).
   void StepRetried(absl::string_view method);
@@ -60,6 +94,8 @@ class Metrics {
 
   prometheus::Gauge& inflight_requests() { return *inflight_requests_; }
   prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
+  prometheus::Gauge& inflight_streams() { return *inflight_streams_; }
+  prometheus::Gauge& tenant_inflight_bytes(absl::string_view tenant);
   prometheus::Gauge& queue_depth() { return *queue_depth_; }
   prometheus::Gauge& fleet_size() { return *fleet_size_; }
   prometheus::Gauge& fleet_members_ready() { return *fleet_members_ready_; }
@@ -71,6 +107,7 @@ class Metrics {
   Metrics() = default;
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ProcessCollector> process_;  // Null without process metrics.
   std::unique_ptr<HttpExposer> exposer_;
 
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
@@ -90,6 +127,8 @@ class Metrics {
   prometheus::Counter* rendezvous_timeouts_ = nullptr;
   prometheus::Gauge* inflight_requests_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;
+  prometheus::Gauge* inflight_streams_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tenant_inflight_bytes_ = nullptr;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* fleet_size_ = nullptr;
   prometheus::Gauge* fleet_members_ready_ = nullptr;

@@ -1,6 +1,8 @@
 // Implementation of server/rpc/admission.h.
 #include "server/rpc/admission.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace orthoserve {
@@ -33,6 +35,7 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream() {
                                                      " concurrent streams (--max-concurrent-streams); retry later"));
   }
   ++streams_;
+  if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_);
   Ticket ticket;
   ticket.owner_ = this;
   ticket.stream_ = true;
@@ -58,18 +61,28 @@ absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int6
   ticket.owner_ = this;
   ticket.tenant_ = tenant;
   ticket.bytes_ += bytes;
-  if (metrics_ != nullptr) metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
+  if (metrics_ != nullptr) {
+    metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
+    metrics_->tenant_inflight_bytes(tenant).Set(static_cast<double>(tenant_total));
+  }
   return absl::OkStatus();
 }
 
 void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stream) --streams_;
+  if (stream) {
+    --streams_;
+    if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_);
+  }
   if (bytes > 0) {
     bytes_ -= bytes;
     auto it = tenant_bytes_.find(tenant);
-    if (it != tenant_bytes_.end() && (it->second -= bytes) <= 0) tenant_bytes_.erase(it);
-    if (metrics_ != nullptr) metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
+    const int64_t left = it == tenant_bytes_.end() ? 0 : (it->second -= bytes);
+    if (it != tenant_bytes_.end() && left <= 0) tenant_bytes_.erase(it);
+    if (metrics_ != nullptr) {
+      metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
+      metrics_->tenant_inflight_bytes(tenant).Set(static_cast<double>(std::max<int64_t>(left, 0)));
+    }
   }
 }
 

@@ -6,10 +6,15 @@ when a check fails. Needs PyYAML (from .venv-deploy); everything else is the sta
 """
 import argparse
 import json
+import math
 import pathlib
 import re
 import shlex
 import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import yaml
 
@@ -133,6 +138,130 @@ def check_metric_names(scrape_path, dashboards, rules):
               & used]
     if unused:
         print("  exported, on no panel or rule: " + ", ".join(unused))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dashboard queries against a live Prometheus
+
+
+def dashboard_variables(path):
+    """Yields (variable name, PromQL, label) for every label_values(PromQL, label) query variable."""
+    board = json.loads(pathlib.Path(path).read_text())
+    for v in board.get("templating", {}).get("list", []):
+        q = v.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        if v.get("type") != "query" or not q:
+            continue
+        m = re.fullmatch(r"\s*label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\)\s*", q)
+        if m:
+            yield v["name"], m.group(1), m.group(2)
+        else:
+            yield v["name"], q, None
+
+
+def prometheus_query(url, expr, timeout=5):
+    """Evaluates an instant query; returns [(labels, value)] (a scalar: one sample without labels)."""
+    query = urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{query}", timeout=timeout) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as e:  # 400/422: the query does not parse or evaluate.
+        try:
+            body = json.load(e)
+        except ValueError:
+            raise CheckError(f"{url}: HTTP {e.code} for {expr!r}") from None
+    except (OSError, ValueError) as e:
+        raise CheckError(f"{url}: cannot query Prometheus: {e}") from None
+    if body.get("status") != "success":
+        raise CheckError(f"query {expr!r}: {body.get('errorType', '?')}: {body.get('error', body)}")
+    data = body["data"]
+    if data["resultType"] == "scalar":
+        return [({}, float(data["result"][1]))]
+    if data["resultType"] == "vector":
+        return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+    raise CheckError(f"query {expr!r}: unexpected result type {data['resultType']}")
+
+
+def describe_result(samples):
+    if not samples:
+        return "no series"
+    finite = [v for _, v in samples if math.isfinite(v)]
+    if not finite:
+        return f"{len(samples)} series, none with a finite value ({samples[0][1]})"
+    return f"{len(samples)} series, {len(finite)} finite"
+
+
+def wait_prometheus_targets(url, selector, count, wait):
+    """Waits until Prometheus has scraped `count` targets matching `selector` successfully."""
+    deadline = time.monotonic() + wait
+    last = "no answer"
+    while True:
+        try:
+            samples = prometheus_query(url, f"up{{{selector}}} == 1")
+            last = f"{len(samples)} of {count} targets up"
+            if len(samples) >= count:
+                print(f"{url}: {last} ({', '.join(sorted(s.get('pod', s.get('instance', '?')) for s, _ in samples))})")
+                return
+        except CheckError as e:
+            last = str(e)
+        if time.monotonic() >= deadline:
+            raise CheckError(f"{url}: after {wait}s: {last}")
+        time.sleep(0.5)
+
+
+def check_dashboard_data(url, dashboards, rules, wait):
+    """Every dashboard query (variables and panels) and every recording rule returns at least one
+    series with a finite value from the Prometheus at `url` (retrying until `wait` seconds passed,
+    while scrapes come in). A query that returns nothing or only NaN is a blank or broken panel."""
+    checks = []  # (where, PromQL, label the series must carry or None)
+    for path in dashboards:
+        for name, expr, label in dashboard_variables(path):
+            checks.append((f"{path}: variable {name}" + (f" (label {label})" if label else ""),
+                           grafana_to_promql(expr), label))
+        panel_queries = {}
+        board = json.loads(pathlib.Path(path).read_text())
+
+        def walk(panels):
+            for p in panels:
+                for t in p.get("targets", []):
+                    if t.get("expr"):
+                        panel_queries.setdefault((p.get("id"), p.get("title", "?")), []).append(
+                            (t.get("refId", "?"), t["expr"]))
+                walk(p.get("panels", []))
+
+        walk(board.get("panels", []))
+        for (_, title), targets in panel_queries.items():
+            for ref, expr in targets:
+                checks.append((f"{path}: panel {title!r} query {ref}", grafana_to_promql(expr), None))
+    for path in rules:
+        doc = yaml.safe_load(pathlib.Path(path).read_text())
+        for g in doc.get("groups", []):
+            for r in g.get("rules", []):
+                if "record" in r:
+                    checks.append((f"{path}: recording rule {r['record']}", r["expr"], None))
+    if not checks:
+        raise CheckError("no dashboard query or recording rule to check")
+    deadline = time.monotonic() + wait
+    pending = {i: "not queried" for i in range(len(checks))}
+    while True:
+        for i in list(pending):
+            where, expr, label = checks[i]
+            samples = prometheus_query(url, expr)
+            if label is not None:
+                samples = [(m, v) for m, v in samples if m.get(label)]
+            if any(math.isfinite(v) for _, v in samples):
+                print(f"  {describe_result(samples)}: {where}")
+                del pending[i]
+            else:
+                pending[i] = describe_result(samples) + (f" carrying label {label}" if label else "")
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+    if pending:
+        raise CheckError("\n".join(f"{checks[i][0]}: {why} for {checks[i][1]!r} (a blank panel)"
+                                    for i, why in sorted(pending.items())))
+    print(f"dashboard data: all {len(checks)} queries (dashboard variables and panels, recording rules) "
+          "return finite values")
 
 
 def write_dashboard_rules(dashboard, out):
@@ -340,8 +469,8 @@ def check_statefulset(objs, sts):
     expect(at_once == 1, f"updateStrategy.rollingUpdate.maxUnavailable is {at_once!r}: the fleet tolerates one rank "
            "down at a time, so it must be 1")
     mons = [o for o in objs if o["kind"] == "ServiceMonitor"]
-    expect(any(selects(m["spec"]["selector"].get("matchLabels"), svcs[0]["metadata"].get("labels", {}))
-               for m in mons) if svcs else False, "no ServiceMonitor selects the headless Service")
+    expect(not mons or (any(selects(m["spec"]["selector"].get("matchLabels"), svcs[0]["metadata"].get("labels", {}))
+               for m in mons) if svcs else False), "no ServiceMonitor selects the headless Service")
     other_cells = [s for s in objs if s["kind"] == "StatefulSet" and s is not sts]
     for m in mons:
         sel = m["spec"]["selector"].get("matchLabels")
@@ -696,6 +825,16 @@ def main(argv):
     p.add_argument("--scrape", required=True)
     p.add_argument("--dashboard", action="append", default=[])
     p.add_argument("--rules", action="append", default=[])
+    p = sub.add_parser("dashboard-data", help="every dashboard query and recording rule has data in a Prometheus")
+    p.add_argument("--prometheus", required=True, help="base URL, e.g. http://127.0.0.1:9090")
+    p.add_argument("--dashboard", action="append", default=[])
+    p.add_argument("--rules", action="append", default=[])
+    p.add_argument("--wait", type=float, default=30, help="seconds to retry queries that have no data yet")
+    p = sub.add_parser("prometheus-targets", help="wait until a Prometheus scrapes N targets successfully")
+    p.add_argument("--prometheus", required=True)
+    p.add_argument("--selector", default="")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--wait", type=float, default=30)
     p = sub.add_parser("dashboard-rules", help="write the dashboard's queries as a rules file for promtool")
     p.add_argument("dashboard")
     p.add_argument("out")
@@ -735,6 +874,10 @@ def main(argv):
     try:
         if a.cmd == "metric-names":
             check_metric_names(a.scrape, a.dashboard, a.rules)
+        elif a.cmd == "dashboard-data":
+            check_dashboard_data(a.prometheus, a.dashboard, a.rules, a.wait)
+        elif a.cmd == "prometheus-targets":
+            wait_prometheus_targets(a.prometheus, a.selector, a.count, a.wait)
         elif a.cmd == "dashboard-rules":
             write_dashboard_rules(a.dashboard, a.out)
         elif a.cmd == "rendered":

@@ -4,6 +4,7 @@ broken copy, so a check that cannot fail is caught here. Run by scripts/check_de
 .venv-deploy Python (PyYAML); RENDER_DIR names the folder with the rendered kustomizations.
 """
 import copy
+import json
 import os
 import pathlib
 import sys
@@ -289,6 +290,175 @@ class DockerfileReadmeTest(TempDir):
     def test_readme_without_setup_fails(self):
         with self.assertRaisesRegex(dc.CheckError, "does not run ./scripts/setup.sh"):
             self.check(self.dockerfile(), "```sh\ncmake -B build && ./build/bin/orthoserve\n```\n")
+
+
+class FakePrometheus:
+    """A loopback HTTP server answering /api/v1/query like Prometheus, from a function of the query."""
+
+    def __init__(self, answer):
+        import http.server
+        import threading
+        import urllib.parse
+
+        self.queries = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 -- the http.server API
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["query"][0]
+                outer.queries.append(query)
+                status, body = answer(query)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def vector(*samples):
+    """A successful instant-vector answer: samples are (labels dict, value string)."""
+    return 200, {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels, "value": [1700000000, value]} for labels, value in samples]}}
+
+
+class DashboardDataTest(TempDir):
+    BOARD = {
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus"},
+            {"name": "cell", "type": "query",
+             "query": {"query": 'label_values(orthoserve_build_info{namespace=~"$namespace"}, cell)'}}]},
+        "panels": [
+            {"type": "row", "title": "r", "panels": [
+                {"title": "Collective", "targets": [
+                    {"refId": "A", "expr": 'histogram_quantile(0.5, sum by (op, le) (rate('
+                                           'orthoserve_collective_duration_seconds_bucket{cell=~"$cell"}'
+                                           '[$__rate_interval])))'}]}]},
+            {"title": "Errors", "targets": [
+                {"refId": "A", "expr": 'sum(rate(orthoserve_requests_total{code!="OK"}[$__rate_interval]))'}]}],
+    }
+
+    def setUp(self):
+        super().setUp()
+        self.board = self.write("board.json", json.dumps(self.BOARD))
+        self.rules = self.write("rules.yaml", yaml.safe_dump({"groups": [{"name": "g", "rules": [
+            {"record": "cell:x:ratio", "expr": "sum(rate(orthoserve_requests_total[5m]))"},
+            {"alert": "A", "expr": "cell:x:ratio > 1"}]}]}))
+
+    def serve(self, answer):
+        fake = FakePrometheus(answer)
+        self.addCleanup(fake.close)
+        return fake
+
+    @staticmethod
+    def healthy(query):
+        if query.startswith("histogram_quantile"):
+            return vector(({"op": "barrier"}, "NaN"), ({"op": "all_gatherv"}, "0.002"))
+        if query.startswith("orthoserve_build_info"):
+            return vector(({"__name__": "orthoserve_build_info", "namespace": "ml", "cell": "orthoserve"}, "1"))
+        return vector(({}, "0.5"))
+
+    def test_queries_with_a_finite_value_pass(self):
+        fake = self.serve(self.healthy)
+        dc.check_dashboard_data(fake.url, [self.board], [self.rules], wait=0)
+        # Grafana's variables are replaced; alerts are not queried (they are empty when all is well).
+        self.assertIn('orthoserve_build_info{namespace=~".*"}', fake.queries)
+        self.assertTrue(any("[5m]" in q and "$" not in q for q in fake.queries))
+        self.assertNotIn("cell:x:ratio > 1", fake.queries)
+        self.assertEqual(len(fake.queries), 4)
+
+    def test_a_panel_of_only_nan_fails_naming_it(self):
+        def nan_collective(query):
+            if query.startswith("histogram_quantile"):  # The symptom of a histogram nobody observes.
+                return vector(({"op": "barrier"}, "NaN"), ({"op": "all_gatherv"}, "NaN"))
+            return self.healthy(query)
+
+        fake = self.serve(nan_collective)
+        with self.assertRaisesRegex(dc.CheckError, r"panel 'Collective' query A: 2 series, none with a finite value"):
+            dc.check_dashboard_data(fake.url, [self.board], [self.rules], wait=0)
+
+    def test_an_empty_panel_and_an_empty_recording_rule_fail(self):
+        def no_errors(query):
+            return vector() if "code" in query or query.startswith("sum(rate") else self.healthy(query)
+
+        fake = self.serve(no_errors)
+        with self.assertRaises(dc.CheckError) as cm:
+            dc.check_dashboard_data(fake.url, [self.board], [self.rules], wait=0)
+        self.assertIn("panel 'Errors' query A: no series", str(cm.exception))
+        self.assertIn("recording rule cell:x:ratio: no series", str(cm.exception))
+        self.assertNotIn("Collective", str(cm.exception))
+
+    def test_a_variable_whose_label_is_missing_fails(self):
+        def unlabelled(query):
+            if query.startswith("orthoserve_build_info"):
+                return vector(({"__name__": "orthoserve_build_info"}, "1"))  # Scraped without `cell`.
+            return self.healthy(query)
+
+        fake = self.serve(unlabelled)
+        with self.assertRaisesRegex(dc.CheckError, "variable cell .label cell.: no series carrying label cell"):
+            dc.check_dashboard_data(fake.url, [self.board], [self.rules], wait=0)
+
+    def test_data_arriving_later_passes_within_the_wait(self):
+        calls = {"n": 0}
+
+        def late(query):
+            calls["n"] += 1
+            return vector() if calls["n"] <= 4 else self.healthy(query)
+
+        fake = self.serve(late)
+        dc.check_dashboard_data(fake.url, [self.board], [self.rules], wait=5)
+
+    def test_a_query_prometheus_rejects_fails(self):
+        fake = self.serve(lambda q: (400, {"status": "error", "errorType": "bad_data", "error": "parse error"}))
+        with self.assertRaisesRegex(dc.CheckError, "bad_data: parse error"):
+            dc.check_dashboard_data(fake.url, [self.board], [], wait=0)
+
+    def test_the_real_dashboard_queries_are_all_checked(self):
+        fake = self.serve(self.healthy)
+        board = ROOT / "deploy/grafana/orthoserve.json"
+        dc.check_dashboard_data(fake.url, [str(board)], [str(ROOT / "deploy/prometheus/orthoserve-rules.yaml")],
+                                wait=0)
+        panel_queries = sum(1 for title, _ in dc.dashboard_exprs(board) if not title.startswith("variable "))
+        variables = sum(1 for _ in dc.dashboard_variables(board))
+        records = sum(1 for name, _ in dc.rules_exprs(ROOT / "deploy/prometheus/orthoserve-rules.yaml")[0]
+                      if ":" in name)
+        self.assertEqual(len(fake.queries), panel_queries + variables + records)
+        self.assertFalse([q for q in fake.queries if "$" in q], "a Grafana variable reached Prometheus")
+
+    def test_targets_wait_counts_scraped_targets(self):
+        up = {"n": 0}
+
+        def scraping(query):
+            up["n"] += 1
+            self.assertEqual(query, 'up{job="orthoserve-fleet"} == 1')
+            return vector(*[({"pod": f"orthoserve-{i}"}, "1") for i in range(min(up["n"], 2))])
+
+        fake = self.serve(scraping)
+        dc.wait_prometheus_targets(fake.url, 'job="orthoserve-fleet"', 2, wait=5)
+        with self.assertRaisesRegex(dc.CheckError, "2 of 3 targets up"):
+            dc.wait_prometheus_targets(fake.url, 'job="orthoserve-fleet"', 3, wait=0)
+
+
+class RuleTestsCoverageTest(unittest.TestCase):
+    def test_every_alert_has_a_promtool_test_in_which_it_fires(self):
+        exprs, recorded = dc.rules_exprs(ROOT / "deploy/prometheus/orthoserve-rules.yaml")
+        alerts = {name for name, _ in exprs if name not in recorded}
+        tests = yaml.safe_load((ROOT / "deploy/prometheus/orthoserve-rules.test.yaml").read_text())["tests"]
+        firing = {t["alertname"] for group in tests for t in group.get("alert_rule_test", []) if t.get("exp_alerts")}
+        self.assertEqual(sorted(alerts - firing), [], "alerts without a promtool test in which they fire")
+        self.assertEqual(sorted(firing - alerts), [], "tests of alerts that no longer exist")
 
 
 class PrometheusRuleTest(TempDir):

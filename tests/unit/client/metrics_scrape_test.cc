@@ -138,6 +138,28 @@ TEST(MetricsScrapeTest, TrafficShowsUpInTheScrapedFamilies) {
   ASSERT_EQ(s.count("orthoserve_device_memory_bytes{kind=\"used\"}"), 1u);
   EXPECT_EQ(s["orthoserve_device_memory_bytes{kind=\"used\"}"], 0);
   EXPECT_EQ(s["orthoserve_device_memory_bytes{kind=\"budget\"}"], 0);
+  // The configured limits, for alerts on use as a share of them, and the use gauges next to them.
+  EXPECT_EQ(s["orthoserve_limit_inflight_bytes"], static_cast<double>(o.service.admission.max_inflight_bytes));
+  EXPECT_EQ(s["orthoserve_limit_tenant_inflight_bytes"],
+            static_cast<double>(o.service.admission.max_tenant_inflight_bytes));
+  EXPECT_EQ(s["orthoserve_limit_concurrent_streams"], o.service.admission.max_concurrent_streams);
+  EXPECT_EQ(s["orthoserve_limit_chunk_bytes"], static_cast<double>(o.service.chunk_bytes));
+  EXPECT_EQ(s["orthoserve_limit_message_bytes"], static_cast<double>(o.service.max_message_bytes));
+  EXPECT_EQ(s["orthoserve_limit_matrix_elements"], static_cast<double>(o.service.max_matrix_elements));
+  EXPECT_EQ(s["orthoserve_limit_matrices_per_step"], o.service.max_matrices_per_step);
+  EXPECT_EQ(s["orthoserve_limit_compute_workers"], o.workers);
+  EXPECT_EQ(s["orthoserve_limit_rendezvous_timeout_seconds"], absl::ToDoubleSeconds(o.service.rendezvous_timeout));
+  EXPECT_EQ(s["orthoserve_limit_collective_timeout_seconds"], absl::ToDoubleSeconds(o.collective_timeout));
+  EXPECT_EQ(s["orthoserve_inflight_streams"], 0);
+  ASSERT_EQ(s.count("orthoserve_tenant_inflight_bytes{tenant=\"default\"}"), 1u);  // Released: 0.
+  EXPECT_EQ(s["orthoserve_tenant_inflight_bytes{tenant=\"default\"}"], 0);
+  // The process metrics of the Prometheus client libraries.
+  ASSERT_EQ(s.count("process_cpu_seconds_total"), 1u);
+  EXPECT_GT(s["process_resident_memory_bytes"], 0);
+  EXPECT_GT(s["process_open_fds"], 0);
+  EXPECT_GE(s["process_max_fds"], s["process_open_fds"]);
+  EXPECT_GT(s["process_threads"], 1);
+  EXPECT_NEAR(s["process_start_time_seconds"], absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), 3600);
   bool build_info = false;
   for (const auto& [name, value] : s) {
     if (absl::StartsWith(name, "orthoserve_build_info{") && absl::StrContains(name, "backend=\"cpu\"")) {

@@ -205,6 +205,7 @@ TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_THAT(failed[0].status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate rank")));
   EXPECT_FALSE(failed[0].retryable);
+  EXPECT_EQ(failed[0].failure, kStepFailureInvalid);
 }
 
 TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
@@ -236,6 +237,8 @@ TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
   ASSERT_EQ(aborted.size(), 1u);
   EXPECT_THAT(aborted[0].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("trainer rank 0 failed")));
   EXPECT_FALSE(aborted[0].retryable);
+  EXPECT_EQ(aborted[0].failure, kStepFailureCancelled);  // The trainer's client went away.
+  EXPECT_TRUE(done[0].failure.empty());
 }
 
 TEST(CoordinatorTest, ADroppedRanksReportsAreWithdrawnAndTheOthersWait) {
@@ -292,6 +295,7 @@ TEST(CoordinatorTest, RendezvousTimeoutNamesAFewRanksAndACount) {
                                                    "16, ... (and 3983 more)] of 4000 did not arrive")));
   EXPECT_LT(failed[0].status.message().size(), 512u);
   EXPECT_FALSE(failed[0].retryable);
+  EXPECT_EQ(failed[0].failure, kStepFailureTimeout);
   EXPECT_EQ(ListText(std::vector<int64_t>{1, 2, 3}), "1, 2, 3");
 }
 
@@ -343,6 +347,7 @@ TEST(CoordinatorTest, ARetryOfAStepThatRanIsReplayedFromWhatMembersKept) {
   std::vector<LogEntry> old = EntriesFor(ReadAll(**c, members[0], 0), key);
   ASSERT_EQ(old.size(), 3u);
   EXPECT_THAT(old[2].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("older than the last one")));
+  EXPECT_EQ(old[2].failure, kStepFailureAborted);
 }
 
 TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers) {
