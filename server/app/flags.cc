@@ -1,6 +1,7 @@
 // Implementation of server/app/flags.h.
 #include "server/app/flags.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -61,6 +63,10 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serv
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
 ABSL_FLAG(std::string, token_file, "", "File of \"TOKEN TENANT\" lines; when set, every call needs a bearer token.");
+ABSL_FLAG(std::string, tenant_shares, "",
+          "Compute shares of tenants, \"NAME=WEIGHT[@PRIORITY],...\": the compute queue serves backlogged tenants in "
+          "proportion to WEIGHT (default 1) and a higher PRIORITY class (default 0) first; the jobs of a tenant "
+          "share its part equally. Tenants are the token file's names (\"\" without tokens).");
 ABSL_FLAG(std::string, log_level, "info", "Lowest level logged: debug, info, warning or error.");
 ABSL_FLAG(std::string, log_verbose, "", "Per-subsystem verbosity, e.g. \"rpc=2,fleet=1\".");
 ABSL_FLAG(bool, check_config, false, "Validate the flags and environment, print the configuration and exit.");
@@ -74,7 +80,32 @@ const char* const kFlagNames[] = {
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
-    "tls_key", "tls_client_ca", "token_file", "log_level", "log_verbose", "check_config"};
+    "tls_key", "tls_client_ca", "token_file", "tenant_shares", "log_level", "log_verbose", "check_config"};
+
+absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
+  FairPool::Shares shares;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const size_t eq = entry.find('=');
+    FairPool::Share share;
+    absl::string_view weight = eq == absl::string_view::npos ? "" : entry.substr(eq + 1);
+    const size_t at = weight.find('@');
+    if (at != absl::string_view::npos) {
+      if (!absl::SimpleAtoi(weight.substr(at + 1), &share.priority)) weight = "";
+      weight = weight.substr(0, at);
+    }
+    if (eq == 0 || eq == absl::string_view::npos || !absl::SimpleAtod(weight, &share.weight) ||
+        !(share.weight > 0) || !std::isfinite(share.weight)) {
+      return absl::InvalidArgumentError(absl::StrCat("--tenant-shares entry \"", entry,
+                                                     "\" is not NAME=WEIGHT[@PRIORITY] with WEIGHT > 0"));
+    }
+    if (!shares.emplace(std::string(entry.substr(0, eq)), share).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tenant-shares names tenant \"", entry.substr(0, eq), "\" twice"));
+    }
+  }
+  return shares;
+}
 
 absl::StatusOr<int> ResolveRank(const std::string& text) {
   int rank = 0;
@@ -127,6 +158,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.backend.cpu_threads = absl::GetFlag(FLAGS_blas_threads);
   o.workers = absl::GetFlag(FLAGS_workers);
+  ASSIGN_OR_RETURN(o.tenant_shares, ParseTenantShares(absl::GetFlag(FLAGS_tenant_shares)));
   ASSIGN_OR_RETURN(o.rank, ResolveRank(absl::GetFlag(FLAGS_rank)));
   o.world = absl::GetFlag(FLAGS_world);
   o.coordinator = absl::GetFlag(FLAGS_coordinator);

@@ -136,6 +136,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.version = ORTHOSERVE_VERSION;
   m.backend = info.name;
   m.device = info.device;
+  m.limits.inflight_bytes = o.service.admission.max_inflight_bytes;
+  m.limits.tenant_inflight_bytes = o.service.admission.max_tenant_inflight_bytes;
+  m.limits.concurrent_streams = o.service.admission.max_concurrent_streams;
+  m.limits.chunk_bytes = o.service.chunk_bytes;
+  m.limits.message_bytes = o.service.max_message_bytes;
+  m.limits.matrix_elements = o.service.max_matrix_elements;
+  m.limits.matrices_per_step = o.service.max_matrices_per_step;
+  m.limits.compute_workers = o.workers;
+  m.limits.rendezvous_timeout = o.service.rendezvous_timeout;
+  m.limits.collective_timeout = o.collective_timeout;
   ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(m));
   server->metrics_->device_memory("budget").Set(static_cast<double>(info.memory_budget_bytes));
 
@@ -150,7 +160,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.service.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.service.max_message_bytes));
 
-  server->compute_ = std::make_unique<ThreadPool>(o.workers);
+  server->compute_ = std::make_unique<FairPool>(o.workers, o.tenant_shares);
   // gRPC needs every service registered before it binds, and the service needs the fleet, so
   // the fleet starts first (formation runs in the background) and learns the bound port after.
   const bool ephemeral = o.listen.size() > 2 && o.listen.compare(o.listen.size() - 2, 2, ":0") == 0;

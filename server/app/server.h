@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/thread_pool.h"
+#include "common/fair_pool.h"
 #include "grpcpp/server.h"
 #include "server/engine/backend.h"
 #include "server/engine/backend_factory.h"
@@ -29,6 +29,7 @@ struct ServerOptions {
   std::string metrics_address = "127.0.0.1:9464";  // /metrics; empty disables.
   BackendOptions backend;                       // cpu|cuda and their settings.
   int workers = 2;                              // Concurrent compute jobs for lone clients.
+  FairPool::Shares tenant_shares;               // Weights and priority classes of the compute queue.
   int rank = 0;                                 // Fleet rank.
   int world = 1;                                // Fleet size S.
   std::string coordinator;                      // Rank 0's fleet address (world > 1).
@@ -64,6 +65,7 @@ class Server {
   int metrics_port() const { return metrics_->port(); }
   int fleet_port() const { return fleet_->fleet_port(); }
   Fleet& fleet() { return *fleet_; }
+  size_t compute_queued() const { return compute_->queued(); }  // Compute jobs waiting for a worker.
 
   // Blocks until Drain() has finished.
   void Wait();
@@ -83,7 +85,7 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Fleet> fleet_;
-  std::unique_ptr<ThreadPool> compute_;
+  std::unique_ptr<FairPool> compute_;
   TokenAuth auth_;
   std::unique_ptr<OrthogonalizerService> service_;
   std::unique_ptr<grpc::Server> server_;

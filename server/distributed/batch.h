@@ -80,9 +80,12 @@ absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what);
 // The engine's batch_rows for `m` (BatchRows of its shape and layout).
 inline int64_t BatchRowsOf(const MatrixPlan& m) { return BatchRows(m.shape, m.layout); }
 
-// AUTO owner choice: matrices ordered by estimated cost (NsFlops of what the engine computes —
-// Q, K and V separately under split_qkv — plus 2 per element, so that steps = 0 matrices still
-// spread; 0 for a matrix whose options are invalid), largest first (ties by index), each to the
+// The estimated compute cost of `m`: NsFlops of what the engine computes (Q, K and V separately
+// under split_qkv, each matrix of a batch) plus 2 per element for the normalization and scaling
+// passes, so that steps = 0 matrices still count; 0 for a matrix that will fail validation.
+double EstimatedCost(const MatrixPlan& m);
+
+// AUTO owner choice: matrices ordered by EstimatedCost, largest first (ties by index), each to the
 // least-loaded fleet rank (ties to the lowest rank). Sets MatrixPlan::owner for every AUTO
 // matrix and -1 for the others. Deterministic: a pure function of the plan.
 void AssignOwners(BatchPlan& plan);

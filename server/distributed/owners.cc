@@ -1,4 +1,4 @@
-// AssignOwners (batch.h): AUTO matrices to fleet ranks by estimated NS cost, largest first, each
+// EstimatedCost and AssignOwners (batch.h): AUTO matrices to fleet ranks by estimated NS cost, largest first, each
 // to the least-loaded rank — the longest-processing-time rule, deterministic for a given plan.
 #include <algorithm>
 #include <vector>
@@ -7,20 +7,13 @@
 #include "server/distributed/batch_context.h"
 
 namespace orthoserve {
-namespace {
 
-// NsFlops of what the engine will compute for `m` (Q, K and V separately under split_qkv), plus
-// 2 per element for the normalization and scaling passes so that steps = 0 matrices still
-// spread. A matrix that will fail validation costs 0: it is skipped, and its options may not be
-// usable.
-double MatrixCost(const MatrixPlan& m) {
+double EstimatedCost(const MatrixPlan& m) {
   if (m.view.rows <= 0 || m.view.cols <= 0) return 0;
   if (!ValidateNsOptions(m.options, "").ok() || !ValidateNsOptionsForShape(m.options, m.view, "").ok()) return 0;
   if (!ValidateNdLayout(m, "").ok()) return 0;
   return 2.0 * static_cast<double>(m.view.numel()) + distributed_internal::EngineFlops(m.view, m.options, BatchRowsOf(m));
 }
-
-}  // namespace
 
 void AssignOwners(BatchPlan& plan) {
   std::vector<size_t> order;
@@ -29,7 +22,7 @@ void AssignOwners(BatchPlan& plan) {
     MatrixPlan& m = plan.matrices[i];
     m.owner = -1;
     if (m.algorithm != Algorithm::kAuto) continue;
-    cost[i] = MatrixCost(m);
+    cost[i] = EstimatedCost(m);
     order.push_back(i);
   }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });

@@ -3,7 +3,9 @@
 #include "server/rpc/orthogonalizer_service.h"
 
 #include <algorithm>
-#include <future>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -28,7 +30,7 @@ BufferPool::Options CappedBufferOptions(const ServiceOptions& options) {
 }  // namespace
 
 OrthogonalizerService::OrthogonalizerService(const ServiceOptions& options, Backend* backend, Fleet* fleet,
-                                             Metrics* metrics, const TokenAuth* auth, ThreadPool* compute)
+                                             Metrics* metrics, const TokenAuth* auth, FairPool* compute)
     : options_(options),
       backend_(backend),
       fleet_(fleet),
@@ -117,27 +119,39 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
     outputs[i].resize(static_cast<size_t>(p.plan.view.numel()) * ElementSize(p.plan.result_dtype));
     matrices.push_back(LocalMatrix{p.plan, p.block, request.matrices(i).data().data(), outputs[i].data()});
   }
+  // One compute job per matrix, in the compute queue's fair order among every call's matrices
+  // (a call is one job of its tenant); the call waits for all of them.
   const absl::Time queued = absl::Now();
-  std::promise<absl::StatusOr<BatchResult>> promise;
-  std::future<absl::StatusOr<BatchResult>> future = promise.get_future();
-  metrics_->queue_depth().Increment();
-  compute_->Schedule([&] {
-    metrics_->queue_depth().Decrement();
-    metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
-    if (context->IsCancelled()) {
-      promise.set_value(absl::CancelledError("the client cancelled the call or its deadline passed"));
-      return;
-    }
-    promise.set_value(RunLocalBatch(std::move(matrices), *backend_));
-  });
-  absl::StatusOr<BatchResult> result = future.get();
-  if (!result.ok()) return result.status();
-  metrics_->StageTime(Stage::kCompute, result->compute_time);
-  metrics_->Flops(result->flops);
+  const std::string job = absl::StrCat("unary ", reinterpret_cast<uintptr_t>(&response));
+  std::vector<absl::StatusOr<BatchResult>> results(n, absl::UnknownError("not computed"));
+  std::mutex mu;
+  std::condition_variable cv;
+  int left = n;
+  for (int i = 0; i < n; ++i) {
+    metrics_->queue_depth().Increment();
+    compute_->Schedule(tenant, job, EstimatedCost(matrices[i].plan), [&, i] {
+      metrics_->queue_depth().Decrement();
+      metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
+      // A client that is gone (cancelled, or its deadline passed) gets nothing computed.
+      results[i] = context->IsCancelled()
+                       ? absl::StatusOr<BatchResult>(
+                             absl::CancelledError("the client cancelled the call or its deadline passed"))
+                       : RunLocalBatch({std::move(matrices[i])}, *backend_);
+      std::lock_guard<std::mutex> lock(mu);
+      if (--left == 0) cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return left == 0; });
+  }
 
   for (int i = 0; i < n; ++i) {
     const ParsedSpec& p = parsed[i];
-    const absl::Status& s = result->matrices[i];
+    if (!results[i].ok()) return results[i].status();
+    metrics_->StageTime(Stage::kCompute, results[i]->compute_time);
+    metrics_->Flops(results[i]->flops);
+    const absl::Status& s = results[i]->matrices[0];
     metrics_->MatrixDone("Orthogonalize", AlgorithmName(p.plan.algorithm), DTypeName(p.plan.dtype), CodeName(s.code()));
     if (!s.ok()) return s;
     v1::MatrixResult* r = response.add_results();
@@ -184,6 +198,9 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   for (auto a : {Algorithm::kAuto, Algorithm::kRowSharded, Algorithm::kGathered, Algorithm::kTpDuplicated,
                  Algorithm::kTpDistributed, Algorithm::kTpBlockwise}) {
     info->add_algorithms(std::string(AlgorithmName(a)));
+  }
+  for (NdLayout layout : {NdLayout::kFlatten, NdLayout::kBatch}) {
+    info->add_nd_layouts(std::string(NdLayoutName(layout)));
   }
   v1::Limits* limits = info->mutable_limits();
   limits->set_max_message_bytes(options_.max_message_bytes);

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/thread_pool.h"
+#include "common/fair_pool.h"
 #include "orthoserve/v1/orthogonalizer.grpc.pb.h"
 #include "server/engine/backend.h"
 #include "server/fleet/fleet.h"
@@ -35,7 +35,7 @@ class OrthogonalizerService final : public v1::Orthogonalizer::Service {
  public:
   // None of the pointers is owned; all must outlive the service.
   OrthogonalizerService(const ServiceOptions& options, Backend* backend, Fleet* fleet, Metrics* metrics,
-                        const TokenAuth* auth, ThreadPool* compute);
+                        const TokenAuth* auth, FairPool* compute);
 
   grpc::Status Orthogonalize(grpc::ServerContext* context, const v1::OrthogonalizeRequest* request,
                              v1::OrthogonalizeResponse* response) override;
@@ -61,7 +61,7 @@ class OrthogonalizerService final : public v1::Orthogonalizer::Service {
   Fleet* fleet_;
   Metrics* metrics_;
   const TokenAuth* auth_;
-  ThreadPool* compute_;
+  FairPool* compute_;
   Admission admission_;
   std::shared_ptr<BufferPool> buffers_;
   std::atomic<bool> draining_{false};

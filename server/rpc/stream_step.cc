@@ -259,7 +259,10 @@ void StreamStep::ScheduleLone(int index) {
   }
   s_.metrics_->queue_depth().Increment();
   const absl::Time queued = absl::Now();
-  s_.compute_->Schedule([this, index, queued] {
+  // Fair between tenants, and between the jobs of a tenant: a group's job id, or this stream.
+  const std::string job = header_.job().empty() ? absl::StrCat("stream ", reinterpret_cast<uintptr_t>(this))
+                                                : header_.job();
+  s_.compute_->Schedule(tenant_, job, EstimatedCost(matrices_[index].spec.plan), [this, index, queued] {
     s_.metrics_->queue_depth().Decrement();
     s_.metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
     Matrix& m = matrices_[index];

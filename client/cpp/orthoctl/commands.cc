@@ -2,6 +2,7 @@
 #include "client/cpp/orthoctl/commands.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -101,7 +102,8 @@ void PrintInfo(const v1::ServerInfo& info, std::ostream& out) {
       << "coefficients:  " << absl::StrJoin(info.coefficients(), ", ") << "\n"
       << "precisions:    " << absl::StrJoin(info.precisions(), ", ") << "\n"
       << "scale modes:   " << absl::StrJoin(info.scale_modes(), ", ") << "\n"
-      << "algorithms:    " << absl::StrJoin(info.algorithms(), ", ") << "\n";
+      << "algorithms:    " << absl::StrJoin(info.algorithms(), ", ") << "\n"
+      << "nd layouts:    " << absl::StrJoin(info.nd_layouts(), ", ") << "\n";
   const v1::Limits& l = info.limits();
   out << "limits:\n"
       << "  max_message_bytes          " << l.max_message_bytes() << "\n"
@@ -273,7 +275,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   FlagSet flags("orthoctl bench [flags]",
                 "Times --iters steps (after --warmup untimed ones), each carrying --matrices random normal matrices of "
                 "--shape in --wire-dtype, as lone-client stream steps (or unary calls with --unary). Prints the "
-                "median/min/max latency per step and the median throughput: matrices/s, payload GB/s (sent + "
+                "median/p99/min/max latency per step and the median throughput: matrices/s, payload GB/s (sent + "
                 "received bytes) and NS GFLOP/s (2 per multiply-add, as computed).");
   ConnectionFlagValues conn;
   NsFlagValues ns;
@@ -283,6 +285,9 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   flags.AddString("shape", "R,C[,...]", "matrix shape (default 1024,1024)", &shape_text);
   flags.AddInt("matrices", "N", "matrices per step (default 1)", &matrices);
   flags.AddInt("iters", "N", "timed steps (default 10)", &iters);
+  double duration = 0;
+  flags.AddDouble("duration", "SECONDS", "stop timing steps after this long, even before --iters (default 0: no limit)",
+                  &duration);
   flags.AddInt("warmup", "N", "untimed steps first (default 2)", &warmup);
   flags.AddInt("seed", "N", "random seed (default 1)", &seed);
   flags.AddInt("chunk-bytes", "N", "DataChunk size (default 4 MiB, lowered to the server's limit)", &chunk_bytes);
@@ -336,7 +341,10 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     inputs[i].bytes = payloads[i].size();
   }
   std::vector<double> seconds, server_seconds;
+  absl::Time timed_start = absl::InfiniteFuture();
   for (int it = 0; it < warmup + iters; ++it) {
+    if (it == warmup) timed_start = absl::Now();
+    if (duration > 0 && absl::Now() - timed_start > absl::Seconds(duration)) break;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<MatrixOutput>> result =
         unary ? (*c)->Orthogonalize(inputs) : (*c)->Step(client::StepOptions{"", "", it, 0, 1}, inputs);
@@ -358,10 +366,14 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   const double bytes = 2.0 * matrices * static_cast<double>(m->numel()) * ElementSize(dtype);
   const double flops = matrices * NsFlops(m->rows, m->cols, *options);
   out << absl::StrFormat("bench: %d x %s %s per step, %d iters after %d warmup, %s", matrices, ShapeText(shape),
-                         DTypeName(dtype), iters, warmup,
+                         DTypeName(dtype), static_cast<int>(seconds.size()), warmup,
                          unary ? std::string("unary") : absl::StrCat("stream, chunk ", (*c)->chunk_bytes(), " B"))
       << "\n";
-  out << absl::StrFormat("latency:    median %.3f ms  min %.3f ms  max %.3f ms", med * 1e3,
+  // p99 by nearest rank: the smallest latency that at least 99% of the steps did not exceed.
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double p99 = sorted[static_cast<size_t>(std::ceil(0.99 * static_cast<double>(sorted.size()))) - 1];
+  out << absl::StrFormat("latency:    median %.3f ms  p99 %.3f ms  min %.3f ms  max %.3f ms", med * 1e3, p99 * 1e3,
                          *std::min_element(seconds.begin(), seconds.end()) * 1e3,
                          *std::max_element(seconds.begin(), seconds.end()) * 1e3);
   if (!server_seconds.empty()) out << absl::StrFormat("  (server median %.3f ms)", median(server_seconds) * 1e3);

@@ -215,6 +215,22 @@ TEST(ServerLifecycleTest, HelpListsTheFlagsAndVersionPrintsTheRelease) {
   EXPECT_THAT(version.out, ::testing::MatchesRegex("orthoserve [0-9]+\\.[0-9]+\\.[0-9]+\n"));
 }
 
+// --tenant-shares is checked at start: a good value is accepted by --check-config, a bad one
+// names the entry and exits 2.
+TEST(ServerLifecycleTest, TenantSharesAreCheckedAtStart) {
+  const std::string dir = MakeScratchDir();
+  ProcessResult good = RunProcess({OrthoserveBinary(), "--tenant-shares=alice=3,bob=1@1", "--check-config"},
+                                  dir + "/good", absl::Seconds(30));
+  EXPECT_EQ(good.exit_code, 0) << good.err;
+  EXPECT_THAT(good.out, HasSubstr("--tenant-shares = alice=3,bob=1@1"));
+  for (const std::string bad : {"alice", "alice=0", "alice=x", "=2", "alice=1,alice=2", "alice=1@high"}) {
+    ProcessResult r = RunProcess({OrthoserveBinary(), "--tenant-shares=" + bad, "--check-config"}, dir + "/bad",
+                                 absl::Seconds(30));
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_THAT(r.err, HasSubstr("--tenant-shares")) << bad;
+  }
+}
+
 // SIGTERM while a large matrix is being computed: the call in flight completes and the server exits 0.
 TEST(ServerLifecycleTest, SigtermDrainsACallInFlightAndExitsZero) {
   const std::string dir = MakeScratchDir();

@@ -317,6 +317,7 @@ TEST_F(ClientLoopbackTest, OrthoctlSubcommands) {
       kExitOk)
       << bench_err.str();
   EXPECT_THAT(bench_out.str(), HasSubstr("latency:    median"));
+  EXPECT_THAT(bench_out.str(), HasSubstr(" p99 "));
   EXPECT_EQ(server_.service->streams.load(), 1 + 4);
 
   // In-band error: exit 2 with the server's message.

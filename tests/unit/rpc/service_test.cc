@@ -1,5 +1,6 @@
 // The public service end to end in process on 127.0.0.1:0: unary and streaming calls of a lone
 // client against the engine's own answer, and every kind of bad input with its code.
+#include <atomic>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -369,6 +370,7 @@ TEST_F(ServiceTest, GetServerInfoDescribesTheServer) {
   EXPECT_TRUE(info.ready());
   EXPECT_THAT(info.coefficients(), ::testing::Contains("cubic5"));
   EXPECT_THAT(info.algorithms(), ::testing::Contains("tp_distributed"));
+  EXPECT_THAT(info.nd_layouts(), ::testing::ElementsAre("flatten", "batch"));
   EXPECT_EQ(info.limits().chunk_bytes(), 4 << 20);
   EXPECT_FALSE(info.auth_required());
 }
@@ -385,6 +387,57 @@ TEST_F(ServiceTest, InflightByteLimitGivesResourceExhausted) {
   grpc::Status status = Unary(request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("--max-inflight-bytes"));
+}
+
+// The compute queue is fair between tenants: with one worker busy on tenant alice's many large
+// matrices, tenant bob's small request is computed next, not after all of alice's (FIFO order
+// would finish alice's call first). The order of completion is asserted, not a time.
+TEST_F(ServiceTest, AnotherTenantsSmallRequestIsNotQueuedBehindAFlood) {
+  const std::string path = ::testing::TempDir() + "/fair_tokens.txt";
+  {
+    std::ofstream out(path);
+    out << "secret-a alice\nsecret-b bob\n";
+  }
+  ServerOptions options = TestServerOptions();
+  options.token_file = path;
+  options.workers = 1;
+  Start(options);
+  NsOptions ns;
+  ns.precision = Precision::kHighest;
+  v1::OrthogonalizeRequest flood;
+  const std::string big = Bytes(RandomMatrix(256, 256, 3), DType::kF32);
+  for (int i = 0; i < 24; ++i) {
+    v1::Matrix* m = flood.add_matrices();
+    *m->mutable_spec() = Spec("big" + std::to_string(i), {256, 256}, DType::kF32, ns);
+    m->set_data(big);
+  }
+  v1::OrthogonalizeRequest small;
+  *small.add_matrices()->mutable_spec() = Spec("small", {16, 16}, DType::kF32, ns);
+  small.mutable_matrices(0)->set_data(Bytes(RandomMatrix(16, 16, 4), DType::kF32));
+
+  std::atomic<int> finished{0};
+  int flood_place = 0, small_place = 0;
+  std::thread alice([&] {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer secret-a");
+    v1::OrthogonalizeResponse response;
+    EXPECT_TRUE(stub_->Orthogonalize(&context, flood, &response).ok());
+    flood_place = ++finished;
+  });
+  // Wait until alice's matrices are queued (the server is computing her first ones).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (server_->compute_queued() < 10 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_GE(server_->compute_queued(), 10u);
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer secret-b");
+    v1::OrthogonalizeResponse response;
+    EXPECT_TRUE(stub_->Orthogonalize(&context, small, &response).ok());
+    small_place = ++finished;
+  }
+  alice.join();
+  EXPECT_EQ(small_place, 1) << "bob's request waited behind alice's whole call";
+  EXPECT_EQ(flood_place, 2);
 }
 
 TEST_F(ServiceTest, TokensMapToTenantsAndUnknownOnesAreRejected) {
