@@ -44,6 +44,9 @@ ABSL_FLAG(int64_t, max_matrix_elements, int64_t{1} << 28, "Largest matrix accept
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30, "Matrix bytes the server holds in flight at most.");
 ABSL_FLAG(int64_t, max_tenant_inflight_bytes, int64_t{2} << 30, "Matrix bytes one tenant holds in flight at most.");
 ABSL_FLAG(int, max_concurrent_streams, 64, "Concurrent OrthogonalizeStream calls at most.");
+ABSL_FLAG(int, max_tenant_concurrent_streams, 0,
+          "Concurrent OrthogonalizeStream calls of one tenant at most, so that no tenant can take every stream slot "
+          "(0: only --max-concurrent-streams).");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "Largest gRPC message sent or received.");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "Largest DataChunk.data accepted; results go out in chunks under 4 MiB (gRPC's default receive limit) unless a client asks for larger ones, up to this.");
 ABSL_FLAG(int64_t, stream_buffer_idle_bytes, int64_t{512} << 20,
@@ -77,7 +80,7 @@ namespace {
 const char* const kFlagNames[] = {
     "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "collective", "workers",
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
-    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_message_bytes", "chunk_bytes",
+    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "tenant_shares", "log_level", "log_verbose", "check_config"};
@@ -168,6 +171,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.admission.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.service.admission.max_tenant_inflight_bytes = absl::GetFlag(FLAGS_max_tenant_inflight_bytes);
   o.service.admission.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  o.service.admission.max_tenant_concurrent_streams = absl::GetFlag(FLAGS_max_tenant_concurrent_streams);
   o.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.service.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   o.service.buffers.max_idle_bytes = absl::GetFlag(FLAGS_stream_buffer_idle_bytes);

@@ -111,6 +111,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.service.admission.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("--max-concurrent-streams must be >= 1");
   }
+  if (o.service.admission.max_tenant_concurrent_streams < 0) {
+    return absl::InvalidArgumentError("--max-tenant-concurrent-streams must be >= 0 (0: no per-tenant limit)");
+  }
   if (o.service.admission.max_inflight_bytes < 1 || o.service.admission.max_tenant_inflight_bytes < 1) {
     return absl::InvalidArgumentError("--max-inflight-bytes and --max-tenant-inflight-bytes must be >= 1");
   }
@@ -139,6 +142,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.limits.inflight_bytes = o.service.admission.max_inflight_bytes;
   m.limits.tenant_inflight_bytes = o.service.admission.max_tenant_inflight_bytes;
   m.limits.concurrent_streams = o.service.admission.max_concurrent_streams;
+  m.limits.tenant_concurrent_streams = o.service.admission.max_tenant_concurrent_streams;
   m.limits.chunk_bytes = o.service.chunk_bytes;
   m.limits.message_bytes = o.service.max_message_bytes;
   m.limits.matrix_elements = o.service.max_matrix_elements;

@@ -131,6 +131,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
         static_cast<double>(l.tenant_inflight_bytes));
   limit("orthoserve_limit_concurrent_streams", "--max-concurrent-streams: OrthogonalizeStream calls at once at most.",
         static_cast<double>(l.concurrent_streams));
+  limit("orthoserve_limit_tenant_concurrent_streams",
+        "--max-tenant-concurrent-streams: OrthogonalizeStream calls of one tenant at once at most (absent: no limit).",
+        static_cast<double>(l.tenant_concurrent_streams));
   limit("orthoserve_limit_chunk_bytes", "--chunk-bytes: largest DataChunk accepted and sent.",
         static_cast<double>(l.chunk_bytes));
   limit("orthoserve_limit_message_bytes", "--max-message-bytes: largest gRPC message sent or received.",

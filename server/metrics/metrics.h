@@ -45,6 +45,8 @@ class Metrics {
     int64_t inflight_bytes = 0;         // --max-inflight-bytes: orthoserve_limit_inflight_bytes
     int64_t tenant_inflight_bytes = 0;  // --max-tenant-inflight-bytes: orthoserve_limit_tenant_inflight_bytes
     int64_t concurrent_streams = 0;     // --max-concurrent-streams: orthoserve_limit_concurrent_streams
+    int64_t tenant_concurrent_streams = 0;  // --max-tenant-concurrent-streams (0: none, not exported):
+                                            // orthoserve_limit_tenant_concurrent_streams
     int64_t chunk_bytes = 0;            // --chunk-bytes: orthoserve_limit_chunk_bytes
     int64_t message_bytes = 0;          // --max-message-bytes: orthoserve_limit_message_bytes
     int64_t matrix_elements = 0;        // --max-matrix-elements: orthoserve_limit_matrix_elements

@@ -27,23 +27,35 @@ void Admission::Ticket::Release() {
   stream_ = false;
 }
 
-absl::StatusOr<Admission::Ticket> Admission::AcquireStream() {
+absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(mu_);
   if (streams_ >= options_.max_concurrent_streams) {
-    return absl::ResourceExhaustedError(absl::StrCat("the server is serving its limit of ",
+    return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", streams_, " streams, its limit of ",
                                                      options_.max_concurrent_streams,
                                                      " concurrent streams (--max-concurrent-streams); retry later"));
   }
+  int& mine = tenant_streams_[tenant];
+  if (options_.max_tenant_concurrent_streams > 0 && mine >= options_.max_tenant_concurrent_streams) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenant, "\" has ", mine, " streams open, its limit of ",
+                                                     options_.max_tenant_concurrent_streams,
+                                                     " (--max-tenant-concurrent-streams); close one or retry later"));
+  }
   ++streams_;
+  ++mine;
   if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_);
   Ticket ticket;
   ticket.owner_ = this;
+  ticket.tenant_ = tenant;
   ticket.stream_ = true;
   return ticket;
 }
 
 absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (ticket.owner_ != nullptr && ticket.tenant_ != tenant) {
+    return absl::InternalError(absl::StrCat("admission ticket of tenant \"", ticket.tenant_,
+                                            "\" used for tenant \"", tenant, "\""));
+  }
   int64_t& tenant_total = tenant_bytes_[tenant];
   if (bytes > options_.max_inflight_bytes - bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but the server holds ", bytes_,
@@ -72,6 +84,8 @@ void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stream) {
     --streams_;
+    auto it = tenant_streams_.find(tenant);
+    if (it != tenant_streams_.end() && --it->second <= 0) tenant_streams_.erase(it);
     if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_);
   }
   if (bytes > 0) {

@@ -1,5 +1,5 @@
-// Admission control for the public API (docs/operations.md): concurrent streams, and matrix bytes held
-// in flight per server and per tenant. Over a limit a request gets RESOURCE_EXHAUSTED before
+// Admission control for the public API (docs/operations.md): concurrent streams and matrix bytes held
+// in flight, per server and per tenant. Over a limit a request gets RESOURCE_EXHAUSTED before
 // anything is allocated — never an out-of-memory kill. Thread-safe.
 #pragma once
 
@@ -19,6 +19,7 @@ class Admission {
     int64_t max_inflight_bytes = int64_t{4} << 30;         // Whole server.
     int64_t max_tenant_inflight_bytes = int64_t{2} << 30;  // Per tenant.
     int max_concurrent_streams = 64;
+    int max_tenant_concurrent_streams = 0;  // Per tenant; 0: only the server-wide limit.
   };
 
   // Holds admitted bytes (or a stream slot) until destroyed. Movable.
@@ -41,8 +42,9 @@ class Admission {
 
   Admission(const Options& options, Metrics* metrics) : options_(options), metrics_(metrics) {}
 
-  // RESOURCE_EXHAUSTED naming the limit (--max-concurrent-streams).
-  absl::StatusOr<Ticket> AcquireStream();
+  // A stream slot of `tenant`. RESOURCE_EXHAUSTED naming the limit, the figure and the limit's
+  // value (--max-concurrent-streams, or --max-tenant-concurrent-streams with the tenant's own count).
+  absl::StatusOr<Ticket> AcquireStream(const std::string& tenant);
   // Adds `bytes` to `ticket` (which may already hold bytes of the same tenant). RESOURCE_EXHAUSTED
   // naming the limit (--max-inflight-bytes or --max-tenant-inflight-bytes) and `what`.
   absl::Status AddBytes(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what);
@@ -58,6 +60,7 @@ class Admission {
   int64_t bytes_ = 0;
   int streams_ = 0;
   absl::flat_hash_map<std::string, int64_t> tenant_bytes_;
+  absl::flat_hash_map<std::string, int> tenant_streams_;
 };
 
 }  // namespace orthoserve

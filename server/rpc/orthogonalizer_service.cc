@@ -209,6 +209,7 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   limits->set_max_inflight_bytes(options_.admission.max_inflight_bytes);
   limits->set_max_tenant_inflight_bytes(options_.admission.max_tenant_inflight_bytes);
   limits->set_max_concurrent_streams(options_.admission.max_concurrent_streams);
+  limits->set_max_tenant_concurrent_streams(options_.admission.max_tenant_concurrent_streams);
   limits->set_max_steps(kMaxSteps);
   limits->set_rendezvous_timeout_seconds(absl::ToDoubleSeconds(options_.rendezvous_timeout));
   info->set_auth_required(auth_->required());

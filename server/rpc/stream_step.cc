@@ -300,7 +300,7 @@ void StreamStep::ScheduleLone(int index) {
 absl::Status StreamStep::Run() {
   if (s_.draining_.load()) return absl::UnavailableError("the server is draining; retry on another rank");
   ASSIGN_OR_RETURN(tenant_, s_.auth_->Authenticate(*context_));
-  ASSIGN_OR_RETURN(Admission::Ticket stream_slot, s_.admission_.AcquireStream());
+  ASSIGN_OR_RETURN(Admission::Ticket stream_slot, s_.admission_.AcquireStream(tenant_));
   RETURN_IF_ERROR(ReadHeader());
   VLOG("rpc", 1) << "stream step rank " << header_.rank() << "/" << world_ << " " << header_.num_matrices()
                  << " matrices" << (lone_ ? " (lone)" : "");

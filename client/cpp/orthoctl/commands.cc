@@ -112,6 +112,7 @@ void PrintInfo(const v1::ServerInfo& info, std::ostream& out) {
       << "  max_inflight_bytes         " << l.max_inflight_bytes() << "\n"
       << "  max_tenant_inflight_bytes  " << l.max_tenant_inflight_bytes() << "\n"
       << "  max_concurrent_streams     " << l.max_concurrent_streams() << "\n"
+      << "  max_tenant_concurrent_streams " << l.max_tenant_concurrent_streams() << "\n"
       << "  max_steps                  " << l.max_steps() << "\n"
       << "  rendezvous_timeout_seconds " << l.rendezvous_timeout_seconds() << "\n";
 }

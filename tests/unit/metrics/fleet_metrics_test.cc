@@ -245,7 +245,7 @@ TEST(AdmissionMetricsTest, StreamsAndTenantBytesFollowWhatIsAdmitted) {
   o.max_concurrent_streams = 2;
   Admission admission(o, m.get());
   {
-    absl::StatusOr<Admission::Ticket> stream = admission.AcquireStream();
+    absl::StatusOr<Admission::Ticket> stream = admission.AcquireStream("t");
     ASSERT_OK(stream);
     EXPECT_EQ(Value(*m, "orthoserve_inflight_streams"), 1);
     ASSERT_OK(admission.AddBytes(*stream, "team-a", 400, "matrix 0"));

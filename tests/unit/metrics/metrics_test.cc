@@ -214,6 +214,7 @@ TEST(MetricsTest, ConfiguredLimitsAreGaugesAndUnsetOnesAreLeftOut) {
   o.limits.inflight_bytes = int64_t{4} << 30;
   o.limits.tenant_inflight_bytes = int64_t{2} << 30;
   o.limits.concurrent_streams = 64;
+  o.limits.tenant_concurrent_streams = 16;
   o.limits.chunk_bytes = int64_t{4} << 20;
   o.limits.message_bytes = int64_t{64} << 20;
   o.limits.matrix_elements = int64_t{1} << 28;
@@ -226,6 +227,7 @@ TEST(MetricsTest, ConfiguredLimitsAreGaugesAndUnsetOnesAreLeftOut) {
   EXPECT_EQ(*Value(f, "orthoserve_limit_inflight_bytes"), 4294967296.0);
   EXPECT_EQ(*Value(f, "orthoserve_limit_tenant_inflight_bytes"), 2147483648.0);
   EXPECT_EQ(*Value(f, "orthoserve_limit_concurrent_streams"), 64);
+  EXPECT_EQ(*Value(f, "orthoserve_limit_tenant_concurrent_streams"), 16);
   EXPECT_EQ(*Value(f, "orthoserve_limit_chunk_bytes"), 4194304);
   EXPECT_EQ(*Value(f, "orthoserve_limit_message_bytes"), 67108864);
   EXPECT_EQ(*Value(f, "orthoserve_limit_matrix_elements"), 268435456);
