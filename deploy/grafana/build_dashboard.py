@@ -221,6 +221,25 @@ def panels():
         description="--rendezvous-timeout, --collective-timeout."))
     y += 4
 
+    out.append(row("Tenants", y)); y += 1
+    out.append(timeseries("Compute-queue wait by tenant", quantiles(
+        "orthoserve_tenant_queue_wait_seconds", "tenant", "{{tenant}}"), "s", 0, y, w=8,
+        description="How long lone clients' matrices waited for a compute worker, by tenant (--tenant-labels: "
+                    "\"all\" unless names or hashes are enabled). The compute queue is weighted fair between "
+                    "tenants (--tenant-shares); OrthoserveTenantStarved fires when a tenant's p99 stays high."))
+    out.append(timeseries("Compute by tenant", [
+        (f'sum by (tenant) (rate(orthoserve_tenant_compute_seconds_total{{{SEL}}}[{RI}]))', "{{tenant}}")],
+        "short", 8, y, w=8, description="Compute seconds per second (workers busy) spent on each tenant's lone "
+                                        "matrices."))
+    out.append(timeseries("Bytes and refusals by tenant", [
+        (f'sum by (tenant, direction) (rate(orthoserve_tenant_bytes_total{{{SEL}}}[{RI}]))',
+         "{{tenant}} {{direction}} B/s"),
+        (f'sum by (tenant, limit) (rate(orthoserve_tenant_refusals_total{{{SEL}}}[{RI}]))',
+         "{{tenant}} refused: {{limit}} /s")], "short", 16, y, w=8,
+        description="Matrix bytes received and sent per second, and RESOURCE_EXHAUSTED refusals per second by "
+                    "the admission limit that refused them."))
+    y += 8
+
     out.append(row("Process", y)); y += 1
     out.append(timeseries("CPU", [
         (f'sum by (pod) (rate(process_cpu_seconds_total{{{SEL}}}[{RI}]))', "{{pod}}")], "short", 0, y, w=6,

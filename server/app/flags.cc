@@ -66,6 +66,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serv
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
 ABSL_FLAG(std::string, token_file, "", "File of \"TOKEN TENANT\" lines; when set, every call needs a bearer token.");
+ABSL_FLAG(std::string, tenant_labels, "off",
+          "How the per-tenant metrics (orthoserve_tenant_*) name tenants: off (every tenant is \"all\"), name (the "
+          "token file's names) or hash (a stable pseudonym of the name).");
 ABSL_FLAG(std::string, tenant_shares, "",
           "Compute shares of tenants, \"NAME=WEIGHT[@PRIORITY],...\": the compute queue serves backlogged tenants in "
           "proportion to WEIGHT (default 1) and a higher PRIORITY class (default 0) first; the jobs of a tenant "
@@ -83,7 +86,7 @@ const char* const kFlagNames[] = {
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
-    "tls_key", "tls_client_ca", "token_file", "tenant_shares", "log_level", "log_verbose", "check_config"};
+    "tls_key", "tls_client_ca", "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
   FairPool::Shares shares;
@@ -162,6 +165,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.backend.cpu_threads = absl::GetFlag(FLAGS_blas_threads);
   o.workers = absl::GetFlag(FLAGS_workers);
   ASSIGN_OR_RETURN(o.tenant_shares, ParseTenantShares(absl::GetFlag(FLAGS_tenant_shares)));
+  RETURN_IF_ERROR(Annotate(ParseTenantLabels(absl::GetFlag(FLAGS_tenant_labels), &o.tenant_labels), "--tenant-labels"));
   ASSIGN_OR_RETURN(o.rank, ResolveRank(absl::GetFlag(FLAGS_rank)));
   o.world = absl::GetFlag(FLAGS_world);
   o.coordinator = absl::GetFlag(FLAGS_coordinator);

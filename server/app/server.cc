@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.limits.tenant_inflight_bytes = o.service.admission.max_tenant_inflight_bytes;
   m.limits.concurrent_streams = o.service.admission.max_concurrent_streams;
   m.limits.tenant_concurrent_streams = o.service.admission.max_tenant_concurrent_streams;
+  m.tenant_labels = o.tenant_labels;
   m.limits.chunk_bytes = o.service.chunk_bytes;
   m.limits.message_bytes = o.service.max_message_bytes;
   m.limits.matrix_elements = o.service.max_matrix_elements;

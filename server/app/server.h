@@ -30,6 +30,7 @@ struct ServerOptions {
   BackendOptions backend;                       // cpu|cuda and their settings.
   int workers = 2;                              // Concurrent compute jobs for lone clients.
   FairPool::Shares tenant_shares;               // Weights and priority classes of the compute queue.
+  TenantLabels tenant_labels = TenantLabels::kOff;  // How per-tenant metrics name tenants.
   int rank = 0;                                 // Fleet rank.
   int world = 1;                                // Fleet size S.
   std::string coordinator;                      // Rank 0's fleet address (world > 1).

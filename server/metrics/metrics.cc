@@ -113,12 +113,37 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                              "Matrix bytes held for requests in progress (admitted against --max-inflight-bytes).");
   m->inflight_streams_ = gauge("orthoserve_inflight_streams",
                                "OrthogonalizeStream calls in progress (admitted against --max-concurrent-streams).");
+  // Per tenant; the `tenant` label follows --tenant-labels (TenantLabels: "all" unless asked).
+  m->tenant_labels_ = options.tenant_labels;
   m->tenant_inflight_bytes_ = &prometheus::BuildGauge()
                                    .Name("orthoserve_tenant_inflight_bytes")
                                    .Help("Matrix bytes held for a tenant's requests in progress (admitted against "
-                                         "--max-tenant-inflight-bytes), by tenant (from the token file; \"default\" "
-                                         "without one).")
+                                         "--max-tenant-inflight-bytes), by tenant (--tenant-labels; with labels off, "
+                                         "tenant=\"all\" holds the largest tenant's figure).")
                                    .Register(r);
+  m->tenant_queue_wait_ = &prometheus::BuildHistogram()
+                               .Name("orthoserve_tenant_queue_wait_seconds")
+                               .Help("Time a lone client's matrix waited in the compute queue, by tenant "
+                                     "(--tenant-labels).")
+                               .Register(r);
+  m->tenant_compute_ = &prometheus::BuildCounter()
+                            .Name("orthoserve_tenant_compute_seconds_total")
+                            .Help("Compute time of lone clients' matrices, by tenant (--tenant-labels).")
+                            .Register(r);
+  m->tenant_bytes_ = &prometheus::BuildCounter()
+                          .Name("orthoserve_tenant_bytes_total")
+                          .Help("Matrix bytes received (direction=\"in\") and sent (\"out\"), by tenant "
+                                "(--tenant-labels).")
+                          .Register(r);
+  m->tenant_refusals_ = &prometheus::BuildCounter()
+                             .Name("orthoserve_tenant_refusals_total")
+                             .Help("Calls refused RESOURCE_EXHAUSTED by admission, by tenant (--tenant-labels) and "
+                                   "limit: inflight_bytes, tenant_inflight_bytes, concurrent_streams, "
+                                   "tenant_concurrent_streams.")
+                             .Register(r);
+  if (options.tenant_labels == TenantLabels::kOff) {  // One "all" series per limit, there from the start.
+    for (const char* limit : kRefusalLimits) m->tenant_refusals_->Add({{"tenant", "all"}, {"limit", limit}});
+  }
   // The configured limits, constant for the process.
   const Limits& l = options.limits;
   auto limit = [&gauge](const char* name, const char* help, double value) {
@@ -244,8 +269,57 @@ void Metrics::StepRetried(absl::string_view method) {
 void Metrics::Reformation(absl::string_view reason) { reformations_->Add({{"reason", std::string(reason)}}).Increment(); }
 void Metrics::Degraded(absl::Duration duration) { degraded_seconds_->Increment(absl::ToDoubleSeconds(duration)); }
 
-prometheus::Gauge& Metrics::tenant_inflight_bytes(absl::string_view tenant) {
-  return tenant_inflight_bytes_->Add({{"tenant", std::string(tenant)}});
+absl::string_view TenantLabelsName(TenantLabels labels) {
+  switch (labels) {
+    case TenantLabels::kOff: return "off";
+    case TenantLabels::kName: return "name";
+    case TenantLabels::kHash: return "hash";
+  }
+  return "off";
+}
+
+absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels) {
+  for (TenantLabels l : {TenantLabels::kOff, TenantLabels::kName, TenantLabels::kHash}) {
+    if (text == TenantLabelsName(l)) {
+      *labels = l;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not off, name or hash"));
+}
+
+std::string Metrics::TenantLabel(absl::string_view tenant) const {
+  switch (tenant_labels_) {
+    case TenantLabels::kOff: return "all";
+    case TenantLabels::kName: return std::string(tenant);
+    case TenantLabels::kHash: {
+      uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits.
+      for (unsigned char c : tenant) h = (h ^ c) * 1099511628211ull;
+      return absl::StrCat("t-", absl::Hex(h >> 16, absl::kZeroPad12));
+    }
+  }
+  return "all";
+}
+
+void Metrics::TenantInflightBytes(absl::string_view tenant, int64_t bytes, int64_t largest) {
+  const bool off = tenant_labels_ == TenantLabels::kOff;
+  tenant_inflight_bytes_->Add({{"tenant", TenantLabel(tenant)}}).Set(static_cast<double>(off ? largest : bytes));
+}
+
+void Metrics::TenantQueueWait(absl::string_view tenant, absl::Duration wait) {
+  tenant_queue_wait_->Add({{"tenant", TenantLabel(tenant)}}, kLatencyBuckets).Observe(absl::ToDoubleSeconds(wait));
+}
+
+void Metrics::TenantCompute(absl::string_view tenant, absl::Duration compute) {
+  tenant_compute_->Add({{"tenant", TenantLabel(tenant)}}).Increment(absl::ToDoubleSeconds(compute));
+}
+
+void Metrics::TenantBytes(absl::string_view tenant, absl::string_view direction, double bytes) {
+  tenant_bytes_->Add({{"tenant", TenantLabel(tenant)}, {"direction", std::string(direction)}}).Increment(bytes);
+}
+
+void Metrics::TenantRefused(absl::string_view tenant, absl::string_view limit) {
+  tenant_refusals_->Add({{"tenant", TenantLabel(tenant)}, {"limit", std::string(limit)}}).Increment();
 }
 
 prometheus::Gauge& Metrics::device_memory(absl::string_view kind) {

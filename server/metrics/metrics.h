@@ -37,6 +37,21 @@ absl::string_view StageName(Stage stage);
 inline constexpr const char* kStepAbortReasons[] = {"timeout", "cancelled",  "aborted",
                                                     "invalid", "collective", "fleet_change"};
 
+// How tenants appear in the per-tenant families' `tenant` label (--tenant-labels). Tenant names
+// can be customers' names, so they are shown only when asked for:
+//  - kOff (default): every tenant is "all" (counters sum over tenants; the in-flight gauge holds
+//    the largest tenant's figure, which is what a per-tenant limit is compared with);
+//  - kName: the token file's tenant name;
+//  - kHash: "t-" and 12 hex digits of a fixed 64-bit hash of the name (FNV-1a): stable across
+//    ranks and restarts, pseudonymous rather than secret (a known name can be hashed and compared).
+enum class TenantLabels { kOff, kName, kHash };
+absl::string_view TenantLabelsName(TenantLabels labels);  // "off", "name", "hash"
+absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
+
+// The admission limits a refusal can name (orthoserve_tenant_refusals_total{limit}).
+inline constexpr const char* kRefusalLimits[] = {"inflight_bytes", "tenant_inflight_bytes", "concurrent_streams",
+                                                 "tenant_concurrent_streams"};
+
 class Metrics {
  public:
   // The configured limits, exported as constant orthoserve_limit_* gauges so that alerts and
@@ -63,6 +78,7 @@ class Metrics {
     std::string device;
     Limits limits;
     bool process_metrics = true;  // The process_* families (from /proc).
+    TenantLabels tenant_labels = TenantLabels::kOff;
   };
 
   // INVALID_ARGUMENT for a malformed `address`, UNAVAILABLE when it cannot be bound.
@@ -97,7 +113,17 @@ class Metrics {
   prometheus::Gauge& inflight_requests() { return *inflight_requests_; }
   prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
   prometheus::Gauge& inflight_streams() { return *inflight_streams_; }
-  prometheus::Gauge& tenant_inflight_bytes(absl::string_view tenant);
+  // The `tenant` label value of `tenant` under the configured TenantLabels.
+  std::string TenantLabel(absl::string_view tenant) const;
+  // Per-tenant families: bytes held in flight (`bytes` of `tenant`; `largest` over all tenants,
+  // reported instead when labels are off), compute-queue wait and compute time of each matrix,
+  // matrix bytes received ("in") and sent ("out"), and admission refusals by limit (one of
+  // kRefusalLimits).
+  void TenantInflightBytes(absl::string_view tenant, int64_t bytes, int64_t largest);
+  void TenantQueueWait(absl::string_view tenant, absl::Duration wait);
+  void TenantCompute(absl::string_view tenant, absl::Duration compute);
+  void TenantBytes(absl::string_view tenant, absl::string_view direction, double bytes);
+  void TenantRefused(absl::string_view tenant, absl::string_view limit);
   prometheus::Gauge& queue_depth() { return *queue_depth_; }
   prometheus::Gauge& fleet_size() { return *fleet_size_; }
   prometheus::Gauge& fleet_members_ready() { return *fleet_members_ready_; }
@@ -130,7 +156,12 @@ class Metrics {
   prometheus::Gauge* inflight_requests_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;
   prometheus::Gauge* inflight_streams_ = nullptr;
+  TenantLabels tenant_labels_ = TenantLabels::kOff;
   prometheus::Family<prometheus::Gauge>* tenant_inflight_bytes_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* tenant_queue_wait_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tenant_compute_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tenant_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tenant_refusals_ = nullptr;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* fleet_size_ = nullptr;
   prometheus::Gauge* fleet_members_ready_ = nullptr;

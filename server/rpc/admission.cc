@@ -30,12 +30,14 @@ void Admission::Ticket::Release() {
 absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(mu_);
   if (streams_ >= options_.max_concurrent_streams) {
+    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "concurrent_streams");
     return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", streams_, " streams, its limit of ",
                                                      options_.max_concurrent_streams,
                                                      " concurrent streams (--max-concurrent-streams); retry later"));
   }
   int& mine = tenant_streams_[tenant];
   if (options_.max_tenant_concurrent_streams > 0 && mine >= options_.max_tenant_concurrent_streams) {
+    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_concurrent_streams");
     return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenant, "\" has ", mine, " streams open, its limit of ",
                                                      options_.max_tenant_concurrent_streams,
                                                      " (--max-tenant-concurrent-streams); close one or retry later"));
@@ -58,11 +60,13 @@ absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int6
   }
   int64_t& tenant_total = tenant_bytes_[tenant];
   if (bytes > options_.max_inflight_bytes - bytes_) {
+    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "inflight_bytes");
     return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but the server holds ", bytes_,
                                                      " of its ", options_.max_inflight_bytes,
                                                      " in flight (--max-inflight-bytes); retry later or send less"));
   }
   if (bytes > options_.max_tenant_inflight_bytes - tenant_total) {
+    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_inflight_bytes");
     return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but tenant \"", tenant,
                                                      "\" holds ", tenant_total, " of its ",
                                                      options_.max_tenant_inflight_bytes,
@@ -75,7 +79,7 @@ absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int6
   ticket.bytes_ += bytes;
   if (metrics_ != nullptr) {
     metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
-    metrics_->tenant_inflight_bytes(tenant).Set(static_cast<double>(tenant_total));
+    metrics_->TenantInflightBytes(tenant, tenant_total, LargestTenantBytesLocked());
   }
   return absl::OkStatus();
 }
@@ -95,9 +99,15 @@ void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
     if (it != tenant_bytes_.end() && left <= 0) tenant_bytes_.erase(it);
     if (metrics_ != nullptr) {
       metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
-      metrics_->tenant_inflight_bytes(tenant).Set(static_cast<double>(std::max<int64_t>(left, 0)));
+      metrics_->TenantInflightBytes(tenant, std::max<int64_t>(left, 0), LargestTenantBytesLocked());
     }
   }
+}
+
+int64_t Admission::LargestTenantBytesLocked() const {
+  int64_t largest = 0;
+  for (const auto& [tenant, bytes] : tenant_bytes_) largest = std::max(largest, bytes);
+  return largest;
 }
 
 int64_t Admission::inflight_bytes() const {

@@ -53,6 +53,8 @@ class Admission {
 
  private:
   void Return(const std::string& tenant, int64_t bytes, bool stream);
+  // The most bytes any tenant holds (for the tenant gauge with labels off). Requires mu_.
+  int64_t LargestTenantBytesLocked() const;
 
   const Options options_;
   Metrics* metrics_;  // Optional.

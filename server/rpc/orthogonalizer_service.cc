@@ -111,6 +111,7 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
   Admission::Ticket ticket;
   RETURN_IF_ERROR(admission_.AddBytes(ticket, tenant, bytes, "this request"));
   metrics_->BytesIn("Orthogonalize", static_cast<double>(request.ByteSizeLong()));
+  metrics_->TenantBytes(tenant, "in", static_cast<double>(request.ByteSizeLong()));
 
   std::vector<std::string> outputs(n);
   std::vector<LocalMatrix> matrices;
@@ -132,6 +133,7 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
     compute_->Schedule(tenant, job, EstimatedCost(matrices[i].plan), [&, i] {
       metrics_->queue_depth().Decrement();
       metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
+      metrics_->TenantQueueWait(tenant, absl::Now() - queued);
       // A client that is gone (cancelled, or its deadline passed) gets nothing computed.
       results[i] = context->IsCancelled()
                        ? absl::StatusOr<BatchResult>(
@@ -150,6 +152,7 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
     const ParsedSpec& p = parsed[i];
     if (!results[i].ok()) return results[i].status();
     metrics_->StageTime(Stage::kCompute, results[i]->compute_time);
+    metrics_->TenantCompute(tenant, results[i]->compute_time);
     metrics_->Flops(results[i]->flops);
     const absl::Status& s = results[i]->matrices[0];
     metrics_->MatrixDone("Orthogonalize", AlgorithmName(p.plan.algorithm), DTypeName(p.plan.dtype), CodeName(s.code()));
@@ -164,6 +167,7 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
     r->set_data(std::move(outputs[i]));
   }
   metrics_->BytesOut("Orthogonalize", static_cast<double>(response.ByteSizeLong()));
+  metrics_->TenantBytes(tenant, "out", static_cast<double>(response.ByteSizeLong()));
   return absl::OkStatus();
 }
 

@@ -91,7 +91,10 @@ bool ResultWriter::WriteItem(Item& item) {
   for (grpc::ByteBuffer& message : item.messages) {
     if (!stream_->Write(message)) return false;
   }
-  if (item.ok) metrics_->BytesOut(method_, item.data_bytes);
+  if (item.ok) {
+    metrics_->BytesOut(method_, item.data_bytes);
+    metrics_->TenantBytes(tenant_, "out", item.data_bytes);
+  }
   (item.ok ? ok_ : failed_)++;
   metrics_->StageTime(Stage::kSend, absl::Now() - start);
   return true;

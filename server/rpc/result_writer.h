@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,6 +35,8 @@ class ResultWriter {
   // Largest DataChunk.data of the results, from the step header; call before the first Write
   // (results are produced only after the header).
   void SetChunkBytes(int64_t chunk_bytes) { chunk_bytes_ = chunk_bytes; }
+  // The tenant whose bytes the results are (per-tenant metrics); call before the first Write.
+  void SetTenant(std::string tenant) { tenant_ = std::move(tenant); }
 
   // Queues matrix `index`'s result: its header and, when `status` is OK, `data` in chunks.
   // `owner` keeps `data` alive and unchanged until gRPC has sent it. Returns at once.
@@ -64,6 +67,7 @@ class ResultWriter {
 
   Stream* stream_;
   int64_t chunk_bytes_;
+  std::string tenant_;
   Metrics* metrics_;
   const char* method_;
   std::mutex mu_;

@@ -221,6 +221,7 @@ absl::Status StreamStep::OnChunk(int index, absl::Span<const absl::string_view> 
                                                    " bytes exceeds the chunk limit of ", s_.options_.chunk_bytes));
   }
   s_.metrics_->BytesIn(kMethod, static_cast<double>(size));  // Received, even when discarded below.
+  s_.metrics_->TenantBytes(tenant_, "in", static_cast<double>(size));
   Matrix& m = matrices_[current_];
   if (m.failed) return absl::OkStatus();
   if (m.receiver.received() + size > m.spec.block_bytes) {
@@ -265,6 +266,7 @@ void StreamStep::ScheduleLone(int index) {
   s_.compute_->Schedule(tenant_, job, EstimatedCost(matrices_[index].spec.plan), [this, index, queued] {
     s_.metrics_->queue_depth().Decrement();
     s_.metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
+    s_.metrics_->TenantQueueWait(tenant_, absl::Now() - queued);
     Matrix& m = matrices_[index];
     std::shared_ptr<PooledBuffer> out;
     absl::StatusOr<BatchResult> result;
@@ -284,6 +286,7 @@ void StreamStep::ScheduleLone(int index) {
     absl::Status status = result.ok() ? result->matrices[0] : result.status();
     if (result.ok()) {
       s_.metrics_->StageTime(Stage::kCompute, result->compute_time);
+      s_.metrics_->TenantCompute(tenant_, result->compute_time);
       s_.metrics_->Flops(result->flops);
     }
     s_.metrics_->MatrixDone(kMethod, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
@@ -300,6 +303,7 @@ void StreamStep::ScheduleLone(int index) {
 absl::Status StreamStep::Run() {
   if (s_.draining_.load()) return absl::UnavailableError("the server is draining; retry on another rank");
   ASSIGN_OR_RETURN(tenant_, s_.auth_->Authenticate(*context_));
+  writer_.SetTenant(tenant_);
   ASSIGN_OR_RETURN(Admission::Ticket stream_slot, s_.admission_.AcquireStream(tenant_));
   RETURN_IF_ERROR(ReadHeader());
   VLOG("rpc", 1) << "stream step rank " << header_.rank() << "/" << world_ << " " << header_.num_matrices()

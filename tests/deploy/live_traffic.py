@@ -12,13 +12,17 @@ Sends, through the orthoserve Python client (client/python/src; needs grpcio, pr
     of that matrix only);
   - a request the server rejects: a group step header without a job (INVALID_ARGUMENT);
   - an over-limit request: an N x N fp32 matrix whose bytes exceed the ranks' --max-inflight-bytes
-    (RESOURCE_EXHAUSTED).
+    (RESOURCE_EXHAUSTED);
+  - a last lone unary call to each rank, --settle seconds (3 s: three of the check's 1 s scrapes) after the
+    rest: series that only lone unary calls feed (the per-tenant compute-queue wait, for one) were created by
+    the first call, and need a second observation after Prometheus has scraped them for a rate to exist.
 Each outcome is checked; prints one line per request and exits 1 if any differs from what is expected.
 """
 import argparse
 import pathlib
 import sys
 import threading
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client/python/src"))
@@ -53,6 +57,8 @@ def main(argv):
     ap.add_argument("rank1")
     ap.add_argument("--over-limit-rows", type=int, required=True,
                     help="side of a square fp32 matrix that exceeds the ranks' --max-inflight-bytes")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds to wait before the last unary calls (a few of Prometheus's scrape intervals)")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(7)
     g = rng.standard_normal((64, 32), dtype=np.float32)
@@ -156,7 +162,18 @@ def main(argv):
     step("a group step with a bad matrix (in-band INVALID_ARGUMENT)", bad_matrix)
     step("a rejected request (INVALID_ARGUMENT)", rejected)
     step("an over-limit request (RESOURCE_EXHAUSTED)", over_limit)
-    print(f"traffic: {6 - len(failures)} of 6 requests as expected")
+
+    def unary_again():
+        time.sleep(a.settle)
+        for lone in (lone0, lone1):
+            out = lone.orthogonalize(g, method="unary", precision="highest")
+            worst = float(np.max(np.abs(out - reference["u"]))) if "u" in reference else 0.0
+            if worst > 1e-4:
+                raise AssertionError(f"a later unary result differs from the first by {worst:.3g}")
+        return "both ranks, same result"
+
+    step("a last lone unary call to each rank", unary_again)
+    print(f"traffic: {7 - len(failures)} of 7 requests as expected")
     return 1 if failures else 0
 
 

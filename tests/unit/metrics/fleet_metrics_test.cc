@@ -61,9 +61,10 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-std::unique_ptr<Metrics> NewMetrics() {
+std::unique_ptr<Metrics> NewMetrics(TenantLabels tenant_labels = TenantLabels::kOff) {
   Metrics::Options o;
   o.process_metrics = false;
+  o.tenant_labels = tenant_labels;
   return *Metrics::Create(o);
 }
 
@@ -238,14 +239,14 @@ TEST_F(FleetMetricsTest, EachWayTheCoordinatorFailsAStepHasItsOwnReason) {
 }
 
 TEST(AdmissionMetricsTest, StreamsAndTenantBytesFollowWhatIsAdmitted) {
-  std::unique_ptr<Metrics> m = NewMetrics();
+  std::unique_ptr<Metrics> m = NewMetrics(TenantLabels::kName);
   Admission::Options o;
   o.max_inflight_bytes = 1000;
   o.max_tenant_inflight_bytes = 600;
   o.max_concurrent_streams = 2;
   Admission admission(o, m.get());
   {
-    absl::StatusOr<Admission::Ticket> stream = admission.AcquireStream("t");
+    absl::StatusOr<Admission::Ticket> stream = admission.AcquireStream("team-a");
     ASSERT_OK(stream);
     EXPECT_EQ(Value(*m, "orthoserve_inflight_streams"), 1);
     ASSERT_OK(admission.AddBytes(*stream, "team-a", 400, "matrix 0"));
@@ -258,6 +259,8 @@ TEST(AdmissionMetricsTest, StreamsAndTenantBytesFollowWhatIsAdmitted) {
     EXPECT_THAT(admission.AddBytes(*stream, "team-a", 250, "matrix 1"),
                 StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-tenant-inflight-bytes")));
     EXPECT_EQ(Value(*m, "orthoserve_tenant_inflight_bytes", {{"tenant", "team-a"}}), 400);
+    EXPECT_EQ(Value(*m, "orthoserve_tenant_refusals_total", {{"tenant", "team-a"}, {"limit", "tenant_inflight_bytes"}}),
+              1);
     other.Release();
     EXPECT_EQ(Value(*m, "orthoserve_tenant_inflight_bytes", {{"tenant", "team-b"}}), 0);
     EXPECT_EQ(Value(*m, "orthoserve_inflight_bytes"), 400);

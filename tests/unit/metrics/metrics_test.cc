@@ -250,13 +250,56 @@ TEST(MetricsTest, ConfiguredLimitsAreGaugesAndUnsetOnesAreLeftOut) {
 }
 
 TEST(MetricsTest, InFlightUseGaugesAreThereToDivideByTheLimits) {
-  std::unique_ptr<Metrics> m = NewMetrics();
+  Metrics::Options o;
+  o.tenant_labels = TenantLabels::kName;
+  std::unique_ptr<Metrics> m = NewMetrics(o);
   m->inflight_streams().Set(3);
-  m->tenant_inflight_bytes("team-a").Set(1024);
+  m->TenantInflightBytes("team-a", 1024, 4096);
   std::vector<MetricFamily> f = m->Collect();
   EXPECT_EQ(*Value(f, "orthoserve_inflight_streams"), 3);
   EXPECT_EQ(*Value(f, "orthoserve_tenant_inflight_bytes", {{"tenant", "team-a"}}), 1024);
   EXPECT_EQ(*Value(f, "orthoserve_inflight_bytes"), 0);
+}
+
+// Tenant names appear only when asked for: off (the default) reports every tenant as "all" —
+// sums for counters, the largest tenant's figure for the in-flight gauge —, hash a stable
+// pseudonym, name the name.
+TEST(MetricsTest, TenantLabelsAreOptIn) {
+  std::unique_ptr<Metrics> off = NewMetrics();
+  off->TenantInflightBytes("team-a", 1024, 4096);
+  off->TenantCompute("team-a", absl::Seconds(2));
+  off->TenantCompute("team-b", absl::Seconds(3));
+  off->TenantQueueWait("team-b", absl::Milliseconds(5));
+  off->TenantBytes("team-a", "in", 100);
+  off->TenantRefused("team-b", "tenant_inflight_bytes");
+  std::vector<MetricFamily> f = off->Collect();
+  for (const char* family : {"orthoserve_tenant_inflight_bytes", "orthoserve_tenant_compute_seconds_total",
+                             "orthoserve_tenant_queue_wait_seconds", "orthoserve_tenant_bytes_total",
+                             "orthoserve_tenant_refusals_total"}) {
+    EXPECT_EQ(LabelValues(f, family, "tenant"), (std::set<std::string>{"all"})) << family;
+  }
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_inflight_bytes", {{"tenant", "all"}}), 4096);
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_compute_seconds_total", {{"tenant", "all"}}), 5);
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_refusals_total", {{"tenant", "all"}, {"limit", "tenant_inflight_bytes"}}), 1);
+  // Every refusal limit has its series from the start.
+  EXPECT_EQ(LabelValues(f, "orthoserve_tenant_refusals_total", "limit"),
+            (std::set<std::string>(std::begin(kRefusalLimits), std::end(kRefusalLimits))));
+
+  Metrics::Options o;
+  o.tenant_labels = TenantLabels::kHash;
+  std::unique_ptr<Metrics> hashed = NewMetrics(o);
+  const std::string a = hashed->TenantLabel("team-a");
+  EXPECT_THAT(a, ::testing::MatchesRegex("t-[0-9a-f]{12}"));
+  EXPECT_EQ(a, NewMetrics(o)->TenantLabel("team-a"));  // Stable.
+  EXPECT_NE(a, hashed->TenantLabel("team-b"));
+  EXPECT_THAT(a, ::testing::Not(HasSubstr("team")));
+  o.tenant_labels = TenantLabels::kName;
+  EXPECT_EQ(NewMetrics(o)->TenantLabel("team-a"), "team-a");
+
+  TenantLabels parsed;
+  EXPECT_OK(ParseTenantLabels("hash", &parsed));
+  EXPECT_EQ(parsed, TenantLabels::kHash);
+  EXPECT_THAT(ParseTenantLabels("names", &parsed), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("off, name or hash")));
 }
 
 TEST(MetricsTest, StepsAbortedStartsWithEveryReasonItsHelpNames) {
