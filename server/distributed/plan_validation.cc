@@ -1,5 +1,8 @@
 // ValidatePlan (batch.h): per-matrix checks of a batch plan, a pure function of the plan so that
 // every fleet rank reaches the same verdicts.
+#include <algorithm>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,76 @@ bool ValidDType(DType dtype) { return static_cast<int>(dtype) >= 0 && static_cas
 bool ValidAlgorithm(Algorithm algorithm) {
   return static_cast<int>(algorithm) >= static_cast<int>(Algorithm::kAuto) &&
          static_cast<int>(algorithm) <= static_cast<int>(Algorithm::kTpBlockwise);
+}
+
+// Whether the blocks lie inside `m` and tile it exactly — CheckTiling's verdict when that is OK —
+// in O(n log n) for n blocks, O(n) for bands already in order (the torch.chunk shards of FSDP,
+// ROW_SHARDED and the TP modes), where CheckTiling compares every pair: with n = W blocks per
+// matrix, a 560-matrix step over W = 1024 trainer ranks spent 0.45 s in it on every fleet rank
+// before each batch. False when they do not tile `m`: the caller asks CheckTiling for the message
+// (the first overlapping pair, a gap or a block outside), so verdicts and messages are CheckTiling's.
+bool TilesExactly(Matrix2d m, absl::Span<const Block> blocks) {
+  std::vector<const Block*> live;
+  live.reserve(blocks.size());
+  int64_t area = 0;
+  bool row_bands = true;  // Every non-empty block spans all columns.
+  bool col_bands = true;  // Every non-empty block spans all rows.
+  for (const Block& b : blocks) {
+    // CheckBlockInside's condition.
+    if (b.row_offset < 0 || b.col_offset < 0 || b.rows < 0 || b.cols < 0 || b.row_offset > m.rows - b.rows ||
+        b.col_offset > m.cols - b.cols) {
+      return false;
+    }
+    if (b.empty()) continue;
+    area += b.numel();
+    live.push_back(&b);
+    row_bands = row_bands && b.col_offset == 0 && b.cols == m.cols;
+    col_bands = col_bands && b.row_offset == 0 && b.rows == m.rows;
+  }
+  // Inside, and covering as many cells as the matrix has: they tile it iff no two overlap.
+  if (area != m.numel()) return false;
+  if (row_bands || col_bands) {
+    // Bands: disjoint iff, in order of their start, each starts at or after the previous one's end.
+    auto start = [&](const Block* b) { return row_bands ? b->row_offset : b->col_offset; };
+    auto end = [&](const Block* b) { return row_bands ? b->row_offset + b->rows : b->col_offset + b->cols; };
+    auto before = [&](const Block* a, const Block* b) { return start(a) < start(b); };
+    if (!std::is_sorted(live.begin(), live.end(), before)) std::sort(live.begin(), live.end(), before);
+    for (size_t i = 1; i < live.size(); ++i) {
+      if (start(live[i]) < end(live[i - 1])) return false;
+    }
+    return true;
+  }
+  // A sweep down the rows: a block enters at its first row and leaves after its last (leaving
+  // first at a row where one leaves and another enters). The blocks spanning the current row are
+  // disjoint in columns; kept by first column, a block that enters can only overlap one of its two
+  // neighbours there, and any two blocks whose rows overlap both span the row where the later enters.
+  struct Event {
+    int64_t row;
+    bool enters;
+    const Block* block;
+  };
+  std::vector<Event> events;
+  events.reserve(2 * live.size());
+  for (const Block* b : live) {
+    events.push_back(Event{b->row_offset, true, b});
+    events.push_back(Event{b->row_offset + b->rows, false, b});
+  }
+  std::sort(events.begin(), events.end(),
+            [](const Event& a, const Event& b) { return a.row < b.row || (a.row == b.row && !a.enters && b.enters); });
+  std::map<int64_t, int64_t> spanning;  // First column -> end column.
+  for (const Event& e : events) {
+    const int64_t c0 = e.block->col_offset;
+    if (!e.enters) {
+      spanning.erase(c0);
+      continue;
+    }
+    const int64_t c1 = c0 + e.block->cols;
+    auto next = spanning.lower_bound(c0);
+    if (next != spanning.end() && next->first < c1) return false;
+    if (next != spanning.begin() && std::prev(next)->second > c0) return false;
+    spanning.emplace(c0, c1);
+  }
+  return true;
 }
 
 // ROW_SHARDED: trainer rank r holds torch.chunk row shard r of W, spanning every column.
@@ -152,7 +225,7 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
     // preference, and a retry after a fleet change goes wherever a member is ready).
     blocks.push_back(p.block);
   }
-  RETURN_IF_ERROR(CheckTiling(view, blocks, absl::StrCat(what, " blocks")));
+  if (!TilesExactly(view, blocks)) RETURN_IF_ERROR(CheckTiling(view, blocks, absl::StrCat(what, " blocks")));
 
   switch (m.algorithm) {
     case Algorithm::kRowSharded:

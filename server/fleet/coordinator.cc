@@ -130,9 +130,9 @@ absl::Status Coordinator::Report(ReadyReport report) {
                         false, kStepFailureInvalid);
     return absl::OkStatus();
   }
-  std::optional<ReadyReport>& slot = p.reports[report.trainer_rank];
+  std::optional<Held>& slot = p.reports[report.trainer_rank];
   if (slot.has_value()) {
-    if (report.attempt <= slot->attempt) {
+    if (report.attempt <= slot->report.attempt) {
       pending_.erase(it);
       AppendFailureLocked(key,
                           absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
@@ -143,11 +143,11 @@ absl::Status Coordinator::Report(ReadyReport report) {
     // A retry replaces the report of the attempt it retries (whose stream is gone), or the
     // original a replay would have taken from a member's cache.
     VLOG("fleet", 1) << "step " << step << ": trainer rank " << report.trainer_rank << " attempt " << report.attempt
-                     << " replaces attempt " << slot->attempt;
+                     << " replaces attempt " << slot->report.attempt;
     p.cached[report.trainer_rank] = false;
-    slot = std::move(report);
+    slot = Hold(std::move(report), p.specs);
   } else {
-    slot = std::move(report);
+    slot = Hold(std::move(report), p.specs);
     ++p.arrived;
   }
   if (p.arrived == p.trainer_world) CompleteLocked(key);
@@ -178,9 +178,10 @@ void Coordinator::StartReplayLocked(ReadyReport report) {
   p.first_generation = generation_.number;
   p.trainer_world = world;
   p.reports.assign(world, std::nullopt);
+  p.specs.reset();
   p.cached.assign(world, false);
   const int rank = report.trainer_rank;
-  p.reports[rank] = std::move(report);
+  p.reports[rank] = Hold(std::move(report), p.specs);
   p.arrived = 1;
   timer_cv_.notify_all();
   FillReplayLocked(key);
@@ -195,9 +196,9 @@ void Coordinator::FillReplayLocked(const GroupKey& key) {
   if (static_cast<int>(kept.holders.size()) != p.trainer_world) return;
   for (int t = 0; t < p.trainer_world; ++t) {
     if (p.reports[t]) continue;
-    for (const ReadyReport& holder : kept.holders[t]) {
+    for (const Held& holder : kept.holders[t]) {
       // Its inputs are on that rank only while it is the same process and a member.
-      if (!IsMemberLocked(holder.fleet_rank, holder.incarnation)) continue;
+      if (!IsMemberLocked(holder.report.fleet_rank, holder.report.incarnation)) continue;
       p.reports[t] = holder;
       p.cached[t] = true;
       ++p.arrived;
@@ -207,21 +208,45 @@ void Coordinator::FillReplayLocked(const GroupKey& key) {
   if (p.arrived == p.trainer_world) CompleteLocked(key);
 }
 
+Coordinator::Held Coordinator::Hold(ReadyReport report, std::shared_ptr<const SpecList>& shared) {
+  auto same = [](const MatrixPlan& a, const MatrixPlan& b) {
+    return a.name == b.name && a.shape == b.shape && a.layout == b.layout && a.view == b.view && a.dtype == b.dtype &&
+           a.result_dtype == b.result_dtype && a.options == b.options && a.algorithm == b.algorithm &&
+           a.partition_dim == b.partition_dim && a.owner == b.owner && a.blocks.empty() && b.blocks.empty();
+  };
+  Held held;
+  if (shared != nullptr &&
+      std::equal(report.matrices.begin(), report.matrices.end(), shared->begin(), shared->end(), same)) {
+    held.specs = shared;
+    report.matrices = SpecList();
+  } else {
+    held.specs = std::make_shared<const SpecList>(std::move(report.matrices));
+    report.matrices = SpecList();
+    if (shared == nullptr) shared = held.specs;
+  }
+  report.blocks.shrink_to_fit();  // Decoded one by one: up to twice the room they need.
+  held.report = std::move(report);
+  return held;
+}
+
 absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pending& p) {
-  const ReadyReport& first = *p.reports[0];
+  const Held& first = *p.reports[0];
+  const SpecList& first_specs = *first.specs;
   const std::string step = key.ToString();
   for (int r = 1; r < p.trainer_world; ++r) {
-    const ReadyReport& other = *p.reports[r];
-    if (other.matrices.size() != first.matrices.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank 0 sent ", first.matrices.size(),
-                                                     " matrices but rank ", r, " sent ", other.matrices.size(),
+    const Held& other = *p.reports[r];
+    if (other.specs == first.specs) continue;  // One list, held once: identical.
+    const SpecList& other_specs = *other.specs;
+    if (other_specs.size() != first_specs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank 0 sent ", first_specs.size(),
+                                                     " matrices but rank ", r, " sent ", other_specs.size(),
                                                      "; every rank must send the same spec list"));
     }
-    for (size_t i = 0; i < first.matrices.size(); ++i) {
-      std::string diff = FirstSpecDifference(first.matrices[i], other.matrices[i]);
+    for (size_t i = 0; i < first_specs.size(); ++i) {
+      std::string diff = FirstSpecDifference(first_specs[i], other_specs[i]);
       if (!diff.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("step ", step, ": specs differ between trainer ranks 0 and ", r,
-                                                       " at matrix ", i, " (\"", first.matrices[i].name, "\"): ", diff));
+                                                       " at matrix ", i, " (\"", first_specs[i].name, "\"): ", diff));
       }
     }
   }
@@ -234,16 +259,17 @@ absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pend
   BatchPlan& plan = entry.plan;
   plan.trainer_world = p.trainer_world;
   plan.fleet_world = static_cast<int>(generation_.members.size());
-  plan.matrices = first.matrices;
+  plan.matrices = first_specs;
   for (size_t i = 0; i < plan.matrices.size(); ++i) {
     MatrixPlan& m = plan.matrices[i];
     m.blocks.clear();
+    m.blocks.reserve(p.trainer_world);
     for (int r = 0; r < p.trainer_world; ++r) {
-      const ReadyReport& report = *p.reports[r];
+      const ReadyReport& report = p.reports[r]->report;
       m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.blocks[i]});
     }
   }
-  for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.reports[r]->submission);
+  for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.reports[r]->report.submission);
   if (std::find(p.cached.begin(), p.cached.end(), true) != p.cached.end()) entry.cached = p.cached;
   AssignOwners(plan);
   return entry;
@@ -266,7 +292,7 @@ void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Statu
     if (it == pending_.end()) return;
     Pending& p = it->second;
     if (trainer_rank >= 0 && trainer_rank < p.trainer_world && p.reports[trainer_rank] &&
-        (submission == 0 || p.reports[trainer_rank]->submission == submission)) {
+        (submission == 0 || p.reports[trainer_rank]->report.submission == submission)) {
       WithdrawLocked(p, trainer_rank);
       if (p.arrived == 0) pending_.erase(it);
     }
@@ -296,16 +322,17 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
       if (!kept.holders.empty() && kept.key.step > r.key.step) continue;
       kept.key = r.key;
       kept.holders.assign(r.trainer_world, {});
+      kept.specs.reset();
     }
     if (!(kept.key == r.key)) continue;
     kept.at = absl::Now();
-    std::vector<ReadyReport>& holders = kept.holders[r.trainer_rank];
+    std::vector<Held>& holders = kept.holders[r.trainer_rank];
     auto same = std::find_if(holders.begin(), holders.end(),
-                             [&](const ReadyReport& h) { return h.fleet_rank == r.fleet_rank; });
+                             [&](const Held& h) { return h.report.fleet_rank == r.fleet_rank; });
     if (same != holders.end()) {
-      *same = r;
+      *same = Hold(r, kept.specs);
     } else {
-      holders.push_back(r);
+      holders.push_back(Hold(r, kept.specs));
     }
     FillReplayLocked(r.key);
   }

@@ -203,11 +203,25 @@ class Coordinator {
     int64_t formed_generation = 0;  // Last generation it reported joined.
     int64_t failed_generation = 0;  // Last generation it reported failed.
   };
+  using SpecList = std::vector<MatrixPlan>;
+  // A ready report as the coordinator holds it: its spec list apart, one list shared by every
+  // report of a step that sent an identical one. W copies of one list were most of what the
+  // coordinator held (315 MB for a pending step of 560 matrices over W = 1024 trainer ranks, and
+  // as much again for the kept step; bench/results/plan_scale.md).
+  struct Held {
+    ReadyReport report;  // `matrices` empty: they are `*specs`.
+    std::shared_ptr<const SpecList> specs;
+  };
+  // Holds `report`, sharing `shared`'s list when the report's own is identical in every field
+  // (and dropping its own); `shared` becomes the report's list when it is null.
+  static Held Hold(ReadyReport report, std::shared_ptr<const SpecList>& shared);
   struct Pending {
     absl::Time first_report;
     int64_t first_generation = 0;  // The generation at the first report.
     int trainer_world = 1;
-    std::vector<std::optional<ReadyReport>> reports;
+    std::vector<std::optional<Held>> reports;
+    // The first spec list held, which the identical ones share.
+    std::shared_ptr<const SpecList> specs;
     std::vector<bool> cached;  // Replay: the report is the original, its inputs in a member's cache.
     int arrived = 0;
     bool warned = false;
@@ -218,7 +232,8 @@ class Coordinator {
   struct Kept {
     GroupKey key;
     absl::Time at;
-    std::vector<std::vector<ReadyReport>> holders;
+    std::vector<std::vector<Held>> holders;
+    std::shared_ptr<const SpecList> specs;  // As Pending::specs.
   };
   // A retried report of the step its group's members keep: starts the replay.
   void StartReplayLocked(ReadyReport report);

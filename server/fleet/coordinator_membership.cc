@@ -131,7 +131,9 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     Pending& p = it->second;
     for (int r = 0; r < p.trainer_world; ++r) {
-      if (p.reports[r] && !IsMemberLocked(p.reports[r]->fleet_rank, p.reports[r]->incarnation)) WithdrawLocked(p, r);
+      if (p.reports[r] && !IsMemberLocked(p.reports[r]->report.fleet_rank, p.reports[r]->report.incarnation)) {
+        WithdrawLocked(p, r);
+      }
     }
     if (p.arrived == 0) {
       pending_.erase(it++);

@@ -98,7 +98,19 @@ grpc::Status FleetService::ReadLog(grpc::ServerContext*, const fleet::v1::ReadLo
   absl::StatusOr<std::vector<LogEntry>> entries =
       coordinator_->Read(reader, request->from(), WaitOf(request->timeout_ms()));
   if (!entries.ok()) return ToGrpcStatus(entries.status());
-  for (const LogEntry& entry : *entries) *response->add_entries() = LogEntryToProto(entry);
+  if (entries->size() == 1) {
+    *response->add_entries() = LogEntryToProto(entries->front());
+    return grpc::Status::OK;
+  }
+  // Several (the reader is behind): as many as fit in max_read_bytes_, at least one.
+  size_t bytes = 0;
+  for (const LogEntry& entry : *entries) {
+    fleet::v1::LogEntry proto = LogEntryToProto(entry);
+    const size_t size = proto.ByteSizeLong();
+    if (response->entries_size() > 0 && bytes + size > max_read_bytes_) break;
+    bytes += size;
+    *response->add_entries() = std::move(proto);
+  }
   return grpc::Status::OK;
 }
 

@@ -2,6 +2,8 @@
 // Store and its Coordinator, carried over the wire. A thin adapter; thread-safe.
 #pragma once
 
+#include <cstddef>
+
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/store.h"
 #include "server/fleet/coordinator.h"
@@ -10,8 +12,16 @@ namespace orthoserve {
 
 class FleetService final : public fleet::v1::Fleet::Service {
  public:
+  // A ReadLog response carries the entries from `from` up to this size (always at least one);
+  // the reader reads the rest with its next call. A quarter of the fleet channel's 256 MiB
+  // message limit: one batch entry of W = 1024 trainer ranks × 560 matrices is ~10 MB
+  // (bench/results/plan_scale.md), so a reader that fell behind by a few dozen of them would
+  // otherwise get a response over the limit with every retry.
+  static constexpr size_t kMaxReadBytes = 64 << 20;
+
   // Neither is owned; both must outlive the service.
-  FleetService(Store* store, Coordinator* coordinator) : store_(store), coordinator_(coordinator) {}
+  FleetService(Store* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes)
+      : store_(store), coordinator_(coordinator), max_read_bytes_(max_read_bytes) {}
 
   grpc::Status Join(grpc::ServerContext* context, const fleet::v1::JoinRequest* request,
                     fleet::v1::JoinResponse* response) override;
@@ -33,6 +43,7 @@ class FleetService final : public fleet::v1::Fleet::Service {
  private:
   Store* store_;
   Coordinator* coordinator_;
+  const size_t max_read_bytes_;
 };
 
 }  // namespace orthoserve

@@ -1,4 +1,6 @@
 // ValidatePlan and ParseAlgorithm: each error with its code, the matrix and the field named.
+#include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -72,6 +74,100 @@ TEST(PlanValidationTest, OverlapAndGapNameTheMatrix) {
   plan.matrices[0].blocks[1].block.rows = 3;  // Past the end.
   EXPECT_THAT(ValidateOne(plan), StatusIs(absl::StatusCode::kInvalidArgument,
                                           AllOf(HasSubstr("matrix \"w1\" blocks"), HasSubstr("inside"))));
+}
+
+// The tiling check is CheckTiling's, verdict and message, however the blocks lie: ValidatePlan
+// runs a sweep instead of CheckTiling's comparison of every pair and asks CheckTiling only for
+// the message of a plan that fails (plan_validation.cc, TilesExactly).
+BatchPlan GatheredPlan(Matrix2d view, const std::vector<Block>& blocks) {
+  BatchPlan plan;
+  plan.trainer_world = static_cast<int>(blocks.size());
+  plan.fleet_world = 1;
+  MatrixPlan m;
+  m.name = "w";
+  m.shape = {view.rows, view.cols};
+  m.view = view;
+  m.algorithm = Algorithm::kGathered;  // No layout of its own to check after the tiling.
+  for (size_t r = 0; r < blocks.size(); ++r) m.blocks.push_back(BlockPlacement{static_cast<int>(r), 0, blocks[r]});
+  plan.matrices.push_back(std::move(m));
+  return plan;
+}
+
+TEST(PlanValidationTest, TilingVerdictsAndMessagesAreCheckTilings) {
+  std::mt19937 rng(20261201);
+  auto below = [&](int64_t n) { return n <= 0 ? int64_t{0} : static_cast<int64_t>(rng() % n); };
+  int tiled = 0, failed = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const Matrix2d m{1 + below(9), 1 + below(9)};
+    // An exact tiling by guillotine cuts, in random order, with some empty blocks.
+    std::vector<Block> blocks = {WholeBlock(m)};
+    for (int64_t cuts = below(10); cuts > 0; --cuts) {
+      const size_t i = static_cast<size_t>(below(static_cast<int64_t>(blocks.size())));
+      const Block b = blocks[i];
+      if (below(2) == 0 && b.rows > 1) {
+        const int64_t k = 1 + below(b.rows - 1);
+        blocks[i].rows = k;
+        blocks.push_back(Block{b.row_offset + k, b.col_offset, b.rows - k, b.cols});
+      } else if (b.cols > 1) {
+        const int64_t k = 1 + below(b.cols - 1);
+        blocks[i].cols = k;
+        blocks.push_back(Block{b.row_offset, b.col_offset + k, b.rows, b.cols - k});
+      }
+    }
+    for (int64_t e = below(3); e > 0; --e) blocks.push_back(Block{below(m.rows), below(m.cols), 0, below(3)});
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    // Two times in three, break it: move, grow or shrink a block, push it out, copy or drop one.
+    if (below(3) != 0) {
+      Block& b = blocks[below(static_cast<int64_t>(blocks.size()))];
+      const int64_t d = below(2) == 0 ? -1 : 1;
+      switch (below(6)) {
+        case 0:
+          b.row_offset += d;
+          break;
+        case 1:
+          b.col_offset += d;
+          break;
+        case 2:
+          b.rows += d;
+          break;
+        case 3:
+          b.cols += d;
+          break;
+        case 4:
+          blocks.push_back(blocks[below(static_cast<int64_t>(blocks.size()))]);
+          break;
+        default:
+          if (blocks.size() > 1) blocks.erase(blocks.begin() + below(static_cast<int64_t>(blocks.size())));
+          break;
+      }
+    }
+    const absl::Status expected = CheckTiling(m, blocks, "matrix \"w\" blocks");
+    EXPECT_EQ(ValidateOne(GatheredPlan(m, blocks)), expected) << m.rows << "x" << m.cols << " trial " << trial;
+    (expected.ok() ? tiled : failed) += 1;
+  }
+  // Both kinds were exercised.
+  EXPECT_GT(tiled, 500);
+  EXPECT_GT(failed, 500);
+}
+
+TEST(PlanValidationTest, TilingAtTrainingScaleKeepsCheckTilingsMessages) {
+  // 4096 row shards of a 28672 × 8192 matrix (FSDP), and a 64 × 64 grid of tiles.
+  const Matrix2d m{28672, 8192};
+  for (Layout layout : {Layout::kRows, Layout::kGrid, Layout::kReversedRows}) {
+    std::vector<Block> blocks = MakeBlocks(m, 4096, layout);
+    EXPECT_OK(ValidateOne(GatheredPlan(m, blocks)));
+    // Two blocks far apart in trainer order overlap; one row is left uncovered.
+    std::vector<Block> overlapping = blocks;
+    overlapping[4000].rows += 1;
+    const absl::Status overlap = CheckTiling(m, overlapping, "matrix \"w\" blocks");
+    EXPECT_THAT(overlap, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps")));
+    EXPECT_EQ(ValidateOne(GatheredPlan(m, overlapping)), overlap);
+    std::vector<Block> gap = blocks;
+    gap[17].rows -= 1;
+    const absl::Status uncovered = CheckTiling(m, gap, "matrix \"w\" blocks");
+    EXPECT_THAT(uncovered, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no gap")));
+    EXPECT_EQ(ValidateOne(GatheredPlan(m, gap)), uncovered);
+  }
 }
 
 TEST(PlanValidationTest, RowShardedWrongRowCountNamesRankWorldShapeAndExpected) {

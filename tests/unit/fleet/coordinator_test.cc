@@ -3,6 +3,7 @@
 // against duplicates; plans on collective ranks; capped messages.
 #include "server/fleet/coordinator.h"
 
+#include <functional>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -177,6 +178,79 @@ TEST(CoordinatorTest, PlacementsNameCollectiveRanksOfTheGeneration) {
   EXPECT_EQ(batch[0].plan.matrices[0].blocks[0].fleet_rank, 1);  // Fleet rank 3.
   EXPECT_EQ(batch[0].plan.matrices[0].blocks[1].fleet_rank, 0);  // Fleet rank 1.
   EXPECT_EQ(batch[0].submissions, (std::vector<uint64_t>{7, 8}));
+}
+
+// The coordinator holds one spec list for the reports that sent identical ones (the others keep
+// their own): the verdicts and messages are still those of comparing every trainer rank's list
+// with rank 0's, in rank order, whatever the order of arrival, and the plan is rank 0's list.
+TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRankZeros) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  const std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  constexpr int kWorld = 4;
+  // Two matrices, each row-sharded over the four trainer ranks; `edit` changes rank r's list.
+  auto report = [&](const GroupKey& key, int r, const std::function<void(std::vector<MatrixPlan>&)>& edit) {
+    ReadyReport rep = Report(**c, key, r, kWorld, members[r / 2], 100 + r);
+    MatrixPlan b;
+    b.name = "b";
+    b.shape = {8, 2};
+    b.view = Matrix2d{8, 2};
+    rep.matrices.push_back(b);
+    rep.blocks = {Block{r, 0, 1, 4}, Block{2 * r, 0, 2, 2}};
+    if (edit) edit(rep.matrices);
+    return rep;
+  };
+  auto run = [&](const GroupKey& key, const std::vector<int>& order,
+                 const std::function<void(int, std::vector<MatrixPlan>&)>& edit) {
+    for (int r : order) {
+      EXPECT_OK((*c)->Report(report(key, r, [&](std::vector<MatrixPlan>& m) {
+        if (edit) edit(r, m);
+      })));
+    }
+    std::vector<LogEntry> entries = EntriesFor(ReadAll(**c, members[0], 0), key);
+    EXPECT_EQ(entries.size(), 1u);
+    return entries.empty() ? LogEntry{} : entries[0];
+  };
+
+  // Identical lists: one batch of rank 0's list, each rank's block in place.
+  LogEntry ok = run(GroupKey{"t", "j", "g", 1}, {3, 1, 0, 2}, nullptr);
+  ASSERT_OK(ok.status);
+  ASSERT_EQ(ok.plan.matrices.size(), 2u);
+  EXPECT_EQ(ok.plan.matrices[1].name, "b");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(ok.plan.matrices[0].blocks[r].block, (Block{r, 0, 1, 4}));
+    EXPECT_EQ(ok.plan.matrices[1].blocks[r].block, (Block{2 * r, 0, 2, 2}));
+  }
+
+  // Ranks 3 and 1 differ from rank 0, differently; rank 3 arrives first. The message names rank 1,
+  // the first rank in order whose list differs from rank 0's.
+  LogEntry differ = run(GroupKey{"t", "j", "g", 2}, {3, 0, 2, 1}, [](int r, std::vector<MatrixPlan>& m) {
+    if (r == 3) m[0].options.steps = 7;
+    if (r == 1) m[1].options.steps = 6;
+  });
+  EXPECT_THAT(differ.status,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("step t/j/g@2: specs differ between trainer ranks 0 and 1 at matrix 1 (\"b\"): "
+                                 "options.steps (5 vs 6)")));
+  EXPECT_EQ(differ.failure, kStepFailureInvalid);
+
+  // A rank with fewer matrices.
+  LogEntry fewer = run(GroupKey{"t", "j", "g", 3}, {0, 1, 2, 3}, [](int r, std::vector<MatrixPlan>& m) {
+    if (r == 2) m.pop_back();
+  });
+  EXPECT_THAT(fewer.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("trainer rank 0 sent 2 matrices but rank 2 sent 1")));
+
+  // A field the comparison ignores (partition_dim outside the TP modes) still differs between the
+  // lists: the plan carries rank 0's value, not that of the rank that arrived first.
+  LogEntry ignored = run(GroupKey{"t", "j", "g", 4}, {2, 3, 1, 0}, [](int r, std::vector<MatrixPlan>& m) {
+    if (r == 0) m[0].partition_dim = 1;
+  });
+  ASSERT_OK(ignored.status);
+  EXPECT_EQ(ignored.plan.matrices[0].partition_dim, 1);
+  EXPECT_EQ(ignored.plan.matrices[1].partition_dim, 0);
 }
 
 TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {

@@ -1,0 +1,112 @@
+// FleetService::ReadLog without a network: a reader that is behind gets the entries in responses
+// of bounded size, in order, none lost, and reads on from where each response ended.
+#include "server/fleet/fleet_service.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "grpcpp/server_context.h"
+#include "gtest/gtest.h"
+#include "server/fleet/fleet_codec.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+constexpr int kSteps = 10, kWorld = 64, kMatrices = 8;
+const Member kMe{0, "127.0.0.1:5000", 10};
+
+// A one-rank fleet's coordinator whose log holds its membership entry and ten batches of 64
+// trainer ranks × 8 matrices (a few KB each), none of them read yet.
+std::unique_ptr<Coordinator> CoordinatorWithBatches() {
+  Coordinator::Options options;
+  options.fleet_world = 1;
+  options.reform_delay = absl::Milliseconds(1);
+  auto c = Coordinator::Create(options);
+  EXPECT_OK(c);
+  if (!c.ok()) return nullptr;
+  EXPECT_OK((*c)->Join(kMe).status());
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while ((*c)->generation().number < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ((*c)->generation().number, 1);
+  for (int step = 1; step <= kSteps; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      ReadyReport report;
+      report.key = GroupKey{"t", "j", "g", step};
+      report.trainer_rank = r;
+      report.trainer_world = kWorld;
+      report.fleet_rank = 0;
+      report.incarnation = kMe.incarnation;
+      report.epoch = (*c)->epoch();
+      report.submission = 1 + r;
+      for (int i = 0; i < kMatrices; ++i) {
+        MatrixPlan m;
+        m.name = absl::StrCat("w", i);
+        m.shape = {kWorld, 16};
+        m.view = Matrix2d{kWorld, 16};
+        report.matrices.push_back(m);
+        report.blocks.push_back(Block{r, 0, 1, 16});
+      }
+      EXPECT_OK((*c)->Report(report));
+    }
+  }
+  return *std::move(c);
+}
+
+fleet::v1::ReadLogResponse Read(FleetService& service, const Coordinator& c, int64_t from) {
+  grpc::ServerContext context;
+  fleet::v1::ReadLogRequest request;
+  request.set_reader(0);
+  request.set_from(from);
+  request.set_epoch(c.epoch());
+  request.set_incarnation(kMe.incarnation);
+  fleet::v1::ReadLogResponse response;
+  EXPECT_TRUE(service.ReadLog(&context, &request, &response).ok());
+  return response;
+}
+
+TEST(FleetServiceTest, ReadLogCapsAResponseAndTheReaderReadsOn) {
+  size_t entry_bytes = 0;
+  {
+    std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
+    ASSERT_NE(c, nullptr);
+    FleetService unbounded(nullptr, c.get());
+    const fleet::v1::ReadLogResponse all = Read(unbounded, *c, 0);
+    ASSERT_EQ(all.entries_size(), 1 + kSteps);
+    entry_bytes = all.entries(1).ByteSizeLong();
+    ASSERT_GT(entry_bytes, 4000u);
+  }
+  // Room for three batch entries a response; a limit below one entry still sends one.
+  for (size_t limit : {3 * entry_bytes + 100, entry_bytes / 2}) {
+    std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
+    ASSERT_NE(c, nullptr);
+    FleetService capped(nullptr, c.get(), limit);
+    std::vector<int64_t> indices;
+    int64_t from = 0;
+    int reads = 0;
+    for (; reads < 2 * (kSteps + 1) && from < 1 + kSteps; ++reads) {
+      const fleet::v1::ReadLogResponse response = Read(capped, *c, from);
+      ASSERT_GT(response.entries_size(), 0);
+      EXPECT_LE(response.ByteSizeLong(), std::max(limit, entry_bytes) + 16 * response.entries_size());
+      for (const fleet::v1::LogEntry& e : response.entries()) {
+        indices.push_back(e.index());
+        const absl::StatusOr<LogEntry> entry = LogEntryFromProto(e);
+        ASSERT_OK(entry.status());
+        if (e.index() > 0) {
+          ASSERT_OK(entry->status);
+          EXPECT_EQ(entry->key.step, e.index());
+          EXPECT_EQ(entry->plan.matrices.size(), static_cast<size_t>(kMatrices));
+        }
+      }
+      from = response.entries(response.entries_size() - 1).index() + 1;
+    }
+    std::vector<int64_t> expected;
+    for (int64_t i = 0; i <= kSteps; ++i) expected.push_back(i);
+    EXPECT_EQ(indices, expected) << "limit " << limit;
+    EXPECT_EQ(reads, limit > entry_bytes ? 4 : 1 + kSteps) << "limit " << limit;
+  }
+}
+
+}  // namespace
+}  // namespace orthoserve
