@@ -3,10 +3,6 @@
 // (a streamed step with one bad matrix, a unary call, an info call) must show up in the scraped
 // families with the right labels and values, and the endpoint must answer other paths and
 // methods with 404 / 405.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <map>
 #include <string>
@@ -20,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/client/input_util.h"
 #include "server/app/server.h"
+#include "tests/util/http_get.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve::client {
@@ -28,26 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// One HTTP/1.1 exchange with 127.0.0.1:port; returns the whole response ("" on a socket error).
-std::string Http(int port, const std::string& request_line) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = request_line + "\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return response;
-}
+std::string Http(int port, const std::string& request_line) { return ::orthoserve::testing::HttpExchange(port, request_line); }
 
 // Sample lines of a text exposition: "name{labels}" → value (comments skipped).
 std::map<std::string, double> Samples(const std::string& response) {
@@ -151,8 +129,11 @@ TEST(MetricsScrapeTest, TrafficShowsUpInTheScrapedFamilies) {
   EXPECT_EQ(s["orthoserve_limit_rendezvous_timeout_seconds"], absl::ToDoubleSeconds(o.service.rendezvous_timeout));
   EXPECT_EQ(s["orthoserve_limit_collective_timeout_seconds"], absl::ToDoubleSeconds(o.collective_timeout));
   EXPECT_EQ(s["orthoserve_inflight_streams"], 0);
-  ASSERT_EQ(s.count("orthoserve_tenant_inflight_bytes{tenant=\"default\"}"), 1u);  // Released: 0.
-  EXPECT_EQ(s["orthoserve_tenant_inflight_bytes{tenant=\"default\"}"], 0);
+  // Tenants are not named by default (--tenant-labels off): "all", released: 0.
+  ASSERT_EQ(s.count("orthoserve_tenant_inflight_bytes{tenant=\"all\"}"), 1u);
+  EXPECT_EQ(s["orthoserve_tenant_inflight_bytes{tenant=\"all\"}"], 0);
+  EXPECT_EQ(s["orthoserve_tenant_compute_seconds_total{tenant=\"all\"}"] > 0, true);
+  EXPECT_EQ(s["orthoserve_tenant_queue_wait_seconds_count{tenant=\"all\"}"], 2);  // The unary and the good matrix.
   // The process metrics of the Prometheus client libraries.
   ASSERT_EQ(s.count("process_cpu_seconds_total"), 1u);
   EXPECT_GT(s["process_resident_memory_bytes"], 0);

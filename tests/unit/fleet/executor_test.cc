@@ -16,6 +16,7 @@
 #include "server/collective/local_collective.h"
 #include "server/engine/cpu/cpu_backend.h"
 #include "server/engine/newton_schulz.h"
+#include "tests/unit/fleet/trainer_step_util.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {
@@ -178,26 +179,10 @@ NsOptions Highest() {
   return o;
 }
 
-// Trainer rank `r` of `world`'s row block of `full` as a step (AUTO).
+// Trainer rank `r` of `world`'s row block of `full` as a step (AUTO, HIGHEST).
 std::shared_ptr<TrainerStep> MakeStep(const GroupKey& key, int r, int world, const std::vector<float>& full,
                                       int attempt = 0) {
-  auto step = std::make_shared<TrainerStep>();
-  step->key = key;
-  step->trainer_rank = r;
-  step->trainer_world = world;
-  step->attempt = attempt;
-  step->submitted = absl::Now();
-  const int rows = kRows / world;
-  MatrixPlan m;
-  m.name = "w";
-  m.shape = {kRows, kCols};
-  m.view = Matrix2d{kRows, kCols};
-  m.options = Highest();
-  m.blocks = {BlockPlacement{r, 0, Block{r * rows, 0, rows, kCols}}};
-  step->matrices = {m};
-  const char* begin = reinterpret_cast<const char*>(full.data() + r * rows * kCols);
-  step->inputs = {std::vector<char>(begin, begin + rows * kCols * sizeof(float))};
-  return step;
+  return testing::RowBlockStep(key, r, world, kRows, kCols, full, Highest(), Algorithm::kAuto, attempt);
 }
 
 // Submits each trainer rank's step to the executor of fleet rank `placement[r]`; returns the

@@ -26,6 +26,7 @@
 #include "server/fleet/fleet_codec.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/admission.h"
+#include "tests/unit/fleet/trainer_step_util.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {
@@ -71,26 +72,11 @@ std::unique_ptr<Metrics> NewMetrics(TenantLabels tenant_labels = TenantLabels::k
 constexpr int kRows = 16;
 constexpr int kCols = 8;
 
-// Trainer rank `r` of `world`'s row block of a kRows x kCols matrix (zeros are enough here).
+// Trainer rank `r` of `world`'s row block of a kRows x kCols matrix (any values will do here).
 std::shared_ptr<TrainerStep> Step(const GroupKey& key, int r, int world, Algorithm algorithm = Algorithm::kAuto) {
-  auto step = std::make_shared<TrainerStep>();
-  step->key = key;
-  step->trainer_rank = r;
-  step->trainer_world = world;
-  step->submitted = absl::Now();
-  const int rows = kRows / world;
-  MatrixPlan m;
-  m.name = "w";
-  m.shape = {kRows, kCols};
-  m.view = Matrix2d{kRows, kCols};
-  m.algorithm = algorithm;
-  m.blocks = {BlockPlacement{r, 0, Block{r * rows, 0, rows, kCols}}};
-  step->matrices = {m};
-  std::vector<float> block(rows * kCols);
-  for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<float>((i * 7 + r * 3) % 11) - 5.0f;
-  const char* bytes = reinterpret_cast<const char*>(block.data());
-  step->inputs = {std::vector<char>(bytes, bytes + block.size() * sizeof(float))};
-  return step;
+  std::vector<float> full(kRows * kCols);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>((i * 7) % 11) - 5.0f;
+  return testing::RowBlockStep(key, r, world, kRows, kCols, full, NsOptions(), algorithm);
 }
 
 std::future<StepOutcome> Submit(Fleet& fleet, std::shared_ptr<TrainerStep> step) {

@@ -4,11 +4,8 @@
 // operation, and the HTTP endpoint serving the process families next to the registry's.
 #include "server/metrics/metrics.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -29,6 +26,7 @@
 #include "server/collective/local_collective.h"
 #include "server/collective/timed_collective.h"
 #include "server/metrics/process_collector.h"
+#include "tests/util/http_get.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {
@@ -427,23 +425,7 @@ TEST(TimedCollectiveTest, ForwardsResultsUnchangedIntoTheMetric) {
 // ---- the endpoint -------------------------------------------------------------------------------------
 
 std::string Get(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return response;
+  return ::orthoserve::testing::HttpExchange(port, absl::StrCat("GET ", path, " HTTP/1.1"));
 }
 
 TEST(MetricsEndpointTest, ServesTheRegistryAndTheProcessFamilies) {
