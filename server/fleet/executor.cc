@@ -122,6 +122,9 @@ void Executor::Reset(const absl::Status& reason) {
     aborts_.clear();  // For steps of a membership that no longer exists.
     advertise_.clear();  // Sent again, to whichever coordinator this rank joins next.
     reset_requested_ = true;
+    // No longer a member from here on (the applier closes the collective and clears the rest):
+    // whoever learns of the reset through a failed step sees the rank outside the fleet.
+    member_ = false;
     ++resets_;
     if (collective_ != nullptr) {
       collective_->Abort(reason.message());
