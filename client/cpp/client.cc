@@ -212,6 +212,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(const v1:
     std::string data = std::move(*r->mutable_data());
     r->clear_data();
     ASSIGN_OR_RETURN(MatrixOutput out, FromResult(*r));
+    RETURN_IF_ERROR(CheckLayoutEchoed(inputs[i], out));
     if (data.size() != ExpectedBytes(out)) {
       return absl::InternalError(absl::StrCat("server protocol error: result ", i, " \"", r->name(), "\" has ",
                                               data.size(), " bytes, its block needs ", ExpectedBytes(out)));
@@ -302,6 +303,11 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
     }
     if (!done->has_value()) continue;
     const int index = **done;
+    if (absl::Status echoed = CheckLayoutEchoed(inputs[index], assembler.output(index)); !echoed.ok()) {
+      protocol_error = echoed;
+      context.TryCancel();
+      break;
+    }
     if (delivered != nullptr) {
       if ((*delivered)[index]) continue;  // Seen by on_result in an earlier attempt.
       (*delivered)[index] = true;

@@ -62,6 +62,16 @@ absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result) {
   return out;
 }
 
+absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& output) {
+  if (input.layout != NdLayout::kBatch || !output.status.ok() || output.layout == NdLayout::kBatch) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "matrix \"", input.name, "\": the server did not read it as a batch of matrices (its result does not echo "
+      "nd_layout batch: the server predates MatrixSpec.nd_layout and computed the flattened matrix); upgrade the "
+      "server, or send it flattened"));
+}
+
 size_t ExpectedBytes(const MatrixOutput& output) {
   if (!output.status.ok()) return 0;
   return static_cast<size_t>(output.block.numel()) * ElementSize(output.dtype);

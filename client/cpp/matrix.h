@@ -68,6 +68,11 @@ v1::MatrixSpec ToSpec(const MatrixInput& input);
 // unusable (no dtype, bad shape, block outside the shape).
 absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result);
 
+// FAILED_PRECONDITION when `input` was sent as a batch (NdLayout::kBatch) and the successful
+// `output` does not echo that layout: the server predates MatrixSpec.nd_layout and computed the
+// flattened matrix instead, a different answer of the same size. OK otherwise.
+absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& output);
+
 // Bytes the data of an OK output must have: block.numel() · ElementSize(dtype); 0 on error.
 size_t ExpectedBytes(const MatrixOutput& output);
 

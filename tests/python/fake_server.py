@@ -43,6 +43,9 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         self.calls: List[str] = []  # Every call's method ("info", "unary", "stream"), in order.
         self.failures: Deque[Failure] = collections.deque()
         self.lock = threading.Lock()
+        # Whether results echo MatrixSpec.nd_layout, as servers do since NdLayout exists (False: an
+        # older server, which reads every tensor flattened and leaves MatrixResult.nd_layout unset).
+        self.echo_nd_layout = True
 
     def fail(self, *failures: Failure) -> None:
         with self.lock:
@@ -73,7 +76,8 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         self._maybe_fail("unary", context)
         out = pb.OrthogonalizeResponse()
         for i, m in enumerate(request.matrices):
-            out.results.add(index=i, name=m.spec.name, dtype=m.spec.dtype, shape=m.spec.shape, data=m.data)
+            out.results.add(index=i, name=m.spec.name, dtype=m.spec.dtype, shape=m.spec.shape, data=m.data,
+                            nd_layout=m.spec.nd_layout if self.echo_nd_layout else 0)
         return out
 
     def OrthogonalizeStream(self, request_iterator, context):
@@ -104,7 +108,8 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
                                                                message="block rows out of range"))
                 continue
             yield pb.StreamResponse(result=pb.MatrixResult(index=i, name=spec.name, dtype=spec.dtype,
-                                                           shape=spec.shape, block=spec.block))
+                                                           shape=spec.shape, block=spec.block,
+                                                           nd_layout=spec.nd_layout if self.echo_nd_layout else 0))
             payload = data.get(i, b"")
             for start in range(0, len(payload), self.chunk_bytes):
                 yield pb.StreamResponse(chunk=pb.DataChunk(index=i, data=payload[start:start + self.chunk_bytes]))

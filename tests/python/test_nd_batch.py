@@ -4,6 +4,7 @@ shape; nd="flatten" (the default) keeps the service's shape[0] x prod(rest) view
 (B, M, N) as B matrices exactly as Emerging-Optimizers' newton_schulz does, and rejects the dims EO rejects with
 EO's exception type."""
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -85,6 +86,28 @@ def test_flatten_is_the_default_and_unchanged(client):
     two_d = client.orthogonalize([x.reshape(4, 30)], precision="highest")[0]
     assert torch.equal(default, flat) and torch.equal(flat.reshape(4, 30), two_d)
     assert max_err(flat, oracle.scaled(x, "spectral")) <= TOL
+
+
+def test_a_server_that_ignores_the_batch_layout_is_refused():
+    # A server older than MatrixSpec.nd_layout would answer for the flattened matrix, silently: the
+    # client checks the echo and raises instead of returning that as the batch's result.
+    fake = FakeServer()
+    fake.servicer.echo_nd_layout = False
+    try:
+        import orthoserve
+
+        a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        with orthoserve.Client(fake.address) as client:
+            for method in ("stream", "unary"):
+                with pytest.raises(orthoserve.OrthoserveError) as e:
+                    client.orthogonalize([a], nd="batch", method=method)
+                assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and e.value.matrix == "m0", method
+                assert "nd_layout" in str(e.value)
+            # Flattened tensors (what such a server does compute) are returned as before.
+            [flat] = client.orthogonalize([a])
+            assert np.array_equal(flat, a)
+    finally:
+        fake.stop()
 
 
 def test_batch_mode_on_the_wire():

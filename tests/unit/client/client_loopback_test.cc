@@ -109,6 +109,22 @@ TEST_F(ClientLoopbackTest, PerMatrixErrorsTravelInBand) {
   EXPECT_EQ(client->last_summary()->matrices_failed(), 1);
 }
 
+// A server older than MatrixSpec.nd_layout reads a batch flattened and does not echo the layout:
+// the client refuses that answer (FAILED_PRECONDITION) instead of returning it as the batch's.
+TEST_F(ClientLoopbackTest, ABatchAnsweredByAServerThatIgnoresTheLayoutIsRefused) {
+  auto client = Connect(server_);
+  const std::vector<float> a = Ramp(24, 1.0f);
+  MatrixInput batch = F32Input("b", {2, 3, 4}, a);
+  batch.layout = NdLayout::kBatch;
+  EXPECT_OK(client->Step(StepOptions{}, {&batch, 1}));  // Echoed: accepted.
+  server_.service->echo_nd_layout = false;
+  EXPECT_THAT(client->Step(StepOptions{}, {&batch, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("matrix \"b\": the server did not read it as a batch")));
+  EXPECT_THAT(client->Orthogonalize({&batch, 1}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("nd_layout")));
+  MatrixInput flat = F32Input("f", {2, 3, 4}, a);  // Flattened inputs are what such a server computes.
+  EXPECT_OK(client->Step(StepOptions{}, {&flat, 1}));
+}
+
 TEST_F(ClientLoopbackTest, StreamFailureReturnsTheServersStatus) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);

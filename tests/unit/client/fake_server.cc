@@ -18,8 +18,10 @@ namespace orthoserve::client::testing {
 namespace {
 
 // 2·X of `data` (spec.dtype) in the result dtype. Returns false with `message` for bad specs.
-bool Compute(const v1::MatrixSpec& spec, const std::string& data, v1::MatrixResult* result, std::string* out) {
+bool Compute(const v1::MatrixSpec& spec, const std::string& data, v1::MatrixResult* result, std::string* out,
+             bool echo_nd_layout) {
   result->set_name(spec.name());
+  if (echo_nd_layout) result->set_nd_layout(spec.nd_layout());
   *result->mutable_shape() = spec.shape();
   const v1::DType result_dtype = spec.result_dtype() == v1::DTYPE_UNSPECIFIED ? spec.dtype() : spec.result_dtype();
   result->set_dtype(result_dtype);
@@ -108,7 +110,9 @@ grpc::Status FakeOrthogonalizer::Orthogonalize(grpc::ServerContext* context, con
     v1::MatrixResult* r = response->add_results();
     r->set_index(i);
     std::string out;
-    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out)) r->set_data(out);
+    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out, echo_nd_layout)) {
+      r->set_data(out);
+    }
   }
   return grpc::Status::OK;
 }
@@ -159,7 +163,7 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
     v1::MatrixResult* r = response.mutable_result();
     r->set_index(i);
     std::string out;
-    const bool computed = Compute(spec, data, r, &out);
+    const bool computed = Compute(spec, data, r, &out, echo_nd_layout);
     computed ? ++ok : ++failed;
     if (send_extra_byte) out.push_back('x');
     stream->Write(response);

@@ -27,6 +27,8 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
   // leaving the wait when the test's copy goes away).
   std::shared_ptr<absl::Notification> gate;
   bool send_extra_byte = false;  // Protocol violation: one byte more than the block.
+  // Results echo MatrixSpec.nd_layout, as servers do since it exists; false: an older server.
+  bool echo_nd_layout = true;
 
   // Failure injection: the next `fail_streams` OrthogonalizeStream calls (`fail_unary` Orthogonalize,
   // `fail_info` GetServerInfo calls) fail with `fail_code` and "injected failure", with the

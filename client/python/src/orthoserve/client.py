@@ -355,6 +355,14 @@ class Client:
             raise errors.InternalError(grpc.StatusCode.INTERNAL,
                                        f"result dtype {result.dtype} differs from the sent {entry.spec.dtype}",
                                        entry.spec.name)
+        if entry.spec.nd_layout == pb.ND_LAYOUT_BATCH and result.nd_layout != pb.ND_LAYOUT_BATCH:
+            # A server that predates NdLayout ignores the field and answers for the flattened matrix: a
+            # different computation, of the same size. Never return it as the batch's answer.
+            raise errors.FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the server did not read this tensor as a batch of matrices (its result does not echo "
+                "nd_layout=batch: it predates MatrixSpec.nd_layout and computed the flattened matrix); upgrade "
+                "the server, or send nd='flatten' if that is what you mean", entry.spec.name)
         expected = Client._expected_bytes(entry, result)
         if len(buf) != expected:
             raise errors.InternalError(grpc.StatusCode.INTERNAL,
