@@ -132,8 +132,9 @@ absl::Status OrthogonalizerService::RunUnary(grpc::ServerContext* context, const
     metrics_->queue_depth().Increment();
     compute_->Schedule(tenant, job, EstimatedCost(matrices[i].plan), [&, i] {
       metrics_->queue_depth().Decrement();
-      metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
-      metrics_->TenantQueueWait(tenant, absl::Now() - queued);
+      const absl::Duration wait = absl::Now() - queued;
+      metrics_->StageTime(Stage::kQueue, wait);
+      metrics_->TenantQueueWait(tenant, wait);
       // A client that is gone (cancelled, or its deadline passed) gets nothing computed.
       results[i] = context->IsCancelled()
                        ? absl::StatusOr<BatchResult>(

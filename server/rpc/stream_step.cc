@@ -82,6 +82,7 @@ class StreamStep {
   ResultWriter writer_;
   absl::Time start_ = absl::Now();
   std::string tenant_;
+  std::string job_;  // The compute queue's job of this stream's matrices (ReadHeader).
   v1::StepHeader header_;
   int world_ = 1;
   bool lone_ = true;
@@ -142,6 +143,9 @@ absl::Status StreamStep::ReadHeader() {
         absl::StrCat("header result_chunk_bytes = ", header_.result_chunk_bytes(), " is negative"));
   }
   writer_.SetChunkBytes(ResultChunkBytes(header_.result_chunk_bytes(), s_.options_.chunk_bytes));
+  // The compute queue is fair between tenants, and between a tenant's jobs: the header's job id,
+  // or this stream on its own.
+  job_ = header_.job().empty() ? absl::StrCat("stream ", reinterpret_cast<uintptr_t>(this)) : header_.job();
   // A lone client is served here alone when the fleet cannot take it (one rank, or this rank is
   // not in a formed generation), and through the fleet's batches otherwise.
   const bool fleet_ready = s_.fleet_->ready();
@@ -260,13 +264,11 @@ void StreamStep::ScheduleLone(int index) {
   }
   s_.metrics_->queue_depth().Increment();
   const absl::Time queued = absl::Now();
-  // Fair between tenants, and between the jobs of a tenant: a group's job id, or this stream.
-  const std::string job = header_.job().empty() ? absl::StrCat("stream ", reinterpret_cast<uintptr_t>(this))
-                                                : header_.job();
-  s_.compute_->Schedule(tenant_, job, EstimatedCost(matrices_[index].spec.plan), [this, index, queued] {
+  s_.compute_->Schedule(tenant_, job_, EstimatedCost(matrices_[index].spec.plan), [this, index, queued] {
     s_.metrics_->queue_depth().Decrement();
-    s_.metrics_->StageTime(Stage::kQueue, absl::Now() - queued);
-    s_.metrics_->TenantQueueWait(tenant_, absl::Now() - queued);
+    const absl::Duration wait = absl::Now() - queued;
+    s_.metrics_->StageTime(Stage::kQueue, wait);
+    s_.metrics_->TenantQueueWait(tenant_, wait);
     Matrix& m = matrices_[index];
     std::shared_ptr<PooledBuffer> out;
     absl::StatusOr<BatchResult> result;
