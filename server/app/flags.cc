@@ -55,6 +55,10 @@ ABSL_FLAG(int64_t, stream_buffer_idle_bytes, int64_t{512} << 20,
 ABSL_FLAG(int, max_matrices_per_step, 4096, "Matrices in one step or unary call at most.");
 ABSL_FLAG(absl::Duration, rendezvous_timeout, absl::Seconds(60),
           "How long a group step waits for all its trainer ranks before it is aborted.");
+ABSL_FLAG(absl::Duration, stream_progress_timeout, absl::Seconds(60),
+          "A stream waiting on its client (for its next message, or for it to read its results) with nothing happening "
+          "for this long is ended: RESOURCE_EXHAUSTED for a client that stopped sending, CANCELLED for one that stopped "
+          "reading. Waiting on the server (compute, a group's rendezvous) does not count. 0: never.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight (after leaving the fleet); the process exits at "
           "this plus 10s at the latest.");
@@ -85,7 +89,7 @@ const char* const kFlagNames[] = {
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
-    "max_matrices_per_step", "rendezvous_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
+    "max_matrices_per_step", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
@@ -181,6 +185,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.buffers.max_idle_bytes = absl::GetFlag(FLAGS_stream_buffer_idle_bytes);
   o.service.max_matrices_per_step = absl::GetFlag(FLAGS_max_matrices_per_step);
   o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
+  o.service.stream_progress_timeout = absl::GetFlag(FLAGS_stream_progress_timeout);
   o.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.stall_warning = absl::GetFlag(FLAGS_stall_warning);

@@ -207,6 +207,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   return server;
 }
 
+int Server::inflight_calls() const { return service_->inflight(); }
+
 void Server::WatchHealth() {
   // The public port: "" and the Orthogonalizer service are SERVING while the rank takes calls
   // (every rank does, with lone clients served alone when it is outside the fleet); the

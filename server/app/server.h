@@ -67,6 +67,7 @@ class Server {
   int fleet_port() const { return fleet_->fleet_port(); }
   Fleet& fleet() { return *fleet_; }
   size_t compute_queued() const { return compute_->queued(); }  // Compute jobs waiting for a worker.
+  int inflight_calls() const;  // Orthogonalize and OrthogonalizeStream calls in progress.
 
   // Blocks until Drain() has finished.
   void Wait();

@@ -80,6 +80,14 @@ absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what);
 // The engine's batch_rows for `m` (BatchRows of its shape and layout).
 inline int64_t BatchRowsOf(const MatrixPlan& m) { return BatchRows(m.shape, m.layout); }
 
+// One sender's block of a matrix, as validated at ingress (server/fleet/spec_codec.h parses it
+// from the wire): the matrix and the block this sender holds.
+struct ParsedSpec {
+  MatrixPlan plan;          // Without placements.
+  Block block;              // The sender's block (the whole matrix for a lone client).
+  int64_t block_bytes = 0;  // block.numel() · ElementSize(plan.dtype).
+};
+
 // The estimated compute cost of `m`: NsFlops of what the engine computes (Q, K and V separately
 // under split_qkv, each matrix of a batch) plus 2 per element for the normalization and scaling
 // passes, so that steps = 0 matrices still count; 0 for a matrix that will fail validation.

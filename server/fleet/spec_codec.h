@@ -12,13 +12,6 @@
 
 namespace orthoserve {
 
-struct ParsedSpec {
-  MatrixPlan plan;      // Without placements.
-  Block block;          // The sender's block (the whole matrix when the spec leaves it unset and
-                        // `whole_if_unset`).
-  int64_t block_bytes = 0;  // block.numel() · ElementSize(plan.dtype).
-};
-
 // Validates and parses spec `index`. Checks, in order, with INVALID_ARGUMENT naming the matrix
 // ("matrix 3 (\"w1\")") and the field: shape (≥ 2 dims, each > 0, no overflow), dtype,
 // result_dtype, options (values known, ranges valid, split_qkv divisibility), algorithm,

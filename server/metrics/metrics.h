@@ -48,9 +48,10 @@ enum class TenantLabels { kOff, kName, kHash };
 absl::string_view TenantLabelsName(TenantLabels labels);  // "off", "name", "hash"
 absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 
-// The admission limits a refusal can name (orthoserve_tenant_refusals_total{limit}).
+// The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): admission's, and
+// stream_progress for a stream ended by --stream-progress-timeout.
 inline constexpr const char* kRefusalLimits[] = {"inflight_bytes", "tenant_inflight_bytes", "concurrent_streams",
-                                                 "tenant_concurrent_streams"};
+                                                 "tenant_concurrent_streams", "stream_progress"};
 
 class Metrics {
  public:

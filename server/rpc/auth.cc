@@ -34,7 +34,7 @@ absl::StatusOr<TokenAuth> TokenAuth::FromFile(const std::string& path) {
   return auth;
 }
 
-absl::StatusOr<std::string> TokenAuth::Authenticate(const grpc::ServerContext& context) const {
+absl::StatusOr<std::string> TokenAuth::Authenticate(const grpc::ServerContextBase& context) const {
   if (tenants_.empty()) return std::string("default");
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");

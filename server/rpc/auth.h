@@ -24,7 +24,7 @@ class TokenAuth {
 
   // The caller's tenant from its "authorization: Bearer TOKEN" metadata. UNAUTHENTICATED when a
   // token is required and missing or unknown.
-  absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+  absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& context) const;
 
  private:
   absl::flat_hash_map<std::string, std::string> tenants_;  // token -> tenant

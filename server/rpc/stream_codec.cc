@@ -4,13 +4,18 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
 #include "grpcpp/support/slice.h"
+#include "proto/convert/ns_options_proto.h"
+#include "proto/convert/raw_message.h"
 
 namespace orthoserve {
 namespace {
 
 void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+
+constexpr int kMaxTrainerWorld = 1 << 16;
 
 }  // namespace
 
@@ -30,6 +35,75 @@ grpc::ByteBuffer ChunkResponse(int index, absl::string_view data, std::shared_pt
                                  grpc::Slice(const_cast<char*>(data.data()), data.size(), ReleaseOwner,
                                              new std::shared_ptr<const void>(std::move(owner)))};
   return grpc::ByteBuffer(slices, 2);
+}
+
+absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant, int max_matrices) {
+  StepRequest r;
+  r.world = header.world() == 0 ? 1 : header.world();
+  if (r.world < 1 || r.world > kMaxTrainerWorld) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header world = ", header.world(), " is out of range; use 1 to ", kMaxTrainerWorld));
+  }
+  if (header.rank() < 0 || header.rank() >= r.world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header rank = ", header.rank(), " is out of range for world = ", r.world));
+  }
+  if (header.step() < 0) return absl::InvalidArgumentError(absl::StrCat("header step = ", header.step(), " is negative"));
+  if (header.num_matrices() < 1 || header.num_matrices() > max_matrices) {
+    return absl::InvalidArgumentError(absl::StrCat("header num_matrices = ", header.num_matrices(),
+                                                   " is out of range; use 1 to ", max_matrices));
+  }
+  if (r.world > 1 && header.job().empty()) {
+    return absl::InvalidArgumentError("header job is empty; a group step (world > 1) needs a job id to meet its ranks");
+  }
+  if (header.attempt() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("header attempt = ", header.attempt(), " is negative"));
+  }
+  if (header.result_chunk_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header result_chunk_bytes = ", header.result_chunk_bytes(), " is negative"));
+  }
+  r.tenant = std::move(tenant);
+  r.job = header.job();
+  r.group = header.group();
+  r.step = header.step();
+  r.rank = header.rank();
+  r.attempt = header.attempt();
+  r.num_matrices = header.num_matrices();
+  return r;
+}
+
+std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan, const Block& block,
+                                              const absl::Status& status, absl::string_view data,
+                                              const std::shared_ptr<const void>& owner, int64_t chunk_bytes) {
+  std::vector<grpc::ByteBuffer> messages;
+  v1::StreamResponse header;
+  v1::MatrixResult* r = header.mutable_result();
+  r->set_index(index);
+  r->set_name(plan.name);
+  r->set_dtype(DTypeToProto(plan.result_dtype));
+  for (int64_t d : plan.shape) r->add_shape(d);
+  r->set_nd_layout(NdLayoutToProto(plan.layout));
+  *r->mutable_block() = BlockToProto(block);
+  r->set_code(static_cast<int>(status.code()));
+  r->set_message(std::string(status.message()));
+  messages.push_back(SerializeToByteBuffer(header));
+  if (!status.ok()) return messages;
+  for (size_t offset = 0; offset < data.size(); offset += static_cast<size_t>(chunk_bytes)) {
+    const size_t n = std::min(static_cast<size_t>(chunk_bytes), data.size() - offset);
+    messages.push_back(ChunkResponse(index, data.substr(offset, n), owner));
+  }
+  return messages;
+}
+
+grpc::ByteBuffer SummaryResponse(int matrices_ok, int matrices_failed, int fleet_rank, absl::Duration server_time) {
+  v1::StreamResponse response;
+  v1::StepSummary* s = response.mutable_summary();
+  s->set_matrices_ok(matrices_ok);
+  s->set_matrices_failed(matrices_failed);
+  s->set_fleet_rank(fleet_rank);
+  s->set_server_seconds(absl::ToDoubleSeconds(server_time));
+  return SerializeToByteBuffer(response);
 }
 
 }  // namespace orthoserve

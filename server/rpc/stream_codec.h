@@ -14,6 +14,8 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "orthoserve/v1/orthogonalizer.pb.h"
 #include "proto/convert/raw_message.h"
+#include "server/distributed/batch.h"
+#include "server/step/step.h"
 
 namespace orthoserve {
 
@@ -40,5 +42,18 @@ inline int64_t ResultChunkBytes(int64_t requested, int64_t limit) {
   return std::min(requested > 0 ? requested : kDefaultResultChunkBytes, limit);
 }
 
+// The step of a StepHeader sent by `tenant`, validated: INVALID_ARGUMENT naming the field for
+// world, rank, step, num_matrices (1 to `max_matrices`), job (required for world > 1), attempt
+// and result_chunk_bytes.
+absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant, int max_matrices);
+
+// Matrix `index`'s result as StreamResponses: its MatrixResult and, when `status` is OK, `data`
+// in DataChunks of at most `chunk_bytes` that refer to it (`owner` keeps it alive).
+std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan, const Block& block,
+                                              const absl::Status& status, absl::string_view data,
+                                              const std::shared_ptr<const void>& owner, int64_t chunk_bytes);
+
+// The StepSummary response.
+grpc::ByteBuffer SummaryResponse(int matrices_ok, int matrices_failed, int fleet_rank, absl::Duration server_time);
 
 }  // namespace orthoserve

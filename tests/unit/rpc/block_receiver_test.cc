@@ -1,6 +1,6 @@
-// server/rpc/block_receiver.h: bytes land in order whatever the chunk boundaries, and the first
+// server/step/block_receiver.h: bytes land in order whatever the chunk boundaries, and the first
 // non-finite element is found even when its bytes arrive in two pieces.
-#include "server/rpc/block_receiver.h"
+#include "server/step/block_receiver.h"
 
 #include <cstring>
 #include <limits>

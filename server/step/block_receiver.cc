@@ -1,5 +1,5 @@
-// Implementation of server/rpc/block_receiver.h.
-#include "server/rpc/block_receiver.h"
+// Implementation of server/step/block_receiver.h.
+#include "server/step/block_receiver.h"
 
 #include <algorithm>
 #include <cstring>

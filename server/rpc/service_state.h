@@ -1,0 +1,59 @@
+// What every call of the public service shares: its options, admission, authentication,
+// metrics and the step layer's services. Owned by OrthogonalizerService; the calls
+// (stream_call.h, unary_call.h) hold a reference and never outlive it (gRPC ends every call
+// before the service is destroyed).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "common/buffer_pool.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/admission.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/progress_watchdog.h"
+#include "server/step/step.h"
+
+namespace orthoserve {
+
+struct ServiceOptions {
+  int64_t max_matrix_elements = int64_t{1} << 28;  // Per matrix (global shape).
+  int64_t chunk_bytes = int64_t{4} << 20;          // Largest DataChunk accepted and sent.
+  int64_t max_message_bytes = int64_t{64} << 20;   // gRPC message limit (reported in GetServerInfo).
+  int max_matrices_per_step = 4096;                // num_matrices of one step or unary call.
+  absl::Duration rendezvous_timeout = absl::Seconds(60);  // Reported in GetServerInfo.
+  // A stream waiting on its client (for its next message, or for it to read) with nothing
+  // happening for this long is ended (ProgressWatchdog); <= 0: never.
+  absl::Duration stream_progress_timeout = absl::Seconds(60);
+  Admission::Options admission;
+  // Reused stream buffers; max_idle_bytes is capped at admission.max_inflight_bytes.
+  BufferPool::Options buffers;
+  std::string version;
+};
+
+struct ServiceState {
+  ServiceState(const ServiceOptions& options, const StepServices& steps, const TokenAuth* auth,
+               std::shared_ptr<BufferPool> buffers)
+      : options(options),
+        steps(steps),
+        metrics(steps.metrics),
+        auth(auth),
+        admission(options.admission, steps.metrics),
+        buffers(std::move(buffers)),
+        watchdog(options.stream_progress_timeout) {}
+
+  const ServiceOptions options;
+  const StepServices steps;  // Without `method`, which each call sets.
+  Metrics* const metrics;
+  const TokenAuth* const auth;
+  Admission admission;
+  const std::shared_ptr<BufferPool> buffers;  // steps.buffers points into it.
+  ProgressWatchdog watchdog;
+  std::atomic<bool> draining{false};
+  std::atomic<int> inflight{0};  // Calls in progress.
+};
+
+}  // namespace orthoserve

@@ -1,0 +1,343 @@
+// Implementation of server/rpc/stream_call.h.
+#include "server/rpc/stream_call.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "proto/convert/grpc_status.h"
+#include "server/fleet/spec_codec.h"
+
+namespace orthoserve {
+namespace {
+
+constexpr char kMethod[] = "OrthogonalizeStream";
+
+}  // namespace
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamCall::Start(ServiceState& state,
+                                                                              grpc::CallbackServerContext* context) {
+  std::shared_ptr<StreamCall> call(new StreamCall(state, context));
+  call->self_ = call;
+  call->Begin();
+  return call.get();
+}
+
+StreamCall::StreamCall(ServiceState& state, grpc::CallbackServerContext* context)
+    : s_(state), context_(context), services_(state.steps) {
+  services_.method = kMethod;
+}
+
+void StreamCall::Begin() {
+  s_.metrics->inflight_requests().Set(++s_.inflight);
+  absl::Status admitted = Admit();
+  if (!admitted.ok()) {
+    RequestFinish(std::move(admitted));
+    return;
+  }
+  watch_id_ = s_.watchdog.Register(weak_from_this());
+  ReadNext();
+}
+
+absl::Status StreamCall::Admit() {
+  if (s_.draining.load()) return absl::UnavailableError("the server is draining; retry on another rank");
+  ASSIGN_OR_RETURN(tenant_, s_.auth->Authenticate(*context_));
+  ASSIGN_OR_RETURN(stream_slot_, s_.admission.AcquireStream(tenant_));
+  return absl::OkStatus();
+}
+
+void StreamCall::ReadNext() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = true;
+    reading_since_ = absl::Now();
+  }
+  StartRead(&request_.raw);
+}
+
+void StreamCall::OnReadDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = false;
+  }
+  if (!ok) {
+    InputEnded();
+    return;
+  }
+  if (Handle()) ReadNext();
+}
+
+bool StreamCall::Handle() {
+  if (absl::Status parsed = ParseStreamRequest(&request_); !parsed.ok()) {
+    Fail(std::move(parsed));
+    return false;
+  }
+  const v1::StreamRequest& message = request_.message;
+  std::shared_ptr<Step> step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+  }
+  if (step == nullptr) return OnHeader();
+  switch (message.kind_case()) {
+    case v1::StreamRequest::kSpec: return OnSpec(message.spec());
+    case v1::StreamRequest::kChunk: return OnChunk(message.chunk().index());
+    case v1::StreamRequest::kEnd: step->End(); return false;
+    case v1::StreamRequest::kHeader: Fail(absl::InvalidArgumentError("a second StepHeader in one stream")); return false;
+    default: Fail(absl::InvalidArgumentError("an empty StreamRequest")); return false;
+  }
+}
+
+bool StreamCall::OnHeader() {
+  const v1::StreamRequest& message = request_.message;
+  if (!message.has_header()) {
+    Fail(absl::InvalidArgumentError("the first message of a stream must be a StepHeader"));
+    return false;
+  }
+  const v1::StepHeader& header = message.header();
+  absl::StatusOr<StepRequest> request =
+      StepRequestFromHeader(header, tenant_, s_.options.max_matrices_per_step);
+  if (!request.ok()) {
+    Fail(request.status());
+    return false;
+  }
+  if (request->attempt > 0) s_.metrics->StepRetried(kMethod);
+  world_ = request->world;
+  result_chunk_bytes_ = ResultChunkBytes(header.result_chunk_bytes(), s_.options.chunk_bytes);
+  VLOG("rpc", 1) << "stream step rank " << request->rank << "/" << request->world << " " << request->num_matrices
+                 << " matrices";
+  absl::StatusOr<std::shared_ptr<Step>> step = OpenStep(services_, *std::move(request), shared_from_this());
+  if (!step.ok()) {
+    // UNAVAILABLE from OpenStep: this rank is not in a formed fleet generation; a retry elsewhere may work.
+    RequestFinish(step.status(), step.status().code() == absl::StatusCode::kUnavailable);
+    return false;
+  }
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = *step;
+    cancelled = cancelled_;
+  }
+  if (cancelled) {  // OnCancel came before the step existed.
+    (*step)->Cancel(s_.draining.load());
+    return false;
+  }
+  return true;
+}
+
+bool StreamCall::OnSpec(const v1::MatrixSpec& spec) {
+  const int index = specs_++;
+  absl::StatusOr<ParsedSpec> parsed =
+      ParseMatrixSpec(spec, index, s_.options.max_matrix_elements, /*whole_if_unset=*/world_ == 1);
+  if (parsed.ok()) {
+    const int64_t out_bytes = parsed->block.numel() * static_cast<int64_t>(ElementSize(parsed->plan.result_dtype));
+    absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, parsed->block_bytes + out_bytes,
+                                                  absl::StrCat("matrix ", index, " (\"", parsed->plan.name, "\")"));
+    if (!admitted.ok()) {
+      Fail(std::move(admitted));
+      return false;
+    }
+  }
+  return step_->AddMatrix(std::move(parsed), spec.name(), std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
+}
+
+bool StreamCall::OnChunk(int index) {
+  int64_t size = 0;
+  for (absl::string_view piece : request_.chunk_data) size += static_cast<int64_t>(piece.size());
+  if (size > s_.options.chunk_bytes) {
+    Fail(absl::InvalidArgumentError(
+        absl::StrCat("matrix ", index, ": a chunk of ", size, " bytes exceeds the chunk limit of ", s_.options.chunk_bytes)));
+    return false;
+  }
+  s_.metrics->BytesIn(kMethod, static_cast<double>(size));  // Received, even when the step skips it.
+  s_.metrics->TenantBytes(tenant_, "in", static_cast<double>(size));
+  return step_->AddData(index, request_.chunk_data);
+}
+
+void StreamCall::InputEnded() {
+  std::shared_ptr<Step> step;
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+    cancelled = cancelled_;
+  }
+  // A cancelled call's reads fail: OnCancel ends it.
+  if (cancelled || context_->IsCancelled()) return;
+  if (step == nullptr) {
+    RequestFinish(absl::InvalidArgumentError("the stream ended before its StepHeader"));
+    return;
+  }
+  step->End();  // Half-close ends the step like StepEnd.
+}
+
+void StreamCall::OnCancel() {
+  std::shared_ptr<Step> step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    step = step_;
+  }
+  if (step != nullptr) {
+    step->Cancel(s_.draining.load());
+  } else {
+    RequestFinish(absl::CancelledError("the client cancelled the stream"));
+  }
+}
+
+void StreamCall::Fail(absl::Status status) {
+  std::shared_ptr<Step> step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+  }
+  if (step != nullptr) {
+    step->Fail(std::move(status));
+  } else {
+    RequestFinish(std::move(status));
+  }
+}
+
+void StreamCall::Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
+                        absl::string_view data, std::shared_ptr<const void> owner) {
+  std::vector<grpc::ByteBuffer> messages =
+      ResultResponses(index, plan, block, status, data, owner, result_chunk_bytes_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (status.ok() ? results_ok_ : results_failed_)++;
+  }
+  Enqueue(std::move(messages), status.ok() ? static_cast<double>(data.size()) : 0);
+}
+
+void StreamCall::Finished(StepEnd end) {
+  if (end.status.ok()) {
+    int ok;
+    int failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ok = results_ok_;
+      failed = results_failed_;
+    }
+    std::vector<grpc::ByteBuffer> summary;
+    summary.push_back(SummaryResponse(ok, failed, s_.steps.fleet->rank(), absl::Now() - start_));
+    Enqueue(std::move(summary), 0);
+  }
+  RequestFinish(std::move(end.status), end.retryable);
+}
+
+void StreamCall::Enqueue(std::vector<grpc::ByteBuffer> messages, double data_bytes) {
+  const grpc::ByteBuffer* next = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_ || finish_wanted_) return;  // Nobody will read it.
+    for (size_t i = 0; i < messages.size(); ++i) {
+      // A result's bytes are counted with its last message.
+      queue_.push_back(Out{std::move(messages[i]), i + 1 == messages.size() ? data_bytes : 0});
+    }
+    if (!writing_ && !queue_.empty()) {
+      writing_ = true;
+      write_progress_ = absl::Now();
+      next = &queue_.front().message;
+    }
+  }
+  // Outside the lock: gRPC may run OnWriteDone on this thread.
+  if (next != nullptr) StartWrite(next);
+}
+
+void StreamCall::OnWriteDone(bool ok) {
+  const grpc::ByteBuffer* next = nullptr;
+  bool finish = false;
+  double data_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    data_bytes = queue_.front().data_bytes;
+    queue_.pop_front();
+    write_progress_ = absl::Now();
+    if (!ok) {
+      broken_ = true;
+      queue_.clear();  // The client is gone: the results' buffers are released.
+    }
+    if (!queue_.empty()) {
+      next = &queue_.front().message;
+    } else {
+      writing_ = false;
+      if (finish_wanted_ && !finish_started_) finish = finish_started_ = true;
+    }
+  }
+  if (ok && data_bytes > 0) {
+    s_.metrics->BytesOut(kMethod, data_bytes);
+    s_.metrics->TenantBytes(tenant_, "out", data_bytes);
+  }
+  if (next != nullptr) {
+    StartWrite(next);
+  } else if (finish) {
+    DoFinish();
+  }
+}
+
+void StreamCall::RequestFinish(absl::Status status, bool retryable) {
+  bool finish = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_wanted_) return;
+    finish_wanted_ = true;
+    finish_status_ = std::move(status);
+    finish_retryable_ = retryable;
+    if (!writing_) finish = finish_started_ = true;
+  }
+  if (finish) DoFinish();
+}
+
+void StreamCall::DoFinish() {
+  // finish_status_ is no longer written once finish_started_ is set.
+  if (!finish_status_.ok() && finish_retryable_) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
+  if (!finish_status_.ok()) VLOG("rpc", 1) << "stream failed: " << finish_status_;
+  Finish(ToGrpcStatus(finish_status_));
+}
+
+absl::Time StreamCall::stalled_since() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finish_started_) return absl::InfiniteFuture();
+  if (writing_) return write_progress_;
+  if (reading_) return reading_since_;
+  return absl::InfiniteFuture();  // Waiting on the server (compute, the fleet).
+}
+
+void StreamCall::ProgressTimedOut(absl::Duration stalled) {
+  bool writing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing = writing_;
+  }
+  const absl::Duration limit = s_.watchdog.timeout();
+  const std::string message = absl::StrCat(
+      "the stream made no progress for ", absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
+      writing ? ": the client did not read its results" : ": the client sent nothing while its next message was awaited",
+      " (--stream-progress-timeout = ", absl::FormatDuration(limit), ")");
+  LOG_INFO("rpc") << "tenant " << tenant_ << ": " << message;
+  s_.metrics->TenantRefused(tenant_, "stream_progress");
+  if (writing) {
+    // A write the client does not read never completes, and Finish would queue behind it: the
+    // call is cancelled (the client sees CANCELLED), and OnCancel ends its step.
+    context_->TryCancel();
+    return;
+  }
+  Fail(absl::ResourceExhaustedError(message));
+}
+
+void StreamCall::OnDone() {
+  s_.watchdog.Unregister(watch_id_);
+  s_.metrics->inflight_requests().Set(--s_.inflight);
+  s_.metrics->RequestDone(kMethod, CodeName(finish_status_.code()), absl::Now() - start_);
+  stream_slot_.Release();
+  bytes_.Release();
+  std::shared_ptr<StreamCall> self;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_.reset();  // The step's work in flight keeps its sink (this call) alive until it ends.
+    self = std::move(self_);
+  }
+  // `self` may be the last reference: this call is destroyed on return.
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,168 @@
+// FleetStep of server/step/step_impl.h: one trainer rank's part of a group step (or a lone
+// client's step on a formed fleet), handed to the fleet once every matrix has arrived. The step
+// waits for its batch only while its client is there: Cancel (the client went away, its
+// deadline passed, or the server's drain deadline cut the call) ends it at once, and the fleet
+// drops its copy later.
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/step/local_batch.h"
+#include "server/step/step_impl.h"
+
+namespace orthoserve {
+
+FleetStep::FleetStep(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink, GroupKey key)
+    : StepBase(services, std::move(request), std::move(sink)), key_(std::move(key)) {}
+
+absl::StatusOr<char*> FleetStep::Destination(Matrix& m) {
+  m.group_input.resize(static_cast<size_t>(m.spec.block_bytes));
+  return m.group_input.data();
+}
+
+void FleetStep::Fail(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Before the fleet has it, the other ranks learn of the failure here rather than at their
+    // rendezvous timeout; once submitted, the fleet aborts the step itself.
+    if (!submitted_ && !finishing()) s_.fleet->AbortStep(key_, request_.rank, status, /*submission=*/0);
+  }
+  StepBase::Fail(std::move(status));
+}
+
+void FleetStep::InputEnded() {
+  auto step = std::make_shared<TrainerStep>();
+  step->key = key_;
+  step->trainer_rank = request_.rank;
+  step->trainer_world = request_.world;
+  step->attempt = request_.attempt;
+  step->submitted = absl::Now();
+  for (Matrix& m : matrices_) {
+    MatrixPlan plan = m.spec.plan;
+    plan.blocks = {BlockPlacement{request_.rank, s_.fleet->rank(), m.spec.block}};
+    step->matrices.push_back(std::move(plan));
+    step->inputs.push_back(std::move(m.group_input));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_ = true;
+    waiting_ = true;
+  }
+  s_.metrics->queue_depth().Increment();
+  std::shared_ptr<StepBase> self = shared_from_this();
+  // The callback may run before Submit returns (a fleet that cannot take the step).
+  s_.fleet->Submit(step, [this, self, step](StepOutcome outcome) { OnOutcome(step, std::move(outcome)); });
+  bool cancel;
+  bool draining;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submission_ = step->submission;  // Set by Submit.
+    submission_known_ = true;
+    cancel = cancel_deferred_;
+    draining = cancel_draining_;
+  }
+  if (cancel) Cancel(draining);
+}
+
+void FleetStep::Cancel(bool draining) {
+  bool abort = false;
+  uint64_t submission = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finishing()) return;
+    if (waiting_ && !submission_known_) {
+      // Submit has not returned yet: the abort needs the submission it assigns.
+      cancel_deferred_ = true;
+      cancel_draining_ = draining;
+      return;
+    }
+    if (waiting_) {
+      waiting_ = false;
+      abort = true;
+      submission = submission_;
+    }
+  }
+  if (!abort) {
+    // Still receiving: the step fails, and the other ranks are told.
+    Fail(draining ? absl::UnavailableError("the server drained before the step ran")
+                  : absl::CancelledError("the trainer cancelled its stream"));
+    return;
+  }
+  s_.metrics->queue_depth().Decrement();
+  // A drain is the server's doing: the other ranks keep waiting for this trainer's retry.
+  s_.fleet->AbortStep(key_, request_.rank,
+                      draining ? absl::UnavailableError("the server drained before the step ran")
+                               : absl::CancelledError("the trainer cancelled its stream"),
+                      submission);
+  FinishWhenIdle(draining
+                     ? StepEnd{absl::UnavailableError("the server is draining; retry the step on another member"), true}
+                     : StepEnd{absl::CancelledError("the client cancelled the stream")});
+}
+
+void FleetStep::OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!waiting_) return;  // Cancelled meanwhile: nobody waits for it.
+    waiting_ = false;
+  }
+  s_.metrics->queue_depth().Decrement();
+  s_.metrics->StageTime(Stage::kRendezvous, outcome.rendezvous_time);
+  if (!outcome.status.ok() && request_.world == 1 && outcome.status.code() == absl::StatusCode::kUnavailable) {
+    // A lone client needs no other rank: the fleet could not run its step (its membership is
+    // changing, or its coordinator is gone), so this rank computes it alone, as it would
+    // outside the fleet, in the compute queue. The results are the same (every algorithm gives
+    // the whole-matrix NS for a lone client).
+    LOG_WARNING("step") << "step " << key_.ToString() << ": " << outcome.status.message() << "; computing it here";
+    BeginWork();
+    std::shared_ptr<StepBase> self = shared_from_this();
+    double cost = 0;
+    for (const MatrixPlan& plan : step->matrices) cost += EstimatedCost(plan);
+    s_.compute->Schedule(request_.tenant, key_.job, cost, [this, self, step] {
+      RunHere(step);
+      EndWork();
+    });
+    return;
+  }
+  if (!outcome.status.ok()) {
+    FinishWhenIdle(StepEnd{outcome.status, outcome.retryable});
+    return;
+  }
+  Deliver(*step, step, outcome);
+}
+
+void FleetStep::RunHere(std::shared_ptr<TrainerStep> step) {
+  std::vector<LocalMatrix> local;
+  step->outputs.assign(step->matrices.size(), {});
+  for (size_t i = 0; i < step->matrices.size(); ++i) {
+    MatrixPlan plan = step->matrices[i];
+    const Block block = plan.blocks[0].block;
+    plan.blocks.clear();
+    step->outputs[i].resize(static_cast<size_t>(block.numel()) * ElementSize(plan.result_dtype));
+    local.push_back(LocalMatrix{std::move(plan), block, step->inputs[i].data(), step->outputs[i].data()});
+  }
+  absl::StatusOr<BatchResult> result = RunLocalBatch(std::move(local), *s_.backend);
+  StepOutcome outcome;
+  if (!result.ok()) {
+    outcome.status = result.status();
+    FinishWhenIdle(StepEnd{outcome.status});
+    return;
+  }
+  s_.metrics->StageTime(Stage::kCompute, result->compute_time);
+  s_.metrics->TenantCompute(request_.tenant, result->compute_time);
+  s_.metrics->Flops(result->flops);
+  outcome.matrices = std::move(result->matrices);
+  Deliver(*step, step, outcome);
+}
+
+void FleetStep::Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> owner, const StepOutcome& outcome) {
+  for (size_t i = 0; i < step.matrices.size(); ++i) {
+    const MatrixPlan& plan = step.matrices[i];
+    const absl::Status& s = outcome.matrices[i];
+    s_.metrics->MatrixDone(s_.method, AlgorithmName(plan.algorithm), DTypeName(plan.dtype), absl::StatusCodeToString(s.code()));
+    const std::vector<char>& out = step.outputs[i];
+    sink_->Result(static_cast<int>(i), plan, plan.blocks[0].block, s,
+                  s.ok() ? absl::string_view(out.data(), out.size()) : absl::string_view(),
+                  std::shared_ptr<const void>(owner, out.data()));
+  }
+  FinishWhenIdle(StepEnd{});
+}
+
+}  // namespace orthoserve

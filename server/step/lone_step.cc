@@ -1,0 +1,86 @@
+// LoneStep of server/step/step_impl.h: a lone client served on this rank alone, each matrix
+// computed as soon as its bytes are in. The buffers come from the server's BufferPool; the
+// compute queue is fair between tenants, and between a tenant's jobs (the header's job id, or
+// this step on its own).
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/step/local_batch.h"
+#include "server/step/step_impl.h"
+
+namespace orthoserve {
+
+absl::Status LoneStep::Reject(int index, absl::Status status) {
+  Matrix& m = matrices_[index];
+  m.failed = true;
+  m.input.reset();
+  s_.metrics->MatrixDone(s_.method, m.parsed ? AlgorithmName(m.spec.plan.algorithm) : "unknown",
+                         m.parsed ? DTypeName(m.spec.plan.dtype) : "unknown", absl::StatusCodeToString(status.code()));
+  sink_->Result(index, m.spec.plan, m.parsed ? m.spec.block : Block{}, status, {}, nullptr);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> LoneStep::Destination(Matrix& m) {
+  ASSIGN_OR_RETURN(m.input, s_.buffers->Get(static_cast<size_t>(m.spec.block_bytes)));
+  return m.input->data();
+}
+
+absl::Status LoneStep::Complete(int index) {
+  if (job_.empty()) {
+    job_ = request_.job.empty() ? absl::StrCat("step ", reinterpret_cast<uintptr_t>(this)) : request_.job;
+  }
+  BeginWork();
+  s_.metrics->queue_depth().Increment();
+  const absl::Time queued = absl::Now();
+  std::shared_ptr<StepBase> self = shared_from_this();
+  s_.compute->Schedule(request_.tenant, job_, EstimatedCost(matrices_[index].spec.plan),
+                       [this, self, index, queued] {
+                         Compute(index, queued);
+                         EndWork();
+                       });
+  return absl::OkStatus();
+}
+
+void LoneStep::Compute(int index, absl::Time queued) {
+  s_.metrics->queue_depth().Decrement();
+  const absl::Duration wait = absl::Now() - queued;
+  s_.metrics->StageTime(Stage::kQueue, wait);
+  s_.metrics->TenantQueueWait(request_.tenant, wait);
+  Matrix& m = matrices_[index];
+  // The client is gone (cancelled, or its deadline passed): nothing is computed for nobody.
+  if (cancelled_.load()) {
+    m.input.reset();
+    return;
+  }
+  std::shared_ptr<PooledBuffer> out;
+  absl::StatusOr<BatchResult> result;
+  absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer =
+      s_.buffers->Get(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
+  if (buffer.ok()) {
+    out = *std::move(buffer);
+    result = RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.input->data(), out->data()}}, *s_.backend);
+  } else {
+    result = buffer.status();
+  }
+  m.input.reset();  // The input is no longer needed.
+  const absl::Status status = result.ok() ? result->matrices[0] : result.status();
+  if (result.ok()) {
+    s_.metrics->StageTime(Stage::kCompute, result->compute_time);
+    s_.metrics->TenantCompute(request_.tenant, result->compute_time);
+    s_.metrics->Flops(result->flops);
+  }
+  s_.metrics->MatrixDone(s_.method, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
+                         absl::StatusCodeToString(status.code()));
+  if (!status.ok()) out.reset();
+  const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
+  sink_->Result(index, m.spec.plan, m.spec.block, status, data, std::move(out));
+}
+
+void LoneStep::InputEnded() { FinishWhenIdle(StepEnd{}); }
+
+void LoneStep::Cancel(bool draining) {
+  cancelled_.store(true);
+  FinishWhenIdle(draining ? StepEnd{absl::UnavailableError("the server is draining; retry on another rank"), true}
+                          : StepEnd{absl::CancelledError("the client cancelled the stream or its deadline passed")});
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,174 @@
+// OpenStep of server/step/step.h, and the input side every step shares (step_impl.h).
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/step/step_impl.h"
+
+namespace orthoserve {
+namespace {
+
+std::atomic<int64_t> g_lone_group_counter{0};
+
+std::string Named(int index, const std::string& name) { return absl::StrCat("matrix ", index, " (\"", name, "\")"); }
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
+                                               std::shared_ptr<StepSink> sink) {
+  Fleet& fleet = *services.fleet;
+  // A lone client is served here alone when the fleet cannot take it (one rank, or this rank is
+  // not in a formed generation), and through the fleet's batches otherwise.
+  const bool fleet_ready = fleet.ready();
+  if (request.world == 1 && (fleet.world() == 1 || !fleet_ready)) {
+    return std::make_shared<LoneStep>(services, std::move(request), std::move(sink));
+  }
+  if (!fleet_ready) {
+    return absl::UnavailableError(
+        absl::StrCat("fleet rank ", fleet.rank(), " is not a member of a formed fleet generation (the fleet of up to ",
+                     fleet.world(), " ranks is forming or re-forming); retry on a ready member"));
+  }
+  // Any member takes any trainer rank: clients spread a group over the members by preference,
+  // and a retry goes wherever one is ready.
+  GroupKey key{request.tenant, request.job, request.group, request.step};
+  if (request.world == 1 && key.job.empty()) {
+    // A lone client on a fleet: a group of one that nobody else can join.
+    key.job = absl::StrCat("lone-", fleet.rank(), "-", g_lone_group_counter.fetch_add(1));
+  }
+  return std::make_shared<FleetStep>(services, std::move(request), std::move(sink), std::move(key));
+}
+
+StepBase::StepBase(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink)
+    : s_(services), request_(std::move(request)), sink_(std::move(sink)) {
+  matrices_.reserve(static_cast<size_t>(request_.num_matrices));
+}
+
+bool StepBase::AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) {
+  if (finishing()) return false;
+  absl::Status status = TakeMatrix(std::move(spec), name, std::move(shape));
+  if (!status.ok()) Fail(std::move(status));
+  return !finishing();
+}
+
+bool StepBase::AddData(int index, absl::Span<const absl::string_view> data) {
+  if (finishing()) return false;
+  absl::Status status = TakeData(index, data);
+  if (!status.ok()) Fail(std::move(status));
+  return !finishing();
+}
+
+void StepBase::End() {
+  if (finishing()) return;
+  s_.metrics->StageTime(Stage::kReceive, absl::Now() - start_);
+  absl::Status whole = CheckWhole();
+  if (!whole.ok()) {
+    Fail(std::move(whole));
+    return;
+  }
+  InputEnded();
+}
+
+void StepBase::Fail(absl::Status status) { FinishWhenIdle(StepEnd{std::move(status), false}); }
+
+absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name,
+                                  std::vector<int64_t> shape) {
+  if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
+    const Matrix& m = matrices_[current_];
+    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": received ",
+                                                   m.receiver.received(), " of its ", m.spec.block_bytes,
+                                                   " bytes before the next spec"));
+  }
+  const int index = static_cast<int>(matrices_.size());
+  if (index >= request_.num_matrices) {
+    return absl::InvalidArgumentError(absl::StrCat("more specs than the header's num_matrices = ", request_.num_matrices));
+  }
+  matrices_.emplace_back();
+  current_ = index;
+  Matrix& m = matrices_.back();
+  if (!spec.ok()) {
+    m.spec.plan.name = std::string(name);
+    m.spec.plan.shape = std::move(shape);
+    return Reject(index, spec.status());
+  }
+  m.spec = *std::move(spec);
+  m.parsed = true;
+  ASSIGN_OR_RETURN(char* dst, Destination(m));
+  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes);
+  if (m.spec.block_bytes == 0) return Completed(index);
+  return absl::OkStatus();
+}
+
+absl::Status StepBase::TakeData(int index, absl::Span<const absl::string_view> data) {
+  if (current_ < 0 || index != current_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a data chunk for matrix ", index, " arrived while matrix ", current_, " was expected"));
+  }
+  Matrix& m = matrices_[current_];
+  if (m.failed) return absl::OkStatus();  // Answered in-band already: its bytes are skipped.
+  int64_t size = 0;
+  for (absl::string_view piece : data) size += static_cast<int64_t>(piece.size());
+  if (m.receiver.received() + size > m.spec.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": received more than its ",
+                                                   m.spec.block_bytes, " bytes (block ", m.spec.block.rows, "x",
+                                                   m.spec.block.cols, " of ", DTypeName(m.spec.plan.dtype), ")"));
+  }
+  for (absl::string_view piece : data) m.receiver.Append(piece);
+  if (m.receiver.complete()) return Completed(current_);
+  return absl::OkStatus();
+}
+
+absl::Status StepBase::Completed(int index) {
+  Matrix& m = matrices_[index];
+  const int64_t bad = m.receiver.first_non_finite();
+  if (bad >= 0) {
+    return Reject(index, absl::InvalidArgumentError(absl::StrCat(Named(index, m.spec.plan.name),
+                                                                 " data holds a non-finite value (NaN or Inf) at "
+                                                                 "element ",
+                                                                 bad, " of its block")));
+  }
+  return Complete(index);
+}
+
+absl::Status StepBase::CheckWhole() const {
+  if (static_cast<int>(matrices_.size()) < request_.num_matrices) {
+    return absl::InvalidArgumentError(absl::StrCat("the step ended after ", matrices_.size(), " of the header's ",
+                                                   request_.num_matrices, " matrices"));
+  }
+  if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
+    const Matrix& m = matrices_[current_];
+    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": the step ended after ",
+                                                   m.receiver.received(), " of its ", m.spec.block_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+void StepBase::BeginWork() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++work_;
+}
+
+void StepBase::EndWork() {
+  std::unique_lock<std::mutex> lock(mu_);
+  --work_;
+  MaybeFinishLocked(lock);
+}
+
+void StepBase::FinishWhenIdle(StepEnd end) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (end_set_) return;
+  end_set_ = true;
+  end_ = std::move(end);
+  finishing_.store(true);
+  MaybeFinishLocked(lock);
+}
+
+void StepBase::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
+  if (!end_set_ || work_ > 0 || finished_) return;
+  finished_ = true;
+  StepEnd end = std::move(end_);
+  lock.unlock();
+  sink_->Finished(std::move(end));
+}
+
+}  // namespace orthoserve

@@ -1,0 +1,109 @@
+// The step layer: one trainer rank's step, from its header to its last result, with no gRPC
+// (docs/architecture.md). The RPC layer parses and admits what arrives and feeds it here
+// message by message; the step computes — on this rank alone, or through the fleet — and hands
+// every result, then its end, to a StepSink, which streams them back.
+//
+// Two implementations behind one interface, chosen by OpenStep:
+//  - a lone step (one trainer rank, served on this rank alone: a one-rank fleet, or a rank that
+//    is not a member of a formed generation) is pipelined: each matrix goes to the compute
+//    queue as soon as its bytes are in, and its result goes to the sink as soon as it is done,
+//    while later matrices still arrive. A matrix with a bad spec or data is answered in-band
+//    (its result carries the error) and the step goes on.
+//  - a group step (W > 1, or a lone client on a formed fleet of S > 1) is handed to the fleet
+//    once every matrix has arrived; results come back after its batch ran. Any bad input fails
+//    the whole step, on every rank (the others are told at once, not at their rendezvous
+//    timeout).
+//
+// Threading: AddMatrix, AddData and End are called by one reader at a time, in the order the
+// messages arrived. Cancel may be called from any thread at any time. The sink is called from
+// the reader's thread, compute threads and fleet threads, never after Finished.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/buffer_pool.h"
+#include "common/fair_pool.h"
+#include "server/distributed/batch.h"
+#include "server/engine/backend.h"
+#include "server/fleet/fleet.h"
+#include "server/metrics/metrics.h"
+
+namespace orthoserve {
+
+// A step header, as the RPC layer validated it.
+struct StepRequest {
+  std::string tenant;
+  std::string job;    // The trainer job; may be empty for a lone client.
+  std::string group;  // The trainer group within the job.
+  int64_t step = 0;
+  int rank = 0;       // This trainer's rank, 0 <= rank < world.
+  int world = 1;      // Trainer ranks in the group (W).
+  int attempt = 0;    // The client's attempt number.
+  int num_matrices = 1;
+};
+
+// What a step needs of the server. None of the pointers is owned; all outlive every step.
+struct StepServices {
+  Fleet* fleet = nullptr;
+  FairPool* compute = nullptr;
+  Backend* backend = nullptr;
+  BufferPool* buffers = nullptr;  // Lone steps' input and result buffers.
+  Metrics* metrics = nullptr;
+  const char* method = "";        // The RPC, in metrics.
+};
+
+// How a step ended. `status` OK: every matrix's result was handed to the sink before. Otherwise
+// the step failed; `retryable`: the failure came from a change of the fleet's membership or a
+// drain, and a retry of the whole step (elsewhere) may succeed.
+struct StepEnd {
+  absl::Status status;
+  bool retryable = false;
+};
+
+// Receives a step's results. Implementations must be thread-safe.
+class StepSink {
+ public:
+  virtual ~StepSink() = default;
+  // Matrix `index`'s result: its status and, when OK, `data` (block.numel() elements of
+  // plan.result_dtype) kept alive and unchanged by `owner` for as long as the sink holds it.
+  virtual void Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
+                      absl::string_view data, std::shared_ptr<const void> owner) = 0;
+  // The step is over; called exactly once, after every Result.
+  virtual void Finished(StepEnd end) = 0;
+};
+
+class Step {
+ public:
+  virtual ~Step() = default;
+
+  // Matrix number `count so far`: its parsed spec, or why it could not be parsed (`name` and
+  // `shape` as sent, for the in-band answer). False when the step failed (Finished follows, or
+  // came already): stop feeding it.
+  virtual bool AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) = 0;
+  // Bytes of matrix `index`'s block, in order (views of one chunk). False when the step failed.
+  virtual bool AddData(int index, absl::Span<const absl::string_view> data) = 0;
+  // Every input has arrived (StepEnd or half-close): the step checks it got every matrix whole
+  // and finishes when its results are out.
+  virtual void End() = 0;
+  // Fails the step with `status` (e.g. a refused admission); a group step is aborted on every
+  // rank. No-op once finished.
+  virtual void Fail(absl::Status status) = 0;
+  // The client is gone (cancelled, its deadline passed, or the server's drain deadline cut the
+  // call: `draining`): nothing more is computed for it, and a group step stops waiting at once.
+  virtual void Cancel(bool draining) = 0;
+
+  // Served on this rank alone (pipelined), not through the fleet.
+  virtual bool lone() const = 0;
+};
+
+// Opens a step of `request` whose results go to `sink`. UNAVAILABLE (retryable) when the step
+// needs the fleet and this rank is not a member of a formed generation.
+absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
+                                               std::shared_ptr<StepSink> sink);
+
+}  // namespace orthoserve

@@ -1,0 +1,124 @@
+// The two Step implementations of server/step/step.h and what they share: receiving a step's
+// matrices in order (specs, then each block's bytes, checked against the header and the spec),
+// and ending exactly once. Private to server/step.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/step/block_receiver.h"
+#include "server/step/step.h"
+
+namespace orthoserve {
+
+class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
+ public:
+  StepBase(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink);
+
+  bool AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) final;
+  bool AddData(int index, absl::Span<const absl::string_view> data) final;
+  void End() final;
+  void Fail(absl::Status status) override;
+
+ protected:
+  struct Matrix {
+    ParsedSpec spec;
+    bool parsed = false;                  // The spec was valid (`spec` holds it).
+    bool failed = false;                  // Rejected in-band (lone): its chunks are skipped.
+    std::shared_ptr<PooledBuffer> input;  // Lone: the block's bytes.
+    std::vector<char> group_input;        // Fleet: the block's bytes, handed to the fleet.
+    BlockReceiver receiver;
+  };
+
+  // Matrix `index` could not be taken (bad spec or data): OK when the step answers it in-band
+  // and goes on (matrices_[index].failed is then set), or the status that fails the step.
+  virtual absl::Status Reject(int index, absl::Status status) = 0;
+  // Where matrix `index`'s block bytes go.
+  virtual absl::StatusOr<char*> Destination(Matrix& m) = 0;
+  // Matrix `index`'s bytes are all in and finite.
+  virtual absl::Status Complete(int index) = 0;
+  // Every matrix arrived whole (End, after the checks).
+  virtual void InputEnded() = 0;
+
+  // Work in progress that must end before the step may finish (compute jobs of a lone step).
+  void BeginWork();
+  void EndWork();
+  // Ends the step with `end` once no work is in progress (at once if none is). The first call
+  // decides; later ones are ignored. A failure before the input ended stops the input.
+  void FinishWhenIdle(StepEnd end);
+  bool finishing() const { return finishing_.load(); }
+
+  const StepServices s_;
+  const StepRequest request_;
+  const std::shared_ptr<StepSink> sink_;
+  const absl::Time start_ = absl::Now();
+  std::vector<Matrix> matrices_;  // Reserved for every matrix: never reallocated.
+
+ private:
+  absl::Status TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape);
+  absl::Status TakeData(int index, absl::Span<const absl::string_view> data);
+  absl::Status CheckWhole() const;
+  // Runs Complete, or Reject for a block holding NaN or Inf.
+  absl::Status Completed(int index);
+  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
+
+  int current_ = -1;  // The matrix whose bytes are arriving (reader only).
+  std::atomic<bool> finishing_{false};
+  std::mutex mu_;
+  int work_ = 0;
+  bool end_set_ = false;
+  StepEnd end_;
+  bool finished_ = false;
+};
+
+// One trainer rank served on this rank alone, pipelined (lone_step.cc).
+class LoneStep final : public StepBase {
+ public:
+  using StepBase::StepBase;
+  void Cancel(bool draining) override;
+  bool lone() const override { return true; }
+
+ private:
+  absl::Status Reject(int index, absl::Status status) override;
+  absl::StatusOr<char*> Destination(Matrix& m) override;
+  absl::Status Complete(int index) override;
+  void InputEnded() override;
+  void Compute(int index, absl::Time queued);
+
+  std::string job_;  // The compute queue's job: the header's, or this step alone.
+  std::atomic<bool> cancelled_{false};
+};
+
+// A group step, or a lone client's step on a formed fleet, run by the fleet (fleet_step.cc).
+class FleetStep final : public StepBase {
+ public:
+  FleetStep(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink, GroupKey key);
+  void Fail(absl::Status status) override;
+  void Cancel(bool draining) override;
+  bool lone() const override { return false; }
+
+ private:
+  absl::Status Reject(int index, absl::Status status) override { return status; }
+  absl::StatusOr<char*> Destination(Matrix& m) override;
+  absl::Status Complete(int) override { return absl::OkStatus(); }
+  void InputEnded() override;
+  void OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome);
+  // Computes a lone client's step on this rank alone (the fleet could not take it).
+  void RunHere(std::shared_ptr<TrainerStep> step);
+  void Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> owner, const StepOutcome& outcome);
+
+  const GroupKey key_;
+  std::mutex mu_;
+  bool submitted_ = false;   // The fleet has the step (it aborts it itself on failure).
+  uint64_t submission_ = 0;
+  bool submission_known_ = false;  // Submit returned (submission_ is set).
+  bool cancel_deferred_ = false;   // Cancel came while Submit ran; done when it returns.
+  bool cancel_draining_ = false;
+  bool waiting_ = false;     // Counted in the queue depth until the outcome or a cancel.
+};
+
+}  // namespace orthoserve
