@@ -65,6 +65,42 @@ bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* stream, int fie
   return in.ReadTag() == 0 && in.ConsumedEntireMessage();
 }
 
+bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std::vector<MatrixInPlace>* matrices) {
+  // orthoserve.v1.OrthogonalizeRequest.matrices and orthoserve.v1.Matrix's fields.
+  constexpr uint32_t kMatrixTag = LengthDelimitedTag(1);
+  constexpr uint32_t kSpecTag = LengthDelimitedTag(1);
+  constexpr uint32_t kMatrixDataTag = LengthDelimitedTag(2);
+  CodedInputStream in(stream);
+  matrices->clear();
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (tag != kMatrixTag) {
+      if (!WireFormatLite::SkipField(&in, tag)) return false;
+      continue;
+    }
+    uint32_t length;
+    if (!in.ReadVarint32(&length)) return false;
+    const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+    MatrixInPlace& m = matrices->emplace_back();
+    for (uint32_t field = in.ReadTag(); field != 0; field = in.ReadTag()) {
+      uint32_t n;
+      if (field == kSpecTag) {
+        std::string piece;  // Several spec fields merge, as protobuf merges them.
+        if (!in.ReadVarint32(&n) || !in.ReadString(&piece, static_cast<int>(n))) return false;
+        m.spec += piece;
+      } else if (field == kMatrixDataTag) {
+        m.data.clear();
+        if (!in.ReadVarint32(&n) || !ReadViews(in, n, &m.data)) return false;
+        m.data_bytes = n;
+      } else if (!WireFormatLite::SkipField(&in, field)) {
+        return false;
+      }
+    }
+    if (!in.ConsumedEntireMessage()) return false;
+    in.PopLimit(limit);
+  }
+  return in.ConsumedEntireMessage();
+}
+
 size_t WriteChunkPrefix(int field, int index, size_t data_bytes, uint8_t* out) {
   const uint32_t n = static_cast<uint32_t>(data_bytes);
   const size_t index_bytes = index == 0 ? 0 : 1 + WireFormatLite::Int32Size(index);

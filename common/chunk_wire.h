@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -26,6 +27,19 @@ inline constexpr size_t kMaxChunkPrefixBytes = 32;
 // Writes the bytes of message{field: DataChunk{index, data}} that come before `data_bytes` data
 // bytes into `out` (kMaxChunkPrefixBytes long) and returns how many: prefix + data is byte for
 // byte protobuf's serialization. `data_bytes` < 2^31.
+// One orthoserve.v1.Matrix of a request read in place: its spec's serialized bytes (copied:
+// they are small) and views of its data bytes where they lie in the input's buffers.
+struct MatrixInPlace {
+  std::string spec;
+  std::vector<absl::string_view> data;
+  int64_t data_bytes = 0;
+};
+
+// Reads an OrthogonalizeRequest (repeated Matrix matrices = 1; Matrix: spec = 1, data = 2) from
+// `in`, the data bytes as views valid while `in`'s buffers are. As protobuf: several spec fields
+// merge, the last data field counts, unknown fields are skipped. False for malformed bytes.
+bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* in, std::vector<MatrixInPlace>* matrices);
+
 size_t WriteChunkPrefix(int field, int index, size_t data_bytes, uint8_t* out);
 
 }  // namespace orthoserve

@@ -192,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                                                              server->metrics_.get(), &server->auth_,
                                                              server->compute_.get());
   builder.RegisterService(server->service_.get());
+  builder.RegisterCallbackGenericService(server->service_->generic_service());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", o.listen, " cannot be bound"));

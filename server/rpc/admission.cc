@@ -54,18 +54,28 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& te
 
 absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
+  Short shortage;
+  return TryAddLocked(ticket, tenant, bytes, what, /*refuse=*/true, &shortage);
+}
+
+absl::Status Admission::TryAddLocked(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what,
+                                     bool refuse, Short* shortage) {
+  *shortage = Short::kNone;
   if (ticket.owner_ != nullptr && ticket.tenant_ != tenant) {
     return absl::InternalError(absl::StrCat("admission ticket of tenant \"", ticket.tenant_,
                                             "\" used for tenant \"", tenant, "\""));
   }
   int64_t& tenant_total = tenant_bytes_[tenant];
   if (bytes > options_.max_inflight_bytes - bytes_) {
+    *shortage = Short::kServer;
+    if (!refuse) return absl::ResourceExhaustedError("");
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "inflight_bytes");
     return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but the server holds ", bytes_,
                                                      " of its ", options_.max_inflight_bytes,
                                                      " in flight (--max-inflight-bytes); retry later or send less"));
   }
   if (bytes > options_.max_tenant_inflight_bytes - tenant_total) {
+    *shortage = Short::kTenant;
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_inflight_bytes");
     return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but tenant \"", tenant,
                                                      "\" holds ", tenant_total, " of its ",
@@ -84,8 +94,76 @@ absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int6
   return absl::OkStatus();
 }
 
-void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
+uint64_t Admission::AddBytesWhenAvailable(Ticket* ticket, const std::string& tenant, int64_t bytes, std::string what,
+                                          std::function<void(absl::Status)> done) {
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes > options_.max_inflight_bytes) {
+      if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "inflight_bytes");
+      status = absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes, more than the server's ",
+                                                         options_.max_inflight_bytes,
+                                                         " in flight (--max-inflight-bytes)"));
+    } else {
+      Short shortage = Short::kServer;
+      // Behind earlier waiters in any case (arrival order, so that a large request is not
+      // overtaken for ever by smaller ones), unless the tenant's own limit refuses it now.
+      const auto mine = tenant_bytes_.find(tenant);
+      const int64_t tenant_total = mine == tenant_bytes_.end() ? 0 : mine->second;
+      if (waiters_.empty() || bytes > options_.max_tenant_inflight_bytes - tenant_total) {
+        status = TryAddLocked(*ticket, tenant, bytes, what, /*refuse=*/false, &shortage);
+      }
+      if (shortage == Short::kServer) {
+        const uint64_t id = next_wait_id_++;
+        waiters_.push_back(Waiter{id, ticket, tenant, bytes, std::move(what), std::move(done)});
+        return id;
+      }
+    }
+  }
+  done(std::move(status));
+  return 0;
+}
+
+absl::Status Admission::Resize(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what) {
+  const int64_t held = ticket.bytes_;
+  if (bytes > held) return AddBytes(ticket, tenant, bytes - held, what);
+  if (bytes < held) {
+    ticket.bytes_ = bytes;
+    Return(tenant, held - bytes, /*stream=*/false);
+  }
+  return absl::OkStatus();
+}
+
+bool Admission::CancelWait(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+    if (it->id == id) {
+      waiters_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t Admission::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_.size();
+}
+
+void Admission::DrainWaitersLocked(std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>& ready) {
+  while (!waiters_.empty()) {
+    Waiter& w = waiters_.front();
+    Short shortage;
+    absl::Status status = TryAddLocked(*w.ticket, w.tenant, w.bytes, w.what, /*refuse=*/false, &shortage);
+    if (shortage == Short::kServer) return;  // Still no room: the head waits on.
+    ready.emplace_back(std::move(w.done), std::move(status));
+    waiters_.pop_front();
+  }
+}
+
+void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ready;
+  std::unique_lock<std::mutex> lock(mu_);
   if (stream) {
     --streams_;
     auto it = tenant_streams_.find(tenant);
@@ -101,7 +179,10 @@ void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
       metrics_->inflight_bytes().Set(static_cast<double>(bytes_));
       metrics_->TenantInflightBytes(tenant, std::max<int64_t>(left, 0), LargestTenantBytesLocked());
     }
+    DrainWaitersLocked(ready);
   }
+  lock.unlock();
+  for (auto& [done, status] : ready) done(std::move(status));
 }
 
 int64_t Admission::LargestTenantBytesLocked() const {

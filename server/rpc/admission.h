@@ -4,8 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -49,9 +53,41 @@ class Admission {
   // naming the limit (--max-inflight-bytes or --max-tenant-inflight-bytes) and `what`.
   absl::Status AddBytes(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what);
 
+  // Like AddBytes, but when what is short is the server's budget (--max-inflight-bytes), waits in
+  // arrival order until released bytes make room, then adds them to `*ticket` and calls
+  // done(OK). done(error) comes at once when the tenant's own limit refuses, or when `bytes`
+  // exceed the whole budget. `done` runs on the thread that released the bytes (or this one),
+  // with no lock held; `*ticket` must stay valid until it ran or CancelWait returned true.
+  // Returns the wait's id (0 when `done` ran already).
+  uint64_t AddBytesWhenAvailable(Ticket* ticket, const std::string& tenant, int64_t bytes, std::string what,
+                                 std::function<void(absl::Status)> done);
+  // Makes `ticket` (of `tenant`) hold `bytes` in all: fewer are returned at once; more are added
+  // as AddBytes would (RESOURCE_EXHAUSTED naming `what` and the limit, the ticket unchanged).
+  absl::Status Resize(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what);
+  // Stops a wait: true when it was still waiting (its `done` will not run).
+  bool CancelWait(uint64_t id);
+
   int64_t inflight_bytes() const;
+  size_t waiting() const;  // Waits queued by AddBytesWhenAvailable.
 
  private:
+  struct Waiter {
+    uint64_t id;
+    Ticket* ticket;
+    std::string tenant;
+    int64_t bytes;
+    std::string what;
+    std::function<void(absl::Status)> done;
+  };
+  enum class Short { kNone, kServer, kTenant };
+
+  // Adds `bytes` to `ticket` if both limits allow; otherwise says which is short and, with
+  // `refuse`, counts the refusal and returns its RESOURCE_EXHAUSTED. Requires mu_.
+  absl::Status TryAddLocked(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what,
+                            bool refuse, Short* shortage);
+  // Grants (or refuses, for their tenant's limit) the waiters at the head of the queue that
+  // fit; their callbacks go to `ready`. Requires mu_.
+  void DrainWaitersLocked(std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>& ready);
   void Return(const std::string& tenant, int64_t bytes, bool stream);
   // The most bytes any tenant holds (for the tenant gauge with labels off). Requires mu_.
   int64_t LargestTenantBytesLocked() const;
@@ -63,6 +99,8 @@ class Admission {
   int streams_ = 0;
   absl::flat_hash_map<std::string, int64_t> tenant_bytes_;
   absl::flat_hash_map<std::string, int> tenant_streams_;
+  std::deque<Waiter> waiters_;
+  uint64_t next_wait_id_ = 1;
 };
 
 }  // namespace orthoserve

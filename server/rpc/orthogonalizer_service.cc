@@ -36,10 +36,10 @@ OrthogonalizerService::OrthogonalizerService(const ServiceOptions& options, Back
   state_ = std::make_unique<ServiceState>(options, steps, auth, std::move(buffers));
 }
 
-grpc::ServerUnaryReactor* OrthogonalizerService::Orthogonalize(grpc::CallbackServerContext* context,
-                                                               const v1::OrthogonalizeRequest* request,
-                                                               v1::OrthogonalizeResponse* response) {
-  return UnaryCall::Start(*state_, context, request, response);
+grpc::ServerGenericBidiReactor* OrthogonalizerService::Generic::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  if (context->method() == kOrthogonalizeMethod) return UnaryCall::Start(*service_.state_, context);
+  return grpc::CallbackGenericService::CreateReactor(context);  // UNIMPLEMENTED.
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OrthogonalizerService::OrthogonalizeStream(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/support/slice.h"
 #include "proto/convert/ns_options_proto.h"
 #include "proto/convert/raw_message.h"
@@ -94,6 +95,37 @@ std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan,
     messages.push_back(ChunkResponse(index, data.substr(offset, n), owner));
   }
   return messages;
+}
+
+grpc::ByteBuffer UnaryResponse(std::vector<UnaryResult> results) {
+  using google::protobuf::io::CodedOutputStream;
+  constexpr uint32_t kResultsTag = (1 << 3) | 2;  // OrthogonalizeResponse.results, length-delimited.
+  constexpr uint32_t kDataTag = (8 << 3) | 2;     // MatrixResult.data, length-delimited.
+  std::vector<grpc::Slice> slices;
+  for (UnaryResult& r : results) {
+    const std::string header = r.header.SerializeAsString();
+    const uint64_t data_bytes = r.data.size();
+    const uint64_t data_field = data_bytes == 0 ? 0 : 1 + CodedOutputStream::VarintSize64(data_bytes) + data_bytes;
+    const uint64_t length = header.size() + data_field;
+    std::string prefix;
+    prefix.resize(1 + CodedOutputStream::VarintSize64(length) + header.size() + 1 +
+                  CodedOutputStream::VarintSize64(data_bytes));
+    uint8_t* out = reinterpret_cast<uint8_t*>(prefix.data());
+    out = CodedOutputStream::WriteVarint32ToArray(kResultsTag, out);
+    out = CodedOutputStream::WriteVarint64ToArray(length, out);
+    out = std::copy(header.begin(), header.end(), out);
+    if (data_bytes > 0) {
+      out = CodedOutputStream::WriteVarint32ToArray(kDataTag, out);
+      out = CodedOutputStream::WriteVarint64ToArray(data_bytes, out);
+    }
+    prefix.resize(static_cast<size_t>(out - reinterpret_cast<uint8_t*>(prefix.data())));
+    slices.emplace_back(prefix.data(), prefix.size());
+    if (data_bytes > 0) {
+      slices.emplace_back(const_cast<char*>(r.data.data()), r.data.size(), ReleaseOwner,
+                          new std::shared_ptr<const void>(std::move(r.owner)));
+    }
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 grpc::ByteBuffer SummaryResponse(int matrices_ok, int matrices_failed, int fleet_rank, absl::Duration server_time) {

@@ -53,6 +53,19 @@ std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan,
                                               const absl::Status& status, absl::string_view data,
                                               const std::shared_ptr<const void>& owner, int64_t chunk_bytes);
 
+// An Orthogonalize result: its MatrixResult without data, and the data bytes, which `owner`
+// keeps alive and unchanged.
+struct UnaryResult {
+  v1::MatrixResult header;
+  absl::string_view data;
+  std::shared_ptr<const void> owner;
+};
+
+// An OrthogonalizeResponse holding `results` in order, byte for byte what protobuf would
+// serialize (with each data field last), whose data bytes are not copied: the message refers to
+// them and holds their owners until gRPC has sent them.
+grpc::ByteBuffer UnaryResponse(std::vector<UnaryResult> results);
+
 // The StepSummary response.
 grpc::ByteBuffer SummaryResponse(int matrices_ok, int matrices_failed, int fleet_rank, absl::Duration server_time);
 

@@ -1,42 +1,127 @@
 // Implementation of server/rpc/unary_call.h.
 #include "server/rpc/unary_call.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "proto/convert/grpc_status.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "proto/convert/ns_options_proto.h"
+#include "proto/convert/raw_message.h"
 #include "server/fleet/spec_codec.h"
+#include "server/rpc/stream_codec.h"
 
 namespace orthoserve {
 namespace {
 
 constexpr char kMethod[] = "Orthogonalize";
 
+// The index of the first NaN or Inf among the elements of `dtype` held by `pieces` in order (an
+// element may straddle two pieces), or -1.
+int64_t FirstNonFinite(DType dtype, const std::vector<absl::string_view>& pieces) {
+  const size_t elem = ElementSize(dtype);
+  char carry[8];
+  size_t carried = 0;
+  int64_t index = 0;  // Of the next whole element.
+  for (absl::string_view piece : pieces) {
+    if (carried > 0) {  // Complete the element the previous piece began.
+      const size_t take = std::min(elem - carried, piece.size());
+      std::memcpy(carry + carried, piece.data(), take);
+      carried += take;
+      piece.remove_prefix(take);
+      if (carried < elem) continue;
+      if (FindNonFinite(dtype, carry, 1) >= 0) return index;
+      ++index;
+      carried = 0;
+    }
+    const size_t whole = piece.size() / elem;
+    const int64_t bad = FindNonFinite(dtype, piece.data(), whole);
+    if (bad >= 0) return index + bad;
+    index += static_cast<int64_t>(whole);
+    carried = piece.size() - whole * elem;
+    std::memcpy(carry, piece.data() + whole * elem, carried);
+  }
+  return -1;
+}
+
 }  // namespace
 
-grpc::ServerUnaryReactor* UnaryCall::Start(ServiceState& state, grpc::CallbackServerContext* context,
-                                           const v1::OrthogonalizeRequest* request,
-                                           v1::OrthogonalizeResponse* response) {
-  std::shared_ptr<UnaryCall> call(new UnaryCall(state, context, request, response));
+grpc::ServerGenericBidiReactor* UnaryCall::Start(ServiceState& state, grpc::CallbackServerContext* context) {
+  std::shared_ptr<UnaryCall> call(new UnaryCall(state, context));
   call->self_ = call;
   state.metrics->inflight_requests().Set(++state.inflight);
-  absl::Status begun = call->Begin();
-  if (!begun.ok()) call->End(std::move(begun));
+  call->Begin();
   return call.get();
 }
 
-UnaryCall::UnaryCall(ServiceState& state, grpc::CallbackServerContext* context,
-                     const v1::OrthogonalizeRequest* request, v1::OrthogonalizeResponse* response)
-    : s_(state), context_(context), request_(request), response_(response), services_(state.steps) {
+UnaryCall::UnaryCall(ServiceState& state, grpc::CallbackServerContext* context)
+    : s_(state), context_(context), services_(state.steps) {
   services_.method = kMethod;
 }
 
-absl::Status UnaryCall::Begin() {
-  if (s_.draining.load()) return absl::UnavailableError("the server is draining; retry on another rank");
-  ASSIGN_OR_RETURN(tenant_, s_.auth->Authenticate(*context_));
-  const int n = request_->matrices_size();
+void UnaryCall::Begin() {
+  if (s_.draining.load()) {
+    End(absl::UnavailableError("the server is draining; retry on another rank"));
+    return;
+  }
+  absl::StatusOr<std::string> tenant = s_.auth->Authenticate(*context_);
+  if (!tenant.ok()) {
+    End(tenant.status());
+    return;
+  }
+  tenant_ = *std::move(tenant);
+  std::weak_ptr<UnaryCall> weak = weak_from_this();
+  const uint64_t id = s_.admission.AddBytesWhenAvailable(
+      &bytes_, tenant_, 2 * s_.options.max_message_bytes,
+      "a unary call (its request and response, each up to --max-message-bytes)",
+      [weak](absl::Status status) {
+        if (std::shared_ptr<UnaryCall> call = weak.lock()) call->OnReserved(std::move(status));
+      });
+  bool cancel = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wait_id_ = id;
+    cancel = cancelled_ && id != 0;
+  }
+  // OnCancel came before the wait had its id.
+  if (cancel && s_.admission.CancelWait(id)) End(absl::CancelledError("the client cancelled the call"));
+}
+
+void UnaryCall::OnReserved(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wait_id_ = 0;
+    if (status.ok() && cancelled_) status = absl::CancelledError("the client cancelled the call");
+  }
+  if (!status.ok()) {
+    End(std::move(status));
+    return;
+  }
+  StartRead(&request_bytes_);
+}
+
+void UnaryCall::OnReadDone(bool ok) {
+  if (!ok) {
+    End(context_->IsCancelled() ? absl::CancelledError("the client cancelled the call")
+                                : absl::InvalidArgumentError("the call ended before its request"));
+    return;
+  }
+  absl::Status status = Run();
+  if (!status.ok()) End(std::move(status));
+}
+
+absl::Status UnaryCall::Run() {
+  {
+    // The data bytes are viewed where gRPC received them, not copied (request_bytes_ keeps them).
+    grpc::ProtoBufferReader reader(&request_bytes_);
+    if (!reader.status().ok() || !ReadMatricesInPlace(&reader, &request_)) {
+      return absl::InvalidArgumentError("the request is not an OrthogonalizeRequest");
+    }
+  }
+  const int n = static_cast<int>(request_.size());
   if (n == 0) return absl::InvalidArgumentError("the request holds no matrices");
   if (n > s_.options.max_matrices_per_step) {
     return absl::InvalidArgumentError(absl::StrCat("the request holds ", n, " matrices; at most ",
@@ -45,31 +130,45 @@ absl::Status UnaryCall::Begin() {
   // Validate everything (sizes before any allocation), then admit the bytes, then compute.
   std::vector<ParsedSpec> parsed;
   int64_t bytes = 0;
+  int64_t out_bytes = 0;
   for (int i = 0; i < n; ++i) {
-    const v1::Matrix& m = request_->matrices(i);
-    ASSIGN_OR_RETURN(ParsedSpec p, ParseMatrixSpec(m.spec(), i, s_.options.max_matrix_elements, /*whole_if_unset=*/true));
-    const std::string what = absl::StrCat("matrix ", i, " (\"", m.spec().name(), "\")");
+    const MatrixInPlace& m = request_[static_cast<size_t>(i)];
+    v1::MatrixSpec spec;
+    if (!spec.ParseFromString(m.spec)) {
+      return absl::InvalidArgumentError(absl::StrCat("matrix ", i, ": its spec is not a MatrixSpec"));
+    }
+    ASSIGN_OR_RETURN(ParsedSpec p, ParseMatrixSpec(spec, i, s_.options.max_matrix_elements, /*whole_if_unset=*/true));
+    const std::string what = absl::StrCat("matrix ", i, " (\"", spec.name(), "\")");
     if (!(p.block == WholeBlock(p.plan.view))) {
       return absl::InvalidArgumentError(absl::StrCat(what, " block: a unary call carries whole matrices; send blocks "
                                                            "of a group through OrthogonalizeStream"));
     }
-    if (static_cast<int64_t>(m.data().size()) != p.block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " data has ", m.data().size(), " bytes; a ", p.plan.view.rows,
+    if (m.data_bytes != p.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " data has ", m.data_bytes, " bytes; a ", p.plan.view.rows,
                                                      "x", p.plan.view.cols, " ", DTypeName(p.plan.dtype),
                                                      " matrix has ", p.block_bytes));
     }
-    const int64_t bad = FindNonFinite(p.plan.dtype, m.data().data(), static_cast<size_t>(p.plan.view.numel()));
+    const int64_t bad = FirstNonFinite(p.plan.dtype, m.data);
     if (bad >= 0) {
       return absl::InvalidArgumentError(absl::StrCat(what, " data holds a non-finite value (NaN or Inf) at element ",
                                                      bad, " (row ", bad / p.plan.view.cols, ", col ",
                                                      bad % p.plan.view.cols, ")"));
     }
-    bytes += p.block_bytes + p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
+    const int64_t result_bytes = p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
+    out_bytes += result_bytes;
+    bytes += p.block_bytes + result_bytes;
+    names_.push_back(spec.name());
     parsed.push_back(std::move(p));
   }
-  RETURN_IF_ERROR(s_.admission.AddBytes(bytes_, tenant_, bytes, "this request"));
-  s_.metrics->BytesIn(kMethod, static_cast<double>(request_->ByteSizeLong()));
-  s_.metrics->TenantBytes(tenant_, "in", static_cast<double>(request_->ByteSizeLong()));
+  if (out_bytes > s_.options.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the results would take ", out_bytes, " bytes, more than a response may hold (--max-message-bytes = ",
+        s_.options.max_message_bytes, "); send them through OrthogonalizeStream"));
+  }
+  // The reservation becomes what the call holds: its inputs and results (never more).
+  RETURN_IF_ERROR(s_.admission.Resize(bytes_, tenant_, bytes, "this request"));
+  s_.metrics->BytesIn(kMethod, static_cast<double>(request_bytes_.Length()));
+  s_.metrics->TenantBytes(tenant_, "in", static_cast<double>(request_bytes_.Length()));
 
   StepRequest step_request;
   step_request.tenant = tenant_;
@@ -87,24 +186,26 @@ absl::Status UnaryCall::Begin() {
     return absl::OkStatus();
   }
   for (int i = 0; i < n; ++i) {
-    const v1::Matrix& m = request_->matrices(i);
-    const absl::string_view data = m.data();
-    if (!step->AddMatrix(std::move(parsed[i]), m.spec().name(), {}) || !step->AddData(i, {&data, 1})) {
+    if (!step->AddMatrix(std::move(parsed[i]), names_[i], {}) || !step->AddData(i, request_[i].data)) {
       return absl::OkStatus();  // The step failed; it ends the call.
     }
   }
+  // The step has copied the bytes: free them.
+  request_.clear();
+  request_bytes_.Clear();
   step->End();
   return absl::OkStatus();
 }
 
 void UnaryCall::Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
-                       absl::string_view data, std::shared_ptr<const void>) {
+                       absl::string_view data, std::shared_ptr<const void> owner) {
   std::lock_guard<std::mutex> lock(mu_);
   Slot& slot = slots_[static_cast<size_t>(index)];
   slot.status = status;
   slot.plan = plan;
   slot.block = block;
-  slot.data.assign(data.data(), data.size());
+  slot.data = data;
+  slot.owner = std::move(owner);
 }
 
 void UnaryCall::Finished(StepEnd end) {
@@ -123,37 +224,57 @@ void UnaryCall::Finished(StepEnd end) {
       return;
     }
   }
+  // The response refers to the result buffers: no copy of the results.
+  std::vector<UnaryResult> results;
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = slots[i];
-    v1::MatrixResult* r = response_->add_results();
-    r->set_index(static_cast<int>(i));
-    r->set_name(slot.plan.name);
-    r->set_dtype(DTypeToProto(slot.plan.result_dtype));
-    for (int64_t d : slot.plan.shape) r->add_shape(d);
-    r->set_nd_layout(NdLayoutToProto(slot.plan.layout));
-    *r->mutable_block() = BlockToProto(slot.block);
-    r->set_data(std::move(slot.data));
+    UnaryResult r;
+    r.header.set_index(static_cast<int>(i));
+    r.header.set_name(slot.plan.name);
+    r.header.set_dtype(DTypeToProto(slot.plan.result_dtype));
+    for (int64_t d : slot.plan.shape) r.header.add_shape(d);
+    r.header.set_nd_layout(NdLayoutToProto(slot.plan.layout));
+    *r.header.mutable_block() = BlockToProto(slot.block);
+    r.data = slot.data;
+    r.owner = std::move(slot.owner);
+    results.push_back(std::move(r));
   }
-  s_.metrics->BytesOut(kMethod, static_cast<double>(response_->ByteSizeLong()));
-  s_.metrics->TenantBytes(tenant_, "out", static_cast<double>(response_->ByteSizeLong()));
+  response_bytes_ = UnaryResponse(std::move(results));
+  s_.metrics->BytesOut(kMethod, static_cast<double>(response_bytes_.Length()));
+  s_.metrics->TenantBytes(tenant_, "out", static_cast<double>(response_bytes_.Length()));
   End(absl::OkStatus());
 }
 
 void UnaryCall::End(absl::Status status) {
-  if (!status.ok()) response_->Clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    ended_ = true;
+  }
   status_ = status;
-  Finish(ToGrpcStatus(status));
+  if (status.ok()) {
+    StartWriteAndFinish(&response_bytes_, grpc::WriteOptions(), grpc::Status::OK);
+  } else {
+    Finish(ToGrpcStatus(status));
+  }
 }
 
 void UnaryCall::OnCancel() {
   std::shared_ptr<Step> step;
+  uint64_t wait = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
     step = step_;
+    wait = wait_id_;
   }
-  // Without a step the call is ending already (Begin failed), or Begin cancels the step it opens.
-  if (step != nullptr) step->Cancel(s_.draining.load());
+  if (step != nullptr) {
+    step->Cancel(s_.draining.load());
+  } else if (wait != 0 && s_.admission.CancelWait(wait)) {
+    End(absl::CancelledError("the client cancelled the call while it waited for room"));
+  }
+  // Otherwise the call is ending already, or is being read (OnReadDone fails), or Run cancels
+  // the step it opens.
 }
 
 void UnaryCall::OnDone() {

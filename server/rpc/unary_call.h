@@ -1,8 +1,15 @@
 // One Orthogonalize (unary) call on gRPC's callback API: a one-message step through the same
 // step layer as a stream (server/step/step.h), so that a unary call on a fleet is planned over
-// the fleet like a lone stream. Every matrix is validated (sizes, data length, finiteness)
-// before any byte is admitted or copied; the first matrix that fails fails the call, as the
-// proto says. No thread is held while the step runs.
+// the fleet like a lone stream. No thread is held while it waits or computes.
+//
+// Bounded memory: the call is served by the generic callback service (a raw byte stream), so
+// that its body is read only once twice --max-message-bytes (its request and its response) of
+// the server's in-flight budget is reserved for it (Admission::AddBytesWhenAvailable, in arrival
+// order); until then gRPC holds no more of it than HTTP/2 flow control lets the client send.
+// Once read, the reservation shrinks to what the call holds (its input and result bytes). The
+// response refers to the result buffers rather than copying them (stream_codec.h). Every matrix is validated (sizes,
+// data length, finiteness) before anything is computed; the first matrix that fails fails the
+// call, as the proto says.
 #pragma once
 
 #include <memory>
@@ -10,19 +17,27 @@
 #include <string>
 #include <vector>
 
+#include "common/chunk_wire.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "orthoserve/v1/orthogonalizer.pb.h"
 #include "server/rpc/service_state.h"
 
 namespace orthoserve {
 
-class UnaryCall final : public grpc::ServerUnaryReactor, public StepSink, public std::enable_shared_from_this<UnaryCall> {
- public:
-  // Serves `request` into `response` (both owned by gRPC until OnDone).
-  static grpc::ServerUnaryReactor* Start(ServiceState& state, grpc::CallbackServerContext* context,
-                                         const v1::OrthogonalizeRequest* request, v1::OrthogonalizeResponse* response);
+// The full method name the generic service routes to UnaryCall.
+inline constexpr char kOrthogonalizeMethod[] = "/orthoserve.v1.Orthogonalizer/Orthogonalize";
 
-  // grpc::ServerUnaryReactor.
+class UnaryCall final : public grpc::ServerGenericBidiReactor,
+                        public StepSink,
+                        public std::enable_shared_from_this<UnaryCall> {
+ public:
+  // Serves the call `context` (of kOrthogonalizeMethod).
+  static grpc::ServerGenericBidiReactor* Start(ServiceState& state, grpc::CallbackServerContext* context);
+
+  // grpc::ServerGenericBidiReactor.
+  void OnReadDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
 
@@ -36,20 +51,26 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public StepSink, public
     absl::Status status = absl::UnknownError("no result");
     MatrixPlan plan;
     Block block;
-    std::string data;
+    absl::string_view data;
+    std::shared_ptr<const void> owner;  // Keeps `data`.
   };
 
-  UnaryCall(ServiceState& state, grpc::CallbackServerContext* context, const v1::OrthogonalizeRequest* request,
-            v1::OrthogonalizeResponse* response);
-  // Validates, admits and runs the request; an error ends the call at once.
-  absl::Status Begin();
+  UnaryCall(ServiceState& state, grpc::CallbackServerContext* context);
+  // Authenticates, then waits for the body's reservation.
+  void Begin();
+  void OnReserved(absl::Status status);
+  // Parses, validates, admits and runs the request; an error ends the call at once.
+  absl::Status Run();
+  // Ends the call with `status`, and the response when OK; only the first call counts.
   void End(absl::Status status);
 
   ServiceState& s_;
   grpc::CallbackServerContext* const context_;
-  const v1::OrthogonalizeRequest* const request_;
-  v1::OrthogonalizeResponse* const response_;
   StepServices services_;
+  grpc::ByteBuffer request_bytes_;          // The request as received, until the step has it.
+  std::vector<MatrixInPlace> request_;       // Its matrices, the data viewed in request_bytes_.
+  std::vector<std::string> names_;           // The matrices' names.
+  grpc::ByteBuffer response_bytes_;
   const absl::Time start_ = absl::Now();
   std::shared_ptr<UnaryCall> self_;  // gRPC's hold, until OnDone.
   std::string tenant_;
@@ -57,7 +78,9 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public StepSink, public
 
   std::mutex mu_;
   std::shared_ptr<Step> step_;
+  uint64_t wait_id_ = 0;  // The body's reservation while it waits.
   bool cancelled_ = false;
+  bool ended_ = false;
   std::vector<Slot> slots_;
   absl::Status status_;  // How the call ended (metrics).
 };

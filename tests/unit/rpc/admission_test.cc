@@ -86,5 +86,68 @@ TEST(AdmissionTest, BytesPerServerAndPerTenantNameTheirLimits) {
   EXPECT_THAT(admission.AddBytes(b, "alice", 1, "x"), StatusIs(absl::StatusCode::kInternal, HasSubstr("ticket of tenant \"bob\" used for tenant \"alice\"")));
 }
 
+TEST(AdmissionTest, WaitersGetReleasedBytesInArrivalOrder) {
+  Admission::Options options;
+  options.max_inflight_bytes = 100;
+  options.max_tenant_inflight_bytes = 80;
+  Admission admission(options, nullptr);
+  Admission::Ticket held;
+  ASSERT_OK(admission.AddBytes(held, "alice", 70, "held"));
+
+  std::vector<std::string> order;
+  std::vector<absl::Status> results(4);
+  Admission::Ticket a, b, c, d;
+  // 40 does not fit beside 70: it waits, and so does everything after it, even what would fit.
+  EXPECT_NE(admission.AddBytesWhenAvailable(&a, "bob", 40, "a", [&](absl::Status s) { order.push_back("a"); results[0] = s; }), 0u);
+  EXPECT_NE(admission.AddBytesWhenAvailable(&b, "carol", 10, "b", [&](absl::Status s) { order.push_back("b"); results[1] = s; }), 0u);
+  const uint64_t cancelled =
+      admission.AddBytesWhenAvailable(&c, "dave", 10, "c", [&](absl::Status s) { order.push_back("c"); results[2] = s; });
+  // Alice's own limit (80) refuses at once rather than waiting: 70 + 20 > 80.
+  Admission::Ticket own;
+  EXPECT_EQ(admission.AddBytesWhenAvailable(&own, "alice", 20, "own", [&](absl::Status s) { results[3] = s; }), 0u);
+  EXPECT_THAT(results[3], StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-tenant-inflight-bytes")));
+  EXPECT_EQ(admission.waiting(), 3u);
+  EXPECT_TRUE(admission.CancelWait(cancelled));
+  EXPECT_FALSE(admission.CancelWait(cancelled));
+  EXPECT_TRUE(order.empty());
+
+  held.Release();  // 100 free: a (40) and b (10) in order; c was cancelled.
+  EXPECT_THAT(order, ::testing::ElementsAre("a", "b"));
+  EXPECT_OK(results[0]);
+  EXPECT_OK(results[1]);
+  EXPECT_EQ(a.bytes(), 40);
+  EXPECT_EQ(b.bytes(), 10);
+  EXPECT_EQ(admission.inflight_bytes(), 50);
+  EXPECT_EQ(admission.waiting(), 0u);
+
+  // More than the whole budget can never fit: refused at once.
+  Admission::Ticket huge;
+  absl::Status refused;
+  EXPECT_EQ(admission.AddBytesWhenAvailable(&huge, "erin", 101, "huge", [&](absl::Status s) { refused = s; }), 0u);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-inflight-bytes")));
+}
+
+TEST(AdmissionTest, ResizeShrinksFreelyAndGrowsWithinTheLimits) {
+  Admission::Options options;
+  options.max_inflight_bytes = 100;
+  Admission admission(options, nullptr);
+  Admission::Ticket t;
+  ASSERT_OK(admission.AddBytes(t, "alice", 60, "reservation"));
+  Admission::Ticket waiter;
+  bool granted = false;
+  admission.AddBytesWhenAvailable(&waiter, "bob", 70, "w", [&](absl::Status s) { granted = s.ok(); });
+  EXPECT_FALSE(granted);
+  ASSERT_OK(admission.Resize(t, "alice", 25, "actual"));  // Shrinking returns 35 bytes: the waiter fits.
+  EXPECT_TRUE(granted);
+  EXPECT_EQ(t.bytes(), 25);
+  EXPECT_EQ(admission.inflight_bytes(), 95);
+  EXPECT_THAT(admission.Resize(t, "alice", 40, "actual"),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-inflight-bytes")));
+  EXPECT_EQ(t.bytes(), 25);
+  t.Release();
+  waiter.Release();
+  EXPECT_EQ(admission.inflight_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace orthoserve
