@@ -3,7 +3,6 @@
 
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -11,21 +10,19 @@
 #include "client/cpp/chunking.h"
 #include "proto/convert/grpc_status.h"
 #include "client/cpp/health.h"
+#include "client/cpp/step_call.h"
 #include "client/cpp/step_codec.h"
 #include "client/cpp/step_protocol.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "grpcpp/support/sync_stream.h"
 
 namespace orthoserve::client {
 namespace {
 
 // Chunk buffers kept for reuse between messages and steps (a few chunks are in flight at a time).
 constexpr int64_t kMaxIdleSendBytes = int64_t{64} << 20;
-
-constexpr char kStreamMethod[] = "/orthoserve.v1.Orthogonalizer/OrthogonalizeStream";
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -261,41 +258,20 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
 
   grpc::ClientContext context;
   PrepareContext(&context, timeout);
-  // The stream's messages are written and read as raw bytes (step_codec.h), so that matrix data
-  // is not copied into and out of protobuf messages: the generated stub's call, with ByteBuffer
-  // in place of the message types.
-  const grpc::internal::RpcMethod method(kStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                                           &context));
-  // The writer only stops early when the stream breaks (its own status then adds nothing to the
-  // stream's status, which Finish reports) or a chunk buffer cannot be allocated.
-  absl::Status send_error;
-  std::thread writer([&] {
-    absl::Status written = WriteStep(
-        step, attempt, inputs, chunk,
-        [&](const v1::StreamRequest& request) { return stream->Write(SerializeToByteBuffer(request)); },
-        [&](int index, absl::string_view data) {
-          absl::StatusOr<grpc::ByteBuffer> message = ChunkRequest(index, data, *send_buffers_);
-          if (!message.ok()) {
-            send_error = message.status();
-            context.TryCancel();
-            return false;
-          }
-          return stream->Write(*message);
-        });
-    if (written.ok()) stream->WritesDone();
-  });
+  // The stream's messages are written and read as raw bytes (step_codec.h), so that matrix data is
+  // not copied into and out of protobuf messages; gRPC's callback threads write them (StepCall)
+  // while this thread reassembles the results and runs on_result.
+  StepCall call(&context, std::make_unique<StepRequests>(step, attempt, inputs, chunk), send_buffers_.get());
+  call.Start(channel_);
 
   StepResultAssembler assembler(std::move(names));
   absl::Status protocol_error;
-  StreamResponseView response;
-  while (stream->Read(&response.raw)) {
-    const absl::Status parsed = ParseStreamResponse(&response);
+  while (std::unique_ptr<StreamResponseView> response = call.Next()) {
+    const absl::Status parsed = ParseStreamResponse(response.get());
     absl::StatusOr<std::optional<int>> done =
         !parsed.ok() ? absl::StatusOr<std::optional<int>>(parsed)
-        : response.message.has_chunk() ? assembler.AddChunk(response.message.chunk().index(), response.chunk_data)
-                                       : assembler.Add(response.message);
+        : response->message.has_chunk() ? assembler.AddChunk(response->message.chunk().index(), response->chunk_data)
+                                        : assembler.Add(response->message);
     if (!done.ok()) {
       protocol_error = done.status();
       context.TryCancel();
@@ -314,10 +290,8 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
     }
     if (on_result) on_result(assembler.output(index));
   }
-  while (stream->Read(&response.raw)) {
-  }
-  writer.join();
-  const grpc::Status status = stream->Finish();
+  const grpc::Status status = call.Finish();
+  const absl::Status send_error = call.send_error();
   RETURN_IF_ERROR(send_error);
   RETURN_IF_ERROR(protocol_error);
   RETURN_IF_ERROR(FromCallStatus(status, context.GetServerTrailingMetadata()));

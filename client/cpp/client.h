@@ -84,8 +84,9 @@ class Client {
   // sending; the server's code and message otherwise) when it fails as a whole.
   absl::StatusOr<std::vector<MatrixOutput>> Orthogonalize(absl::Span<const MatrixInput> inputs);
 
-  // One OrthogonalizeStream step. Sends the header, each spec and its chunked data from a second
-  // thread while reading results on this one; results may arrive before every matrix is sent.
+  // One OrthogonalizeStream step. Sends the header, each spec and its chunked data from gRPC's
+  // callback threads while reading results on this one; results may arrive before every matrix is
+  // sent, and on_result runs on this thread.
   // Returns one output per input, in input order, each with its per-matrix status; `on_result`
   // (optional) sees each as it completes, each matrix index once even when the step is retried
   // (results are deterministic; a retry's repeats are not passed again). Stream-level failures

@@ -12,6 +12,13 @@ namespace {
 
 absl::Status StreamBroken() { return absl::UnavailableError("the stream closed before the step was sent"); }
 
+StepRequests::Request MessageRequest(const v1::StreamRequest* message, bool last) {
+  StepRequests::Request request;
+  request.message = message;
+  request.last = last;
+  return request;
+}
+
 }  // namespace
 
 absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
@@ -24,11 +31,10 @@ absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const Ma
   });
 }
 
-absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
-                       const std::function<bool(const v1::StreamRequest&)>& write,
-                       const std::function<bool(int index, absl::string_view data)>& write_chunk) {
-  v1::StreamRequest request;
-  v1::StepHeader* header = request.mutable_header();
+StepRequests::StepRequests(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs,
+                           size_t chunk_bytes)
+    : inputs_(inputs), chunk_bytes_(chunk_bytes) {
+  v1::StepHeader* header = request_.mutable_header();
   header->set_job(step.job);
   header->set_group(step.group);
   header->set_step(step.step);
@@ -36,16 +42,50 @@ absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const Ma
   header->set_world(step.world);
   header->set_num_matrices(static_cast<int>(inputs.size()));
   header->set_attempt(attempt);
-  if (!write(request)) return StreamBroken();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    *request.mutable_spec() = ToSpec(inputs[i]);
-    if (!write(request)) return StreamBroken();
-    for (absl::string_view chunk : SplitChunks(inputs[i].data, inputs[i].bytes, chunk_bytes)) {
-      if (!write_chunk(static_cast<int>(i), chunk)) return StreamBroken();
+}
+
+std::optional<StepRequests::Request> StepRequests::Next() {
+  while (true) {
+    switch (stage_) {
+      case Stage::kHeader:
+        stage_ = Stage::kSpec;
+        return MessageRequest(&request_, /*last=*/false);
+      case Stage::kSpec:
+        if (input_ == inputs_.size()) {
+          request_.mutable_end();
+          stage_ = Stage::kDone;
+          return MessageRequest(&request_, /*last=*/true);
+        }
+        *request_.mutable_spec() = ToSpec(inputs_[input_]);
+        chunks_ = SplitChunks(inputs_[input_].data, inputs_[input_].bytes, chunk_bytes_);
+        next_chunk_ = 0;
+        stage_ = Stage::kChunks;
+        return MessageRequest(&request_, /*last=*/false);
+      case Stage::kChunks:
+        if (next_chunk_ < chunks_.size()) {
+          Request chunk;
+          chunk.chunk_index = static_cast<int>(input_);
+          chunk.chunk_data = chunks_[next_chunk_++];
+          return chunk;
+        }
+        ++input_;
+        stage_ = Stage::kSpec;
+        break;
+      case Stage::kDone:
+        return std::nullopt;
     }
   }
-  request.mutable_end();
-  if (!write(request)) return StreamBroken();
+}
+
+absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+                       const std::function<bool(const v1::StreamRequest&)>& write,
+                       const std::function<bool(int index, absl::string_view data)>& write_chunk) {
+  StepRequests requests(step, attempt, inputs, chunk_bytes);
+  while (std::optional<StepRequests::Request> request = requests.Next()) {
+    const bool written = request->message != nullptr ? write(*request->message)
+                                                     : write_chunk(request->chunk_index, request->chunk_data);
+    if (!written) return StreamBroken();
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
 // The client side of one OrthogonalizeStream step, without gRPC: the request messages a step
-// consists of (WriteStep) and the reassembly of the server's responses (StepResultAssembler).
+// consists of (StepRequests, WriteStep) and the reassembly of the server's responses (StepResultAssembler).
 // client.cc drives both over a real stream; tests drive them directly.
 #pragma once
 
@@ -16,9 +16,43 @@
 
 namespace orthoserve::client {
 
-// Emits one step through `write`: a StepHeader (with `attempt`: 0 on the first try, +1 per retry),
+// The request messages of one step, pulled one at a time (for a writer that sends the next message
+// when the previous one is done): a StepHeader (with `attempt`: 0 on the first try, +1 per retry),
 // then for each input its MatrixSpec followed by DataChunks of at most `chunk_bytes` carrying
-// exactly its bytes, then StepEnd. The inputs must have passed CheckInput. `write` returns false
+// exactly its bytes, then StepEnd. The inputs must have passed CheckInput, and their bytes must
+// outlive the object (chunks are views of them). Not thread-safe.
+class StepRequests {
+ public:
+  // One message: a DataChunk when `message` is null (matrix `chunk_index`, bytes `chunk_data`, a
+  // view into the input: no copy is made here); otherwise the header, a spec or the end, valid
+  // until the next call of Next.
+  struct Request {
+    const v1::StreamRequest* message = nullptr;
+    int chunk_index = -1;
+    absl::string_view chunk_data;
+    bool last = false;  // The StepEnd: no message follows.
+  };
+
+  StepRequests(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes);
+  StepRequests(const StepRequests&) = delete;
+  StepRequests& operator=(const StepRequests&) = delete;
+
+  // The next message; nullopt once the StepEnd was returned.
+  std::optional<Request> Next();
+
+ private:
+  enum class Stage { kHeader, kSpec, kChunks, kDone };
+  const absl::Span<const MatrixInput> inputs_;
+  const size_t chunk_bytes_;
+  v1::StreamRequest request_;  // The header (set at construction), then the current spec, then the end.
+  Stage stage_ = Stage::kHeader;
+  size_t input_ = 0;                        // The input whose spec or chunks come next.
+  std::vector<absl::string_view> chunks_;  // Input input_'s chunks (kChunks).
+  size_t next_chunk_ = 0;
+};
+
+// Emits one step (the messages of StepRequests, in order) through `write`. The inputs must have
+// passed CheckInput. `write` returns false
 // when the stream is broken; WriteStep then stops and returns UNAVAILABLE (the stream's own status,
 // read by the caller, says why). `write` may reuse nothing of the message after it returns.
 absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,

@@ -5,8 +5,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/cpp/client.h"
 #include "client/cpp/group_client.h"
@@ -148,6 +150,30 @@ TEST_F(ClientLoopbackTest, ResultsArriveWhileLaterMatricesAreStillBeingSent) {
   ASSERT_OK(out);
   EXPECT_TRUE(gate->HasBeenNotified());
   EXPECT_EQ(AsFloats((*out)[1])[12345], 2 * big[12345]);
+}
+
+TEST_F(ClientLoopbackTest, ASlowResultCallbackRunsOnTheCallersThreadAndLosesNothing) {
+  // Many chunked results and an on_result slower than the stream: responses wait for the caller
+  // (reading pauses and resumes) and each callback runs on the thread that called Step.
+  auto client = Connect(server_);
+  std::vector<std::vector<float>> data;
+  std::vector<MatrixInput> inputs;
+  for (int i = 0; i < 24; ++i) data.push_back(Ramp(40 * 30, 0.5f + i));
+  for (int i = 0; i < 24; ++i) inputs.push_back(F32Input(absl::StrCat("m", i), {40, 30}, data[i]));
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<int> seen;
+  auto out = client->Step(StepOptions{}, inputs, [&](const MatrixOutput& o) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    seen.push_back(o.index);
+    absl::SleepFor(absl::Milliseconds(5));
+  });
+  ASSERT_OK(out);
+  EXPECT_EQ(seen.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<float> got = AsFloats((*out)[i]);
+    ASSERT_EQ(got.size(), data[i].size());
+    for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(got[k], 2 * data[i][k]) << i << " " << k;
+  }
 }
 
 TEST_F(ClientLoopbackTest, DeadlineExceeded) {

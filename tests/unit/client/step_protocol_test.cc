@@ -2,9 +2,11 @@
 // plus input checks and result mapping of client/cpp/matrix.h.
 #include "client/cpp/step_protocol.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/matrix.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -134,6 +136,26 @@ TEST(WriteStep, EmptyBlockSendsSpecWithoutChunks) {
   ASSERT_EQ(sent.size(), 3u);
   EXPECT_TRUE(sent[1].has_spec());
   EXPECT_TRUE(sent[2].has_end());
+}
+
+TEST(StepRequests, ChunksAreViewsOfTheInputAndOnlyTheEndIsLast) {
+  std::vector<float> a(5);
+  MatrixInput in = F32Input("a", {1, 5}, a);
+  StepRequests requests(StepOptions{}, 0, {&in, 1}, 12);
+  std::vector<std::string> kinds;
+  while (std::optional<StepRequests::Request> r = requests.Next()) {
+    if (r->message == nullptr) {
+      EXPECT_EQ(r->chunk_index, 0);
+      EXPECT_EQ(r->chunk_data.data(), reinterpret_cast<const char*>(a.data()) + 12 * (kinds.size() - 2));
+      EXPECT_FALSE(r->last);
+      kinds.push_back(absl::StrCat("chunk", r->chunk_data.size()));
+    } else {
+      EXPECT_EQ(r->last, r->message->has_end());
+      kinds.push_back(r->message->has_header() ? "header" : r->message->has_spec() ? "spec" : "end");
+    }
+  }
+  EXPECT_EQ(kinds, (std::vector<std::string>{"header", "spec", "chunk12", "chunk8", "end"}));
+  EXPECT_FALSE(requests.Next().has_value());
 }
 
 TEST(WriteStep, StopsWhenTheStreamBreaks) {
