@@ -82,6 +82,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--rendezvous-timeout and --collective-timeout must be positive");
   }
   if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
+  if (o.batch_window < 0) return absl::InvalidArgumentError("--fleet-batch-window must be 0 or more");
   if (o.collective != "auto" && o.collective != "gloo" && o.collective != "nccl") {
     return absl::InvalidArgumentError(
         absl::StrCat("--collective \"", o.collective, "\" is not one of auto, gloo, nccl"));
@@ -181,10 +182,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.rendezvous_timeout = o.service.rendezvous_timeout;
   f.collective_timeout = o.collective_timeout;
   f.stall_warning = o.stall_warning;
+  f.batch_window = o.batch_window;
   f.peer_timeout = o.peer_timeout;
   f.collective = ResolveCollective(o);
   f.device = o.backend.device;
   f.backend = server->backend_.get();
+  f.tenant_shares = o.tenant_shares;
   f.metrics = server->metrics_.get();
   o.service.version = ORTHOSERVE_VERSION;
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));

@@ -158,13 +158,62 @@ void Coordinator::CompleteLocked(const GroupKey& key) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
   Pending& p = it->second;
-  absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, p);
+  if (!PacingLocked()) {
+    AppendStepLocked(key);
+    return;
+  }
+  if (p.queued) return;  // A retry replaced a report of a step already in the queue.
+  p.queued = true;
+  double cost = 0;
+  for (const MatrixPlan& m : *p.reports[0]->specs) cost += EstimatedCost(m);
+  ready_.Push(key.tenant, key.job, cost, key);
+  ReleaseLocked();
+}
+
+void Coordinator::AppendStepLocked(const GroupKey& key) {
+  auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, it->second);
   pending_.erase(it);
   if (batch.ok()) {
     AppendLocked(*std::move(batch));
+    unran_.emplace_back(log_.back().index, absl::Now());
   } else {
     AppendFailureLocked(key, batch.status(), false, kStepFailureInvalid);
   }
+}
+
+bool Coordinator::PacingLocked() const {
+  if (options_.batch_window <= 0) return false;
+  // Only rank 0's executor says when a batch ran, and only while it runs them all.
+  for (const Member& m : generation_.members) {
+    if (m.rank == 0) return generation_.formed;
+  }
+  return false;
+}
+
+void Coordinator::ReleaseLocked() {
+  const bool pacing = PacingLocked();
+  while (!ready_.empty() && (!pacing || static_cast<int>(unran_.size()) < options_.batch_window)) {
+    const GroupKey key = ready_.Pop();
+    auto it = pending_.find(key);
+    // Gone (aborted, or appended already), or a rank was withdrawn meanwhile (it is queued again
+    // when it is complete again).
+    if (it == pending_.end() || !it->second.queued || it->second.arrived < it->second.trainer_world) continue;
+    it->second.queued = false;
+    AppendStepLocked(key);
+  }
+}
+
+void Coordinator::BatchRan(int64_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!unran_.empty() && unran_.front().first <= index) unran_.pop_front();
+  ReleaseLocked();
+}
+
+size_t Coordinator::queued_steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ready_.size();
 }
 
 void Coordinator::StartReplayLocked(ReadyReport report) {
@@ -279,6 +328,7 @@ void Coordinator::WithdrawLocked(Pending& p, int trainer_rank) {
   if (trainer_rank < 0 || trainer_rank >= p.trainer_world || !p.reports[trainer_rank]) return;
   p.reports[trainer_rank].reset();
   p.cached[trainer_rank] = false;
+  p.queued = false;  // Its key in ready_ goes stale; complete again, it is queued again.
   --p.arrived;
 }
 
@@ -392,6 +442,7 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
 void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
   std::vector<GroupKey> expired;
   for (auto& [key, p] : pending_) {
+    if (p.queued) continue;  // Complete: it waits for its turn, not for trainer ranks.
     const absl::Time deadline = p.first_report + options_.rendezvous_timeout;
     if (now >= deadline) {
       expired.push_back(key);
@@ -442,6 +493,14 @@ void Coordinator::TimerLoop() {
       next = std::min(next, reform_at_);
     }
     CheckPendingLocked(now, next);
+    // A batch rank 0 has not reported as run within the rendezvous timeout (its executor is
+    // stuck or gone) no longer holds the queue back.
+    bool stalled = false;
+    while (!unran_.empty() && now - unran_.front().second > options_.rendezvous_timeout) {
+      unran_.pop_front();
+      stalled = true;
+    }
+    if (stalled) ReleaseLocked();
     for (auto it = kept_.begin(); it != kept_.end();) {
       if (now - it->second.at > options_.rendezvous_timeout) {
         kept_.erase(it++);

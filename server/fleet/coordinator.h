@@ -33,6 +33,16 @@
 // appended as ABORTED naming the missing trainer ranks (retryable when the membership changed
 // while it waited); an explicit Abort with a retryable reason (UNAVAILABLE) withdraws that
 // trainer's report, any other reason aborts the step as ABORTED naming the rank and reason.
+//
+// Order of batches. Members run the log's batches one at a time, in log order. With
+// `batch_window` > 0 the coordinator does not append a complete step at once: complete steps
+// wait in a fair queue (common/fair_queue.h: weighted fair between tenants, by `shares`, then
+// between a tenant's jobs, each batch costing its matrices' estimated FLOPs) and are appended
+// when fewer than `batch_window` appended batches have not yet run on rank 0 (BatchRan, from
+// rank 0's executor, which takes part in every batch while it is a member). So a small job's
+// step waits behind at most `batch_window` batches of a flood, not behind the whole flood; the
+// batches themselves, and so every result, are unchanged. Without rank 0 in the generation (or
+// with batch_window = 0) steps are appended as they complete.
 // Thread-safe.
 #pragma once
 
@@ -51,6 +61,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/fair_queue.h"
 #include "common/shape.h"
 #include "common/status.h"
 #include "server/distributed/batch.h"
@@ -156,6 +167,9 @@ class Coordinator {
     // into the coordinator); `reason` is one of joined, restarted, left, lost,
     // collective_failed. May be empty.
     std::function<void(const Generation&, const std::string& reason)> on_generation;
+    // Batches appended but not yet run on rank 0 at most (0: no pacing; see "Order of batches").
+    int batch_window = 0;
+    FairShares shares;  // Tenants' weights and priority classes in the order of batches.
   };
 
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const Options& options);
@@ -185,8 +199,14 @@ class Coordinator {
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout);
 
   Generation generation() const;
-  // Steps waiting for trainer ranks (for tests and metrics).
+  // Rank 0's executor has applied log entry `index` (and every one before it): the batches up
+  // to it have run there, or failed.
+  void BatchRan(int64_t index);
+
+  // Steps waiting for trainer ranks or, complete, for their turn (for tests and metrics).
   size_t pending_steps() const;
+  // Complete steps waiting for their turn in the fair order of batches.
+  size_t queued_steps() const;
 
   // Wakes readers and stops the timer thread; later calls fail or are no-ops.
   void Shutdown();
@@ -225,6 +245,7 @@ class Coordinator {
     std::vector<bool> cached;  // Replay: the report is the original, its inputs in a member's cache.
     int arrived = 0;
     bool warned = false;
+    bool queued = false;  // Complete, in ready_ (a withdrawal takes it out: arrived < trainer_world).
   };
   // The last step of a group (key step = 0) that members keep: by trainer rank, the reports of
   // every member that keeps its inputs (the one it ran on, and a copy on the next member when
@@ -239,7 +260,13 @@ class Coordinator {
   void StartReplayLocked(ReadyReport report);
   // Fills replay slots from what members keep; appends the batch when every slot is filled.
   void FillReplayLocked(const GroupKey& key);
+  // A step whose every trainer rank arrived: appended now, or queued for its turn.
   void CompleteLocked(const GroupKey& key);
+  // Builds and appends the batch (or its failure) of complete step `key`.
+  void AppendStepLocked(const GroupKey& key);
+  // Appends queued steps while the window has room (or all of them when not pacing).
+  void ReleaseLocked();
+  bool PacingLocked() const;
 
   explicit Coordinator(const Options& options);
   void AppendLocked(LogEntry entry);
@@ -272,6 +299,8 @@ class Coordinator {
   bool reform_forced_ = false;  // The next reform happens even with unchanged members.
   absl::flat_hash_map<GroupKey, Pending> pending_;
   absl::flat_hash_map<GroupKey, Kept> kept_;  // By GroupKey::Group().
+  FairQueue<GroupKey> ready_;  // Complete steps for their turn; stale keys are skipped.
+  std::deque<std::pair<int64_t, absl::Time>> unran_;  // Appended batches not yet run on rank 0, and when.
   std::deque<LogEntry> log_;  // log_.front().index == first_index_.
   int64_t first_index_ = 0;
   bool shutdown_ = false;

@@ -148,6 +148,10 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
     if (k != kept_.end() && k->second.key == key) replays.push_back(key);
   }
   for (const GroupKey& key : replays) FillReplayLocked(key);
+  // The new generation is not formed yet, so nothing is paced: queued steps go into the log now
+  // (placed on the new members), and batches of the old generation hold nothing back.
+  unran_.clear();
+  ReleaseLocked();
   if (options_.on_generation) options_.on_generation(generation_, reason);
 }
 

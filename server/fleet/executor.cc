@@ -294,6 +294,7 @@ void Executor::ApplierLoop() {
       continue;
     }
     Apply(entry);
+    if (!entry.membership() && options_.on_step_applied) options_.on_step_applied(entry.index);
     std::lock_guard<std::mutex> lock(mu_);
     busy_since_ = absl::InfiniteFuture();
     aborted_at_ = absl::InfiniteFuture();

@@ -85,6 +85,10 @@ class Executor {
     absl::Duration cache_ttl = absl::Seconds(150);         // Keep a group's last steps this long (for replays).
     absl::Duration notice_ttl = absl::Seconds(60);         // How long the coordinator relies on a notice of them:
                                                            // only steps kept at least this much longer are noticed.
+    // Called after each step entry of the log was applied (its batch ran, or failed, or did not
+    // concern this rank), with its index, from the applier thread. Rank 0 tells its coordinator
+    // (Coordinator::BatchRan). May be empty.
+    std::function<void(int64_t index)> on_step_applied;
   };
 
   // What this rank knows of the fleet.

@@ -65,6 +65,11 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     c.stall_warning = options.stall_warning;
     c.peer_timeout = options.peer_timeout;
     if (options.world == 1) c.reform_delay = absl::ZeroDuration();
+    // Fleets of several ranks order their batches fairly (one appended ahead of rank 0's
+    // executor); a one-rank fleet computes lone steps in the compute queue, and groups there
+    // are appended as they complete.
+    c.batch_window = options.world > 1 ? options.batch_window : 0;
+    c.shares = options.tenant_shares;
     if (metrics != nullptr) {
       c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
       c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
@@ -94,6 +99,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   // Members of a generation are live processes, so joining its group is quick; a member that
   // died meanwhile is dropped by the coordinator within the peer timeout.
   e.formation_timeout = std::max(absl::Seconds(10), 2 * options.peer_timeout);
+  if (Coordinator* coordinator = fleet->coordinator_.get()) {
+    e.on_step_applied = [coordinator](int64_t index) { coordinator->BatchRan(index); };
+  }
   ASSIGN_OR_RETURN(fleet->executor_, Executor::Create(e));
   if (options.world > 1) {
     LOG_INFO("fleet") << "rank " << options.rank << " of up to " << options.world << " joins the fleet through "

@@ -60,6 +60,10 @@ class Fleet {
     int device = 0;                        // CUDA device ordinal for nccl.
     Backend* backend = nullptr;            // Not owned.
     Metrics* metrics = nullptr;            // Optional, not owned.
+    // The order of group batches (Coordinator "Order of batches"): batches appended ahead of
+    // rank 0's executor at most (0: in the order they complete), and tenants' shares.
+    int batch_window = 1;
+    FairShares tenant_shares;
   };
 
   // INVALID_ARGUMENT for inconsistent options (naming the flag); UNAVAILABLE when the fleet

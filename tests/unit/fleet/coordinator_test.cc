@@ -437,5 +437,66 @@ TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers
   EXPECT_THAT(g.members, Not(::testing::IsEmpty()));
 }
 
+// The step keys of the batch entries in `entries`, in log order.
+std::vector<std::string> BatchOrder(const std::vector<LogEntry>& entries) {
+  std::vector<std::string> out;
+  for (const LogEntry& e : entries) {
+    if (!e.membership() && e.status.ok()) out.push_back(absl::StrCat(e.key.tenant, e.key.step));
+  }
+  return out;
+}
+
+// With a batch window, complete steps wait in the fair queue and go into the log one at a time,
+// as rank 0 reports each batch run: a tenant's single step is not appended behind another's
+// whole flood, but after at most one more of its batches (self-clocked fair queueing ties go to
+// the earlier step). Waiting for its turn is no rendezvous timeout.
+TEST(CoordinatorTest, PacedBatchesOfTwoTenantsInterleaveInFairOrder) {
+  Coordinator::Options options = TestOptions(2);
+  options.batch_window = 1;
+  options.rendezvous_timeout = absl::Seconds(30);
+  auto c = Coordinator::Create(options);
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  for (const Member& m : members) ReadAll(**c, m, 0, /*formed=*/1);
+  ASSERT_TRUE((*c)->generation().formed);
+
+  for (int step = 1; step <= 4; ++step) {
+    ASSERT_OK((*c)->Report(Report(**c, GroupKey{"A", "flood", "g", step}, 0, 1, members[0], 100 + step)));
+  }
+  ASSERT_OK((*c)->Report(Report(**c, GroupKey{"B", "small", "g", 1}, 0, 1, members[1], 200)));
+  EXPECT_EQ((*c)->queued_steps(), 4u);
+  EXPECT_EQ((*c)->pending_steps(), 4u);
+  std::vector<LogEntry> log = ReadAll(**c, members[0], 0);
+  EXPECT_EQ(BatchOrder(log), (std::vector<std::string>{"A1"}));
+  // Rank 0 runs each batch in turn.
+  for (int ran = 0; ran < 4; ++ran) {
+    (*c)->BatchRan(log.back().index);
+    log = ReadAll(**c, members[0], 0);
+  }
+  EXPECT_EQ(BatchOrder(log), (std::vector<std::string>{"A1", "A2", "B1", "A3", "A4"}));
+  EXPECT_EQ((*c)->queued_steps(), 0u);
+  EXPECT_EQ((*c)->pending_steps(), 0u);
+}
+
+// Without rank 0 in the generation nobody reports batches run: steps go into the log as they
+// complete.
+TEST(CoordinatorTest, WithoutRankZeroInTheGenerationStepsAreAppendedAsTheyComplete) {
+  Coordinator::Options options = TestOptions(3);
+  options.batch_window = 1;
+  auto c = Coordinator::Create(options);
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(1, 11), M(2, 12)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  for (const Member& m : members) ReadAll(**c, m, 0, /*formed=*/1);
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK((*c)->Report(Report(**c, GroupKey{"A", "flood", "g", step}, 0, 1, members[0], 100 + step)));
+  }
+  EXPECT_EQ(BatchOrder(ReadAll(**c, members[0], 0)), (std::vector<std::string>{"A1", "A2", "A3"}));
+  EXPECT_EQ((*c)->queued_steps(), 0u);
+}
+
 }  // namespace
 }  // namespace orthoserve
