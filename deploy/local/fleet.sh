@@ -2,7 +2,7 @@
 # Runs an S-rank CPU fleet of orthoserve on this machine (loopback), for development and the
 # integration tests.
 #
-#   deploy/local/fleet.sh start [--world S] [--base-port P] [--dir DIR] [--bin DIR] [-- SERVER FLAGS...]
+#   deploy/local/fleet.sh start [--world S] [--base-port P] [--dir DIR] [--bin DIR] [--token-file F] [-- SERVER FLAGS...]
 #   deploy/local/fleet.sh stop  [--dir DIR]
 #   deploy/local/fleet.sh status [--dir DIR]
 #
@@ -10,7 +10,8 @@
 # 127.0.0.1:(P + 50 + r) (rank 0's is the coordinator) and /metrics on 127.0.0.1:(P + 100 + r). Logs and pid files go to DIR
 # (default /tmp/orthoserve-fleet). `start` returns once every rank is a member of a formed
 # generation of all S ranks (through `orthoctl info --json` when it is built, else the rank's
-# log), or fails after --wait seconds with the logs' tails. `stop` sends SIGTERM (graceful
+# log), or fails after --wait seconds with the logs' tails; with servers that require tokens
+# (--token-file among the server flags) give `start` a client token file for that check. `stop` sends SIGTERM (graceful
 # drain), then SIGKILL after 15 s.
 set -euo pipefail
 
@@ -21,6 +22,7 @@ base=47000
 dir=/tmp/orthoserve-fleet
 bin=""
 wait_s=60
+token_file=""
 extra=()
 while (($#)); do
   case "$1" in
@@ -29,6 +31,7 @@ while (($#)); do
     --dir) dir=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --wait) wait_s=$2; shift 2 ;;
+    --token-file) token_file=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "fleet.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -57,7 +60,9 @@ stop() {
 ready() {  # ready RANK: the rank is ready and lists all S members as ready.
   local port=$((base + $1)) n
   if [[ -x "$bin/orthoctl" ]]; then
-    n=$("$bin/orthoctl" info --json --no-retry --server "127.0.0.1:$port" --timeout 2 2>/dev/null |
+    local auth=()
+    [[ -n "$token_file" ]] && auth=(--token-file "$token_file")
+    n=$("$bin/orthoctl" info --json --no-retry --server "127.0.0.1:$port" --timeout 2 "${auth[@]}" 2>/dev/null |
       grep -o '"ready": *true' | wc -l) || return 1
     ((n >= world + 1))
   else
