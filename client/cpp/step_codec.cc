@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "common/chunk_wire.h"
+#include "proto/convert/chunk_wire.h"
 #include "grpcpp/support/slice.h"
 
 namespace orthoserve::client {

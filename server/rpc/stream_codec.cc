@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/chunk_wire.h"
+#include "proto/convert/chunk_wire.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/support/slice.h"
 #include "proto/convert/ns_options_proto.h"

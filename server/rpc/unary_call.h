@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/chunk_wire.h"
+#include "proto/convert/chunk_wire.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"

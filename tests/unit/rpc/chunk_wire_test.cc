@@ -1,6 +1,6 @@
-// common/chunk_wire.h on known encodings: prefixes are protobuf's bytes, and chunks are read in
+// proto/convert/chunk_wire.h on known encodings: prefixes are protobuf's bytes, and chunks are read in
 // place however the stream is split, while every other message is left to protobuf.
-#include "common/chunk_wire.h"
+#include "proto/convert/chunk_wire.h"
 
 #include <string>
 #include <vector>

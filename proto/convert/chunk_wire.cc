@@ -1,5 +1,5 @@
-// Implementation of common/chunk_wire.h.
-#include "common/chunk_wire.h"
+// Implementation of proto/convert/chunk_wire.h.
+#include "proto/convert/chunk_wire.h"
 
 #include <algorithm>
 
