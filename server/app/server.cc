@@ -188,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.device = o.backend.device;
   f.backend = server->backend_.get();
   f.tenant_shares = o.tenant_shares;
+  f.compute = server->compute_.get();
   f.metrics = server->metrics_.get();
   o.service.version = ORTHOSERVE_VERSION;
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));

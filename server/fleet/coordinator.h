@@ -77,9 +77,10 @@ struct Member {
   int rank = 0;
   std::string address;       // Public HOST:PORT.
   uint64_t incarnation = 0;  // Random per process start.
+  int fleet_port = 0;        // Its fleet address's port on the host of `address` (peer compute); 0: none.
 
   bool operator==(const Member& o) const {
-    return rank == o.rank && incarnation == o.incarnation && address == o.address;
+    return rank == o.rank && incarnation == o.incarnation && address == o.address && fleet_port == o.fleet_port;
   }
 };
 

@@ -85,7 +85,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   RETURN_IF_ERROR(fleet->ServeFleetPort());
 
   Executor::Options e;
-  e.self = Member{options.rank, options.advertise_address, RandomNonZeroId()};
+  e.self = Member{options.rank, options.advertise_address, RandomNonZeroId(),
+                  fleet->peer_service_ != nullptr ? fleet->fleet_port_ : 0};
+  fleet->peers_ = std::make_unique<PeerClient>(options.collective_timeout);
   e.backend = options.backend;
   e.log = fleet->log_.get();
   e.metrics = metrics;
@@ -184,6 +186,10 @@ absl::Status Fleet::ServeFleetPort() {
     fleet_service_ = std::make_unique<FleetService>(store_.get(), coordinator_.get());
     builder.RegisterService(fleet_service_.get());
   }
+  if (options_.world > 1 && options_.compute != nullptr) {
+    peer_service_ = std::make_unique<PeerService>(options_.backend, options_.compute, options_.metrics);
+    builder.RegisterService(peer_service_.get());
+  }
   fleet_server_ = builder.BuildAndStart();
   if (fleet_server_ == nullptr || fleet_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--fleet-listen ", options_.fleet_listen, " cannot be bound"));
@@ -252,6 +258,47 @@ void Fleet::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) { execu
 
 void Fleet::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
   executor_->AbortStep(key, trainer_rank, reason, submission);
+}
+
+std::shared_ptr<const Fleet::LoneTarget> Fleet::PickLoneRank(double cost) {
+  auto target = std::make_unique<LoneTarget>();
+  target->rank = options_.rank;
+  if (options_.world > 1 && executor_ != nullptr && !shutdown_.load()) {
+    const Executor::View view = executor_->view();
+    if (view.member && view.formed) {
+      std::lock_guard<std::mutex> lock(lone_->mu);
+      double best = lone_->outstanding[options_.rank];
+      for (const Member& m : view.members) {
+        if (m.rank == options_.rank || m.fleet_port == 0) continue;
+        const double load = lone_->outstanding[m.rank];
+        if (load < best || (load == best && !target->here() && m.rank < target->rank)) {
+          best = load;
+          target->rank = m.rank;
+          const std::string host = HostOf(m.address);
+          target->address = absl::StrCat(host.find(':') == std::string::npos ? host : absl::StrCat("[", host, "]"), ":",
+                                         m.fleet_port);
+        }
+      }
+    }
+  }
+  std::shared_ptr<LoneLoad> load = lone_;
+  {
+    std::lock_guard<std::mutex> lock(load->mu);
+    load->outstanding[target->rank] += cost;
+  }
+  (target->here() ? load->here : load->forwarded).fetch_add(1);
+  return std::shared_ptr<const LoneTarget>(target.release(), [load, cost](const LoneTarget* t) {
+    {
+      std::lock_guard<std::mutex> lock(load->mu);
+      load->outstanding[t->rank] -= cost;
+    }
+    delete t;
+  });
+}
+
+void Fleet::ComputeOnPeer(const LoneTarget& target, const PeerMatrix& matrix,
+                          std::function<void(absl::StatusOr<PeerResult>)> done) {
+  peers_->Compute(target.address, matrix, std::move(done));
 }
 
 }  // namespace orthoserve

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +33,7 @@
 #include "server/fleet/executor.h"
 #include "server/fleet/group_step.h"
 #include "server/fleet/log_source.h"
+#include "server/fleet/peer.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -64,6 +66,17 @@ class Fleet {
     // rank 0's executor at most (0: in the order they complete), and tenants' shares.
     int batch_window = 1;
     FairShares tenant_shares;
+    // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
+    // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).
+    FairPool* compute = nullptr;
+  };
+
+  // Where a lone client's matrix is computed (PickLoneRank): this rank, or a member's fleet
+  // address.
+  struct LoneTarget {
+    int rank = 0;
+    std::string address;  // The member's fleet HOST:PORT; empty for this rank.
+    bool here() const { return address.empty(); }
   };
 
   // INVALID_ARGUMENT for inconsistent options (naming the flag); UNAVAILABLE when the fleet
@@ -101,6 +114,19 @@ class Fleet {
   // Steps waiting in the executor.
   size_t waiting() const;
 
+  // Where to compute a lone client's matrix of estimated `cost` (EstimatedCost): on a formed
+  // fleet of S > 1, the member of the generation with the least estimated cost this rank has
+  // given it and not yet got back (ties to this rank, then the lowest rank); otherwise this rank.
+  // The cost is counted until the returned target is released.
+  std::shared_ptr<const LoneTarget> PickLoneRank(double cost);
+  // Has the member `target` (not here()) compute `matrix` (Peer service); `done` gets the result
+  // or the call's failure (UNAVAILABLE: the member is gone; compute it here then).
+  void ComputeOnPeer(const LoneTarget& target, const PeerMatrix& matrix,
+                     std::function<void(absl::StatusOr<PeerResult>)> done);
+  // Lone matrices this rank has computed for itself and sent to peers since it started.
+  int64_t lone_here() const { return lone_->here.load(); }
+  int64_t lone_forwarded() const { return lone_->forwarded.load(); }
+
   // Graceful leave before shutdown (rolling update, node drain): see Executor::Leave. Rank 0
   // leaves the membership too, but goes on coordinating until it shuts down (it cannot hand
   // the coordinator over; its peers see it go then).
@@ -116,7 +142,18 @@ class Fleet {
   const Options options_;
   std::shared_ptr<Store> store_;  // Shared with joins that may outlive a generation.
   std::unique_ptr<Coordinator> coordinator_;  // Rank 0 only.
+  // This rank's estimated cost outstanding on each member (PickLoneRank); shared with the
+  // targets handed out, which may outlive the fleet.
+  struct LoneLoad {
+    std::mutex mu;
+    std::map<int, double> outstanding;
+    std::atomic<int64_t> here{0};
+    std::atomic<int64_t> forwarded{0};
+  };
+  std::shared_ptr<LoneLoad> lone_ = std::make_shared<LoneLoad>();
+  std::unique_ptr<PeerClient> peers_;
   std::unique_ptr<grpc::Service> fleet_service_;
+  std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<grpc::Server> fleet_server_;
   std::unique_ptr<LogSource> log_;
   std::unique_ptr<Executor> executor_;

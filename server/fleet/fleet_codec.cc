@@ -65,10 +65,13 @@ fleet::v1::Member MemberToProto(const Member& member) {
   p.set_rank(member.rank);
   p.set_address(member.address);
   p.set_incarnation(member.incarnation);
+  p.set_fleet_port(member.fleet_port);
   return p;
 }
 
-Member MemberFromProto(const fleet::v1::Member& p) { return Member{p.rank(), p.address(), p.incarnation()}; }
+Member MemberFromProto(const fleet::v1::Member& p) {
+  return Member{p.rank(), p.address(), p.incarnation(), p.fleet_port()};
+}
 
 fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   fleet::v1::LogEntry p;

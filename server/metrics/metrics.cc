@@ -95,6 +95,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                            .Name("orthoserve_steps_retried_total")
                            .Help("Steps a client sent again after a retryable failure (StepHeader.attempt > 0).")
                            .Register(r);
+  m->lone_matrices_ = &prometheus::BuildCounter()
+                           .Name("orthoserve_lone_matrices_total")
+                           .Help("Lone clients' matrices received here, by where they were computed: here, peer "
+                                 "(another member of the fleet), fallback (the member could not; computed here).")
+                           .Register(r);
   m->reformations_ = &prometheus::BuildCounter()
                           .Name("orthoserve_fleet_reformations_total")
                           .Help("Fleet generations started by this rank's coordinator, by reason: joined, restarted, "
@@ -200,6 +205,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
     m->reformations_->Add({{"reason", reason}});
   }
   for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) m->steps_retried_->Add({{"method", method}});
+  for (const char* where : {"here", "peer", "fallback"}) m->lone_matrices_->Add({{"where", where}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
 
@@ -262,6 +268,8 @@ void Metrics::RendezvousTimeout() { rendezvous_timeouts_->Increment(); }
 void Metrics::StepAborted(absl::string_view reason) {
   steps_aborted_->Add({{"reason", std::string(reason)}}).Increment();
 }
+
+void Metrics::LoneMatrix(absl::string_view where) { lone_matrices_->Add({{"where", std::string(where)}}).Increment(); }
 
 void Metrics::StepRetried(absl::string_view method) {
   steps_retried_->Add({{"method", std::string(method)}}).Increment();

@@ -106,6 +106,9 @@ class Metrics {
   void StepAborted(absl::string_view reason);
   // A step arrived with attempt > 0 (a client retried it).
   void StepRetried(absl::string_view method);
+  // A lone client's matrix computed `where`: "here", "peer" (forwarded to another member), or
+  // "fallback" (forwarded, the member could not compute it, computed here).
+  void LoneMatrix(absl::string_view where);
   // The coordinator started a generation; reason: joined, restarted, left, lost, collective_failed.
   void Reformation(absl::string_view reason);
   // Time this rank saw the fleet below its configured size (or itself outside it).
@@ -149,6 +152,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* steps_aborted_ = nullptr;
   prometheus::Family<prometheus::Gauge>* device_memory_ = nullptr;
   prometheus::Family<prometheus::Counter>* steps_retried_ = nullptr;
+  prometheus::Family<prometheus::Counter>* lone_matrices_ = nullptr;
   prometheus::Family<prometheus::Counter>* reformations_ = nullptr;
   prometheus::Counter* degraded_seconds_ = nullptr;
   prometheus::Gauge* fleet_generation_ = nullptr;

@@ -1,11 +1,9 @@
-// FleetStep of server/step/step_impl.h: one trainer rank's part of a group step (or a lone
-// client's step on a formed fleet), handed to the fleet once every matrix has arrived. The step
+// FleetStep of server/step/step_impl.h: one trainer rank's part of a group step, handed to the
+// fleet once every matrix has arrived. The step
 // waits for its batch only while its client is there: Cancel (the client went away, its
 // deadline passed, or the server's drain deadline cut the call) ends it at once, and the fleet
 // drops its copy later.
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "server/step/local_batch.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
@@ -105,50 +103,10 @@ void FleetStep::OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome
   }
   s_.metrics->queue_depth().Decrement();
   s_.metrics->StageTime(Stage::kRendezvous, outcome.rendezvous_time);
-  if (!outcome.status.ok() && request_.world == 1 && outcome.status.code() == absl::StatusCode::kUnavailable) {
-    // A lone client needs no other rank: the fleet could not run its step (its membership is
-    // changing, or its coordinator is gone), so this rank computes it alone, as it would
-    // outside the fleet, in the compute queue. The results are the same (every algorithm gives
-    // the whole-matrix NS for a lone client).
-    LOG_WARNING("step") << "step " << key_.ToString() << ": " << outcome.status.message() << "; computing it here";
-    BeginWork();
-    std::shared_ptr<StepBase> self = shared_from_this();
-    double cost = 0;
-    for (const MatrixPlan& plan : step->matrices) cost += EstimatedCost(plan);
-    s_.compute->Schedule(request_.tenant, key_.job, cost, [this, self, step] {
-      RunHere(step);
-      EndWork();
-    });
-    return;
-  }
   if (!outcome.status.ok()) {
     FinishWhenIdle(StepEnd{outcome.status, outcome.retryable});
     return;
   }
-  Deliver(*step, step, outcome);
-}
-
-void FleetStep::RunHere(std::shared_ptr<TrainerStep> step) {
-  std::vector<LocalMatrix> local;
-  step->outputs.assign(step->matrices.size(), {});
-  for (size_t i = 0; i < step->matrices.size(); ++i) {
-    MatrixPlan plan = step->matrices[i];
-    const Block block = plan.blocks[0].block;
-    plan.blocks.clear();
-    step->outputs[i].resize(static_cast<size_t>(block.numel()) * ElementSize(plan.result_dtype));
-    local.push_back(LocalMatrix{std::move(plan), block, step->inputs[i].data(), step->outputs[i].data()});
-  }
-  absl::StatusOr<BatchResult> result = RunLocalBatch(std::move(local), *s_.backend);
-  StepOutcome outcome;
-  if (!result.ok()) {
-    outcome.status = result.status();
-    FinishWhenIdle(StepEnd{outcome.status});
-    return;
-  }
-  s_.metrics->StageTime(Stage::kCompute, result->compute_time);
-  s_.metrics->TenantCompute(request_.tenant, result->compute_time);
-  s_.metrics->Flops(result->flops);
-  outcome.matrices = std::move(result->matrices);
   Deliver(*step, step, outcome);
 }
 

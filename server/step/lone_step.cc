@@ -1,10 +1,11 @@
-// LoneStep of server/step/step_impl.h: a lone client served on this rank alone, each matrix
-// computed as soon as its bytes are in. The buffers come from the server's BufferPool; the
-// compute queue is fair between tenants, and between a tenant's jobs (the header's job id, or
-// this step on its own).
+// LoneStep of server/step/step_impl.h: a lone client's matrices, each computed as soon as its
+// bytes are in — here, in the compute queue (fair between tenants, and between a tenant's jobs:
+// the header's job id, or this step on its own), or on the member the fleet picks (Peer
+// service), whose result comes back the same way. The buffers come from the server's BufferPool.
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
-#include "server/step/local_batch.h"
+#include "server/distributed/local_batch.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
@@ -28,16 +29,51 @@ absl::Status LoneStep::Complete(int index) {
   if (job_.empty()) {
     job_ = request_.job.empty() ? absl::StrCat("step ", reinterpret_cast<uintptr_t>(this)) : request_.job;
   }
+  std::shared_ptr<const Fleet::LoneTarget> target = s_.fleet->PickLoneRank(EstimatedCost(matrices_[index].spec.plan));
+  s_.metrics->LoneMatrix(target->here() ? "here" : "peer");
+  if (target->here()) {
+    ComputeHere(index, std::move(target));
+  } else {
+    Forward(index, std::move(target));
+  }
+  return absl::OkStatus();
+}
+
+void LoneStep::ComputeHere(int index, std::shared_ptr<const Fleet::LoneTarget> target) {
   BeginWork();
   s_.metrics->queue_depth().Increment();
   const absl::Time queued = absl::Now();
   std::shared_ptr<StepBase> self = shared_from_this();
   s_.compute->Schedule(request_.tenant, job_, EstimatedCost(matrices_[index].spec.plan),
-                       [this, self, index, queued] {
+                       [this, self, index, queued, target] {
                          Compute(index, queued);
                          EndWork();
                        });
-  return absl::OkStatus();
+}
+
+void LoneStep::Forward(int index, std::shared_ptr<const Fleet::LoneTarget> target) {
+  Matrix& m = matrices_[index];
+  BeginWork();
+  std::shared_ptr<StepBase> self = shared_from_this();
+  const PeerMatrix matrix{request_.tenant, job_, m.spec.plan, m.spec.block,
+                          absl::string_view(m.input->data(), m.input->size())};
+  s_.fleet->ComputeOnPeer(*target, matrix, [this, self, index, target](absl::StatusOr<PeerResult> result) {
+    if (!result.ok()) {
+      // The member is gone or could not take it: this rank computes the matrix itself (the same
+      // computation, so the same bits).
+      LOG_WARNING("step") << "fleet rank " << target->rank << " did not compute a lone matrix (" << result.status()
+                          << "); computing it here";
+      s_.metrics->LoneMatrix("fallback");
+      if (!cancelled_.load()) ComputeHere(index, s_.fleet->PickLoneRank(0));
+      EndWork();
+      return;
+    }
+    matrices_[index].input.reset();
+    auto owner = std::make_shared<PeerResult>(*std::move(result));
+    const absl::string_view data = owner->status.ok() ? absl::string_view(owner->data) : absl::string_view();
+    Deliver(index, owner->status, data, owner);
+    EndWork();
+  });
 }
 
 void LoneStep::Compute(int index, absl::Time queued) {
@@ -68,11 +104,17 @@ void LoneStep::Compute(int index, absl::Time queued) {
     s_.metrics->TenantCompute(request_.tenant, result->compute_time);
     s_.metrics->Flops(result->flops);
   }
-  s_.metrics->MatrixDone(s_.method, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
-                         absl::StatusCodeToString(status.code()));
   if (!status.ok()) out.reset();
   const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
-  sink_->Result(index, m.spec.plan, m.spec.block, status, data, std::move(out));
+  Deliver(index, status, data, std::move(out));
+}
+
+void LoneStep::Deliver(int index, const absl::Status& status, absl::string_view data,
+                       std::shared_ptr<const void> owner) {
+  const Matrix& m = matrices_[index];
+  s_.metrics->MatrixDone(s_.method, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
+                         absl::StatusCodeToString(status.code()));
+  sink_->Result(index, m.spec.plan, m.spec.block, status, data, std::move(owner));
 }
 
 void LoneStep::InputEnded() { FinishWhenIdle(StepEnd{}); }

@@ -1,5 +1,4 @@
 // OpenStep of server/step/step.h, and the input side every step shares (step_impl.h).
-#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,8 +8,6 @@
 namespace orthoserve {
 namespace {
 
-std::atomic<int64_t> g_lone_group_counter{0};
-
 std::string Named(int index, const std::string& name) { return absl::StrCat("matrix ", index, " (\"", name, "\")"); }
 
 }  // namespace
@@ -18,13 +15,10 @@ std::string Named(int index, const std::string& name) { return absl::StrCat("mat
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink) {
   Fleet& fleet = *services.fleet;
-  // A lone client is served here alone when the fleet cannot take it (one rank, or this rank is
-  // not in a formed generation), and through the fleet's batches otherwise.
-  const bool fleet_ready = fleet.ready();
-  if (request.world == 1 && (fleet.world() == 1 || !fleet_ready)) {
-    return std::make_shared<LoneStep>(services, std::move(request), std::move(sink));
-  }
-  if (!fleet_ready) {
+  // A lone client is pipelined on this rank; on a formed fleet of S > 1 its matrices spread over
+  // the members as they arrive (LoneStep asks the fleet where each goes).
+  if (request.world == 1) return std::make_shared<LoneStep>(services, std::move(request), std::move(sink));
+  if (!fleet.ready()) {
     return absl::UnavailableError(
         absl::StrCat("fleet rank ", fleet.rank(), " is not a member of a formed fleet generation (the fleet of up to ",
                      fleet.world(), " ranks is forming or re-forming); retry on a ready member"));
@@ -32,10 +26,6 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
   // Any member takes any trainer rank: clients spread a group over the members by preference,
   // and a retry goes wherever one is ready.
   GroupKey key{request.tenant, request.job, request.group, request.step};
-  if (request.world == 1 && key.job.empty()) {
-    // A lone client on a fleet: a group of one that nobody else can join.
-    key.job = absl::StrCat("lone-", fleet.rank(), "-", g_lone_group_counter.fetch_add(1));
-  }
   return std::make_shared<FleetStep>(services, std::move(request), std::move(sink), std::move(key));
 }
 

@@ -75,7 +75,8 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   bool finished_ = false;
 };
 
-// One trainer rank served on this rank alone, pipelined (lone_step.cc).
+// A lone client (W = 1), pipelined: each matrix computed here or, on a formed fleet of S > 1, on
+// the member the fleet picks, as soon as its bytes are in (lone_step.cc).
 class LoneStep final : public StepBase {
  public:
   using StepBase::StepBase;
@@ -87,13 +88,19 @@ class LoneStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int index) override;
   void InputEnded() override;
+  // Computes matrix `index` here, in the compute queue; `target` (this rank) is held until done.
+  void ComputeHere(int index, std::shared_ptr<const Fleet::LoneTarget> target);
   void Compute(int index, absl::Time queued);
+  // Has a peer compute matrix `index` (it is computed here if the peer cannot).
+  void Forward(int index, std::shared_ptr<const Fleet::LoneTarget> target);
+  // Hands matrix `index`'s result to the sink.
+  void Deliver(int index, const absl::Status& status, absl::string_view data, std::shared_ptr<const void> owner);
 
   std::string job_;  // The compute queue's job: the header's, or this step alone.
   std::atomic<bool> cancelled_{false};
 };
 
-// A group step, or a lone client's step on a formed fleet, run by the fleet (fleet_step.cc).
+// A group step (W > 1), run by the fleet's batches (fleet_step.cc).
 class FleetStep final : public StepBase {
  public:
   FleetStep(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink, GroupKey key);
@@ -107,8 +114,6 @@ class FleetStep final : public StepBase {
   absl::Status Complete(int) override { return absl::OkStatus(); }
   void InputEnded() override;
   void OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome);
-  // Computes a lone client's step on this rank alone (the fleet could not take it).
-  void RunHere(std::shared_ptr<TrainerStep> step);
   void Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> owner, const StepOutcome& outcome);
 
   const GroupKey key_;

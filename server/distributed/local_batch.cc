@@ -1,5 +1,5 @@
-// Implementation of server/step/local_batch.h.
-#include "server/step/local_batch.h"
+// Implementation of server/distributed/local_batch.h.
+#include "server/distributed/local_batch.h"
 
 #include "server/collective/local_collective.h"
 

@@ -1,0 +1,100 @@
+// Implementation of server/fleet/peer.h.
+#include "server/fleet/peer.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/convert/grpc_status.h"
+#include "server/distributed/local_batch.h"
+#include "grpcpp/channel.h"
+#include "server/fleet/fleet_client.h"
+#include "server/fleet/spec_codec.h"
+
+namespace orthoserve {
+namespace {
+
+// Forwarded matrices are checked again here: the forwarding rank validated them against its own
+// --max-matrix-elements; this bound only keeps a malformed request from allocating without limit.
+constexpr int64_t kMaxPeerElements = int64_t{1} << 31;
+
+}  // namespace
+
+grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* context,
+                                               const fleet::v1::ComputeRequest* request,
+                                               fleet::v1::ComputeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(request->spec(), 0, kMaxPeerElements, /*whole_if_unset=*/true);
+  if (parsed.ok() && static_cast<int64_t>(request->data().size()) != parsed->block_bytes) {
+    parsed = absl::InvalidArgumentError(absl::StrCat("a forwarded matrix has ", request->data().size(),
+                                                     " bytes; its spec needs ", parsed->block_bytes));
+  }
+  if (!parsed.ok()) {
+    reactor->Finish(ToGrpcStatus(parsed.status()));
+    return reactor;
+  }
+  const double cost = EstimatedCost(parsed->plan);
+  compute_->Schedule(request->tenant(), request->job(), cost,
+                     [this, context, request, response, reactor, spec = *std::move(parsed)]() mutable {
+                       if (context->IsCancelled()) {
+                         reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the forwarding rank gave up"));
+                         return;
+                       }
+                       std::string out(static_cast<size_t>(spec.block.numel()) * ElementSize(spec.plan.result_dtype),
+                                       '\0');
+                       absl::StatusOr<BatchResult> result = RunLocalBatch(
+                           {LocalMatrix{spec.plan, spec.block, request->data().data(), out.data()}}, *backend_);
+                       const absl::Status status = result.ok() ? result->matrices[0] : result.status();
+                       if (result.ok()) {
+                         response->set_compute_seconds(absl::ToDoubleSeconds(result->compute_time));
+                         response->set_flops(result->flops);
+                         if (metrics_ != nullptr) {
+                           metrics_->StageTime(Stage::kCompute, result->compute_time);
+                           metrics_->TenantCompute(request->tenant(), result->compute_time);
+                           metrics_->Flops(result->flops);
+                         }
+                       }
+                       response->set_code(static_cast<int>(status.code()));
+                       response->set_message(std::string(status.message()));
+                       if (status.ok()) response->set_data(std::move(out));
+                       reactor->Finish(grpc::Status::OK);
+                     });
+  return reactor;
+}
+
+fleet::v1::Peer::Stub& PeerClient::StubFor(const std::string& target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<fleet::v1::Peer::Stub>& stub = stubs_[target];
+  if (stub == nullptr) stub = fleet::v1::Peer::NewStub(MakeFleetChannel(target));
+  return *stub;
+}
+
+void PeerClient::Compute(const std::string& target, const PeerMatrix& matrix,
+                         std::function<void(absl::StatusOr<PeerResult>)> done) {
+  struct Call {
+    grpc::ClientContext context;
+    fleet::v1::ComputeRequest request;
+    fleet::v1::ComputeResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
+  call->request.set_tenant(matrix.tenant);
+  call->request.set_job(matrix.job);
+  *call->request.mutable_spec() = MatrixSpecToProto(matrix.plan, matrix.block);
+  call->request.set_data(std::string(matrix.data));
+  StubFor(target).async()->Compute(
+      &call->context, &call->request, &call->response, [call, done = std::move(done)](grpc::Status status) {
+        if (!status.ok()) {
+          done(FromGrpcStatus(status));
+          return;
+        }
+        PeerResult result;
+        result.status = StatusFromCode(call->response.code(), call->response.message());
+        result.data = std::move(*call->response.mutable_data());
+        result.compute_time = absl::Seconds(call->response.compute_seconds());
+        result.flops = call->response.flops();
+        done(std::move(result));
+      });
+}
+
+}  // namespace orthoserve

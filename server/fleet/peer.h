@@ -1,0 +1,80 @@
+// Peer compute between the members of a fleet (fleet.proto's Peer service): the rank that
+// receives a lone client's matrix may have another member compute it, so that a lone client's
+// matrices spread over the fleet as soon as each has arrived (docs/architecture.md). The member
+// computes it in its own compute queue, under the client's tenant and job, exactly as it would
+// compute it for a client of its own (RunLocalBatch), and sends the result back.
+//
+// What a forwarded matrix holds on the computing member (its input and result) is admitted on
+// the rank that received it, which holds the same bytes until the result is back.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/fair_pool.h"
+#include "orthoserve/fleet/v1/fleet.grpc.pb.h"
+#include "server/distributed/batch.h"
+#include "server/engine/backend.h"
+#include "server/metrics/metrics.h"
+
+namespace orthoserve {
+
+// A lone client's matrix to compute on a peer: the whole matrix (`block` is all of it).
+struct PeerMatrix {
+  std::string tenant;
+  std::string job;
+  MatrixPlan plan;  // Without placements.
+  Block block;
+  absl::string_view data;  // block.numel() elements of plan.dtype; read before Compute returns.
+};
+
+// The peer's answer: the matrix's status and, when OK, its result in plan.result_dtype.
+struct PeerResult {
+  absl::Status status;
+  std::string data;
+  absl::Duration compute_time;
+  double flops = 0;
+};
+
+// The Peer service of a member. Thread-safe; no thread is held while a matrix waits or computes.
+class PeerService final : public fleet::v1::Peer::CallbackService {
+ public:
+  // None owned; all outlive the service. `metrics` may be null.
+  PeerService(Backend* backend, FairPool* compute, Metrics* metrics)
+      : backend_(backend), compute_(compute), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const fleet::v1::ComputeRequest* request,
+                                    fleet::v1::ComputeResponse* response) override;
+
+ private:
+  Backend* backend_;
+  FairPool* compute_;
+  Metrics* metrics_;
+};
+
+// Calls peers' Peer services (one channel per peer address, kept). Thread-safe.
+class PeerClient {
+ public:
+  // Each call gives up after `deadline` (DEADLINE_EXCEEDED).
+  explicit PeerClient(absl::Duration deadline) : deadline_(deadline) {}
+
+  // Has the member at `target` (HOST:PORT of its fleet address) compute `matrix`; `done` gets its
+  // result, or the call's failure (UNAVAILABLE when the member is gone, ...), on a gRPC thread.
+  // `matrix.data` is copied before this returns.
+  void Compute(const std::string& target, const PeerMatrix& matrix, std::function<void(absl::StatusOr<PeerResult>)> done);
+
+ private:
+  fleet::v1::Peer::Stub& StubFor(const std::string& target);
+
+  const absl::Duration deadline_;
+  std::mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<fleet::v1::Peer::Stub>> stubs_;
+};
+
+}  // namespace orthoserve
