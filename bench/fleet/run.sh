@@ -35,6 +35,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=OFF >/dev/null
 fi
+build=$(cd "$build" && pwd)  # Absolute: the ISOLATE wrapper and its orthoctl link below refer to it.
 if ! cmake --build "$build" --target orthoserve orthoctl fleet_bench -- -j2 >"$build/fleet_bench.build.log" 2>&1; then
   cat "$build/fleet_bench.build.log" >&2
   exit 1
@@ -112,8 +113,9 @@ L.append(f"Batch: {matrices} matrices of shapes {shapes} (cycled), fp32 in and o
          f"ISOLATE={isolate}: " + ("every rank in its own session, hence its own scheduler autogroup"
                                    if isolate == "1" else "all ranks in the script's session")
          + f" (kernel.sched_autogroup_enabled = {autogroup_on}; the ranks' autogroups: {autogroups}).\n")
-L.append("- **lone**: one client (header world 1) streams the whole batch to fleet rank 0; on S = 2 the fleet "
-         "assembles each matrix on a cost-balanced owner rank (one all-to-allv each way).")
+L.append("- **lone**: one client (header world 1) streams the whole batch to fleet rank 0; on S = 2 rank 0 "
+         "computes each matrix itself or forwards it to rank 1 (Peer service) as soon as its bytes are in, "
+         "balancing the estimated cost, and streams each result back as it is done.")
 L.append("- **group**: a W = 2 trainer group, each trainer rank sending its half (rows) of every matrix from its "
          "own thread; trainer rank r streams to fleet rank ⌊r·S/W⌋ (both to rank 0 on S = 1).")
 L.append("- *wall*: client-side time of the step (first byte sent to last result received); *server*: "

@@ -2,17 +2,17 @@
 small steps.
 
 Starts one orthoserve (CPU backend, --workers 2, a token file naming tenants "heavy" and "light") on a free
-loopback port — or, with FLEET=2, a 2-rank fleet (deploy/local/fleet.sh, --workers 1 per rank), where every
-lone step runs as a fleet batch and batches run one at a time in the coordinator's fair order, the heavy
-processes spread over both ranks — and runs three phases of DURATION seconds each, side by side in one run,
+loopback port — or, with FLEET=2, a 2-rank fleet (deploy/local/fleet.sh, --workers 1 per rank), where each
+lone matrix is computed by the rank that received it or forwarded to the other, in that rank's fair compute
+queue, the heavy processes spread over both ranks — and runs three phases of DURATION seconds each, side by side in one run,
 with `orthoctl bench` processes (the C++ client) as the tenants' trainers:
   light alone   one process sending 256x256 stream steps back to back (latency per step);
   heavy alone   HEAVY_PROCS processes, each sending steps of 2 x 1024x1024 back to back;
   both          the two together.
 It writes bench/results/tenants.md with the light tenant's p50/p99 latency, the heavy tenant's throughput,
 and the bound non-preemptive fair sharing allows for the light tenant under the flood: its p99 alone plus the
-service time of one heavy request (the median heavy step alone divided by the steps in flight per worker; on
-a fleet, per batch slot: batches run one at a time).
+service time of one heavy request (the median heavy step alone divided by the steps in flight per compute
+slot: the workers of every rank).
 
   .venv/bin/python bench/tenants/run.py                  # DURATION=20 HEAVY_PROCS=12
   DURATION=10 SHARES=fifo .venv/bin/python bench/tenants/run.py
@@ -47,8 +47,10 @@ OUT = pathlib.Path(os.environ.get("OUT", REPO / "bench" / "results" /
                                   ("tenants.md" if FLEET == 1 else "tenants_fleet.md")))
 BUILD = pathlib.Path(os.environ.get("ORTHOSERVE_BUILD_DIR", "build"))
 BUILD = BUILD if BUILD.is_absolute() else REPO / BUILD
-# Compute slots: a server's workers, or a fleet's one batch at a time.
+# Compute threads per rank (2 cores in all), and the compute slots serving lone matrices: every
+# rank's workers (on a fleet, a lone client's matrices spread over the ranks' compute queues).
 WORKERS = 2 if FLEET == 1 else 1
+SLOTS = WORKERS * FLEET
 
 
 def free_port() -> int:
@@ -151,10 +153,10 @@ def main() -> int:
     light_alone, light_both = alone_light["light"][0], both["light"][0]
     heavy_alone_rate = sum(2 * steps(r) for r in alone_heavy["heavy"]) / alone_heavy["seconds"]
     heavy_both_rate = sum(2 * steps(r) for r in both["heavy"]) / both["seconds"]
-    # One heavy request's service time: alone, HEAVY_PROCS steps of 2 matrices are in flight on WORKERS
-    # compute slots, so a heavy step's latency is about HEAVY_PROCS / WORKERS service times of one step.
+    # One heavy request's service time: alone, HEAVY_PROCS steps of 2 matrices are in flight on SLOTS
+    # compute slots, so a heavy step's latency is about HEAVY_PROCS / SLOTS service times of one step.
     heavy_step = statistics.median(r["p50"] for r in alone_heavy["heavy"])
-    heavy_service = heavy_step * WORKERS / HEAVY_PROCS
+    heavy_service = heavy_step * SLOTS / HEAVY_PROCS
     bound = light_alone["p99"] + heavy_service
     where = "one server" if FLEET == 1 else f"a {FLEET}-rank fleet"
     lines = [
@@ -173,8 +175,9 @@ def main() -> int:
         f"| both | {light_both['p50']:.4f} | {light_both['p99']:.4f} | {steps(light_both)} | {heavy_both_rate:.2f} |",
         "",
         f"Service time of one heavy step (2 x 1024x1024): {heavy_service:.3f} s (median heavy step alone "
-        f"{heavy_step:.3f} s x {WORKERS} compute slot(s) / {HEAVY_PROCS} steps in flight)"
-        + ("." if FLEET == 1 else "; on the fleet each step is one batch of both ranks, one batch at a time."),
+        f"{heavy_step:.3f} s x {SLOTS} compute slots / {HEAVY_PROCS} steps in flight)"
+        + ("." if FLEET == 1 else "; on the fleet each lone matrix is computed by the receiving rank or "
+           "forwarded to the other (Peer service), in that rank's fair compute queue."),
         f"Non-preemptive fair-sharing bound for the light p99 under the flood: {light_alone['p99']:.4f} + "
         f"{heavy_service:.3f} = {bound:.3f} s; measured {light_both['p99']:.3f} s = "
         f"**{light_both['p99'] / bound:.2f}x the bound** (target <= 2).",

@@ -47,6 +47,9 @@ ABSL_FLAG(int, max_concurrent_streams, 64, "Concurrent OrthogonalizeStream calls
 ABSL_FLAG(int, max_tenant_concurrent_streams, 0,
           "Concurrent OrthogonalizeStream calls of one tenant at most, so that no tenant can take every stream slot "
           "(0: only --max-concurrent-streams).");
+ABSL_FLAG(double, max_tenant_calls_per_second, 0,
+          "Calls (streams and unary) one tenant may start in any second; more are refused with RESOURCE_EXHAUSTED "
+          "(0: no limit).");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "Largest gRPC message sent or received.");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "Largest DataChunk.data accepted; results go out in chunks under 4 MiB (gRPC's default receive limit) unless a client asks for larger ones, up to this.");
 ABSL_FLAG(int64_t, stream_buffer_idle_bytes, int64_t{512} << 20,
@@ -91,7 +94,7 @@ namespace {
 const char* const kFlagNames[] = {
     "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "collective", "workers",
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
-    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_message_bytes", "chunk_bytes",
+    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
@@ -184,6 +187,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.admission.max_tenant_inflight_bytes = absl::GetFlag(FLAGS_max_tenant_inflight_bytes);
   o.service.admission.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   o.service.admission.max_tenant_concurrent_streams = absl::GetFlag(FLAGS_max_tenant_concurrent_streams);
+  o.service.admission.max_tenant_calls_per_second = absl::GetFlag(FLAGS_max_tenant_calls_per_second);
   o.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.service.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   o.service.buffers.max_idle_bytes = absl::GetFlag(FLAGS_stream_buffer_idle_bytes);

@@ -27,6 +27,31 @@ void Admission::Ticket::Release() {
   stream_ = false;
 }
 
+absl::Status Admission::AdmitCall(const std::string& tenant) {
+  const double limit = options_.max_tenant_calls_per_second;
+  if (!(limit > 0)) return absl::OkStatus();
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  std::deque<absl::Time>& calls = tenant_calls_[tenant];
+  while (!calls.empty() && now - calls.front() >= absl::Seconds(1)) calls.pop_front();
+  if (static_cast<double>(calls.size()) + 1 > limit) {
+    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_call_rate");
+    const absl::Duration wait = calls.front() + absl::Seconds(1) - now;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant \"", tenant, "\" started ", calls.size(), " calls in the last second, its limit of ", limit,
+        " per second (--max-tenant-calls-per-second); retry in ",
+        absl::FormatDuration(absl::Ceil(wait, absl::Milliseconds(1)))));
+  }
+  calls.push_back(now);
+  // Tenants that went quiet are forgotten (the map holds the tenants active in the last second).
+  for (auto it = tenant_calls_.begin(); it != tenant_calls_.end();) {
+    auto next = std::next(it);
+    if (it->second.empty() || now - it->second.back() >= absl::Seconds(1)) tenant_calls_.erase(it);
+    it = next;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(mu_);
   if (streams_ >= options_.max_concurrent_streams) {

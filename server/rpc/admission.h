@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -24,6 +25,7 @@ class Admission {
     int64_t max_tenant_inflight_bytes = int64_t{2} << 30;  // Per tenant.
     int max_concurrent_streams = 64;
     int max_tenant_concurrent_streams = 0;  // Per tenant; 0: only the server-wide limit.
+    double max_tenant_calls_per_second = 0;  // Calls a tenant may start in any second; 0: no limit.
   };
 
   // Holds admitted bytes (or a stream slot) until destroyed. Movable.
@@ -46,6 +48,10 @@ class Admission {
 
   Admission(const Options& options, Metrics* metrics) : options_(options), metrics_(metrics) {}
 
+  // A new call (stream or unary) of `tenant`: RESOURCE_EXHAUSTED when the tenant started
+  // max_tenant_calls_per_second calls within the last second (--max-tenant-calls-per-second),
+  // naming its count and the limit. Refused calls do not count.
+  absl::Status AdmitCall(const std::string& tenant);
   // A stream slot of `tenant`. RESOURCE_EXHAUSTED naming the limit, the figure and the limit's
   // value (--max-concurrent-streams, or --max-tenant-concurrent-streams with the tenant's own count).
   absl::StatusOr<Ticket> AcquireStream(const std::string& tenant);
@@ -99,6 +105,8 @@ class Admission {
   int streams_ = 0;
   absl::flat_hash_map<std::string, int64_t> tenant_bytes_;
   absl::flat_hash_map<std::string, int> tenant_streams_;
+  // Start times of each tenant's calls within the last second (with a call-rate limit only).
+  absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_;
   std::deque<Waiter> waiters_;
   uint64_t next_wait_id_ = 1;
 };

@@ -90,6 +90,9 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   limits->set_max_tenant_inflight_bytes(state_->options.admission.max_tenant_inflight_bytes);
   limits->set_max_concurrent_streams(state_->options.admission.max_concurrent_streams);
   limits->set_max_tenant_concurrent_streams(state_->options.admission.max_tenant_concurrent_streams);
+  limits->set_max_tenant_calls_per_second(state_->options.admission.max_tenant_calls_per_second);
+  limits->set_stream_progress_timeout_seconds(
+      std::max(0.0, absl::ToDoubleSeconds(state_->options.stream_progress_timeout)));
   limits->set_max_steps(kMaxSteps);
   limits->set_rendezvous_timeout_seconds(absl::ToDoubleSeconds(state_->options.rendezvous_timeout));
   info->set_auth_required(state_->auth->required());

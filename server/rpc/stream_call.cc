@@ -42,6 +42,7 @@ void StreamCall::Begin() {
 absl::Status StreamCall::Admit() {
   if (s_.draining.load()) return absl::UnavailableError("the server is draining; retry on another rank");
   ASSIGN_OR_RETURN(tenant_, s_.auth->Authenticate(*context_));
+  RETURN_IF_ERROR(s_.admission.AdmitCall(tenant_));
   ASSIGN_OR_RETURN(stream_slot_, s_.admission.AcquireStream(tenant_));
   return absl::OkStatus();
 }

@@ -73,6 +73,10 @@ void UnaryCall::Begin() {
     return;
   }
   tenant_ = *std::move(tenant);
+  if (absl::Status admitted = s_.admission.AdmitCall(tenant_); !admitted.ok()) {
+    End(std::move(admitted));
+    return;
+  }
   std::weak_ptr<UnaryCall> weak = weak_from_this();
   const uint64_t id = s_.admission.AddBytesWhenAvailable(
       &bytes_, tenant_, 2 * s_.options.max_message_bytes,

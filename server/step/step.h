@@ -4,15 +4,14 @@
 // every result, then its end, to a StepSink, which streams them back.
 //
 // Two implementations behind one interface, chosen by OpenStep:
-//  - a lone step (one trainer rank, served on this rank alone: a one-rank fleet, or a rank that
-//    is not a member of a formed generation) is pipelined: each matrix goes to the compute
-//    queue as soon as its bytes are in, and its result goes to the sink as soon as it is done,
-//    while later matrices still arrive. A matrix with a bad spec or data is answered in-band
-//    (its result carries the error) and the step goes on.
-//  - a group step (W > 1, or a lone client on a formed fleet of S > 1) is handed to the fleet
-//    once every matrix has arrived; results come back after its batch ran. Any bad input fails
-//    the whole step, on every rank (the others are told at once, not at their rendezvous
-//    timeout).
+//  - a lone step (W = 1) is pipelined: each matrix goes, as soon as its bytes are in, to this
+//    rank's compute queue or, on a formed fleet of S > 1, to the member the fleet picks
+//    (Fleet::PickLoneRank, the Peer service), and its result goes to the sink as soon as it is
+//    done, while later matrices still arrive. A matrix with a bad spec or data is answered
+//    in-band (its result carries the error) and the step goes on.
+//  - a group step (W > 1) is handed to the fleet once every matrix has arrived; results come
+//    back after its batch ran. Any bad input fails the whole step, on every rank (the others are
+//    told at once, not at their rendezvous timeout).
 //
 // Threading: AddMatrix, AddData and End are called by one reader at a time, in the order the
 // messages arrived. Cancel may be called from any thread at any time. The sink is called from
@@ -101,8 +100,8 @@ class Step {
   virtual bool lone() const = 0;
 };
 
-// Opens a step of `request` whose results go to `sink`. UNAVAILABLE (retryable) when the step
-// needs the fleet and this rank is not a member of a formed generation.
+// Opens a step of `request` whose results go to `sink`. UNAVAILABLE (retryable) for a group step
+// on a rank that is not a member of a formed fleet generation.
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink);
 

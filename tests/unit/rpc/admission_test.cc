@@ -149,5 +149,23 @@ TEST(AdmissionTest, ResizeShrinksFreelyAndGrowsWithinTheLimits) {
   EXPECT_EQ(admission.inflight_bytes(), 0);
 }
 
+TEST(AdmissionTest, CallRatePerTenantNamesTheCountAndTheLimit) {
+  Admission::Options options;
+  options.max_tenant_calls_per_second = 3;
+  Admission admission(options, nullptr);
+  for (int i = 0; i < 3; ++i) ASSERT_OK(admission.AdmitCall("alice"));
+  EXPECT_THAT(admission.AdmitCall("alice"),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("tenant \"alice\" started 3 calls in the last second"),
+                             HasSubstr("its limit of 3 per second"), HasSubstr("--max-tenant-calls-per-second"))));
+  // Another tenant is not affected; a second later alice may start calls again.
+  EXPECT_OK(admission.AdmitCall("bob"));
+  absl::SleepFor(absl::Milliseconds(1050));
+  EXPECT_OK(admission.AdmitCall("alice"));
+  // No limit by default.
+  Admission unlimited(Admission::Options{}, nullptr);
+  for (int i = 0; i < 1000; ++i) ASSERT_OK(unlimited.AdmitCall("alice"));
+}
+
 }  // namespace
 }  // namespace orthoserve
