@@ -263,6 +263,14 @@ TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
     ASSERT_OK(server);
     ranks.push_back(*std::move(server));
   }
+  // Both ranks in the formed generation, so that each trainer rank's first attempt is served by
+  // its own fleet rank (a rank not yet formed answers UNAVAILABLE and the retry goes elsewhere).
+  for (int i = 0; i < 600 && !(ranks[0]->fleet().ready() && ranks[1]->fleet().ready() &&
+                               ranks[1]->fleet().generation_size() == 2);
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(ranks[0]->fleet().ready() && ranks[1]->fleet().ready()) << "the 2-rank fleet did not form";
   GroupClient::Options options;
   options.client.address = addresses[1];  // Discover through rank 1.
   options.client.timeout = absl::Seconds(60);
