@@ -88,6 +88,10 @@ struct ParsedSpec {
   int64_t block_bytes = 0;  // block.numel() · ElementSize(plan.dtype).
 };
 
+// Empty when `a` and `b` describe the same computation (everything but placements and owner);
+// otherwise names the first field that differs, e.g. "options.steps (5 vs 6)".
+std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b);
+
 // The estimated compute cost of `m`: NsFlops of what the engine computes (Q, K and V separately
 // under split_qkv, each matrix of a batch) plus 2 per element for the normalization and scaling
 // passes, so that steps = 0 matrices still count; 0 for a matrix that will fail validation.

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "server/fleet/spec_codec.h"
 
 namespace orthoserve {
 uint64_t RandomNonZeroId() {

@@ -24,9 +24,6 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
 // The wire form of a plan matrix with the given block.
 v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block);
 
-// Empty when `a` and `b` describe the same computation (everything but placements and owner);
-// otherwise names the first field that differs, e.g. "options.steps (5 vs 6)".
-std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b);
 
 v1::Algorithm AlgorithmToProto(Algorithm algorithm);
 absl::StatusOr<Algorithm> AlgorithmFromProto(v1::Algorithm algorithm, const std::string& what);

@@ -78,9 +78,14 @@ void UnaryCall::Begin() {
     return;
   }
   std::weak_ptr<UnaryCall> weak = weak_from_this();
+  // Room for the largest request and response there can be, or the whole budget when that is
+  // smaller (unary bodies are then read one at a time, and one larger than what is left after the
+  // read is refused when its real size is admitted).
+  const Admission::Options& limits = s_.options.admission;
+  const int64_t reservation =
+      std::min({2 * s_.options.max_message_bytes, limits.max_inflight_bytes, limits.max_tenant_inflight_bytes});
   const uint64_t id = s_.admission.AddBytesWhenAvailable(
-      &bytes_, tenant_, 2 * s_.options.max_message_bytes,
-      "a unary call (its request and response, each up to --max-message-bytes)",
+      &bytes_, tenant_, reservation, "a unary call (its request and response, each up to --max-message-bytes)",
       [weak](absl::Status status) {
         if (std::shared_ptr<UnaryCall> call = weak.lock()) call->OnReserved(std::move(status));
       });

@@ -3,8 +3,8 @@
 // the fleet like a lone stream. No thread is held while it waits or computes.
 //
 // Bounded memory: the call is served by the generic callback service (a raw byte stream), so
-// that its body is read only once twice --max-message-bytes (its request and its response) of
-// the server's in-flight budget is reserved for it (Admission::AddBytesWhenAvailable, in arrival
+// that its body is read only once twice --max-message-bytes (its request and its response; at
+// most the whole in-flight budget, server's or tenant's) of the budget is reserved for it (Admission::AddBytesWhenAvailable, in arrival
 // order); until then gRPC holds no more of it than HTTP/2 flow control lets the client send.
 // Once read, the reservation shrinks to what the call holds (its input and result bytes). The
 // response refers to the result buffers rather than copying them (stream_codec.h). Every matrix is validated (sizes,

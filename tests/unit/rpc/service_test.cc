@@ -387,6 +387,17 @@ TEST_F(ServiceTest, InflightByteLimitGivesResourceExhausted) {
   grpc::Status status = Unary(request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("--max-inflight-bytes"));
+
+  // A budget far below 2 x --max-message-bytes still serves unary calls that fit it: the body's
+  // reservation is capped at the budget.
+  v1::OrthogonalizeRequest small;
+  v1::Matrix* s = small.add_matrices();
+  *s->mutable_spec() = Spec("small", {8, 8}, DType::kF32, NsOptions());
+  s->set_data(Bytes(RandomMatrix(8, 8, 2), DType::kF32));  // 256 bytes in, 256 out.
+  v1::OrthogonalizeResponse answer;
+  const grpc::Status ok = Unary(small, &answer);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(answer.results_size(), 1);
 }
 
 // The compute queue is fair between tenants: with one worker busy on tenant alice's many large
