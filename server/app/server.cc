@@ -115,8 +115,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.service.admission.max_tenant_concurrent_streams < 0) {
     return absl::InvalidArgumentError("--max-tenant-concurrent-streams must be >= 0 (0: no per-tenant limit)");
   }
-  if (!(o.service.admission.max_tenant_calls_per_second >= 0)) {
-    return absl::InvalidArgumentError("--max-tenant-calls-per-second must be >= 0 (0: no limit)");
+  const double call_rate = o.service.admission.max_tenant_calls_per_second;
+  if (!(call_rate == 0 || call_rate >= 1)) {
+    return absl::InvalidArgumentError("--max-tenant-calls-per-second must be 0 (no limit) or at least 1");
   }
   if (o.service.admission.max_inflight_bytes < 1 || o.service.admission.max_tenant_inflight_bytes < 1) {
     return absl::InvalidArgumentError("--max-inflight-bytes and --max-tenant-inflight-bytes must be >= 1");

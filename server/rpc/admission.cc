@@ -36,18 +36,21 @@ absl::Status Admission::AdmitCall(const std::string& tenant) {
   while (!calls.empty() && now - calls.front() >= absl::Seconds(1)) calls.pop_front();
   if (static_cast<double>(calls.size()) + 1 > limit) {
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_call_rate");
-    const absl::Duration wait = calls.front() + absl::Seconds(1) - now;
+    const absl::Duration wait = calls.empty() ? absl::Seconds(1) : calls.front() + absl::Seconds(1) - now;
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant \"", tenant, "\" started ", calls.size(), " calls in the last second, its limit of ", limit,
         " per second (--max-tenant-calls-per-second); retry in ",
         absl::FormatDuration(absl::Ceil(wait, absl::Milliseconds(1)))));
   }
   calls.push_back(now);
-  // Tenants that went quiet are forgotten (the map holds the tenants active in the last second).
-  for (auto it = tenant_calls_.begin(); it != tenant_calls_.end();) {
-    auto next = std::next(it);
-    if (it->second.empty() || now - it->second.back() >= absl::Seconds(1)) tenant_calls_.erase(it);
-    it = next;
+  // Tenants that went quiet are forgotten, once a second rather than on every call.
+  if (now - calls_swept_ >= absl::Seconds(1)) {
+    calls_swept_ = now;
+    for (auto it = tenant_calls_.begin(); it != tenant_calls_.end();) {
+      auto next = std::next(it);
+      if (it->second.empty() || now - it->second.back() >= absl::Seconds(1)) tenant_calls_.erase(it);
+      it = next;
+    }
   }
   return absl::OkStatus();
 }

@@ -107,6 +107,7 @@ class Admission {
   absl::flat_hash_map<std::string, int> tenant_streams_;
   // Start times of each tenant's calls within the last second (with a call-rate limit only).
   absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_;
+  absl::Time calls_swept_ = absl::InfinitePast();  // When tenant_calls_ was last swept.
   std::deque<Waiter> waiters_;
   uint64_t next_wait_id_ = 1;
 };

@@ -166,7 +166,6 @@ absl::Status UnaryCall::Run() {
     const int64_t result_bytes = p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
     out_bytes += result_bytes;
     bytes += p.block_bytes + result_bytes;
-    names_.push_back(spec.name());
     parsed.push_back(std::move(p));
   }
   if (out_bytes > s_.options.max_message_bytes) {
@@ -195,7 +194,8 @@ absl::Status UnaryCall::Run() {
     return absl::OkStatus();
   }
   for (int i = 0; i < n; ++i) {
-    if (!step->AddMatrix(std::move(parsed[i]), names_[i], {}) || !step->AddData(i, request_[i].data)) {
+    const std::string name = parsed[i].plan.name;
+    if (!step->AddMatrix(std::move(parsed[i]), name, {}) || !step->AddData(i, request_[i].data)) {
       return absl::OkStatus();  // The step failed; it ends the call.
     }
   }

@@ -69,7 +69,6 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   StepServices services_;
   grpc::ByteBuffer request_bytes_;          // The request as received, until the step has it.
   std::vector<MatrixInPlace> request_;       // Its matrices, the data viewed in request_bytes_.
-  std::vector<std::string> names_;           // The matrices' names.
   grpc::ByteBuffer response_bytes_;
   const absl::Time start_ = absl::Now();
   std::shared_ptr<UnaryCall> self_;  // gRPC's hold, until OnDone.

@@ -64,7 +64,7 @@ void LoneStep::Forward(int index, std::shared_ptr<const Fleet::LoneTarget> targe
       LOG_WARNING("step") << "fleet rank " << target->rank << " did not compute a lone matrix (" << result.status()
                           << "); computing it here";
       s_.metrics->LoneMatrix("fallback");
-      if (!cancelled_.load()) ComputeHere(index, s_.fleet->PickLoneRank(0));
+      if (!cancelled_.load()) ComputeHere(index, nullptr);
       EndWork();
       return;
     }

@@ -88,7 +88,8 @@ class LoneStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int index) override;
   void InputEnded() override;
-  // Computes matrix `index` here, in the compute queue; `target` (this rank) is held until done.
+  // Computes matrix `index` here, in the compute queue; `target` (this rank's load, or null for a
+  // matrix a peer could not compute) is held until done.
   void ComputeHere(int index, std::shared_ptr<const Fleet::LoneTarget> target);
   void Compute(int index, absl::Time queued);
   // Has a peer compute matrix `index` (it is computed here if the peer cannot).
