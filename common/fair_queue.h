@@ -42,13 +42,12 @@ class FairQueue {
 
   // Queues `item` for flow (tenant, job) with `cost` (< 0 counts as 0).
   void Push(const std::string& tenant, const std::string& job, double cost, T item) {
-    Tenant& t = tenants_[tenant];
-    if (t.queued == 0) t.start = std::max(vtime_, t.finish);
-    Job& j = t.jobs[job];
-    if (j.items.empty()) j.start = std::max(t.vtime, j.finish);
-    j.items.push_back(Item{std::max(0.0, cost), seq_++, std::move(item)});
-    ++t.queued;
-    ++size_;
+    Enqueue(tenant, job, cost, std::move(item), /*front=*/false);
+  }
+  // Queues `item` ahead of its job's other items: the rest of an item just popped, which keeps its
+  // place in the job's order (its tags go on from the popped part's, as for any backlogged flow).
+  void PushFront(const std::string& tenant, const std::string& job, double cost, T item) {
+    Enqueue(tenant, job, cost, std::move(item), /*front=*/true);
   }
 
   // The next item in fair order. Requires !empty().
@@ -111,6 +110,21 @@ class FairQueue {
   size_t size() const { return size_; }
 
  private:
+  void Enqueue(const std::string& tenant, const std::string& job, double cost, T item, bool front) {
+    Tenant& t = tenants_[tenant];
+    if (t.queued == 0) t.start = std::max(vtime_, t.finish);
+    Job& j = t.jobs[job];
+    if (j.items.empty()) j.start = std::max(t.vtime, j.finish);
+    Item queued{std::max(0.0, cost), seq_++, std::move(item)};
+    if (front) {
+      j.items.push_front(std::move(queued));
+    } else {
+      j.items.push_back(std::move(queued));
+    }
+    ++t.queued;
+    ++size_;
+  }
+
   struct Item {
     double cost = 0;
     uint64_t seq = 0;  // Push order: ties and FIFO within a job.
