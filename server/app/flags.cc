@@ -72,6 +72,10 @@ ABSL_FLAG(int, fleet_batch_window, 1,
           "Fleets of several ranks: group batches appended to the fleet's log ahead of rank 0 at most; complete steps "
           "wait in a queue weighted fair between tenants (--tenant-shares) and their jobs. 0: batches run in the order "
           "their steps complete.");
+ABSL_FLAG(absl::Duration, fleet_batch_part_time, absl::Milliseconds(100),
+          "Fleets of several ranks, with --fleet-batch-window > 0: a group step of several matrices goes into the "
+          "fleet's log in parts of about this much work (at least one matrix per member), so that other tenants' steps "
+          "run between them; results do not change. 0: whole steps.");
 ABSL_FLAG(absl::Duration, stall_warning, absl::Seconds(60), "Warn about trainer ranks missing for this long.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
@@ -96,7 +100,7 @@ const char* const kFlagNames[] = {
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
-    "max_matrices_per_step", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "stall_warning", "tls_cert",
+    "max_matrices_per_step", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
@@ -199,6 +203,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.stall_warning = absl::GetFlag(FLAGS_stall_warning);
   o.peer_timeout = absl::GetFlag(FLAGS_fleet_peer_timeout);
   o.batch_window = absl::GetFlag(FLAGS_fleet_batch_window);
+  o.batch_part_time = absl::GetFlag(FLAGS_fleet_batch_part_time);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -83,6 +83,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
   if (o.batch_window < 0) return absl::InvalidArgumentError("--fleet-batch-window must be 0 or more");
+  if (o.batch_part_time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--fleet-batch-part-time must be 0 or more");
+  }
   if (o.collective != "auto" && o.collective != "gloo" && o.collective != "nccl") {
     return absl::InvalidArgumentError(
         absl::StrCat("--collective \"", o.collective, "\" is not one of auto, gloo, nccl"));
@@ -187,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.collective_timeout = o.collective_timeout;
   f.stall_warning = o.stall_warning;
   f.batch_window = o.batch_window;
+  f.batch_part_time = o.batch_part_time;
   f.peer_timeout = o.peer_timeout;
   f.collective = ResolveCollective(o);
   f.device = o.backend.device;

@@ -40,6 +40,7 @@ struct ServerOptions {
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration stall_warning = absl::Seconds(60);
   int batch_window = 1;  // --fleet-batch-window (Fleet::Options::batch_window).
+  absl::Duration batch_part_time = absl::Milliseconds(100);  // --fleet-batch-part-time.
   absl::Duration peer_timeout = absl::Seconds(15);   // A fleet peer silent this long is lost.
   absl::Duration drain_timeout = absl::Seconds(30);
   std::string tls_cert;       // PEM certificate chain; with tls_key enables TLS.

@@ -56,7 +56,7 @@ size_t Coordinator::pending_steps() const {
 
 void Coordinator::AppendLocked(LogEntry entry) {
   entry.index = first_index_ + static_cast<int64_t>(log_.size());
-  if (!entry.membership()) entry.generation = generation_.number;
+  if (!entry.membership() && entry.generation == 0) entry.generation = generation_.number;
   VLOG("fleet", 1) << "log " << entry.index << " gen " << entry.generation << " "
                    << (entry.membership() ? "membership" : entry.key.ToString()) << " " << entry.status;
   log_.push_back(std::move(entry));
@@ -153,6 +153,16 @@ absl::Status Coordinator::Report(ReadyReport report) {
   return absl::OkStatus();
 }
 
+namespace {
+
+double CostOf(const std::vector<MatrixPlan>& matrices, size_t begin, size_t end) {
+  double cost = 0;
+  for (size_t i = begin; i < end; ++i) cost += EstimatedCost(matrices[i]);
+  return cost;
+}
+
+}  // namespace
+
 void Coordinator::CompleteLocked(const GroupKey& key) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
@@ -163,23 +173,84 @@ void Coordinator::CompleteLocked(const GroupKey& key) {
   }
   if (p.queued) return;  // A retry replaced a report of a step already in the queue.
   p.queued = true;
-  double cost = 0;
-  for (const MatrixPlan& m : *p.reports[0]->specs) cost += EstimatedCost(m);
-  ready_.Push(key.tenant, key.job, cost, key);
+  const SpecList& specs = *p.reports[0]->specs;
+  // A replay is not divided (its kept inputs are taken whole).
+  const bool replay = std::find(p.cached.begin(), p.cached.end(), true) != p.cached.end();
+  p.part_end = replay ? specs.size() : PartEndLocked(specs, 0, static_cast<int>(generation_.members.size()));
+  ready_.Push(key.tenant, key.job, CostOf(specs, 0, p.part_end), Ready{key, false});
   ReleaseLocked();
+}
+
+size_t Coordinator::PartEndLocked(const std::vector<MatrixPlan>& matrices, size_t begin, int members) const {
+  if (options_.part_time <= absl::ZeroDuration() || begin >= matrices.size()) return matrices.size();
+  const double budget = flops_per_second_ * absl::ToDoubleSeconds(options_.part_time);
+  // At least one matrix per member: a part of fewer would leave members idle (an AUTO or
+  // ROW_SHARDED matrix is computed on one of them).
+  const size_t end = std::min(matrices.size(), begin + static_cast<size_t>(std::max(members, 1)));
+  double cost = CostOf(matrices, begin, end);
+  size_t more = end;
+  while (more < matrices.size() && cost + EstimatedCost(matrices[more]) <= budget) cost += EstimatedCost(matrices[more++]);
+  return more;
 }
 
 void Coordinator::AppendStepLocked(const GroupKey& key) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
+  const size_t part_end = it->second.part_end;
   absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, it->second);
   pending_.erase(it);
-  if (batch.ok()) {
-    AppendLocked(*std::move(batch));
-    unran_.emplace_back(log_.back().index, absl::Now());
-  } else {
+  if (!batch.ok()) {
     AppendFailureLocked(key, batch.status(), false, kStepFailureInvalid);
+    return;
   }
+  // A divided step of the same key still running (a retry completed before its parts did) ends
+  // first, in one last part.
+  if (divided_.contains(key)) AppendPartLocked(key, /*rest=*/true);
+  const size_t n = batch->plan.matrices.size();
+  if (part_end == 0 || part_end >= n || !PacingLocked()) {
+    const double cost = CostOf(batch->plan.matrices, 0, n);
+    AppendLocked(*std::move(batch));
+    unran_.push_back(Unran{log_.back().index, absl::Now(), cost});
+    return;
+  }
+  Divided& d = divided_[key];
+  d.batch = *std::move(batch);
+  d.batch.generation = generation_.number;
+  d.next = 0;
+  d.end = part_end;
+  AppendPartLocked(key, /*rest=*/false);
+}
+
+void Coordinator::AppendPartLocked(const GroupKey& key, bool rest) {
+  auto it = divided_.find(key);
+  if (it == divided_.end()) return;
+  Divided& d = it->second;
+  const std::vector<MatrixPlan>& all = d.batch.plan.matrices;
+  // Parts of an earlier generation cannot run any more: the rest goes at once, and fails.
+  if (rest || d.batch.generation != generation_.number || !PacingLocked()) d.end = all.size();
+  LogEntry part;
+  part.key = key;
+  part.plan.trainer_world = d.batch.plan.trainer_world;
+  part.plan.fleet_world = d.batch.plan.fleet_world;
+  part.plan.matrices.assign(all.begin() + static_cast<std::ptrdiff_t>(d.next),
+                            all.begin() + static_cast<std::ptrdiff_t>(d.end));
+  part.submissions = d.batch.submissions;
+  part.part_offset = static_cast<int64_t>(d.next);
+  part.more_parts = d.end < all.size();
+  part.generation = d.batch.generation;  // Planned for that generation's collective ranks.
+  AssignOwners(part.plan);  // Balanced within the part, which runs alone.
+  const double cost = CostOf(all, d.next, d.end);
+  AppendLocked(std::move(part));
+  unran_.push_back(Unran{log_.back().index, absl::Now(), cost});
+  if (d.end == all.size()) {
+    divided_.erase(it);
+    return;
+  }
+  d.next = d.end;
+  d.end = PartEndLocked(all, d.next, d.batch.plan.fleet_world);
+  // Ahead of the job's later steps: a job's steps still run in order, parts of other jobs and
+  // tenants between them.
+  ready_.PushFront(key.tenant, key.job, CostOf(all, d.next, d.end), Ready{key, true});
 }
 
 bool Coordinator::PacingLocked() const {
@@ -194,19 +265,34 @@ bool Coordinator::PacingLocked() const {
 void Coordinator::ReleaseLocked() {
   const bool pacing = PacingLocked();
   while (!ready_.empty() && (!pacing || static_cast<int>(unran_.size()) < options_.batch_window)) {
-    const GroupKey key = ready_.Pop();
-    auto it = pending_.find(key);
+    const Ready ready = ready_.Pop();
+    if (ready.part) {
+      AppendPartLocked(ready.key, /*rest=*/false);
+      continue;
+    }
+    auto it = pending_.find(ready.key);
     // Gone (aborted, or appended already), or a rank was withdrawn meanwhile (it is queued again
     // when it is complete again).
     if (it == pending_.end() || !it->second.queued || it->second.arrived < it->second.trainer_world) continue;
     it->second.queued = false;
-    AppendStepLocked(key);
+    AppendStepLocked(ready.key);
   }
 }
 
 void Coordinator::BatchRan(int64_t index) {
   std::lock_guard<std::mutex> lock(mu_);
-  while (!unran_.empty() && unran_.front().first <= index) unran_.pop_front();
+  const absl::Time now = absl::Now();
+  while (!unran_.empty() && unran_.front().index <= index) {
+    // Its time on the fleet: from when it was appended, or from when the one before it ran.
+    const Unran& ran = unran_.front();
+    const double seconds = absl::ToDoubleSeconds(now - std::max(ran.at, last_ran_));
+    if (ran.cost > 0 && seconds > 0) {
+      const double rate = ran.cost / std::max(seconds, 1e-4);
+      flops_per_second_ = flops_per_second_ > 0 ? 0.5 * flops_per_second_ + 0.5 * rate : rate;
+    }
+    unran_.pop_front();
+  }
+  last_ran_ = now;
   ReleaseLocked();
 }
 
@@ -348,6 +434,7 @@ void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Statu
     return;
   }
   if (it != pending_.end()) pending_.erase(it);
+  divided_.erase(key);  // The parts still to come: the failure below ends the step on every member.
   AppendFailureLocked(key,
                       absl::AbortedError(absl::StrCat("step ", key.ToString(), " aborted: trainer rank ", trainer_rank,
                                                       " failed: ", reason.ToString())),
@@ -495,7 +582,7 @@ void Coordinator::TimerLoop() {
     // A batch rank 0 has not reported as run within the rendezvous timeout (its executor is
     // stuck or gone) no longer holds the queue back.
     bool stalled = false;
-    while (!unran_.empty() && now - unran_.front().second > options_.rendezvous_timeout) {
+    while (!unran_.empty() && now - unran_.front().at > options_.rendezvous_timeout) {
       unran_.pop_front();
       stalled = true;
     }

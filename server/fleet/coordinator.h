@@ -43,6 +43,19 @@
 // step waits behind at most `batch_window` batches of a flood, not behind the whole flood; the
 // batches themselves, and so every result, are unchanged. Without rank 0 in the generation (or
 // with batch_window = 0) steps are appended as they complete.
+//
+// Parts. While pacing, a step of several matrices is appended in parts (`part_time` > 0): each a
+// run of consecutive matrices of about `part_time` of work, as estimated from the FLOPs per second
+// of the batches rank 0 has run, and at least one matrix per member (so that no member idles; the
+// first part of a fleet's first step is just that). After each part the rest of the step is
+// queued again, charged that part's cost, ahead of its job's later steps (FairQueue::PushFront),
+// so another tenant's or job's step runs between the parts of a large one while a job's own
+// steps keep their order. Every part is cut from the step's one checked plan (placements, algorithms, options);
+// AUTO owners are chosen per part, to balance the part that runs. No result changes: a matrix's
+// bits do not depend on which member computes it or on the other matrices of its batch (batch.h).
+// Members resolve the step's trainer ranks after its last part (LogEntry::more_parts).
+// Replays are never divided. If the generation changes between parts, the rest is appended at
+// once as its last part of the old generation, which members fail as retryable.
 // Thread-safe.
 #pragma once
 
@@ -127,6 +140,10 @@ struct LogEntry {
   BatchPlan plan;
   std::vector<uint64_t> submissions;
   std::vector<bool> cached;  // Batch: trainer ranks whose inputs come from the members' caches (a replay).
+  // Batch of a divided step (see "Parts" above): `plan` holds the step's matrices from index
+  // `part_offset` of its spec list; `more_parts` when parts of it follow. 0 and false for a whole step.
+  int64_t part_offset = 0;
+  bool more_parts = false;
   std::vector<Member> members;
   // Membership: every member of the previous generation can still run its batches — the change
   // only adds ranks or drops ranks that left gracefully (they run every batch before this
@@ -171,6 +188,8 @@ class Coordinator {
     // Batches appended but not yet run on rank 0 at most (0: no pacing; see "Order of batches").
     int batch_window = 0;
     FairShares shares;  // Tenants' weights and priority classes in the order of batches.
+    // While pacing, steps are appended in parts of about this much work (0: whole; see "Parts").
+    absl::Duration part_time = absl::ZeroDuration();
   };
 
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const Options& options);
@@ -247,6 +266,7 @@ class Coordinator {
     int arrived = 0;
     bool warned = false;
     bool queued = false;  // Complete, in ready_ (a withdrawal takes it out: arrived < trainer_world).
+    size_t part_end = 0;  // Queued: the end of the first part it was charged for (0: whole).
   };
   // The last step of a group (key step = 0) that members keep: by trainer rank, the reports of
   // every member that keeps its inputs (the one it ran on, and a copy on the next member when
@@ -268,6 +288,23 @@ class Coordinator {
   // Appends queued steps while the window has room (or all of them when not pacing).
   void ReleaseLocked();
   bool PacingLocked() const;
+  // A step in the fair order of batches: complete and not yet appended, or (`part`) the rest of
+  // a divided one.
+  struct Ready {
+    GroupKey key;
+    bool part = false;
+  };
+  // A divided step: its whole batch, and the part to append next: matrices [next, end).
+  struct Divided {
+    LogEntry batch;
+    size_t next = 0;
+    size_t end = 0;
+  };
+  // The end of the part of `matrices` that starts at `begin` (see "Parts"); matrices.size() when
+  // not dividing.
+  size_t PartEndLocked(const std::vector<MatrixPlan>& matrices, size_t begin, int members) const;
+  // Appends the next part of divided step `key` (its whole rest when `rest`) and queues what remains.
+  void AppendPartLocked(const GroupKey& key, bool rest);
 
   explicit Coordinator(const Options& options);
   void AppendLocked(LogEntry entry);
@@ -300,8 +337,17 @@ class Coordinator {
   bool reform_forced_ = false;  // The next reform happens even with unchanged members.
   absl::flat_hash_map<GroupKey, Pending> pending_;
   absl::flat_hash_map<GroupKey, Kept> kept_;  // By GroupKey::Group().
-  FairQueue<GroupKey> ready_;  // Complete steps for their turn; stale keys are skipped.
-  std::deque<std::pair<int64_t, absl::Time>> unran_;  // Appended batches not yet run on rank 0, and when.
+  FairQueue<Ready> ready_;  // Complete steps and parts for their turn; stale keys are skipped.
+  absl::flat_hash_map<GroupKey, Divided> divided_;
+  // Appended batches not yet run on rank 0: their index, when appended, their estimated cost.
+  struct Unran {
+    int64_t index = 0;
+    absl::Time at;
+    double cost = 0;
+  };
+  std::deque<Unran> unran_;
+  absl::Time last_ran_ = absl::InfinitePast();  // When rank 0 last reported a batch run.
+  double flops_per_second_ = 0;  // Rank 0's batches, measured (0: none yet); sizes parts.
   std::deque<LogEntry> log_;  // log_.front().index == first_index_.
   int64_t first_index_ = 0;
   bool shutdown_ = false;

@@ -47,6 +47,7 @@ Executor::~Executor() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     left.swap(waiting_);
+    TakePartsLocked(left);
   }
   FailAll(left, "the server is shutting down");
 }
@@ -64,6 +65,14 @@ void Executor::FailAll(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& step
   }
 }
 
+void Executor::TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into) {
+  for (auto& [key, partial] : parts_) {
+    std::vector<Waiting>& list = into[key];
+    for (Waiting& w : partial.steps) list.push_back(std::move(w));
+  }
+  parts_.clear();
+}
+
 void Executor::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return;
@@ -76,6 +85,7 @@ size_t Executor::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
   for (const auto& [key, list] : waiting_) n += list.size();
+  for (const auto& [key, partial] : parts_) n += partial.steps.size();
   return n;
 }
 
@@ -270,12 +280,14 @@ void Executor::ApplierLoop() {
   for (;;) {
     LogEntry entry;
     std::shared_ptr<Collective> closing;
+    absl::flat_hash_map<GroupKey, std::vector<Waiting>> divided;  // Steps between parts at a reset.
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || reset_requested_ || !queue_.empty(); });
       if (stopping_) return;
       if (reset_requested_) {
         reset_requested_ = false;
+        TakePartsLocked(divided);
         closing = std::move(collective_);
         generation_ = 0;
         members_.clear();
@@ -289,6 +301,7 @@ void Executor::ApplierLoop() {
         busy_since_ = absl::Now();
       }
     }
+    FailAll(divided, "this rank left the fleet's generation before the step's last part ran; retry");
     if (closing != nullptr) {
       closing.reset();  // Closes the connections outside the lock.
       continue;
@@ -318,12 +331,14 @@ void Executor::ApplyMembership(const LogEntry& entry) {
   std::shared_ptr<Collective> closing;
   CollectiveGroup group;
   int64_t resets;
-  absl::flat_hash_map<GroupKey, std::vector<Waiting>> dropped;
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> dropped, divided;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (entry.generation <= generation_) return;  // Stale.
     // Outside the generation, this rank's reports were withdrawn: its waiting steps cannot run.
     if (index < 0) dropped.swap(waiting_);
+    // Divided steps of the old generation: their remaining parts cannot run in this one.
+    TakePartsLocked(divided);
     closing = std::move(collective_);
     generation_ = entry.generation;
     members_ = entry.members;
@@ -337,6 +352,7 @@ void Executor::ApplyMembership(const LogEntry& entry) {
     cv_.notify_all();
   }
   closing.reset();
+  FailAll(divided, absl::StrCat("generation ", entry.generation, " of the fleet began before the step's last part ran"));
   if (index < 0) {
     LOG_INFO("fleet") << "generation " << entry.generation << " goes on without this rank";
     FailAll(dropped, absl::StrCat("this rank is not in generation ", entry.generation, " of the fleet; retry"));

@@ -19,6 +19,9 @@
 // step fails with UNAVAILABLE and the collective is closed; the rank then serves lone clients
 // locally (member() is false) until it is a member of a formed generation again.
 //
+// A step the coordinator divided into parts (coordinator.h, "Parts") runs one part per batch
+// entry; its trainer ranks are resolved after the last part, as after a whole batch.
+//
 // Replays (coordinator.h): after a group step's batch ran, this rank keeps the steps it took part
 // with (their inputs; and a copy of those of the previous member when that member ran several
 // trainer ranks of the step, see CopyToNextMember) until the group's next step runs here or `cache_ttl` passes, and sends
@@ -136,6 +139,15 @@ class Executor {
     absl::Time at;
     std::vector<std::shared_ptr<TrainerStep>> steps;
   };
+  // A divided step (LogEntry::more_parts) whose earlier parts ran here: their plan and results,
+  // and its steps here, resolved after the last part.
+  struct PartialStep {
+    absl::Time start;
+    bool complete = true;  // Every part from the first ran here, in order.
+    BatchPlan plan;
+    BatchResult result;
+    std::vector<Waiting> steps;
+  };
   struct PendingAbort {
     GroupKey key;
     int trainer_rank;
@@ -171,6 +183,9 @@ class Executor {
   static StepOutcome Unavailable(const GroupKey& key, absl::string_view why);
   // Resolves every step of `steps` with Unavailable(key, why).
   static void FailAll(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& steps, absl::string_view why);
+  // Moves the steps of every divided step into `into` and forgets the records (applier thread,
+  // or after it stopped).
+  void TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into);
   // The ready report of a step submitted here.
   ReadyReport ReportOf(const TrainerStep& step) const;
   void PublishMetricsLocked();
@@ -204,6 +219,9 @@ class Executor {
   // Steps.
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_;
   absl::flat_hash_map<GroupKey, CachedBatch> cache_;  // By group (step 0): its last batch's steps here.
+  // Divided steps between their parts. Applier thread only; cleared with each generation (its
+  // parts cannot run in the next one) and at a reset, failing their steps.
+  absl::flat_hash_map<GroupKey, PartialStep> parts_;
   std::vector<ReadyReport> advertise_;                // Reports of steps kept since the last read.
   uint64_t next_submission_;
   bool stopping_ = false;

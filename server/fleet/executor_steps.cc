@@ -194,16 +194,45 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
 }
 
 void Executor::ApplyStep(const LogEntry& entry) {
-  std::vector<Waiting> all;
+  const bool divided = entry.more_parts || entry.part_offset > 0;
+  // The steps of this entry's submissions: from waiting_, or, after a divided step's first part,
+  // from its parts_ record (they stay there until the last part).
+  std::vector<Waiting> mine, stale;
   std::shared_ptr<Collective> collective;
   bool usable;
   std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
+  PartialStep* partial = nullptr;  // A divided step's record; only this thread changes parts_.
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = waiting_.find(entry.key);
     if (it != waiting_.end()) {
-      all = std::move(it->second);
+      // Only the submissions the plan was made from take part; another submission of the same
+      // trainer rank here was superseded by a retry (its client has gone). A failure entry ends all.
+      for (Waiting& w : it->second) {
+        const int r = w.step->trainer_rank;
+        const bool planned = !entry.status.ok() || (r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
+                                                    entry.submissions[r] == w.step->submission);
+        (planned ? mine : stale).push_back(std::move(w));
+      }
       waiting_.erase(it);
+    }
+    // A divided step's steps wait in its parts_ record between its parts; a first part starts a
+    // new record, a failure entry ends it.
+    if (entry.status.ok() && divided) {
+      if (entry.part_offset == 0) parts_.erase(entry.key);
+      auto [p, inserted] = parts_.try_emplace(entry.key);
+      partial = &p->second;
+      if (inserted) {
+        partial->start = absl::Now();
+        // A rank that lost its record (or joined mid-way) cannot complete the step's results.
+        partial->complete = entry.part_offset == 0;
+      }
+    }
+    auto p = parts_.find(entry.key);
+    if (p != parts_.end()) {
+      for (Waiting& w : p->second.steps) mine.push_back(std::move(w));
+      p->second.steps.clear();
+      if (partial == nullptr) parts_.erase(p);
     }
     collective = collective_;
     usable = FormedLocked() && entry.generation == generation_;
@@ -219,7 +248,13 @@ void Executor::ApplyStep(const LogEntry& entry) {
       }
     }
   }
-  const absl::Time start = absl::Now();
+  auto end_partial = [&] {
+    if (partial == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    parts_.erase(entry.key);
+    partial = nullptr;
+  };
+  const absl::Time start = partial != nullptr ? partial->start : absl::Now();
   auto resolve = [&](std::vector<Waiting>& steps, const StepOutcome& outcome) {
     for (Waiting& w : steps) {
       StepOutcome copy = outcome;
@@ -228,46 +263,42 @@ void Executor::ApplyStep(const LogEntry& entry) {
     }
   };
   if (!entry.status.ok()) {
-    if (options_.metrics != nullptr && !all.empty()) options_.metrics->StepAborted(FailureReason(entry));
+    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted(FailureReason(entry));
     StepOutcome outcome;
     outcome.status = entry.status;
     outcome.retryable = entry.retryable;
-    resolve(all, outcome);
+    resolve(mine, outcome);
     return;
-  }
-  // Only the submissions the plan was made from take part; another submission of the same
-  // trainer rank here was superseded by a retry (its client has gone).
-  std::vector<Waiting> mine, stale;
-  for (Waiting& w : all) {
-    const int r = w.step->trainer_rank;
-    const bool planned = r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
-                         entry.submissions[r] == w.step->submission;
-    (planned ? mine : stale).push_back(std::move(w));
   }
   resolve(stale, Unavailable(entry.key, "superseded by a retry of the same trainer rank"));
   if (!usable) {
     // Planned for a generation this rank does not hold (it changed, or its group broke):
     // nobody can run it with the others.
+    end_partial();
     if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("fleet_change");
     resolve(mine, Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
                                                       ") before it ran")));
     return;
   }
 
-  // Every member runs every batch (ranks without blocks take part with empty ones).
+  // Every member runs every batch (ranks without blocks take part with empty ones). Matrix i of
+  // a part is matrix part_offset + i of its steps.
+  const size_t offset = static_cast<size_t>(entry.part_offset);
   std::vector<LocalBlock> local;
   for (Waiting& w : mine) {
     TrainerStep& s = *w.step;
-    s.outputs.assign(s.matrices.size(), {});
-    for (size_t i = 0; i < entry.plan.matrices.size() && i < s.matrices.size(); ++i) {
+    if (offset == 0) s.outputs.assign(s.matrices.size(), {});
+    for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.matrices.size(); ++i) {
       const MatrixPlan& m = entry.plan.matrices[i];
       const Block& block = m.blocks[s.trainer_rank].block;
-      s.outputs[i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
-      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[i].data(), s.outputs[i].data()});
+      s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
+                                   ElementSize(m.result_dtype));
+      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[offset + i].data(),
+                                 s.outputs[offset + i].data()});
     }
   }
-  // A replay: the kept inputs of ranks that already have their results; what they compute
-  // again goes to scratch buffers (it is the same).
+  // A replay (never divided): the kept inputs of ranks that already have their results; what
+  // they compute again goes to scratch buffers (it is the same).
   std::vector<std::vector<char>> scratch;
   for (const std::shared_ptr<TrainerStep>& s : cached) {
     for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
@@ -284,12 +315,50 @@ void Executor::ApplyStep(const LogEntry& entry) {
     }
   }
   absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, *collective, options_.execute);
+  if (result.ok() && options_.metrics != nullptr) {
+    options_.metrics->Flops(result->flops);
+    options_.metrics->StageTime(Stage::kCollective, result->collective_time);
+    options_.metrics->StageTime(Stage::kCompute, result->compute_time);
+  }
+  // A part before the last: its results wait in the steps' outputs for the rest.
+  if (result.ok() && partial != nullptr) {
+    partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
+    partial->plan.trainer_world = entry.plan.trainer_world;
+    partial->plan.fleet_world = entry.plan.fleet_world;
+    partial->plan.matrices.insert(partial->plan.matrices.end(), entry.plan.matrices.begin(), entry.plan.matrices.end());
+    partial->result.matrices.insert(partial->result.matrices.end(), result->matrices.begin(), result->matrices.end());
+    partial->result.collective_time += result->collective_time;
+    partial->result.compute_time += result->compute_time;
+    if (entry.more_parts) {
+      std::lock_guard<std::mutex> lock(mu_);
+      partial->steps = std::move(mine);
+      return;
+    }
+  }
+  // The whole step, for what follows its last part.
+  const LogEntry* step_entry = &entry;
+  LogEntry whole;
+  if (result.ok() && partial != nullptr) {
+    if (!partial->complete) {
+      result = absl::InternalError(absl::StrCat("this rank did not run every part of the step (", partial->plan.matrices.size(),
+                                                " matrices from offset ", entry.part_offset, ")"));
+    } else {
+      whole = entry;
+      whole.plan = std::move(partial->plan);
+      whole.part_offset = 0;
+      step_entry = &whole;
+      result->matrices = std::move(partial->result.matrices);
+      result->collective_time = partial->result.collective_time;
+      result->compute_time = partial->result.compute_time;
+    }
+  }
+  end_partial();
   std::vector<std::shared_ptr<TrainerStep>> copies;  // Steps of the previous member, kept here too.
   if (result.ok()) {
     std::vector<std::shared_ptr<TrainerStep>> here = cached;
     for (const Waiting& w : mine) here.push_back(w.step);
     absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> copied =
-        CopyToNextMember(entry, *result, here, *collective);
+        CopyToNextMember(*step_entry, *result, here, *collective);
     if (copied.ok()) {
       copies = *std::move(copied);
     } else {
@@ -313,11 +382,6 @@ void Executor::ApplyStep(const LogEntry& entry) {
     outcome.matrices = std::move(result->matrices);
     outcome.collective_time = result->collective_time;
     outcome.compute_time = result->compute_time;
-    if (options_.metrics != nullptr) {
-      options_.metrics->Flops(result->flops);
-      options_.metrics->StageTime(Stage::kCollective, result->collective_time);
-      options_.metrics->StageTime(Stage::kCompute, result->compute_time);
-    }
     if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty() || !copies.empty())) {
       cached.insert(cached.end(), copies.begin(), copies.end());
       Keep(entry.key, mine, cached);

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     // are appended as they complete.
     c.batch_window = options.world > 1 ? options.batch_window : 0;
     c.shares = options.tenant_shares;
+    c.part_time = options.batch_part_time;
     if (metrics != nullptr) {
       c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
       c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };

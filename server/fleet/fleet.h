@@ -65,6 +65,7 @@ class Fleet {
     // The order of group batches (Coordinator "Order of batches"): batches appended ahead of
     // rank 0's executor at most (0: in the order they complete), and tenants' shares.
     int batch_window = 1;
+    absl::Duration batch_part_time = absl::Milliseconds(100);  // Coordinator::Options::part_time.
     FairShares tenant_shares;
     // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
     // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).

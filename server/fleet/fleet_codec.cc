@@ -86,6 +86,8 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   p.set_code(static_cast<int>(entry.status.code()));
   p.set_message(std::string(entry.status.message()));
   p.set_failure(entry.failure);
+  p.set_part_offset(entry.part_offset);
+  p.set_more_parts(entry.more_parts);
   p.set_trainer_world(entry.plan.trainer_world);
   p.set_fleet_world(entry.plan.fleet_world);
   for (const MatrixPlan& m : entry.plan.matrices) {
@@ -114,6 +116,8 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   entry.key = GroupKeyFromProto(p.key());
   entry.status = absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
   entry.failure = p.failure();
+  entry.part_offset = p.part_offset();
+  entry.more_parts = p.more_parts();
   entry.plan.trainer_world = p.trainer_world();
   entry.plan.fleet_world = p.fleet_world();
   for (int i = 0; i < p.matrices_size(); ++i) {

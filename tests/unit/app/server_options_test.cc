@@ -50,6 +50,8 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        absl::StatusCode::kInvalidArgument, "--max-tenant-calls-per-second"},
       {"fleet batch window", [](ServerOptions& o) { o.batch_window = -1; }, absl::StatusCode::kInvalidArgument,
        "--fleet-batch-window"},
+      {"fleet batch part time", [](ServerOptions& o) { o.batch_part_time = absl::Milliseconds(-1); },
+       absl::StatusCode::kInvalidArgument, "--fleet-batch-part-time"},
       {"rank", [](ServerOptions& o) { o.rank = 2; }, absl::StatusCode::kInvalidArgument, "--rank"},
       {"fleet listen", [](ServerOptions& o) { o.fleet_listen = ""; }, absl::StatusCode::kInvalidArgument,
        "--fleet-listen"},

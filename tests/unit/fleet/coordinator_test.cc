@@ -3,6 +3,7 @@
 // against duplicates; plans on collective ranks; capped messages.
 #include "server/fleet/coordinator.h"
 
+#include <algorithm>
 #include <functional>
 #include <thread>
 
@@ -437,6 +438,22 @@ TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers
   EXPECT_THAT(g.members, Not(::testing::IsEmpty()));
 }
 
+// A coordinator that paces batches (window 1) with `part_time`, whose first generation of
+// `members` has formed.
+std::unique_ptr<Coordinator> PacedAndFormed(int world, absl::Duration part_time, const std::vector<Member>& members) {
+  Coordinator::Options options = TestOptions(world);
+  options.batch_window = 1;
+  options.part_time = part_time;
+  absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(options);
+  EXPECT_OK(c.status());
+  if (!c.ok()) return nullptr;
+  for (const Member& m : members) EXPECT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  for (const Member& m : members) ReadAll(**c, m, 0, /*formed=*/1);
+  EXPECT_TRUE((*c)->generation().formed);
+  return *std::move(c);
+}
+
 // The step keys of the batch entries in `entries`, in log order.
 std::vector<std::string> BatchOrder(const std::vector<LogEntry>& entries) {
   std::vector<std::string> out;
@@ -451,33 +468,142 @@ std::vector<std::string> BatchOrder(const std::vector<LogEntry>& entries) {
 // whole flood, but after at most one more of its batches (self-clocked fair queueing ties go to
 // the earlier step). Waiting for its turn is no rendezvous timeout.
 TEST(CoordinatorTest, PacedBatchesOfTwoTenantsInterleaveInFairOrder) {
-  Coordinator::Options options = TestOptions(2);
-  options.batch_window = 1;
-  options.rendezvous_timeout = absl::Seconds(30);
-  auto c = Coordinator::Create(options);
-  ASSERT_OK(c);
   std::vector<Member> members = {M(0, 10), M(1, 11)};
-  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
-  WaitGeneration(**c, 1, members);
-  for (const Member& m : members) ReadAll(**c, m, 0, /*formed=*/1);
-  ASSERT_TRUE((*c)->generation().formed);
+  std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::ZeroDuration(), members);
+  ASSERT_NE(c, nullptr);
 
   for (int step = 1; step <= 4; ++step) {
-    ASSERT_OK((*c)->Report(Report(**c, GroupKey{"A", "flood", "g", step}, 0, 1, members[0], 100 + step)));
+    ASSERT_OK(c->Report(Report(*c, GroupKey{"A", "flood", "g", step}, 0, 1, members[0], 100 + step)));
   }
-  ASSERT_OK((*c)->Report(Report(**c, GroupKey{"B", "small", "g", 1}, 0, 1, members[1], 200)));
-  EXPECT_EQ((*c)->queued_steps(), 4u);
-  EXPECT_EQ((*c)->pending_steps(), 4u);
-  std::vector<LogEntry> log = ReadAll(**c, members[0], 0);
+  ASSERT_OK(c->Report(Report(*c, GroupKey{"B", "small", "g", 1}, 0, 1, members[1], 200)));
+  EXPECT_EQ(c->queued_steps(), 4u);
+  EXPECT_EQ(c->pending_steps(), 4u);
+  std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
   EXPECT_EQ(BatchOrder(log), (std::vector<std::string>{"A1"}));
   // Rank 0 runs each batch in turn.
   for (int ran = 0; ran < 4; ++ran) {
-    (*c)->BatchRan(log.back().index);
-    log = ReadAll(**c, members[0], 0);
+    c->BatchRan(log.back().index);
+    log = ReadAll(*c, members[0], 0);
   }
   EXPECT_EQ(BatchOrder(log), (std::vector<std::string>{"A1", "A2", "B1", "A3", "A4"}));
-  EXPECT_EQ((*c)->queued_steps(), 0u);
-  EXPECT_EQ((*c)->pending_steps(), 0u);
+  EXPECT_EQ(c->queued_steps(), 0u);
+  EXPECT_EQ(c->pending_steps(), 0u);
+}
+
+// A report of `n` 4 x 4 matrices "w0".."w<n-1>" (W = 1).
+ReadyReport ManyMatrices(const Coordinator& c, const GroupKey& key, const Member& fleet_rank, uint64_t submission,
+                         int n) {
+  ReadyReport r = Report(c, key, 0, 1, fleet_rank, submission);
+  const MatrixPlan m = r.matrices[0];
+  const Block b = r.blocks[0];
+  r.matrices.clear();
+  r.blocks.clear();
+  for (int i = 0; i < n; ++i) {
+    r.matrices.push_back(m);
+    r.matrices.back().name = absl::StrCat("w", i);
+    r.blocks.push_back(b);
+  }
+  return r;
+}
+
+// "<tenant><step>:<first matrix>+<matrices><more parts ? '+' : ''>" for each batch entry.
+std::vector<std::string> Parts(const std::vector<LogEntry>& entries) {
+  std::vector<std::string> out;
+  for (const LogEntry& e : entries) {
+    if (e.membership() || !e.status.ok()) continue;
+    out.push_back(absl::StrCat(e.key.tenant, e.key.step, ":", e.part_offset, "+", e.plan.matrices.size(),
+                               e.more_parts ? "+" : ""));
+  }
+  return out;
+}
+
+// With parts, a paced step of several matrices goes into the log a part at a time, the rest
+// queued again after each part: another tenant's step, complete meanwhile, runs before the big
+// step's last parts. Each part carries its matrices of the step's plan (names in order), says
+// whether more follow, and has its AUTO owners balanced over the members. The first part is one
+// matrix per member (no rate measured yet); later ones follow the measured rate (here, with
+// parts of no time: one matrix per member each).
+TEST(CoordinatorTest, APacedStepIsAppendedInPartsAndAnotherTenantsStepRunsBetweenThem) {
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Nanoseconds(1), members);
+  ASSERT_NE(c, nullptr);
+
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1}, members[0], 100, 6)));
+  ASSERT_OK(c->Report(Report(*c, GroupKey{"B", "small", "g", 1}, 0, 1, members[1], 200)));
+  std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
+  EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+"}));
+  for (int ran = 0; ran < 3; ++ran) {
+    c->BatchRan(log.back().index);
+    log = ReadAll(*c, members[0], 0);
+  }
+  EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+", "B1:0+1", "A1:2+2+", "A1:4+2"}));
+  std::vector<std::string> names;
+  for (const LogEntry& e : EntriesFor(log, GroupKey{"A", "big", "g", 1})) {
+    EXPECT_EQ(e.submissions, (std::vector<uint64_t>{100}));
+    std::vector<int> owners;
+    for (const MatrixPlan& m : e.plan.matrices) {
+      names.push_back(m.name);
+      owners.push_back(m.owner);
+    }
+    std::sort(owners.begin(), owners.end());
+    EXPECT_EQ(owners, (std::vector<int>{0, 1})) << "part at " << e.part_offset;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"w0", "w1", "w2", "w3", "w4", "w5"}));
+  EXPECT_EQ(c->queued_steps(), 0u);
+}
+
+// The rest of a divided step goes ahead of its job's later steps: a job's steps run in order
+// (another job's would run between the parts).
+TEST(CoordinatorTest, ADividedStepsRestGoesAheadOfItsJobsLaterSteps) {
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Nanoseconds(1), members);
+  ASSERT_NE(c, nullptr);
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "job", "g1", 1}, members[0], 100, 4)));
+  ASSERT_OK(c->Report(Report(*c, GroupKey{"A", "job", "g2", 1}, 0, 1, members[1], 200)));
+  std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
+  for (int ran = 0; ran < 2; ++ran) {
+    c->BatchRan(log.back().index);
+    log = ReadAll(*c, members[0], 0);
+  }
+  std::vector<std::string> order;
+  for (const LogEntry& e : log) {
+    if (!e.membership()) order.push_back(absl::StrCat(e.key.group, ":", e.part_offset));
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"g1:0", "g1:2", "g2:0"}));
+}
+
+// Parts are sized by the rate rank 0's batches ran at: with a part time far above what the
+// first part took, the rest of the step goes in one part.
+TEST(CoordinatorTest, PartsGrowWithTheMeasuredRate) {
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Seconds(1000), members);
+  ASSERT_NE(c, nullptr);
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1}, members[0], 100, 7)));
+  std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
+  ASSERT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+"}));
+  c->BatchRan(log.back().index);
+  // The rest was queued (and charged) before any rate was known: one more matrix per member,
+  // then the rest.
+  log = ReadAll(*c, members[0], 0);
+  c->BatchRan(log.back().index);
+  log = ReadAll(*c, members[0], 0);
+  EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+", "A1:2+2+", "A1:4+3"}));
+}
+
+// A generation change between parts: the parts left cannot run on the old generation's
+// collective, so the rest goes into the log at once, as the step's last part of the old
+// generation (which its members fail as retryable).
+TEST(CoordinatorTest, AGenerationChangeBetweenPartsAppendsTheRestAtOnce) {
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  std::unique_ptr<Coordinator> c = PacedAndFormed(3, absl::Nanoseconds(1), members);
+  ASSERT_NE(c, nullptr);
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1}, members[0], 100, 4)));
+  ASSERT_EQ(Parts(ReadAll(*c, members[0], 0)), (std::vector<std::string>{"A1:0+2+"}));
+  ASSERT_OK(c->Join(M(2, 12)).status());
+  WaitGeneration(*c, 2, {members[0], members[1], M(2, 12)});
+  std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
+  EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+", "A1:2+2"}));
+  for (const LogEntry& e : EntriesFor(log, GroupKey{"A", "big", "g", 1})) EXPECT_EQ(e.generation, 1);
 }
 
 // Without rank 0 in the generation nobody reports batches run: steps go into the log as they

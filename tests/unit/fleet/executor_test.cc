@@ -71,7 +71,9 @@ class FreezableLog final : public LogSource {
 
 class FleetHarness {
  public:
-  explicit FleetHarness(int world) : world_(world), store_(std::make_shared<InMemoryStore>()) {
+  // `batch_window` and `part_time`: the coordinator's order of batches (0: as steps complete).
+  explicit FleetHarness(int world, int batch_window = 0, absl::Duration part_time = absl::ZeroDuration())
+      : world_(world), batch_window_(batch_window), part_time_(part_time), store_(std::make_shared<InMemoryStore>()) {
     coordinator_ = NewCoordinator();
     backend_ = *CpuBackend::Create({});
     logs_.resize(world);
@@ -103,6 +105,12 @@ class FleetHarness {
     o.peer_timeout = kPeer;
     o.formation_timeout = absl::Seconds(10);
     o.poll = absl::Milliseconds(50);
+    if (rank == 0 && batch_window_ > 0) {
+      o.on_step_applied = [this](int64_t index) {
+        ++steps_applied_on_0_;
+        coordinator_->BatchRan(index);
+      };
+    }
     std::shared_ptr<Store> store = store_;
     o.join_collective = [store](const CollectiveGroup& g,
                                 absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
@@ -127,6 +135,8 @@ class FleetHarness {
   FreezableLog& log(int r) { return *logs_[r]; }
   Coordinator& coordinator() { return *coordinator_; }
   Backend& backend() { return *backend_; }
+  // Step entries of the log (batches, parts, failures) rank 0 has applied.
+  int steps_applied_on_0() const { return steps_applied_on_0_.load(); }
 
   // Waits (bounded) until a generation of exactly `ranks` is formed on each of them.
   bool WaitFormed(const std::vector<int>& ranks, absl::Duration timeout = absl::Seconds(10)) {
@@ -149,10 +159,15 @@ class FleetHarness {
     c.fleet_world = world_;
     c.peer_timeout = kPeer;
     c.reform_delay = absl::Milliseconds(50);
+    c.batch_window = batch_window_;
+    c.part_time = part_time_;
     return *Coordinator::Create(c);
   }
 
   const int world_;
+  const int batch_window_;
+  const absl::Duration part_time_;
+  std::atomic<int> steps_applied_on_0_{0};
   std::shared_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::vector<std::unique_ptr<Coordinator>> retired_;
@@ -353,6 +368,129 @@ TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
   h.Kill(0);
   ASSERT_TRUE(h.WaitFormed({1}));
   ExpectReplayed(h.rank(1), MakeStep(key, 0, 4, full, /*attempt=*/1), first);
+}
+
+// Trainer rank `r` of `world`'s row blocks of the matrices `fulls`, one per algorithm, as one
+// step (matrix i named "w<i>").
+std::shared_ptr<TrainerStep> MultiStep(const GroupKey& key, int r, int world, const std::vector<std::vector<float>>& fulls,
+                                       const std::vector<Algorithm>& algorithms, int attempt = 0) {
+  std::shared_ptr<TrainerStep> step;
+  for (size_t i = 0; i < fulls.size(); ++i) {
+    std::shared_ptr<TrainerStep> one =
+        testing::RowBlockStep(key, r, world, kRows, kCols, fulls[i], Highest(), algorithms[i], attempt);
+    one->matrices[0].name = absl::StrCat("w", i);
+    if (step == nullptr) {
+      step = one;
+      continue;
+    }
+    step->matrices.push_back(one->matrices[0]);
+    step->inputs.push_back(one->inputs[0]);
+  }
+  return step;
+}
+
+// A step of five matrices, one of each algorithm, on two ranks with W = 4 (two trainer ranks on
+// each): its outputs by trainer rank, then matrix, and how many log entries rank 0 applied for it.
+struct MultiRun {
+  std::vector<std::vector<std::vector<char>>> outputs;
+  int entries = 0;
+};
+MultiRun RunMultiStep(FleetHarness& h, const GroupKey& key, const std::vector<std::vector<float>>& fulls,
+                      const std::vector<Algorithm>& algorithms, int expected_entries) {
+  const std::vector<int> placement = {0, 0, 1, 1};
+  const int world = static_cast<int>(placement.size());
+  const int before = h.steps_applied_on_0();
+  std::vector<std::future<StepOutcome>> futures;
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (int r = 0; r < world; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    steps.push_back(MultiStep(key, r, world, fulls, algorithms));
+    h.rank(placement[r]).Submit(steps.back(), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  MultiRun run;
+  for (int r = 0; r < world; ++r) {
+    if (futures[r].wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << "trainer rank " << r << " did not finish";
+      return run;
+    }
+    StepOutcome o = futures[r].get();
+    EXPECT_OK(o.status);
+    EXPECT_EQ(o.matrices.size(), fulls.size());
+    for (const absl::Status& m : o.matrices) EXPECT_OK(m);
+    run.outputs.push_back(steps[r]->outputs);
+  }
+  // Rank 0 counts the last entry after it has resolved the step's trainer ranks.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (h.steps_applied_on_0() - before < expected_entries && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  run.entries = h.steps_applied_on_0() - before;
+  return run;
+}
+
+// With parts of (almost) no time, the coordinator divides a step into parts of one matrix per
+// member (2, 2 and 1 of the five matrices, each algorithm's in its own place), and every output
+// has the bits of the same step run whole. The members keep the whole step: a trainer rank whose fleet rank died after the
+// last part is replayed from the copies, every matrix with the same bits (TP_DISTRIBUTED's up to
+// rounding: its replay runs on one rank, not two).
+TEST(ExecutorTest, ADividedStepHasTheBitsOfTheWholeStepAndIsReplayedWhole) {
+  const std::vector<Algorithm> algorithms = {Algorithm::kAuto, Algorithm::kRowSharded, Algorithm::kGathered,
+                                             Algorithm::kTpDuplicated, Algorithm::kTpDistributed};
+  std::vector<std::vector<float>> fulls;
+  for (size_t i = 0; i < algorithms.size(); ++i) fulls.push_back(RandomMatrix(20 + static_cast<int>(i)));
+  const GroupKey key{"t", "j", "g", 1};
+  // Batches are paced (and so divided) once the coordinator knows the generation formed.
+  auto formed = [](FleetHarness& h) {
+    if (!h.WaitFormed({0, 1})) return false;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!h.coordinator().generation().formed && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return h.coordinator().generation().formed;
+  };
+  MultiRun whole;
+  {
+    FleetHarness h(2, /*batch_window=*/1);
+    h.StartAll();
+    ASSERT_TRUE(formed(h));
+    whole = RunMultiStep(h, key, fulls, algorithms, 1);
+  }
+  EXPECT_EQ(whole.entries, 1);
+  FleetHarness h(2, /*batch_window=*/1, /*part_time=*/absl::Nanoseconds(1));
+  h.StartAll();
+  ASSERT_TRUE(formed(h));
+  MultiRun divided = RunMultiStep(h, key, fulls, algorithms, 3);
+  EXPECT_EQ(divided.entries, 3);
+  ASSERT_EQ(divided.outputs.size(), whole.outputs.size());
+  for (size_t r = 0; r < whole.outputs.size(); ++r) {
+    for (size_t i = 0; i < algorithms.size(); ++i) {
+      EXPECT_FALSE(divided.outputs[r][i].empty());
+      EXPECT_EQ(divided.outputs[r][i], whole.outputs[r][i])
+          << "trainer rank " << r << ", matrix " << i << " (" << AlgorithmName(algorithms[i]) << ")";
+    }
+  }
+  // Fleet rank 0 (trainer ranks 0 and 1) dies; trainer rank 0 retries on fleet rank 1.
+  h.Kill(0);
+  ASSERT_TRUE(h.WaitFormed({1}));
+  std::shared_ptr<TrainerStep> retry = MultiStep(key, 0, 4, fulls, algorithms, /*attempt=*/1);
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  h.rank(1).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_EQ(o.matrices.size(), algorithms.size());
+  for (size_t i = 0; i < algorithms.size(); ++i) {
+    ASSERT_OK(o.matrices[i]);
+    if (algorithms[i] != Algorithm::kTpDistributed) {
+      EXPECT_EQ(retry->outputs[i], whole.outputs[0][i]) << "matrix " << i;
+      continue;
+    }
+    // TP_DISTRIBUTED sums its Gram matrices over the fleet's ranks, now one: the same up to rounding.
+    ASSERT_EQ(retry->outputs[i].size(), whole.outputs[0][i].size());
+    const float* got = reinterpret_cast<const float*>(retry->outputs[i].data());
+    const float* want = reinterpret_cast<const float*>(whole.outputs[0][i].data());
+    for (size_t k = 0; k < retry->outputs[i].size() / sizeof(float); ++k) EXPECT_NEAR(got[k], want[k], 1e-5) << k;
+  }
 }
 
 TEST(ExecutorTest, AReplayTakesEachKeptStepFromOneHolder) {
