@@ -1,6 +1,8 @@
 // Implementation of client/cpp/client.h.
 #include "client/cpp/client.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -33,7 +35,48 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   return text.str();
 }
 
-// INVALID_ARGUMENT for an empty list or duplicate names; each input's CheckInput otherwise.
+// INVALID_ARGUMENT naming the matrix when a result buffer overlaps another result buffer or any
+// input's data (inputs may share data with each other).
+absl::Status CheckResultBuffersApart(absl::Span<const MatrixInput> inputs) {
+  struct Range {
+    uintptr_t begin, end;
+    bool result;
+    size_t index;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const MatrixInput& in = inputs[i];
+    if (in.data != nullptr && in.bytes > 0) {
+      ranges.push_back({reinterpret_cast<uintptr_t>(in.data), reinterpret_cast<uintptr_t>(in.data) + in.bytes, false, i});
+    }
+    if (in.result != nullptr && in.result_bytes > 0) {
+      const auto p = reinterpret_cast<uintptr_t>(in.result);
+      ranges.push_back({p, p + in.result_bytes, true, i});
+    }
+  }
+  if (std::none_of(ranges.begin(), ranges.end(), [](const Range& r) { return r.result; })) return absl::OkStatus();
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // Every earlier range ending after a range's start overlaps it: one of the two must not be a result.
+  const Range* furthest = nullptr;         // The earlier range that ends last.
+  const Range* furthest_result = nullptr;  // The earlier result buffer that ends last.
+  for (const Range& r : ranges) {
+    const Range* other = r.result ? furthest : furthest_result;
+    if (other != nullptr && other->end > r.begin) {
+      const Range& result = r.result ? r : *other;
+      const Range& with = r.result ? *other : r;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "matrix \"", inputs[result.index].name, "\": its result buffer overlaps ",
+          with.result ? "the result buffer" : "the input data", " of matrix \"", inputs[with.index].name,
+          "\"; every result needs a buffer of its own, apart from the inputs (a retry sends them again)"));
+    }
+    if (furthest == nullptr || r.end > furthest->end) furthest = &r;
+    if (r.result && (furthest_result == nullptr || r.end > furthest_result->end)) furthest_result = &r;
+  }
+  return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT for an empty list, duplicate names or overlapping result buffers; each input's
+// CheckInput otherwise.
 absl::Status CheckInputs(absl::Span<const MatrixInput> inputs) {
   if (inputs.empty()) return absl::InvalidArgumentError("no matrices given; a call needs at least one");
   absl::flat_hash_set<std::string> names;
@@ -44,7 +87,7 @@ absl::Status CheckInputs(absl::Span<const MatrixInput> inputs) {
           absl::StrCat("matrix name \"", input.name, "\" is used twice; names must be unique"));
     }
   }
-  return absl::OkStatus();
+  return CheckResultBuffersApart(inputs);
 }
 
 // INVALID_ARGUMENT for bad inputs (CheckInputs) or a rank outside 0..world-1.
@@ -214,7 +257,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(const v1:
       return absl::InternalError(absl::StrCat("server protocol error: result ", i, " \"", r->name(), "\" has ",
                                               data.size(), " bytes, its block needs ", ExpectedBytes(out)));
     }
-    out.data.assign(data.begin(), data.end());
+    RETURN_IF_ERROR(StoreResult(inputs[i], data, out));
     outputs.push_back(std::move(out));
   }
   return outputs;
@@ -252,9 +295,6 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
                                                               std::vector<bool>* delivered) {
   RETURN_IF_ERROR(EnsureLimits(timeout));
   const size_t chunk = chunk_bytes();
-  std::vector<std::string> names;
-  names.reserve(inputs.size());
-  for (const MatrixInput& input : inputs) names.push_back(input.name);
 
   grpc::ClientContext context;
   PrepareContext(&context, timeout);
@@ -264,7 +304,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
   StepCall call(&context, std::make_unique<StepRequests>(step, attempt, inputs, chunk), send_buffers_.get());
   call.Start(channel_);
 
-  StepResultAssembler assembler(std::move(names));
+  StepResultAssembler assembler(inputs);
   absl::Status protocol_error;
   while (std::unique_ptr<StreamResponseView> response = call.Next()) {
     const absl::Status parsed = ParseStreamResponse(response.get());

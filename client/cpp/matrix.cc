@@ -1,6 +1,9 @@
 // Implementation of client/cpp/matrix.h.
 #include "client/cpp/matrix.h"
 
+#include <cstdint>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "proto/convert/grpc_status.h"
 #include "common/status.h"
@@ -22,7 +25,35 @@ absl::StatusOr<Block> CheckInput(const MatrixInput& input) {
   if (expected > 0 && input.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": data is null"));
   }
+  if (input.result != nullptr || input.result_bytes != 0) {
+    const DType result_dtype = input.result_dtype.value_or(input.dtype);
+    const size_t needed = static_cast<size_t>(block.numel()) * ElementSize(result_dtype);
+    if (input.result == nullptr || input.result_bytes != needed) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": result buffer of ", input.result_bytes, " bytes",
+                                                     input.result == nullptr ? " is null" : "", "; block ",
+                                                     BlockString(block), " of ", DTypeName(result_dtype), " needs ",
+                                                     needed));
+    }
+  }
   return block;
+}
+
+absl::Status CheckResultBuffer(const MatrixInput& input, const MatrixOutput& output, size_t expected) {
+  if (input.result == nullptr || !output.status.ok() || expected == input.result_bytes) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("matrix \"", input.name, "\": the server's result is ", expected, " bytes of ",
+                                          DTypeName(output.dtype), ", but its result buffer holds ", input.result_bytes,
+                                          " (the server did not use the result dtype asked for)"));
+}
+
+absl::Status StoreResult(const MatrixInput& input, absl::string_view bytes, MatrixOutput& output) {
+  RETURN_IF_ERROR(CheckResultBuffer(input, output, bytes.size()));
+  if (input.result != nullptr) {
+    std::memcpy(input.result, bytes.data(), bytes.size());
+    output.in_place = true;
+    return absl::OkStatus();
+  }
+  output.data.assign(bytes.begin(), bytes.end());
+  return absl::OkStatus();
 }
 
 v1::MatrixSpec ToSpec(const MatrixInput& input) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/dtype.h"
 #include "common/ns_options.h"
 #include "common/shape.h"
@@ -31,6 +32,13 @@ struct MatrixInput {
   std::optional<Block> block;                           // This rank's block; unset: whole matrix.
   const void* data = nullptr;                           // Block elements, row-major, `dtype`.
   size_t bytes = 0;                                     // Must be block.numel() · ElementSize(dtype).
+  // Optional: where the result block goes, instead of a new MatrixOutput::data (no allocation,
+  // one copy, straight from gRPC's buffers). Caller-owned, valid until the call returns; it must
+  // hold exactly block.numel() · ElementSize(result dtype) bytes and overlap no input's `data` (a
+  // retry sends the inputs again). Its contents are unspecified if the matrix fails. Null: the
+  // result comes in MatrixOutput::data.
+  void* result = nullptr;
+  size_t result_bytes = 0;
 };
 
 // The result of one matrix. On error `status` carries the server's code and message and `data`
@@ -43,7 +51,8 @@ struct MatrixOutput {
   std::vector<int64_t> shape;  // Global shape, as sent.
   NdLayout layout = NdLayout::kFlatten;  // As sent.
   Block block;                 // The block `data` holds, in the 2-D view of shape and layout.
-  std::vector<char> data;      // Block elements, row-major.
+  std::vector<char> data;      // Block elements, row-major; empty when `in_place`.
+  bool in_place = false;       // The elements went to the input's `result` buffer instead.
 };
 
 // The group fields of a stream step. A lone client keeps the defaults.
@@ -57,7 +66,8 @@ struct StepOptions {
 
 // The block an input covers: its explicit block, or the whole 2-D view. INVALID_ARGUMENT (naming
 // the matrix) for a bad shape, a block outside the matrix, or `bytes` that do not match the block,
-// or null data for a non-empty block.
+// or null data for a non-empty block; for a `result` buffer whose size is not the result block's
+// (or a size without a buffer). (Client calls also check that result buffers overlap nothing.)
 absl::StatusOr<Block> CheckInput(const MatrixInput& input);
 
 // The wire spec of an input (does not validate; call CheckInput first).
@@ -75,5 +85,13 @@ absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& out
 
 // Bytes the data of an OK output must have: block.numel() · ElementSize(dtype); 0 on error.
 size_t ExpectedBytes(const MatrixOutput& output);
+
+// Stores an OK result's `bytes` for `input`: into input.result (output.in_place) or output.data.
+// INTERNAL when the server's result does not have the size the result buffer was given for (its
+// dtype differs from the one asked for).
+absl::Status StoreResult(const MatrixInput& input, absl::string_view bytes, MatrixOutput& output);
+
+// INTERNAL unless the server's OK result of `expected` bytes fits `input`'s result buffer (when it has one).
+absl::Status CheckResultBuffer(const MatrixInput& input, const MatrixOutput& output, size_t expected);
 
 }  // namespace orthoserve::client

@@ -1,6 +1,7 @@
 // Implementation of client/cpp/step_protocol.h.
 #include "client/cpp/step_protocol.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +94,22 @@ StepResultAssembler::StepResultAssembler(std::vector<std::string> names)
     : names_(std::move(names)),
       outputs_(names_.size()),
       states_(names_.size(), State::kWaiting),
-      expected_(names_.size(), 0) {}
+      expected_(names_.size(), 0),
+      received_(names_.size(), 0) {}
+
+namespace {
+std::vector<std::string> NamesOf(absl::Span<const MatrixInput> inputs) {
+  std::vector<std::string> names;
+  names.reserve(inputs.size());
+  for (const MatrixInput& input : inputs) names.push_back(input.name);
+  return names;
+}
+}  // namespace
+
+StepResultAssembler::StepResultAssembler(absl::Span<const MatrixInput> inputs)
+    : StepResultAssembler(NamesOf(inputs)) {
+  inputs_ = inputs;
+}
 
 absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResponse& response) {
   const int n = static_cast<int>(names_.size());
@@ -119,7 +135,11 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResp
       }
       ASSIGN_OR_RETURN(outputs_[i], FromResult(r));
       expected_[i] = ExpectedBytes(outputs_[i]);
-      outputs_[i].data.reserve(expected_[i]);
+      if (!inputs_.empty()) {
+        RETURN_IF_ERROR(CheckResultBuffer(inputs_[i], outputs_[i], expected_[i]));
+        outputs_[i].in_place = inputs_[i].result != nullptr && outputs_[i].status.ok();
+      }
+      if (!outputs_[i].in_place) outputs_[i].data.reserve(expected_[i]);
       states_[i] = expected_[i] == 0 ? State::kDone : State::kReceiving;
       if (states_[i] == State::kDone) return std::optional<int>(i);
       return std::optional<int>();
@@ -148,13 +168,23 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::AddChunk(int i, absl::Sp
   }
   size_t size = 0;
   for (absl::string_view piece : data) size += piece.size();
-  std::vector<char>& out = outputs_[i].data;
-  if (out.size() + size > expected_[i]) {
+  if (received_[i] + size > expected_[i]) {
     return absl::InternalError(absl::StrCat("server protocol error: matrix ", i, " \"", names_[i], "\" got ",
-                                            out.size() + size, " bytes, more than the ", expected_[i], " of its block"));
+                                            received_[i] + size, " bytes, more than the ", expected_[i],
+                                            " of its block"));
   }
-  for (absl::string_view piece : data) out.insert(out.end(), piece.begin(), piece.end());
-  if (out.size() < expected_[i]) return std::optional<int>();
+  if (outputs_[i].in_place) {
+    char* out = static_cast<char*>(inputs_[i].result) + received_[i];
+    for (absl::string_view piece : data) {
+      std::memcpy(out, piece.data(), piece.size());
+      out += piece.size();
+    }
+  } else {
+    std::vector<char>& out = outputs_[i].data;
+    for (absl::string_view piece : data) out.insert(out.end(), piece.begin(), piece.end());
+  }
+  received_[i] += size;
+  if (received_[i] < expected_[i]) return std::optional<int>();
   states_[i] = State::kDone;
   return std::optional<int>(i);
 }
@@ -167,7 +197,7 @@ absl::Status StepResultAssembler::CheckComplete() const {
     }
     if (states_[i] == State::kReceiving) {
       return absl::InternalError(absl::StrCat("server protocol error: the stream ended with matrix ", i, " \"",
-                                              names_[i], "\" at ", outputs_[i].data.size(), " of ", expected_[i],
+                                              names_[i], "\" at ", received_[i], " of ", expected_[i],
                                               " bytes"));
     }
   }

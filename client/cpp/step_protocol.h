@@ -70,8 +70,13 @@ absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const Ma
 // and one StepSummary closes the step. Not thread-safe; one instance per step.
 class StepResultAssembler {
  public:
-  // `names[i]` is the name sent for matrix i; a result must carry the same name.
+  // `names[i]` is the name sent for matrix i; a result must carry the same name. Results go into
+  // MatrixOutput::data.
   explicit StepResultAssembler(std::vector<std::string> names);
+  // For the (checked) inputs of a step: their names, and their result buffers where they have one
+  // (the output is then `in_place`; a result of another size is a protocol error). The inputs must
+  // outlive the assembler.
+  explicit StepResultAssembler(absl::Span<const MatrixInput> inputs);
 
   // Consumes one message. Returns the index of the matrix this message completed, if any (an error
   // result or an empty block completes on its MatrixResult). INTERNAL, naming what was wrong, when
@@ -102,6 +107,8 @@ class StepResultAssembler {
   std::vector<MatrixOutput> outputs_;
   std::vector<State> states_;
   std::vector<size_t> expected_;
+  std::vector<size_t> received_;
+  absl::Span<const MatrixInput> inputs_;  // Empty: no result buffers.
   std::optional<v1::StepSummary> summary_;
 };
 

@@ -155,6 +155,62 @@ TEST_F(RealServerTest, ChunkedStreamAgreesWithUnaryAndIsOrthogonal) {
   EXPECT_LT(worst, 5e-3);
 }
 
+// Results written into the caller's buffers (MatrixInput::result) are the bytes a call returns in
+// MatrixOutput::data, for streams and unary calls, in any result dtype; the output is then
+// marked in place and carries no data of its own.
+TEST_F(RealServerTest, ResultsGoIntoCallerBuffersWithTheSameBytes) {
+  std::unique_ptr<Client> client = Connect(kToken);
+  const std::vector<float> a = Random(96 * 40, 5), b = Random(8 * 4 * 5, 6);
+  std::vector<MatrixInput> inputs = {Input("a", {96, 40}, a), Input("b", {8, 4, 5}, b)};
+  inputs[1].result_dtype = DType::kBF16;
+  absl::StatusOr<std::vector<MatrixOutput>> returned = client->Step(StepOptions{}, inputs);
+  ASSERT_OK(returned);
+  for (bool unary : {false, true}) {
+    SCOPED_TRACE(unary ? "unary" : "stream");
+    std::vector<std::vector<char>> buffers = {std::vector<char>(96 * 40 * 4, 'x'), std::vector<char>(8 * 4 * 5 * 2, 'x')};
+    std::vector<MatrixInput> into = inputs;
+    for (size_t i = 0; i < into.size(); ++i) {
+      into[i].result = buffers[i].data();
+      into[i].result_bytes = buffers[i].size();
+    }
+    absl::StatusOr<std::vector<MatrixOutput>> out = unary ? client->Orthogonalize(into) : client->Step(StepOptions{}, into);
+    ASSERT_OK(out);
+    for (size_t i = 0; i < into.size(); ++i) {
+      ASSERT_OK((*out)[i].status);
+      EXPECT_TRUE((*out)[i].in_place);
+      EXPECT_TRUE((*out)[i].data.empty());
+      EXPECT_EQ(buffers[i], (*returned)[i].data) << "matrix " << i;
+    }
+  }
+}
+
+// A result buffer of the wrong size, or one that overlaps an input's data or another result
+// buffer, is refused before anything is sent, naming the matrix.
+TEST_F(RealServerTest, ResultBuffersOfTheWrongSizeOrOverlappingAreRefused) {
+  std::unique_ptr<Client> client = Connect(kToken);
+  std::vector<float> a = Random(96 * 40, 7), b = Random(96 * 40, 8);
+  std::vector<char> buffer(96 * 40 * 4), other(96 * 40 * 4);
+  std::vector<MatrixInput> inputs = {Input("a", {96, 40}, a), Input("b", {96, 40}, b)};
+  inputs[0].result = buffer.data();
+  inputs[0].result_bytes = buffer.size() - 4;
+  EXPECT_THAT(client->Step(StepOptions{}, inputs).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix \"a\": result buffer of 15356 bytes")));
+  inputs[0].result_bytes = buffer.size();
+  inputs[1].result = b.data();  // Over its own input.
+  inputs[1].result_bytes = b.size() * sizeof(float);
+  EXPECT_THAT(client->Orthogonalize(inputs).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("matrix \"b\": its result buffer overlaps the input data of matrix \"b\"")));
+  inputs[1].result = buffer.data() + 4;  // Over a's result.
+  EXPECT_THAT(client->Step(StepOptions{}, inputs).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps the result buffer of matrix")));
+  inputs[1].result = a.data();  // Over a's input.
+  EXPECT_THAT(client->Step(StepOptions{}, inputs).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps the input data of matrix \"a\"")));
+  inputs[1].result = other.data();
+  ASSERT_OK(client->Step(StepOptions{}, inputs).status());
+}
+
 TEST_F(RealServerTest, PerMatrixErrorsComeBackInBand) {
   std::unique_ptr<Client> client = Connect(kToken);
   const std::vector<float> a = Random(96 * 40, 3);

@@ -222,6 +222,42 @@ TEST(StepResultAssembler, ReassemblesInterleavedResultsInAnyOrder) {
   EXPECT_TRUE(out[2].data.empty());
 }
 
+// With result buffers, chunks land in the caller's buffer (the output is in place, without data
+// of its own); a result whose size differs from the buffer's is a protocol error.
+TEST(StepResultAssembler, ChunksGoIntoTheInputsResultBuffers) {
+  std::vector<char> buffer(8, 0);
+  std::vector<float> in(2, 1.0f);
+  MatrixInput input;
+  input.name = "a";
+  input.shape = {1, 2};
+  input.data = in.data();
+  input.bytes = 8;
+  input.result = buffer.data();
+  input.result_bytes = buffer.size();
+  std::vector<MatrixInput> inputs = {input};
+  StepResultAssembler assembler(inputs);
+  v1::StreamResponse result;
+  result.mutable_result()->set_index(0);
+  result.mutable_result()->set_name("a");
+  result.mutable_result()->add_shape(1);
+  result.mutable_result()->add_shape(2);
+  result.mutable_result()->set_dtype(v1::DTYPE_FP32);
+  ASSERT_OK(assembler.Add(result).status());
+  const absl::string_view first("abcd"), second("efgh");
+  ASSERT_OK(assembler.AddChunk(0, absl::MakeConstSpan(&first, 1)).status());
+  absl::StatusOr<std::optional<int>> done = assembler.AddChunk(0, absl::MakeConstSpan(&second, 1));
+  ASSERT_OK(done.status());
+  EXPECT_EQ(*done, std::optional<int>(0));
+  EXPECT_TRUE(assembler.output(0).in_place);
+  EXPECT_TRUE(assembler.output(0).data.empty());
+  EXPECT_EQ(std::string(buffer.begin(), buffer.end()), "abcdefgh");
+
+  StepResultAssembler bf16(inputs);
+  result.mutable_result()->set_dtype(v1::DTYPE_BF16);  // 4 bytes, for an 8-byte buffer.
+  EXPECT_THAT(bf16.Add(result).status(),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("its result buffer holds 8")));
+}
+
 TEST(StepResultAssembler, EmptyBlockCompletesOnItsResult) {
   StepResultAssembler assembler({"a"});
   v1::StreamResponse r = Result(0, "a", 4, 4);
