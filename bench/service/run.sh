@@ -4,7 +4,9 @@
 #  - overhead: a remote stream step vs the in-process CPU engine (one thread) on the same model
 #    matrices, alternately; target remote ≤ 1.15× engine;
 #  - transport: a steps = 0 stream step vs a raw loopback TCP echo of the same bytes, alternately;
-#    target stream throughput ≥ 0.5× raw.
+#    target stream throughput ≥ 0.5× raw. Each rep runs the stream step twice: with its results
+#    returned in new vectors (MatrixOutput::data), and written into result buffers the caller
+#    allocated once (MatrixInput::result).
 # Writes bench/results/service.md.
 #
 # The transport part also records CPU time: the server rank's (from /proc, per step), and
@@ -68,8 +70,8 @@ for part in ${parts//,/ }; do
     --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
     --reps "$reps" --warmup "$warmup" --precision "$precision" | tee -a "$tmp/runs.jsonl"
   if [ "$part" = transport ]; then
-    # The rank's CPU time over the part, per step (warm-up included).
-    server_cpu_s=$(awk -v a="$cpu_before" -v b="$(server_cpu)" -v n=$((reps + warmup)) 'BEGIN {printf "%.3f", (b - a) / n}')
+    # The rank's CPU time over the part, per step (warm-up included; two stream steps per rep).
+    server_cpu_s=$(awk -v a="$cpu_before" -v b="$(server_cpu)" -v n=$((2 * (reps + warmup))) 'BEGIN {printf "%.3f", (b - a) / n}')
   fi
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -134,27 +136,34 @@ if trans:
     L.append(f"Work: {stream_matrices} matrices of {stream_shapes} fp32 (cycled), {b / 2**20:.0f} MiB each way, "
              "NS with steps = 0 (normalize and scale only). *raw*: the same bytes sent over one loopback TCP "
              "connection to an echo thread and received back concurrently (1 MiB send/recv calls); *stream*: one "
-             "`Client::Step` (4 MiB DataChunks). Throughput = bytes each way / wall time.\n")
+             "`Client::Step` (4 MiB DataChunks) returning each result in a new vector (`MatrixOutput::data`); "
+             "*into*: the same step writing each result into a buffer the caller allocated once "
+             "(`MatrixInput::result`). Throughput = bytes each way / wall time.\n")
     rc = med([r["raw_cpu_s"] for r in trans])
     cc = med([r["stream_client_cpu_s"] for r in trans])
-    L.append("| | raw s | raw GB/s | raw CPU s | stream s | stream GB/s | stream server s | stream client CPU s | "
-             "first result after s |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
+    it = med([r["into_s"] for r in trans])
+    ic = med([r["into_client_cpu_s"] for r in trans])
+    L.append("| | raw s | raw GB/s | raw CPU s | stream s | stream GB/s | stream client CPU s | into s | into GB/s | "
+             "into client CPU s | first result after s |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in trans:
         L.append(f"| rep {r['rep']} | {r['raw_s']:.3f} | {b / r['raw_s'] / 1e9:.2f} | {r['raw_cpu_s']:.3f} | "
-                 f"{r['stream_s']:.3f} | {b / r['stream_s'] / 1e9:.2f} | {r['stream_server_s']:.3f} | "
-                 f"{r['stream_client_cpu_s']:.3f} | {r['first_result_s']:.3f} |")
-    L.append(f"| **median** | {rw:.3f} | **{b / rw / 1e9:.2f}** | {rc:.3f} | {st:.3f} | **{b / st / 1e9:.2f}** | | "
-             f"{cc:.3f} | {f:.3f} |")
+                 f"{r['stream_s']:.3f} | {b / r['stream_s'] / 1e9:.2f} | {r['stream_client_cpu_s']:.3f} | "
+                 f"{r['into_s']:.3f} | {b / r['into_s'] / 1e9:.2f} | {r['into_client_cpu_s']:.3f} | "
+                 f"{r['first_result_s']:.3f} |")
+    L.append(f"| **median** | {rw:.3f} | **{b / rw / 1e9:.2f}** | {rc:.3f} | {st:.3f} | **{b / st / 1e9:.2f}** | "
+             f"{cc:.3f} | {it:.3f} | **{b / it / 1e9:.2f}** | {ic:.3f} | {f:.3f} |")
     pairs = ", ".join(f"{r['raw_s'] / r['stream_s']:.2f}" for r in trans)
-    L.append(f"\nStream / raw throughput: **{rw / st:.2f}×** (ratio of medians; per pair {pairs}). "
+    into_pairs = ", ".join(f"{r['raw_s'] / r['into_s']:.2f}" for r in trans)
+    L.append(f"\nStream / raw throughput: **{rw / st:.2f}×** with results in new vectors (ratio of medians; per pair "
+             f"{pairs}); **{rw / it:.2f}×** into the caller's buffers (per pair {into_pairs}). "
              "Target: ≥ 0.5×. The first of the "
              f"{stream_matrices} results arrives after {f / st * 100:.0f}% of the step (median; "
              f"1/{stream_matrices} = {100 / int(stream_matrices):.0f}% if results stream back while later "
              "matrices are still being sent, ~100% if the server waits for the whole batch).\n")
     L.append(f"CPU time per step: raw echo {rc:.3f} s (sender, echo and receiver together); stream: client {cc:.3f} s "
-             f"(median) + server {server_cpu_s} s (the rank's utime + stime over the part / its {int(reps) + int(warmup)} "
-             "steps).\n")
+             f"(median; {ic:.3f} s into the caller's buffers) + server {server_cpu_s} s (the rank's utime + stime over "
+             f"the part / its {2 * (int(reps) + int(warmup))} steps).\n")
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY

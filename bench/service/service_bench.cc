@@ -100,6 +100,7 @@ absl::StatusOr<StepTiming> TimeStep(Client& client, const std::vector<MatrixInpu
   if (out.size() != inputs.size()) return absl::InternalError("wrong number of results");
   for (MatrixOutput& o : out) {
     RETURN_IF_ERROR(Annotate(o.status, o.name));
+    if (o.in_place) continue;  // In the inputs' result buffers.
     if (o.data.size() != client::ExpectedBytes(o)) return absl::InternalError(absl::StrCat(o.name, ": short result"));
     if (results != nullptr) results->push_back(std::move(o.data));
   }
@@ -282,19 +283,31 @@ absl::Status Run(const Config& config) {
     for (const MatrixInput& in : inputs) bytes += in.bytes;
     const char* raw_data = reinterpret_cast<const char*>(storage[0].data());
     const size_t raw_size = storage[0].size() * sizeof(float);
+    // The same step with each result written into a buffer of the caller's (MatrixInput::result),
+    // allocated once and reused, as a trainer's own tensors would be.
+    std::vector<std::vector<char>> result_buffers;
+    std::vector<MatrixInput> into = inputs;
+    for (MatrixInput& in : into) {
+      result_buffers.emplace_back(in.bytes);
+      in.result = result_buffers.back().data();
+      in.result_bytes = in.bytes;
+    }
     for (int it = 0; it < config.warmup + config.reps; ++it) {
       const double cpu0 = ProcessCpuSeconds();
       ASSIGN_OR_RETURN(double raw_s, TimeRawEcho(raw_data, raw_size, bytes, static_cast<size_t>(config.io_kib) << 10));
       const double cpu1 = ProcessCpuSeconds();
       ASSIGN_OR_RETURN(StepTiming step, TimeStep(*client, inputs, nullptr));
       const double cpu2 = ProcessCpuSeconds();
+      ASSIGN_OR_RETURN(StepTiming step_into, TimeStep(*client, into, nullptr));
+      const double cpu3 = ProcessCpuSeconds();
       if (it < config.warmup) continue;
       std::cout << absl::StrFormat(
                        "{\"part\": \"transport\", \"rep\": %d, \"bytes_each_way\": %d, \"raw_s\": %.6f, "
                        "\"raw_cpu_s\": %.6f, \"stream_s\": %.6f, \"stream_client_cpu_s\": %.6f, "
-                       "\"stream_server_s\": %.6f, \"first_result_s\": %.6f, \"load1\": %s}",
+                       "\"stream_server_s\": %.6f, \"first_result_s\": %.6f, \"into_s\": %.6f, "
+                       "\"into_client_cpu_s\": %.6f, \"into_server_s\": %.6f, \"load1\": %s}",
                        it - config.warmup, bytes, raw_s, cpu1 - cpu0, step.wall_s, cpu2 - cpu1, step.server_s,
-                       step.first_result_s, LoadAverage1())
+                       step.first_result_s, step_into.wall_s, cpu3 - cpu2, step_into.server_s, LoadAverage1())
                 << std::endl;
     }
   }
@@ -304,8 +317,9 @@ absl::Status Run(const Config& config) {
 int Main(int argc, char** argv) {
   orthoctl::FlagSet flags("service_bench [flags]",
                           "Alternates an in-process engine run and a remote stream step on the same model matrices "
-                          "(overhead), then a raw loopback TCP echo and a steps = 0 stream step of the same bytes "
-                          "(transport); prints one JSON line per measurement.");
+                          "(overhead), then a raw loopback TCP echo and a steps = 0 stream step of the same bytes, twice: "
+                          "results returned in new vectors, and written into the caller's buffers (transport); prints "
+                          "one JSON line per measurement.");
   Config c;
   flags.AddString("server", "HOST:PORT", "server (default 127.0.0.1:47800)", &c.server);
   flags.AddString("model-shapes", "RxC,...", "overhead shapes, cycled (default GPT-2 small layer)", &c.model_shapes);
