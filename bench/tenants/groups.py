@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import statistics
 import subprocess
 import sys
@@ -102,7 +103,8 @@ def trainer(args) -> int:
     if real:
         print(json.dumps({"error": real[0]}))
         return 1
-    print(json.dumps({"latencies": latencies, "seconds": time.time() - start}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"latencies": latencies, "seconds": time.time() - start, "cpu_s": usage.ru_utime + usage.ru_stime}))
     return 0
 
 
@@ -162,6 +164,10 @@ def run_fleet(tmp: pathlib.Path, part_time: str) -> dict:
 
     heavy_step = statistics.median(x for r in heavy_alone["heavy"] for x in r["latencies"])
     return {
+        "light_cpu_both": both["light"][0]["cpu_s"],
+        "heavy_cpu_alone": sum(r["cpu_s"] for r in heavy_alone["heavy"]),
+        "heavy_cpu_both": sum(r["cpu_s"] for r in both["heavy"]),
+        "both_seconds": max(r["seconds"] for r in both["heavy"] + both["light"]),
         "light_alone": light_alone["light"][0]["latencies"],
         "light_both": both["light"][0]["latencies"],
         "heavy_alone_rate": heavy_rate(heavy_alone),
@@ -202,7 +208,9 @@ def main() -> int:
             f"({r['heavy_both_rate'] / r['heavy_alone_rate']:.2f}) | {p99(both) / bound:.2f}x |")
         notes.append(f"- {part_time}: median heavy step alone {r['heavy_step']:.3f} s, one step's service time "
                      f"{service:.3f} s ({HEAVY_GROUPS} in flight, one batch at a time); bound {p99(alone):.4f} + "
-                     f"{service:.3f} = {bound:.3f} s.")
+                     f"{service:.3f} = {bound:.3f} s. Client processes' CPU (user + system): heavy "
+                     f"{r['heavy_cpu_alone']:.1f} s alone, {r['heavy_cpu_both']:.1f} s under flood beside the light "
+                     f"tenant's {r['light_cpu_both']:.1f} s, in {r['both_seconds']:.0f} s of 2 cores.")
     lines += ["", *notes, ""]
     text = "\n".join(lines)
     print(text)
