@@ -6,6 +6,7 @@
 #include "server/fleet/executor.h"
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <random>
 
@@ -55,7 +56,10 @@ class FreezableLog final : public LogSource {
   }
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override {
     RETURN_IF_ERROR(Gate(timeout));
-    return Local().Read(reader, from, timeout);
+    absl::StatusOr<std::vector<LogEntry>> entries = Local().Read(reader, from, timeout);
+    // A read in flight when the process stopped is never seen by it.
+    if (frozen_.load()) return absl::UnavailableError("frozen");
+    return entries;
   }
 
  private:
@@ -107,7 +111,8 @@ class FleetHarness {
     o.poll = absl::Milliseconds(50);
     if (rank == 0 && batch_window_ > 0) {
       o.on_step_applied = [this](int64_t index) {
-        ++steps_applied_on_0_;
+        const int applied = ++steps_applied_on_0_;
+        if (on_applied_by_0_) on_applied_by_0_(applied);
         coordinator_->BatchRan(index);
       };
     }
@@ -137,6 +142,9 @@ class FleetHarness {
   Backend& backend() { return *backend_; }
   // Step entries of the log (batches, parts, failures) rank 0 has applied.
   int steps_applied_on_0() const { return steps_applied_on_0_.load(); }
+  // Runs with the count after each step entry rank 0 applies, before the coordinator hears of it
+  // (so before a paced coordinator appends the next batch). Set before Start(0).
+  void OnAppliedByZero(std::function<void(int)> f) { on_applied_by_0_ = std::move(f); }
 
   // Waits (bounded) until a generation of exactly `ranks` is formed on each of them.
   bool WaitFormed(const std::vector<int>& ranks, absl::Duration timeout = absl::Seconds(10)) {
@@ -168,6 +176,7 @@ class FleetHarness {
   const int batch_window_;
   const absl::Duration part_time_;
   std::atomic<int> steps_applied_on_0_{0};
+  std::function<void(int)> on_applied_by_0_;
   std::shared_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::vector<std::unique_ptr<Coordinator>> retired_;
@@ -490,6 +499,61 @@ TEST(ExecutorTest, ADividedStepHasTheBitsOfTheWholeStepAndIsReplayedWhole) {
     const float* got = reinterpret_cast<const float*>(retry->outputs[i].data());
     const float* want = reinterpret_cast<const float*>(whole.outputs[0][i].data());
     for (size_t k = 0; k < retry->outputs[i].size() / sizeof(float); ++k) EXPECT_NEAR(got[k], want[k], 1e-5) << k;
+  }
+}
+
+// A member lost between two parts of a divided step: rank 1 stops hearing the log right after the
+// first part (before the second is appended), so rank 0 waits for it in the second part until
+// the peer timeout drops it. Both trainer ranks get a retryable UNAVAILABLE, nothing half done
+// is delivered, and their retry runs on the survivor with the engine's answer.
+TEST(ExecutorTest, AMemberLostBetweenPartsFailsTheStepRetryablyAndTheRetrySucceeds) {
+  FleetHarness h(2, /*batch_window=*/1, /*part_time=*/absl::Nanoseconds(1));
+  h.OnAppliedByZero([&h](int applied) {
+    if (applied == 1) h.log(1).Freeze(true);
+  });
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!h.coordinator().generation().formed && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const std::vector<Algorithm> algorithms(4, Algorithm::kAuto);
+  std::vector<std::vector<float>> fulls;
+  for (int i = 0; i < 4; ++i) fulls.push_back(RandomMatrix(40 + i));
+  const GroupKey key{"t", "j", "g", 1};
+  std::vector<std::future<StepOutcome>> futures;
+  for (int r = 0; r < 2; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    h.rank(r).Submit(MultiStep(key, r, 2, fulls, algorithms), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(futures[r].wait_for(std::chrono::seconds(20)), std::future_status::ready) << "trainer rank " << r;
+    StepOutcome o = futures[r].get();
+    EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_)) << "trainer rank " << r;
+    EXPECT_TRUE(o.retryable) << "trainer rank " << r;
+  }
+  h.Kill(1);
+  ASSERT_TRUE(h.WaitFormed({0}));
+  std::vector<std::shared_ptr<TrainerStep>> retries;
+  futures.clear();
+  for (int r = 0; r < 2; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    retries.push_back(MultiStep(key, r, 2, fulls, algorithms, /*attempt=*/1));
+    h.rank(0).Submit(retries.back(), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(futures[r].wait_for(std::chrono::seconds(20)), std::future_status::ready) << "retry of " << r;
+    StepOutcome o = futures[r].get();
+    ASSERT_OK(o.status);
+    for (const absl::Status& m : o.matrices) ASSERT_OK(m);
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::vector<float> got;
+    for (const auto& s : retries) {
+      const float* f = reinterpret_cast<const float*>(s->outputs[i].data());
+      got.insert(got.end(), f, f + s->outputs[i].size() / sizeof(float));
+    }
+    EXPECT_EQ(got, Reference(h.backend(), fulls[i])) << "matrix " << i;
   }
 }
 
