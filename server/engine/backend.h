@@ -86,6 +86,15 @@ struct NsShardedTask {
   const NsKernelArgs* args = nullptr;
 };
 
+// Copies a backend has made between host and device memory since it was created, by direction
+// (bytes, and calls of the copy API). Backends that compute in host memory (cpu) make none.
+struct CopyCounts {
+  int64_t h2d_bytes = 0;
+  int64_t h2d_calls = 0;
+  int64_t d2h_bytes = 0;
+  int64_t d2h_calls = 0;
+};
+
 // Static facts about a backend, for GetServerInfo and metrics.
 struct BackendInfo {
   std::string name;         // "cpu" or "cuda".
@@ -113,6 +122,11 @@ class Backend {
   // the orthoserve_device_memory_bytes{kind="used"} gauge. Backends without device memory of
   // their own (cpu) keep the default, 0. Thread-safe.
   virtual int64_t DeviceMemoryInUseBytes() const { return 0; }
+
+  // Host-device copies so far, for orthoserve_device_copy_bytes_total and
+  // orthoserve_device_copies_total. Backends without device memory keep the default (none).
+  // Thread-safe.
+  virtual CopyCounts Copies() const { return {}; }
 };
 
 }  // namespace orthoserve

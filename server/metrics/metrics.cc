@@ -1,6 +1,7 @@
 // Implementation of server/metrics/metrics.h.
 #include "server/metrics/metrics.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +81,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   m->device_memory_ = &prometheus::BuildGauge()
                            .Name("orthoserve_device_memory_bytes")
                            .Help("Device memory of the backend: used and budget.")
+                           .Register(r);
+  m->device_copy_bytes_ = &prometheus::BuildCounter()
+                               .Name("orthoserve_device_copy_bytes_total")
+                               .Help("Bytes the backend copied between host and device memory, by direction "
+                                     "(h2d, d2h); 0 on the cpu backend.")
+                               .Register(r);
+  m->device_copies_ = &prometheus::BuildCounter()
+                           .Name("orthoserve_device_copies_total")
+                           .Help("Copies (copy API calls) the backend made between host and device memory, by "
+                                 "direction (h2d, d2h); 0 on the cpu backend.")
                            .Register(r);
   m->flops_ = &prometheus::BuildCounter()
                    .Name("orthoserve_newton_schulz_flops_total")
@@ -208,6 +219,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* where : {"here", "peer", "fallback"}) m->lone_matrices_->Add({{"where", where}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
+  for (const char* direction : {"h2d", "d2h"}) {
+    m->device_copy_bytes_->Add({{"direction", direction}});
+    m->device_copies_->Add({{"direction", direction}});
+  }
 
   if (options.process_metrics) m->process_ = std::make_unique<ProcessCollector>();
 
@@ -328,6 +343,19 @@ void Metrics::TenantBytes(absl::string_view tenant, absl::string_view direction,
 
 void Metrics::TenantRefused(absl::string_view tenant, absl::string_view limit) {
   tenant_refusals_->Add({{"tenant", TenantLabel(tenant)}, {"limit", std::string(limit)}}).Increment();
+}
+
+void Metrics::DeviceCopies(int64_t h2d_bytes, int64_t h2d_calls, int64_t d2h_bytes, int64_t d2h_calls) {
+  absl::MutexLock lock(&copies_mu_);
+  const int64_t totals[4] = {h2d_bytes, h2d_calls, d2h_bytes, d2h_calls};
+  prometheus::Counter* counters[4] = {&device_copy_bytes_->Add({{"direction", "h2d"}}),
+                                      &device_copies_->Add({{"direction", "h2d"}}),
+                                      &device_copy_bytes_->Add({{"direction", "d2h"}}),
+                                      &device_copies_->Add({{"direction", "d2h"}})};
+  for (int i = 0; i < 4; ++i) {
+    if (totals[i] > copies_seen_[i]) counters[i]->Increment(static_cast<double>(totals[i] - copies_seen_[i]));
+    copies_seen_[i] = std::max(copies_seen_[i], totals[i]);
+  }
 }
 
 prometheus::Gauge& Metrics::device_memory(absl::string_view kind) {

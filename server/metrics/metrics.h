@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -134,6 +136,9 @@ class Metrics {
   prometheus::Gauge& fleet_ready() { return *fleet_ready_; }
   prometheus::Gauge& fleet_generation() { return *fleet_generation_; }
   prometheus::Gauge& device_memory(absl::string_view kind);
+  // The backend's host-device copies so far (Backend::Copies, totals since it started): the
+  // counters advance by what is new since the last call.
+  void DeviceCopies(int64_t h2d_bytes, int64_t h2d_calls, int64_t d2h_bytes, int64_t d2h_calls);
 
  private:
   Metrics() = default;
@@ -151,6 +156,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* bytes_out_ = nullptr;
   prometheus::Family<prometheus::Counter>* steps_aborted_ = nullptr;
   prometheus::Family<prometheus::Gauge>* device_memory_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_copy_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_copies_ = nullptr;
+  absl::Mutex copies_mu_;
+  int64_t copies_seen_[4] ABSL_GUARDED_BY(copies_mu_) = {0, 0, 0, 0};  // h2d bytes, calls, d2h bytes, calls.
   prometheus::Family<prometheus::Counter>* steps_retried_ = nullptr;
   prometheus::Family<prometheus::Counter>* lone_matrices_ = nullptr;
   prometheus::Family<prometheus::Counter>* reformations_ = nullptr;

@@ -404,6 +404,28 @@ TEST(CudaBackendTest, GroupedSameShapeTasksEqualTasksRunAlone) {
   }
 }
 
+// Copies are counted per direction: a Run of same-shape tasks (one group) uploads their inputs in
+// one copy and downloads their results in one (bf16 out: half the bytes).
+TEST(CudaBackendTest, CopiesAreCountedByDirection) {
+  SKIP_WITHOUT_GPU();
+  auto created = CudaBackend::Create(CudaBackend::Options{});
+  ASSERT_OK(created);
+  CudaBackend& backend = **created;
+  EXPECT_EQ(backend.Copies().h2d_calls, 0);
+  std::vector<std::unique_ptr<OwnedTask>> group;
+  std::vector<NsTask> batch;
+  for (int j = 0; j < 3; ++j) {
+    group.push_back(std::make_unique<OwnedTask>(64, 96, Precision::kMedium, DType::kF32, DType::kBF16, 70 + j));
+    batch.push_back(group.back()->task);
+  }
+  for (const absl::Status& s : backend.Run(batch)) ASSERT_OK(s);
+  const CopyCounts c = backend.Copies();
+  EXPECT_EQ(c.h2d_calls, 1);
+  EXPECT_EQ(c.h2d_bytes, 3 * 64 * 96 * 4);
+  EXPECT_EQ(c.d2h_calls, 1);
+  EXPECT_EQ(c.d2h_bytes, 3 * 64 * 96 * 2);
+}
+
 // Graph replay: the first call runs eagerly, the second captures, the next ones replay; every
 // result has the bits of the backend without graphs.
 TEST(CudaBackendTest, CudaGraphsGiveTheSameBits) {

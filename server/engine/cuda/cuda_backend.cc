@@ -203,9 +203,8 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, ab
   for (size_t j = 0; j < c; ++j) {
     std::memcpy(slot.pinned_in.as<char>() + j * z.in_bytes, tasks[members[j]].in, z.in_bytes);
   }
-  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(slot.io.data(), slot.pinned_in.data(), c * z.in_bytes,
-                                           cudaMemcpyHostToDevice, ctx.h2d.get()),
-                           "cudaMemcpyAsync(H2D)"));
+  RETURN_IF_ERROR(Copy(slot.io.data(), slot.pinned_in.data(), c * z.in_bytes, cudaMemcpyHostToDevice, ctx.h2d.get(),
+                       "cudaMemcpyAsync(H2D)"));
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.uploaded.get(), ctx.h2d.get()), "cudaEventRecord"));
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.compute.get(), slot.uploaded.get(), 0), "cudaStreamWaitEvent"));
 
@@ -230,9 +229,8 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, ab
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.computed.get(), s), "cudaEventRecord"));
 
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.d2h.get(), slot.computed.get(), 0), "cudaStreamWaitEvent"));
-  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(slot.pinned_out.data(), slot.io.data(), c * z.out_bytes,
-                                           cudaMemcpyDeviceToHost, ctx.d2h.get()),
-                           "cudaMemcpyAsync(D2H)"));
+  RETURN_IF_ERROR(Copy(slot.pinned_out.data(), slot.io.data(), c * z.out_bytes, cudaMemcpyDeviceToHost,
+                       ctx.d2h.get(), "cudaMemcpyAsync(D2H)"));
   return CudaCall(cudaEventRecord(slot.downloaded.get(), ctx.d2h.get()), "cudaEventRecord");
 }
 
@@ -355,6 +353,31 @@ int64_t CudaBackend::DeviceBytesHeld() const { return impl_->device_pool.held_by
 int64_t CudaBackend::DeviceMemoryInUseBytes() const { return impl_->device_pool.in_use_bytes(); }
 
 int64_t CudaBackend::GraphCaptures() const { return impl_->graph_captures.load(); }
+
+CopyCounts CudaBackend::Copies() const { return impl_->Copies(); }
+
+absl::Status CudaBackend::Impl::Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                     cudaStream_t stream, const char* what) {
+  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(dst, src, bytes, kind, stream), what));
+  const auto n = static_cast<int64_t>(bytes);
+  if (kind == cudaMemcpyHostToDevice) {
+    h2d_bytes += n;
+    ++h2d_calls;
+  } else if (kind == cudaMemcpyDeviceToHost) {
+    d2h_bytes += n;
+    ++d2h_calls;
+  }
+  return absl::OkStatus();
+}
+
+CopyCounts CudaBackend::Impl::Copies() const {
+  CopyCounts c;
+  c.h2d_bytes = h2d_bytes.load();
+  c.h2d_calls = h2d_calls.load();
+  c.d2h_bytes = d2h_bytes.load();
+  c.d2h_calls = d2h_calls.load();
+  return c;
+}
 
 void CudaBackend::InjectLaunchFailuresForTest(int count) { impl_->injected_failures.store(count); }
 

@@ -55,6 +55,10 @@ class CudaBackend final : public Backend {
   // per-context cuBLASLt workspaces and scratch are counted in neither.
   int64_t DeviceBytesHeld() const;
   int64_t DeviceMemoryInUseBytes() const override;
+  // Every cudaMemcpyAsync between host and device the backend enqueued (Run: one upload and one
+  // download per group of tasks; RunSharded: each shard's upload and download, the norm's two
+  // scalars and, every Newton–Schulz step, the Gram matrix down and back up around the reduction).
+  CopyCounts Copies() const override;
 
   // Step graphs captured so far, over every context (0 without cuda_graphs).
   int64_t GraphCaptures() const;

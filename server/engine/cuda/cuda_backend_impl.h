@@ -2,6 +2,8 @@
 // pools, pooled contexts). Internal to server/engine/cuda.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -44,6 +46,12 @@ class CudaBackend::Impl {
   // True (and one injected failure used up) when the next normalization must fail.
   bool TakeInjectedFailure();
 
+  // cudaMemcpyAsync of `bytes` from `src` to `dst` (kind: host to device or device to host) on
+  // `stream`, counted in Copies() once enqueued; `what` names it in the error.
+  absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream,
+                    const char* what);
+  CopyCounts Copies() const;
+
   const int device;
   const std::string device_name;
   const int64_t budget;
@@ -51,6 +59,7 @@ class CudaBackend::Impl {
   const int64_t symmetric_min_size;
   std::atomic<int> injected_failures{0};
   std::atomic<int64_t> graph_captures{0};
+  std::atomic<int64_t> h2d_bytes{0}, h2d_calls{0}, d2h_bytes{0}, d2h_calls{0};
   cuda::MemoryPool device_pool;
   cuda::MemoryPool pinned_pool;
 

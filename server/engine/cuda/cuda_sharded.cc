@@ -83,8 +83,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     const bool is_x = task.partition_dim == 0;
     d.x = cuda::WorkMatrix{d.x0.data(), is_x, m, is_x ? src.shape.rows : src.shape.cols};
     std::memcpy(d.pinned.data(), src.in, in_bytes);
-    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(d.io.data(), d.pinned.data(), in_bytes, cudaMemcpyHostToDevice, s),
-                             "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(Copy(d.io.data(), d.pinned.data(), in_bytes, cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
   }
   ASSIGN_OR_RETURN(a, device_pool.Acquire(mm * prec.element_size(), "Gram"));
   ASSIGN_OR_RETURN(b, device_pool.Acquire(mm * prec.element_size(), "Gram"));
@@ -98,16 +97,14 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
                                               ctx.sumsq_scratch(), ctx.device_scalar(0), s),
                              "SumSquares"));
     RETURN_IF_ERROR(
-        CudaCall(cudaMemcpyAsync(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s),
-                 "cudaMemcpyAsync"));
+        Copy(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
     RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
     sumsq += *ctx.host_scalar(0);
   }
   RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(&sumsq, 1)));
   *ctx.host_scalar(1) = sumsq;
   RETURN_IF_ERROR(
-      CudaCall(cudaMemcpyAsync(ctx.device_scalar(1), ctx.host_scalar(1), sizeof(double), cudaMemcpyHostToDevice, s),
-               "cudaMemcpyAsync"));
+      Copy(ctx.device_scalar(1), ctx.host_scalar(1), sizeof(double), cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
   for (DeviceShard& d : shards) {
     if (TakeInjectedFailure()) RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
     RETURN_IF_ERROR(CudaCall(
@@ -129,12 +126,10 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
           CudaCall(cuda::AccumulateF32(prec.dtype, b.data(), static_cast<int64_t>(mm), gram.as<float>(), i == 0, s),
                    "AccumulateF32"));
     }
-    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(host_gram, gram.data(), mm * sizeof(float), cudaMemcpyDeviceToHost, s),
-                             "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(Copy(host_gram, gram.data(), mm * sizeof(float), cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
     RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
     RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(host_gram, mm)));
-    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(gram.data(), host_gram, mm * sizeof(float), cudaMemcpyHostToDevice, s),
-                             "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(Copy(gram.data(), host_gram, mm * sizeof(float), cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
     // A = the summed Gram in the working precision (rounded to bf16 once in MEDIUM).
     RETURN_IF_ERROR(
         CudaCall(cuda::ScaleConvert(DType::kF32, gram.data(), static_cast<int64_t>(mm), 1.0f, prec.dtype, a.data(), s),
@@ -154,8 +149,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     RETURN_IF_ERROR(CudaCall(cuda::ScaleConvert(prec.dtype, d.x.data, numel, static_cast<float>(args.scale),
                                                 d.shard->out_dtype, d.io.data(), s),
                              "ScaleConvert"));
-    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(d.pinned.data(), d.io.data(), out_bytes, cudaMemcpyDeviceToHost, s),
-                             "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(Copy(d.pinned.data(), d.io.data(), out_bytes, cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
   }
   RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
   for (DeviceShard& d : shards) {

@@ -94,6 +94,34 @@ constexpr char kStat[] =
     "4242 (orthoserve (rank 1)) S 1 4242 4242 0 -1 4194560 5000 0 0 0 250 150 0 0 20 0 37 0 123456 "
     "2147483648 51200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n";
 
+// The backend's copy totals become counters by direction that advance by what is new (0 on the
+// cpu backend, present from the start).
+TEST(MetricsTest, DeviceCopiesAdvanceByWhatIsNew) {
+  Metrics::Options o;
+  o.process_metrics = false;
+  std::unique_ptr<Metrics> m = *Metrics::Create(o);
+  auto value = [&](const std::string& name, const std::string& direction) {
+    for (const MetricFamily& f : m->Collect()) {
+      if (f.name != name) continue;
+      for (const prometheus::ClientMetric& c : f.metric) {
+        if (c.label.size() == 1 && c.label[0].name == "direction" && c.label[0].value == direction) {
+          return c.counter.value;
+        }
+      }
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "h2d"), 0);
+  EXPECT_EQ(value("orthoserve_device_copies_total", "d2h"), 0);
+  m->DeviceCopies(1000, 2, 500, 1);
+  m->DeviceCopies(1000, 2, 500, 1);  // Nothing new.
+  m->DeviceCopies(1600, 3, 900, 2);
+  EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "h2d"), 1600);
+  EXPECT_EQ(value("orthoserve_device_copies_total", "h2d"), 3);
+  EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "d2h"), 900);
+  EXPECT_EQ(value("orthoserve_device_copies_total", "d2h"), 2);
+}
+
 TEST(ProcStatTest, CountsFieldsFromTheLastParenthesis) {
   absl::StatusOr<ProcStat> s = ParseProcStat(kStat);
   ASSERT_OK(s);
