@@ -58,7 +58,12 @@ void Coordinator::AppendLocked(LogEntry entry) {
   entry.index = first_index_ + static_cast<int64_t>(log_.size());
   if (!entry.membership() && entry.generation == 0) entry.generation = generation_.number;
   VLOG("fleet", 1) << "log " << entry.index << " gen " << entry.generation << " "
-                   << (entry.membership() ? "membership" : entry.key.ToString()) << " " << entry.status;
+                   << (entry.membership() ? "membership" : entry.key.ToString()) << " " << entry.status
+                   << (entry.part_offset > 0 || entry.more_parts
+                           ? absl::StrCat(" part: matrices ", entry.part_offset, "..",
+                                          entry.part_offset + static_cast<int64_t>(entry.plan.matrices.size()) - 1,
+                                          entry.more_parts ? ", more follow" : ", the last")
+                           : std::string());
   log_.push_back(std::move(entry));
   log_cv_.notify_all();
 }

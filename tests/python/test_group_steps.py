@@ -11,7 +11,7 @@ import torch
 
 import orthoserve
 import oracle
-from conftest import start_server
+from conftest import start_fleet, start_server
 
 SHAPE = (20, 14)
 
@@ -109,3 +109,71 @@ def test_fleet_group_steps_are_exact(fleet2):
         for out in (a, b, c):
             assert (out - ref).abs().max().item() <= 1e-5
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+MULTI = [("auto", None), ("row_sharded", None), ("gathered", None), ("tp_duplicated", 0), ("tp_distributed", 0)]
+
+
+def run_multi_step(client, step, job):
+    """One W = 2 group step of five 20x14 matrices, one per algorithm (row blocks); the assembled results."""
+    fulls = [full_matrix(seed=10 + i) for i in range(len(MULTI))]
+    blocks = orthoserve.chunk_blocks(SHAPE, 2, 0)
+    results, failures = [None, None], []
+
+    def rank_main(rank):
+        try:
+            (r0, c0), (rows, cols) = blocks[rank]
+            shards = [orthoserve.Shard(f"w{i}", SHAPE, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
+                                       algorithm=algorithm, partition_dim=pdim, precision="highest")
+                      for i, (full, (algorithm, pdim)) in enumerate(zip(fulls, MULTI))]
+            results[rank] = client.group(job, "multi", rank, 2).step(step, shards)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if failures:
+        raise failures[0]
+    outs = []
+    for i in range(len(MULTI)):
+        out = torch.empty(SHAPE)
+        for ((r0, c0), (rows, cols)), rank_results in zip(blocks, results):
+            out[r0:r0 + rows, c0:c0 + cols] = rank_results[i]
+        outs.append(out)
+    return fulls, outs
+
+
+def test_a_step_divided_into_parts_has_the_bits_of_the_whole_step(tmp_path):
+    """The real binaries on two 2-rank fleets: one appends group steps whole (--fleet-batch-part-time=0), the
+    other in parts of one matrix per member (a part time of 1ns; once the coordinator has seen the generation
+    formed, so the second step at the latest), which cross the fleet's wire as parts. Every matrix, of every
+    algorithm, has the same bits either way."""
+    outs = {}
+    for part_time in ("0", "1ns"):
+        (tmp_path / f"fleet-{part_time}").mkdir()
+        flags = ("--fleet-batch-part-time", part_time, "--log-verbose", "fleet=1")
+        ranks = start_fleet(tmp_path / f"fleet-{part_time}", 2, extra_args=flags)
+        try:
+            with orthoserve.Client(ranks[0].address, timeout=60) as client:
+                for step in (1, 2):  # The second step is paced, so divided on the 1ns fleet.
+                    fulls, outs[(part_time, step)] = run_multi_step(client, step, job="parts")
+        finally:
+            for s in reversed(ranks):
+                s.stop()
+        # The coordinator's log (rank 0, --log-verbose fleet=1) shows the parts of step 2: 2 + 2 + 1 matrices.
+        log = ranks[0].log_path.read_text(errors="replace")
+        parts = [line for line in log.splitlines() if "parts/multi@2" in line and " part: " in line]
+        if part_time == "0":
+            assert not parts, parts
+        else:
+            assert [p.split(" part: ")[1] for p in parts] == ["matrices 0..1, more follow", "matrices 2..3, more follow",
+                                                              "matrices 4..4, the last"], parts
+    for step in (1, 2):
+        for i, (algorithm, _) in enumerate(MULTI):
+            assert torch.equal(outs[("1ns", step)][i], outs[("0", step)][i]), (algorithm, step)
+            tolerance = 1e-4 if algorithm == "tp_distributed" else 1e-5
+            ref = oracle.scaled(fulls[i], "spectral")
+            assert (outs[("1ns", step)][i] - ref).abs().max().item() <= tolerance, algorithm

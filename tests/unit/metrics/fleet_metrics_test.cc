@@ -268,5 +268,27 @@ TEST(FleetCodecTest, AFailuresReasonTravelsToTheOtherRanks) {
   EXPECT_THAT(back->status, StatusIs(absl::StatusCode::kAborted, HasSubstr("rendezvous timeout")));
 }
 
+TEST(FleetCodecTest, APartOfADividedStepTravelsAsAPart) {
+  // Where a part starts in its step and whether more follow: members resolve the step after its last part.
+  LogEntry entry;
+  entry.key = GroupKey{"default", "job", "g", 4};
+  entry.generation = 7;
+  entry.plan.trainer_world = 1;
+  entry.plan.fleet_world = 2;
+  entry.submissions = {11};
+  entry.part_offset = 6;
+  entry.more_parts = true;
+  absl::StatusOr<LogEntry> back = LogEntryFromProto(LogEntryToProto(entry));
+  ASSERT_OK(back);
+  EXPECT_EQ(back->part_offset, 6);
+  EXPECT_TRUE(back->more_parts);
+  entry.part_offset = 8;
+  entry.more_parts = false;
+  back = LogEntryFromProto(LogEntryToProto(entry));
+  ASSERT_OK(back);
+  EXPECT_EQ(back->part_offset, 8);
+  EXPECT_FALSE(back->more_parts);
+}
+
 }  // namespace
 }  // namespace orthoserve
