@@ -44,7 +44,8 @@ if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSER
 fi
 log "build"
 # Every test labelled `gpu` (ctest -L gpu below runs them all) and the bench.
-TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test cuda_layout_emulation_gpu_test memory_pool_emulation_gpu_test)
+TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test cuda_layout_emulation_gpu_test memory_pool_emulation_gpu_test
+  cuda_backend_emulation_gpu_test)
 # The target list is read once: `ninja ... | grep -q` under pipefail fails whenever grep exits
 # before ninja has written everything (SIGPIPE), which would drop targets at random.
 ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null)

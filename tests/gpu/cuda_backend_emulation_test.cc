@@ -1,0 +1,130 @@
+// CudaBackend on the CPU: the backend's own sources (grouping, staging through pinned memory,
+// pools, pooled contexts, the step loop, TP_DISTRIBUTED's sharded loop) linked with a host
+// emulation of the CUDA runtime, cuBLASLt and the kernels (cuda_runtime_emulation.cc,
+// cublaslt_emulation.cc) instead of the libraries. Checks its results against the tests'
+// reference, and its host-device copies as CudaBackend::Copies counts them: one upload and one
+// download per group of same-shape matrices in Run; in RunSharded, each shard's upload and
+// download, the norm's two scalars and, every Newton–Schulz step, the Gram matrix down to the
+// host for the reduction and back up (the round trip issue #13 removes). Runs without a GPU.
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/cuda/cuda_backend.h"
+#include "server/engine/newton_schulz.h"
+#include "tests/gpu/cublaslt_emulation.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using gpu_testing::Pack;
+using gpu_testing::RandomMatrix;
+using gpu_testing::ReferenceFor;
+using gpu_testing::RelativeError;
+using gpu_testing::Unpack;
+
+std::unique_ptr<CudaBackend> EmulatedBackend() {
+  gpu_emulation::g = gpu_emulation::Emulation{};
+  gpu_emulation::g.device_count = 1;
+  auto created = CudaBackend::Create(CudaBackend::Options{});
+  EXPECT_OK(created.status());
+  return created.ok() ? *std::move(created) : nullptr;
+}
+
+// One task owning its buffers.
+struct OwnedTask {
+  std::vector<double> g;
+  std::vector<char> in, out;
+  NsOptions options;
+  NsKernelArgs args;
+  NsTask task;
+  OwnedTask(int64_t rows, int64_t cols, Precision precision, DType out_dtype, uint32_t seed)
+      : g(RandomMatrix(rows, cols, seed)) {
+    options.precision = precision;
+    in = Pack(g, DType::kF32);
+    out.assign(static_cast<size_t>(rows * cols) * ElementSize(out_dtype), 0);
+    args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
+    task = NsTask{Matrix2d{rows, cols}, DType::kF32, in.data(), out_dtype, out.data(), &args};
+  }
+};
+
+TEST(CudaBackendEmulationTest, RunMatchesTheReferenceAndCopiesOncePerGroupEachWay) {
+  std::unique_ptr<CudaBackend> backend = EmulatedBackend();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_THAT(backend->Info().device, ::testing::HasSubstr("Emulated"));
+  // Two groups: three 48 x 80 MEDIUM tasks with bf16 results, then one 64 x 40 HIGHEST task.
+  std::vector<std::unique_ptr<OwnedTask>> tasks;
+  for (int j = 0; j < 3; ++j) tasks.push_back(std::make_unique<OwnedTask>(48, 80, Precision::kMedium, DType::kBF16, 1 + j));
+  tasks.push_back(std::make_unique<OwnedTask>(64, 40, Precision::kHighest, DType::kF32, 9));
+  std::vector<NsTask> batch;
+  for (const auto& t : tasks) batch.push_back(t->task);
+  const std::vector<absl::Status> statuses = backend->Run(batch);
+  ASSERT_EQ(statuses.size(), tasks.size());
+  for (size_t j = 0; j < tasks.size(); ++j) {
+    ASSERT_TRUE(statuses[j].ok()) << "task " << j << ": " << statuses[j];
+    const OwnedTask& t = *tasks[j];
+    const std::vector<double> got = Unpack(t.out, t.task.out_dtype);
+    const std::vector<double> want = ReferenceFor(t.g, t.task.shape.rows, t.task.shape.cols, t.options);
+    EXPECT_LT(RelativeError(got, want), t.options.precision == Precision::kMedium ? 1e-2 : 1e-5) << "task " << j;
+  }
+  const CopyCounts c = backend->Copies();
+  EXPECT_EQ(c.h2d_calls, 2);
+  EXPECT_EQ(c.h2d_bytes, 3 * 48 * 80 * 4 + 64 * 40 * 4);
+  EXPECT_EQ(c.d2h_calls, 2);
+  EXPECT_EQ(c.d2h_bytes, 3 * 48 * 80 * 2 + 64 * 40 * 4);
+}
+
+// One participant of TP_DISTRIBUTED: the reduction is the identity.
+class AloneReducer final : public SumReducer {
+ public:
+  absl::Status AllReduceSum(absl::Span<float>) override {
+    ++calls;
+    return absl::OkStatus();
+  }
+  absl::Status AllReduceSum(absl::Span<double>) override {
+    ++calls;
+    return absl::OkStatus();
+  }
+  int calls = 0;
+};
+
+TEST(CudaBackendEmulationTest, RunShardedRoundTripsTheGramThroughTheHostEveryStep) {
+  std::unique_ptr<CudaBackend> backend = EmulatedBackend();
+  ASSERT_NE(backend, nullptr);
+  // A 32 x 72 matrix in two row shards (partition_dim 0 works on Gᵀ: the Gram is cols x cols).
+  const int64_t rows = 32, cols = 72, half = rows / 2;
+  const std::vector<double> g = RandomMatrix(rows, cols, 5);
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
+  const int steps = static_cast<int>(args.schedule.size());
+  ASSERT_GT(steps, 0);
+  std::vector<char> in = Pack(g, DType::kF32), out(in.size());
+  NsShardedTask task;
+  task.partition_dim = 0;
+  task.gram_size = cols;
+  task.args = &args;
+  for (int s = 0; s < 2; ++s) {
+    const size_t offset = static_cast<size_t>(s * half * cols) * sizeof(float);
+    task.shards.push_back(NsShard{Matrix2d{half, cols}, DType::kF32, in.data() + offset, DType::kF32,
+                                  out.data() + offset});
+  }
+  AloneReducer reducer;
+  ASSERT_OK(backend->RunSharded(task, reducer));
+  EXPECT_EQ(reducer.calls, 1 + steps);  // The norm, then each step's Gram.
+  EXPECT_LT(RelativeError(Unpack(out, DType::kF32), ReferenceFor(g, rows, cols, options)), 1e-5);
+  const CopyCounts c = backend->Copies();
+  const int64_t shard_bytes = half * cols * 4, gram_bytes = cols * cols * 4;
+  // Up: each shard, the norm's sum, each step's reduced Gram. Down: each shard's partial sum of
+  // squares, each step's local Gram, each shard's result.
+  EXPECT_EQ(c.h2d_calls, 2 + 1 + steps);
+  EXPECT_EQ(c.h2d_bytes, 2 * shard_bytes + 8 + steps * gram_bytes);
+  EXPECT_EQ(c.d2h_calls, 2 + steps + 2);
+  EXPECT_EQ(c.d2h_bytes, 2 * 8 + steps * gram_bytes + 2 * shard_bytes);
+}
+
+}  // namespace
+}  // namespace orthoserve
