@@ -39,6 +39,10 @@ class Collective {
   // "gloo", "nccl" or "local" (world 1, no transport).
   virtual std::string name() const = 0;
 
+  // Whether AllReduceSum also takes device pointers of this rank's GPU (the buffers a GPU backend
+  // computes in), reducing them where they are. False (the default): host memory only.
+  virtual bool ReducesDeviceMemory() const { return false; }
+
   // Personalized exchange. `send` holds world segments back to back, segment p (send_bytes[p]
   // bytes) going to rank p; `recv` receives world segments, segment p (recv_bytes[p] bytes)
   // from rank p. send_bytes[q] on rank p must equal recv_bytes[p] on rank q. The segment to

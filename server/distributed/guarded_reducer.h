@@ -28,6 +28,8 @@ class GuardedReducer : public SumReducer {
 
   absl::Status AllReduceSum(absl::Span<float> values) override;
   absl::Status AllReduceSum(absl::Span<double> values) override;
+  // The payload goes to the collective as it is: device memory when the collective takes it.
+  bool ReducesDeviceMemory() const override { return ctx_.collective().ReducesDeviceMemory(); }
 
   // Call once after the sharded NS has returned on this rank (or was not started), `failed_here`
   // telling whether it failed. Returns a collective error, or OK with `*any_failed` set when any

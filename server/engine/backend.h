@@ -64,12 +64,15 @@ struct NsShard {
 
 // Sums values element-wise over every participant of a sharded NS. On success every
 // participant holds bit-identical sums. Errors (a failed or timed-out collective) abort the
-// task. Called with host memory.
+// task. Called with host memory, or, when ReducesDeviceMemory() is true, possibly with device
+// memory of the backend's GPU (the values complete when it is called, the sums in place when it
+// returns): a GPU backend then reduces its Gram matrices where it computed them.
 class SumReducer {
  public:
   virtual ~SumReducer() = default;
   virtual absl::Status AllReduceSum(absl::Span<float> values) = 0;
   virtual absl::Status AllReduceSum(absl::Span<double> values) = 0;
+  virtual bool ReducesDeviceMemory() const { return false; }
 };
 
 // A matrix sharded along one dim over several participants, each holding `shards` (blocks that

@@ -4,8 +4,9 @@
 // cublaslt_emulation.cc) instead of the libraries. Checks its results against the tests'
 // reference, and its host-device copies as CudaBackend::Copies counts them: one upload and one
 // download per group of same-shape matrices in Run; in RunSharded, each shard's upload and
-// download, the norm's two scalars and, every Newton–Schulz step, the Gram matrix down to the
-// host for the reduction and back up (the round trip issue #13 removes). Runs without a GPU.
+// download, the norm's scalars and, every Newton–Schulz step with a reducer of host memory, the
+// Gram matrix down to the host for the reduction and back up — none with a reducer of device
+// memory (NCCL's). Runs without a GPU.
 #include <memory>
 #include <vector>
 
@@ -77,9 +78,12 @@ TEST(CudaBackendEmulationTest, RunMatchesTheReferenceAndCopiesOncePerGroupEachWa
   EXPECT_EQ(c.d2h_bytes, 3 * 48 * 80 * 2 + 64 * 40 * 4);
 }
 
-// One participant of TP_DISTRIBUTED: the reduction is the identity.
+// One participant of TP_DISTRIBUTED: the reduction is the identity. `device`: it says it takes
+// device memory (as the NCCL collective's reducer does).
 class AloneReducer final : public SumReducer {
  public:
+  explicit AloneReducer(bool device = false) : device_(device) {}
+  bool ReducesDeviceMemory() const override { return device_; }
   absl::Status AllReduceSum(absl::Span<float>) override {
     ++calls;
     return absl::OkStatus();
@@ -89,41 +93,70 @@ class AloneReducer final : public SumReducer {
     return absl::OkStatus();
   }
   int calls = 0;
+
+ private:
+  const bool device_;
 };
 
-TEST(CudaBackendEmulationTest, RunShardedRoundTripsTheGramThroughTheHostEveryStep) {
+// TP_DISTRIBUTED's sharded task on the emulated backend: a 32 x 72 matrix in two row shards
+// (partition_dim 0 works on Gᵀ: the Gram is cols x cols), one participant, HIGHEST.
+constexpr int64_t kRows = 32, kCols = 72, kHalf = kRows / 2;
+constexpr int64_t kShardBytes = kHalf * kCols * 4, kGramBytes = kCols * kCols * 4;
+
+struct ShardedRun {
+  std::vector<char> out;
+  CopyCounts copies;
+  int reductions = 0;
+};
+ShardedRun RunSharded(bool reducer_takes_device_memory, const NsKernelArgs& args, const std::vector<double>& g) {
+  ShardedRun run;
   std::unique_ptr<CudaBackend> backend = EmulatedBackend();
-  ASSERT_NE(backend, nullptr);
-  // A 32 x 72 matrix in two row shards (partition_dim 0 works on Gᵀ: the Gram is cols x cols).
-  const int64_t rows = 32, cols = 72, half = rows / 2;
-  const std::vector<double> g = RandomMatrix(rows, cols, 5);
-  NsOptions options;
-  options.precision = Precision::kHighest;
-  const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols});
-  const int steps = static_cast<int>(args.schedule.size());
-  ASSERT_GT(steps, 0);
-  std::vector<char> in = Pack(g, DType::kF32), out(in.size());
+  if (backend == nullptr) return run;
+  std::vector<char> in = Pack(g, DType::kF32);
+  run.out.assign(in.size(), 0);
   NsShardedTask task;
   task.partition_dim = 0;
-  task.gram_size = cols;
+  task.gram_size = kCols;
   task.args = &args;
   for (int s = 0; s < 2; ++s) {
-    const size_t offset = static_cast<size_t>(s * half * cols) * sizeof(float);
-    task.shards.push_back(NsShard{Matrix2d{half, cols}, DType::kF32, in.data() + offset, DType::kF32,
-                                  out.data() + offset});
+    const size_t offset = static_cast<size_t>(s * kHalf * kCols) * sizeof(float);
+    task.shards.push_back(
+        NsShard{Matrix2d{kHalf, kCols}, DType::kF32, in.data() + offset, DType::kF32, run.out.data() + offset});
   }
-  AloneReducer reducer;
-  ASSERT_OK(backend->RunSharded(task, reducer));
-  EXPECT_EQ(reducer.calls, 1 + steps);  // The norm, then each step's Gram.
-  EXPECT_LT(RelativeError(Unpack(out, DType::kF32), ReferenceFor(g, rows, cols, options)), 1e-5);
-  const CopyCounts c = backend->Copies();
-  const int64_t shard_bytes = half * cols * 4, gram_bytes = cols * cols * 4;
+  AloneReducer reducer(reducer_takes_device_memory);
+  EXPECT_OK(backend->RunSharded(task, reducer));
+  run.reductions = reducer.calls;
+  run.copies = backend->Copies();
+  return run;
+}
+
+TEST(CudaBackendEmulationTest, RunShardedReducesTheGramOnTheDeviceWhenTheReducerTakesDeviceMemory) {
+  const std::vector<double> g = RandomMatrix(kRows, kCols, 5);
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{kRows, kCols}, Matrix2d{kRows, kCols});
+  const int64_t steps = static_cast<int64_t>(args.schedule.size());
+  ASSERT_GT(steps, 0);
+
+  // A reducer of host memory (Gloo): every step's Gram goes down to the host and back up.
+  const ShardedRun host = RunSharded(false, args, g);
+  EXPECT_EQ(host.reductions, 1 + steps);  // The norm, then each step's Gram.
+  EXPECT_LT(RelativeError(Unpack(host.out, DType::kF32), ReferenceFor(g, kRows, kCols, options)), 1e-5);
   // Up: each shard, the norm's sum, each step's reduced Gram. Down: each shard's partial sum of
   // squares, each step's local Gram, each shard's result.
-  EXPECT_EQ(c.h2d_calls, 2 + 1 + steps);
-  EXPECT_EQ(c.h2d_bytes, 2 * shard_bytes + 8 + steps * gram_bytes);
-  EXPECT_EQ(c.d2h_calls, 2 + steps + 2);
-  EXPECT_EQ(c.d2h_bytes, 2 * 8 + steps * gram_bytes + 2 * shard_bytes);
+  EXPECT_EQ(host.copies.h2d_calls, 2 + 1 + steps);
+  EXPECT_EQ(host.copies.h2d_bytes, 2 * kShardBytes + 8 + steps * kGramBytes);
+  EXPECT_EQ(host.copies.d2h_calls, 2 + steps + 2);
+  EXPECT_EQ(host.copies.d2h_bytes, 2 * 8 + steps * kGramBytes + 2 * kShardBytes);
+
+  // A reducer of device memory (NCCL): the Gram stays on the device; the same bits.
+  const ShardedRun device = RunSharded(true, args, g);
+  EXPECT_EQ(device.reductions, 1 + steps);
+  EXPECT_EQ(device.out, host.out);
+  EXPECT_EQ(device.copies.h2d_calls, 2 + 1);
+  EXPECT_EQ(device.copies.h2d_bytes, 2 * kShardBytes + 8);
+  EXPECT_EQ(device.copies.d2h_calls, 2 + 2);
+  EXPECT_EQ(device.copies.d2h_bytes, 2 * 8 + 2 * kShardBytes);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // CudaBackend::RunSharded: one participant of TP_DISTRIBUTED Newton–Schulz on the GPU. The norm's
-// sum of squares and each step's Gram go through the host-memory SumReducer; everything else
-// stays on the device.
+// sum of squares (one double) goes through the SumReducer in host memory; each step's Gram is
+// reduced where it was computed when the reducer takes device memory (NCCL), and otherwise goes
+// down to pinned host memory and back up around the reduction. Everything else stays on the device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -88,7 +89,10 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   ASSIGN_OR_RETURN(a, device_pool.Acquire(mm * prec.element_size(), "Gram"));
   ASSIGN_OR_RETURN(b, device_pool.Acquire(mm * prec.element_size(), "Gram"));
   ASSIGN_OR_RETURN(gram, device_pool.Acquire(mm * sizeof(float), "Gram sum"));
-  ASSIGN_OR_RETURN(pinned_gram, pinned_pool.Acquire(mm * sizeof(float), "Gram sum"));
+  const bool on_device = reducer.ReducesDeviceMemory();
+  if (!on_device) {
+    ASSIGN_OR_RETURN(pinned_gram, pinned_pool.Acquire(mm * sizeof(float), "Gram sum"));
+  }
 
   // Norm: the local sum of squares (shards in order), all-reduced in double.
   double sumsq = 0;
@@ -113,7 +117,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
         "Normalize"));
   }
 
-  float* host_gram = pinned_gram.as<float>();
+  float* host_gram = on_device ? nullptr : pinned_gram.as<float>();
   for (const CoefficientTriple& t : args.schedule) {
     // Local Gram: each shard's X_i·X_iᵀ in the working precision (bf16-rounded in MEDIUM),
     // summed in fp32 in shard order; zeros for a participant without shards.
@@ -126,10 +130,16 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
           CudaCall(cuda::AccumulateF32(prec.dtype, b.data(), static_cast<int64_t>(mm), gram.as<float>(), i == 0, s),
                    "AccumulateF32"));
     }
-    RETURN_IF_ERROR(Copy(host_gram, gram.data(), mm * sizeof(float), cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
-    RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
-    RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(host_gram, mm)));
-    RETURN_IF_ERROR(Copy(gram.data(), host_gram, mm * sizeof(float), cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
+    if (on_device) {
+      // The reducer (NCCL) sums the Gram where it is: complete before the call, summed after it.
+      RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
+      RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(gram.as<float>(), mm)));
+    } else {
+      RETURN_IF_ERROR(Copy(host_gram, gram.data(), mm * sizeof(float), cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
+      RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
+      RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(host_gram, mm)));
+      RETURN_IF_ERROR(Copy(gram.data(), host_gram, mm * sizeof(float), cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
+    }
     // A = the summed Gram in the working precision (rounded to bf16 once in MEDIUM).
     RETURN_IF_ERROR(
         CudaCall(cuda::ScaleConvert(DType::kF32, gram.data(), static_cast<int64_t>(mm), 1.0f, prec.dtype, a.data(), s),

@@ -234,6 +234,7 @@ TEST(GlooFailureTest, WorldOneWorksWithoutPeers) {
   options.store = &store;
   absl::StatusOr<std::unique_ptr<GlooCollective>> solo = GlooCollective::Create(options);
   ASSERT_OK(solo);
+  EXPECT_FALSE((*solo)->ReducesDeviceMemory());  // Host memory only.
   std::vector<double> v = {1.25, -3.5};
   ASSERT_OK((*solo)->AllReduceSum(absl::MakeSpan(v), absl::Seconds(1)));
   EXPECT_EQ(v, (std::vector<double>{1.25, -3.5}));

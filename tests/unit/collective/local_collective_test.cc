@@ -23,6 +23,7 @@ TEST(LocalCollectiveTest, IdentityAndCopies) {
   EXPECT_EQ(local.rank(), 0);
   EXPECT_EQ(local.world(), 1);
   EXPECT_EQ(local.name(), "local");
+  EXPECT_TRUE(local.ReducesDeviceMemory());  // A sum over one rank touches nothing.
 
   std::vector<uint8_t> send(37);
   std::iota(send.begin(), send.end(), 3);

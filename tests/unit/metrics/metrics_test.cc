@@ -410,6 +410,7 @@ TEST(TimedCollectiveTest, ReportsEveryCallByOpWithItsDurationFailuresIncluded) {
   TimedCollective timed(std::move(inner),
                         [&seen](absl::string_view op, absl::Duration d) { seen.emplace_back(std::string(op), d); });
   EXPECT_EQ(timed.name(), "slow");
+  EXPECT_FALSE(timed.ReducesDeviceMemory());  // What its inner collective says.
   char byte = 0;
   const size_t one[1] = {1};
   float f = 1;
@@ -437,6 +438,7 @@ TEST(TimedCollectiveTest, ForwardsResultsUnchangedIntoTheMetric) {
   Metrics* metrics = m.get();
   TimedCollective timed(std::make_unique<LocalCollective>(),
                         [metrics](absl::string_view op, absl::Duration d) { metrics->CollectiveTime(op, d); });
+  EXPECT_TRUE(timed.ReducesDeviceMemory());  // LocalCollective's answer, forwarded.
   const std::vector<char> send = {'a', 'b', 'c'};
   std::vector<char> recv(3);
   const size_t sizes[1] = {3};
