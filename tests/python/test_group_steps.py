@@ -20,28 +20,40 @@ def full_matrix(seed=0, shape=SHAPE):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def run_group(client, world, dim, algorithm, step, job="group-test", partition_dim=None, name="w", shape=SHAPE):
-    """Every rank's step in its own thread; returns the assembled result."""
-    full = full_matrix(shape=shape)
-    blocks = orthoserve.chunk_blocks(shape, world, dim)
+def on_every_rank(world, rank_main):
+    """Runs rank_main(rank) for every trainer rank in its own thread; returns their results by rank, or raises
+    the first failure."""
     results, failures = [None] * world, []
 
-    def rank_main(rank):
+    def run(rank):
         try:
-            (r0, c0), (rows, cols) = blocks[rank]
-            shard = orthoserve.Shard(name, shape, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
-                                     algorithm=algorithm, partition_dim=partition_dim, precision="highest")
-            [results[rank]] = client.group(job, f"{algorithm}-{dim}-{world}", rank, world).step(step, [shard])
+            results[rank] = rank_main(rank)
         except Exception as e:  # noqa: BLE001 - reported by the main thread
             failures.append(e)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     if failures:
         raise failures[0]
+    return results
+
+
+def run_group(client, world, dim, algorithm, step, job="group-test", partition_dim=None, name="w", shape=SHAPE):
+    """Every rank's step in its own thread; returns the assembled result."""
+    full = full_matrix(shape=shape)
+    blocks = orthoserve.chunk_blocks(shape, world, dim)
+
+    def rank_main(rank):
+        (r0, c0), (rows, cols) = blocks[rank]
+        shard = orthoserve.Shard(name, shape, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
+                                 algorithm=algorithm, partition_dim=partition_dim, precision="highest")
+        [result] = client.group(job, f"{algorithm}-{dim}-{world}", rank, world).step(step, [shard])
+        return result
+
+    results = on_every_rank(world, rank_main)
     out = torch.empty(shape)
     for ((r0, c0), (rows, cols)), block in zip(blocks, results):
         assert block.shape == (rows, cols)
@@ -118,25 +130,15 @@ def run_multi_step(client, step, job):
     """One W = 2 group step of five 20x14 matrices, one per algorithm (row blocks); the assembled results."""
     fulls = [full_matrix(seed=10 + i) for i in range(len(MULTI))]
     blocks = orthoserve.chunk_blocks(SHAPE, 2, 0)
-    results, failures = [None, None], []
 
     def rank_main(rank):
-        try:
-            (r0, c0), (rows, cols) = blocks[rank]
-            shards = [orthoserve.Shard(f"w{i}", SHAPE, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
-                                       algorithm=algorithm, partition_dim=pdim, precision="highest")
-                      for i, (full, (algorithm, pdim)) in enumerate(zip(fulls, MULTI))]
-            results[rank] = client.group(job, "multi", rank, 2).step(step, shards)
-        except Exception as e:  # noqa: BLE001 - reported by the main thread
-            failures.append(e)
+        (r0, c0), (rows, cols) = blocks[rank]
+        shards = [orthoserve.Shard(f"w{i}", SHAPE, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
+                                   algorithm=algorithm, partition_dim=pdim, precision="highest")
+                  for i, (full, (algorithm, pdim)) in enumerate(zip(fulls, MULTI))]
+        return client.group(job, "multi", rank, 2).step(step, shards)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if failures:
-        raise failures[0]
+    results = on_every_rank(2, rank_main)
     outs = []
     for i in range(len(MULTI)):
         out = torch.empty(SHAPE)
