@@ -219,8 +219,9 @@ class Executor {
   // Steps.
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_;
   absl::flat_hash_map<GroupKey, CachedBatch> cache_;  // By group (step 0): its last batch's steps here.
-  // Divided steps between their parts. Applier thread only; cleared with each generation (its
-  // parts cannot run in the next one) and at a reset, failing their steps.
+  // Divided steps between their parts. Changed by the applier thread only (the steps under mu_,
+  // which waiting() reads); cleared with each generation (its parts cannot run in the next one)
+  // and at a reset, failing their steps.
   absl::flat_hash_map<GroupKey, PartialStep> parts_;
   std::vector<ReadyReport> advertise_;                // Reports of steps kept since the last read.
   uint64_t next_submission_;

@@ -160,6 +160,14 @@ class FleetHarness {
     }
     return false;
   }
+  // WaitFormed, and then until the coordinator has heard that the generation formed (from the
+  // members' next reads): from then on it paces batches (and divides steps into parts).
+  bool WaitPaced(const std::vector<int>& ranks) {
+    if (!WaitFormed(ranks)) return false;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!coordinator_->generation().formed && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return coordinator_->generation().formed;
+  }
 
  private:
   std::unique_ptr<Coordinator> NewCoordinator() const {
@@ -449,24 +457,17 @@ TEST(ExecutorTest, ADividedStepHasTheBitsOfTheWholeStepAndIsReplayedWhole) {
   std::vector<std::vector<float>> fulls;
   for (size_t i = 0; i < algorithms.size(); ++i) fulls.push_back(RandomMatrix(20 + static_cast<int>(i)));
   const GroupKey key{"t", "j", "g", 1};
-  // Batches are paced (and so divided) once the coordinator knows the generation formed.
-  auto formed = [](FleetHarness& h) {
-    if (!h.WaitFormed({0, 1})) return false;
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (!h.coordinator().generation().formed && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-    return h.coordinator().generation().formed;
-  };
   MultiRun whole;
   {
     FleetHarness h(2, /*batch_window=*/1);
     h.StartAll();
-    ASSERT_TRUE(formed(h));
+    ASSERT_TRUE(h.WaitPaced({0, 1}));
     whole = RunMultiStep(h, key, fulls, algorithms, 1);
   }
   EXPECT_EQ(whole.entries, 1);
   FleetHarness h(2, /*batch_window=*/1, /*part_time=*/absl::Nanoseconds(1));
   h.StartAll();
-  ASSERT_TRUE(formed(h));
+  ASSERT_TRUE(h.WaitPaced({0, 1}));
   MultiRun divided = RunMultiStep(h, key, fulls, algorithms, 3);
   EXPECT_EQ(divided.entries, 3);
   ASSERT_EQ(divided.outputs.size(), whole.outputs.size());
@@ -512,9 +513,7 @@ TEST(ExecutorTest, AMemberLostBetweenPartsFailsTheStepRetryablyAndTheRetrySuccee
     if (applied == 1) h.log(1).Freeze(true);
   });
   h.StartAll();
-  ASSERT_TRUE(h.WaitFormed({0, 1}));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!h.coordinator().generation().formed && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(h.WaitPaced({0, 1}));
   const std::vector<Algorithm> algorithms(4, Algorithm::kAuto);
   std::vector<std::vector<float>> fulls;
   for (int i = 0; i < 4; ++i) fulls.push_back(RandomMatrix(40 + i));
