@@ -146,6 +146,13 @@ void GlooCollective::Abort(absl::string_view reason) {
   // the request until a wait consumes it), so there is no window in which it is lost.
   if (sending_ != nullptr) sending_->abortWaitSend();
   if (receiving_ != nullptr) receiving_->abortWaitRecv();
+  // No exchange is using the connections: close them now, so that peers blocked on this rank
+  // fail at once (an exchange in progress closes them itself when its aborted wait returns).
+  if (!in_exchange_) CloseLocked();
+}
+
+void GlooCollective::CloseLocked() {
+  (void)CallGloo("gloo close", [&] { context_.reset(); });
 }
 
 absl::Status GlooCollective::Fail(absl::Status status) {
@@ -153,7 +160,8 @@ absl::Status GlooCollective::Fail(absl::Status status) {
   // Dropping the context closes every pair (once the buffers of the failed call, which share
   // the transport context, are gone), so the transport no longer touches our memory and the
   // peers' pending transfers fail now rather than at their own timeout.
-  (void)CallGloo("gloo close", [&] { context_.reset(); });
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  CloseLocked();
   return status;
 }
 
@@ -162,6 +170,16 @@ absl::Status GlooCollective::Exchange(const char* op, const void* send, size_t s
                                       absl::Span<const Transfer> recvs, absl::Time deadline) {
   const uint64_t slot = gloo::Slot::build(kSlotPrefix, next_tag_++);
   if (sends.empty() && recvs.empty()) return absl::OkStatus();
+  {
+    // From here until the end of the exchange an abort leaves the context to this thread.
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!aborted_.ok()) {
+      CloseLocked();
+      return aborted_;
+    }
+    if (context_ == nullptr) return absl::UnavailableError("gloo collective is closed");
+    in_exchange_ = true;
+  }
   // Declared out here so that on error Fail() closes the connections before they are destroyed.
   std::unique_ptr<gloo::transport::UnboundBuffer> in;
   std::unique_ptr<gloo::transport::UnboundBuffer> out;
@@ -189,6 +207,7 @@ absl::Status GlooCollective::Exchange(const char* op, const void* send, size_t s
     std::lock_guard<std::mutex> lock(abort_mu_);
     sending_ = nullptr;
     receiving_ = nullptr;
+    in_exchange_ = false;
     aborted = aborted_;
   }
   // An abort wins over the error it provoked ("send was aborted"): it says why.

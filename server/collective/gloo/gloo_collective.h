@@ -75,8 +75,10 @@ class GlooCollective final : public Collective {
   absl::Status AllReduceSum(absl::Span<double> values, absl::Duration timeout) override;
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override;
   absl::Status Barrier(absl::Duration timeout) override;
-  // Aborts the waits of the exchange in progress (Gloo's abortWaitSend/abortWaitRecv) and
-  // breaks the collective.
+  // Aborts the waits of the exchange in progress (Gloo's abortWaitSend/abortWaitRecv; that
+  // exchange then closes every connection) and breaks the collective. With no exchange in
+  // progress it closes every connection itself, so that peers waiting on this rank fail now
+  // rather than at their timeout.
   void Abort(absl::string_view reason) override;
 
  private:
@@ -93,6 +95,8 @@ class GlooCollective final : public Collective {
   absl::Status CheckUsable() const;
   // Breaks the collective with `status` (closing every connection) and returns it.
   absl::Status Fail(absl::Status status);
+  // Drops the context, which closes every pair once no buffer of an exchange holds it.
+  void CloseLocked();
   // Posts `recvs` into `recv` (recv_size bytes) and `sends` from `send` (send_size bytes) and
   // waits for all of them until `deadline`. Every rank calls it the same number of times per
   // operation (each call takes the next tag), whatever its transfers.
@@ -107,9 +111,12 @@ class GlooCollective final : public Collective {
   uint32_t next_tag_ = 0;
   absl::Status broken_;  // Written by the operating thread only.
 
-  // Abort() from another thread: the flag, and the buffers whose waits it interrupts.
+  // Abort() from another thread: the flag, whether an exchange is using the context, and the
+  // buffers whose waits it interrupts. context_ is reset only under abort_mu_, and used only by
+  // an exchange that started (in_exchange_) before any abort.
   mutable std::mutex abort_mu_;
   absl::Status aborted_;                           // Guarded by abort_mu_.
+  bool in_exchange_ = false;                       // Guarded by abort_mu_.
   gloo::transport::UnboundBuffer* sending_ = nullptr;    // Guarded by abort_mu_.
   gloo::transport::UnboundBuffer* receiving_ = nullptr;  // Guarded by abort_mu_.
 };

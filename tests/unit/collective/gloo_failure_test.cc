@@ -128,6 +128,31 @@ TEST(GlooFailureTest, LocalErrorOnOneRankFailsItsPeerPromptly) {
   EXPECT_LT(took, absl::Seconds(3));
 }
 
+// An abort on a rank that is not inside an operation (it gave up before its next call) closes
+// its connections: the peer waiting on it fails at once, and the aborted rank's later calls are
+// UNAVAILABLE naming the reason.
+TEST(GlooFailureTest, AbortBetweenOperationsFailsTheWaitingPeerPromptly) {
+  constexpr int kWorld = 2;
+  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
+  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
+  absl::Status peer;
+  absl::Duration took;
+  RunRanks(kWorld, [&](int rank) {
+    if (rank == 0) {
+      absl::SleepFor(absl::Milliseconds(200));  // The peer is waiting in its barrier by now.
+      group[0]->Abort("out of device memory");
+      EXPECT_THAT(group[0]->Barrier(absl::Seconds(5)),
+                  StatusIs(absl::StatusCode::kUnavailable, HasSubstr("out of device memory")));
+    } else {
+      const absl::Time start = absl::Now();
+      peer = group[1]->Barrier(absl::Seconds(20));
+      took = absl::Now() - start;
+    }
+  });
+  EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+  EXPECT_LT(took, absl::Seconds(5));
+}
+
 TEST(GlooFailureTest, CreateRejectsBadOptions) {
   InMemoryStore store;
   GlooCollective::Options options;
