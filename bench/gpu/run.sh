@@ -50,7 +50,7 @@ TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test cuda_layout_emulation_gpu
 # before ninja has written everything (SIGPIPE), which would drop targets at random.
 ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null)
 has_target() { grep -q "^$1:" <<<"$ALL_TARGETS"; }
-for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test; do
+for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test cuda_fleet_emulation_gpu_test; do
   has_target "$t" && TARGETS+=("$t")
 done
 if ! ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1; then

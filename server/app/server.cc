@@ -258,7 +258,9 @@ void Server::WatchHealth() {
     last = now;
     metrics_->device_memory("used").Set(static_cast<double>(backend_->DeviceMemoryInUseBytes()));
     const CopyCounts copies = backend_->Copies();
-    metrics_->DeviceCopies(copies.h2d_bytes, copies.h2d_calls, copies.d2h_bytes, copies.d2h_calls);
+    metrics_->DeviceCopies("h2d", copies.h2d_bytes, copies.h2d_calls);
+    metrics_->DeviceCopies("d2h", copies.d2h_bytes, copies.d2h_calls);
+    metrics_->DeviceCopies("d2d", copies.d2d_bytes, copies.d2d_calls);
     cv_.wait_for(lock, std::chrono::milliseconds(200));
   }
 }

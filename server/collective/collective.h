@@ -42,6 +42,10 @@ class Collective {
   // Whether AllReduceSum also takes device pointers of this rank's GPU (the buffers a GPU backend
   // computes in), reducing them where they are. False (the default): host memory only.
   virtual bool ReducesDeviceMemory() const { return false; }
+  // Whether every operation (exchanges, gathers, sums, broadcasts) also takes device pointers of
+  // this rank's GPU, moving them device to device: the distributed algorithms then keep a batch's
+  // blocks in the backend's device memory. False (the default): host memory only.
+  virtual bool TakesDeviceMemory() const { return false; }
 
   // Personalized exchange. `send` holds world segments back to back, segment p (send_bytes[p]
   // bytes) going to rank p; `recv` receives world segments, segment p (recv_bytes[p] bytes)

@@ -22,7 +22,8 @@ class LocalCollective final : public Collective {
   int rank() const override { return 0; }
   int world() const override { return 1; }
   std::string name() const override { return "local"; }
-  // A sum over one rank reads and writes nothing: any memory will do.
+  // A sum over one rank reads and writes nothing: any memory will do. Its exchanges copy with
+  // memcpy, so TakesDeviceMemory stays false (a one-rank batch keeps its blocks in host memory).
   bool ReducesDeviceMemory() const override { return true; }
 
   // Copies send_bytes[0] bytes from `send` to `recv`.

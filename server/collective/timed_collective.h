@@ -38,6 +38,7 @@ class TimedCollective final : public Collective {
   int world() const override { return inner_->world(); }
   std::string name() const override { return inner_->name(); }
   bool ReducesDeviceMemory() const override { return inner_->ReducesDeviceMemory(); }
+  bool TakesDeviceMemory() const override { return inner_->TakesDeviceMemory(); }
 
   absl::Status AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
                          absl::Span<const size_t> recv_bytes, absl::Duration timeout) override;

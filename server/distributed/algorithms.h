@@ -1,8 +1,8 @@
 // Internal to server/distributed: the per-algorithm phases ExecuteBatch runs, in this order, on
 // every rank. Each phase takes the valid matrices of its algorithm (identical on every rank),
 // makes its collective calls in an order that depends only on the plan, records per-matrix
-// failures in the context, and returns a non-OK status only when a collective call failed
-// (the batch then fails and the collective is broken).
+// failures in the context, and returns a non-OK status only when a collective call failed or a
+// buffer of the batch could not be allocated (the batch then fails and the collective is broken).
 #pragma once
 
 #include "absl/status/status.h"

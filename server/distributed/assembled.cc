@@ -1,18 +1,25 @@
 // Implementation of assembled.h.
 #include "server/distributed/assembled.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "server/engine/newton_schulz.h"
 
 namespace orthoserve::distributed_internal {
 
-Assembled MakeAssembled(const BatchContext& ctx, int m) {
+absl::StatusOr<Assembled> MakeAssembled(BatchContext& ctx, int m) {
   const MatrixPlan& mp = ctx.matrix(m);
   const Block whole = WholeBlock(mp.view);
-  return Assembled{m, std::vector<char>(InBytes(mp, whole), 0), std::vector<char>(OutBytes(mp, whole), 0)};
+  const std::string what = absl::StrCat("matrix \"", mp.name, "\" assembled");
+  Assembled a;
+  a.matrix = m;
+  ASSIGN_OR_RETURN(a.in, ctx.Allocate(InBytes(mp, whole), true, what));
+  ASSIGN_OR_RETURN(a.out, ctx.Allocate(OutBytes(mp, whole), true, what));
+  return a;
 }
 
-const LocalBlock* WholeLocalBlock(const BatchContext& ctx, int m) {
-  if (!ctx.Ok(m)) return nullptr;
+const LocalBlock* WholeLocalBlock(BatchContext& ctx, int m) {
+  if (ctx.on_device() || !ctx.Ok(m)) return nullptr;
   const MatrixPlan& mp = ctx.matrix(m);
   for (const BlockPlacement& p : mp.blocks) {
     if (p.fleet_rank == ctx.rank() && p.block == WholeBlock(mp.view)) return ctx.Local(m, p.trainer_rank);
@@ -20,14 +27,12 @@ const LocalBlock* WholeLocalBlock(const BatchContext& ctx, int m) {
   return nullptr;
 }
 
-void PutBlock(const MatrixPlan& m, const Block& block, const char* src, Assembled& a) {
-  if (block.empty()) return;
-  CopyBlockIn(src, block, ElementSize(m.dtype), a.in.data(), m.view.cols);
+void PutBlock(BatchContext& ctx, const Block& block, const char* src, Assembled& a) {
+  ctx.MoveBlock(a.matrix, block, src, a.in.data(), /*into=*/true);
 }
 
-void GetBlock(const MatrixPlan& m, const Block& block, const Assembled& a, char* dst) {
-  if (block.empty()) return;
-  CopyBlockOut(a.out.data(), m.view.cols, block, ElementSize(m.result_dtype), dst);
+void GetBlock(BatchContext& ctx, const Block& block, const Assembled& a, char* dst) {
+  ctx.MoveBlock(a.matrix, block, a.out.data(), dst, /*into=*/false);
 }
 
 void OrthogonalizeAssembled(BatchContext& ctx, std::vector<Assembled>& matrices) {
@@ -37,10 +42,9 @@ void OrthogonalizeAssembled(BatchContext& ctx, std::vector<Assembled>& matrices)
   for (Assembled& a : matrices) {
     if (!ctx.Ok(a.matrix)) continue;
     const MatrixPlan& mp = ctx.matrix(a.matrix);
-    const void* in = a.direct_in != nullptr ? a.direct_in : a.in.data();
-    void* out = a.direct_out != nullptr ? a.direct_out : a.out.data();
-    jobs.push_back(
-        MatrixJob{mp.name, mp.view, mp.view, mp.dtype, in, mp.result_dtype, out, &mp.options, BatchRowsOf(mp)});
+    const MemorySpace space = a.direct_in != nullptr ? MemorySpace::kHost : ctx.memory().space();
+    jobs.push_back(MatrixJob{mp.name, mp.view, mp.view, mp.dtype, a.input(), mp.result_dtype, a.output(), &mp.options,
+                             BatchRowsOf(mp), space});
     job_matrix.push_back(a.matrix);
     flops += EngineFlops(mp.view, mp.options, BatchRowsOf(mp));
   }

@@ -146,7 +146,11 @@ struct BatchResult {
 //    matrix: the first failure in fleet rank order.
 // Blocks travel in the matrix's dtype and results in the result dtype. Collective calls depend
 // only on the plan, so they are made in the same order on every rank; fleet ranks with no
-// blocks take part with empty ones.
+// blocks take part with empty ones. `local`'s buffers are host memory; between them and the
+// backend the blocks are kept in the backend's device memory when it has one and the collective
+// takes device memory (NCCL: each block up once, exchanged and assembled device to device, its
+// result down once), in host memory otherwise (docs/architecture.md, "Memory spaces"); the
+// results are the same bits either way.
 //
 // Per-matrix errors (in BatchResult::matrices, identical on every rank): the ValidatePlan
 // error; INVALID_ARGUMENT when a rank's local block is missing, duplicated, misplaced or has no
@@ -154,8 +158,9 @@ struct BatchResult {
 // computed it — the owner, any gathering rank, any TP participant. A failed matrix's outputs
 // are unspecified. The returned status itself: INVALID_ARGUMENT when the collective's world is
 // not plan.fleet_world; otherwise non-OK only when a collective call failed (UNAVAILABLE or
-// DEADLINE_EXCEEDED, annotated with the phase), after which the collective is broken and the
-// outputs are unspecified. Uses the collective from one thread; the backend may be shared.
+// DEADLINE_EXCEEDED, annotated with the phase) or this rank could not allocate a buffer of the
+// batch (RESOURCE_EXHAUSTED; it aborts the collective so that its peers fail at once), after
+// which the collective is broken and the outputs are unspecified. Uses the collective from one thread; the backend may be shared.
 absl::StatusOr<BatchResult> ExecuteBatch(const BatchPlan& plan, absl::Span<const LocalBlock> local, Backend& backend,
                                          Collective& collective, const ExecuteOptions& options);
 

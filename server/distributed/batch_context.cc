@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "common/status.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace orthoserve::distributed_internal {
@@ -13,6 +15,9 @@ BatchContext::BatchContext(const BatchPlan& plan, std::vector<absl::Status> stat
     : plan_(plan),
       backend_(backend),
       collective_(collective),
+      memory_(backend.memory().space() == MemorySpace::kDevice && collective.TakesDeviceMemory()
+                  ? &backend.memory()
+                  : static_cast<Memory*>(&host_memory_)),
       options_(options),
       statuses_(std::move(statuses)),
       failure_(plan.matrices.size(), FailureKind::kNone) {
@@ -100,24 +105,73 @@ std::vector<int> BatchContext::TrainersOn(int m, int fleet_rank) const {
   return trainers;
 }
 
-void BatchContext::ReadBlock(int m, int t, void* dst) const {
-  const MatrixPlan& mp = plan_.matrices[m];
-  const size_t bytes = InBytes(mp, mp.blocks[t].block);
-  if (bytes == 0) return;
-  const LocalBlock* lb = local_index_[m][t];
-  if (!statuses_[m].ok() || lb == nullptr) {
-    std::memset(dst, 0, bytes);
-    return;
-  }
-  std::memcpy(dst, lb->in, bytes);
+absl::StatusOr<MemoryBuffer> BatchContext::Allocate(size_t bytes, bool zero, const std::string& what) {
+  absl::StatusOr<MemoryBuffer> buffer = memory_->Allocate(bytes, zero, what.c_str());
+  if (buffer.ok()) return buffer;
+  const std::string message = absl::StrCat(what, ": ", buffer.status().message());
+  collective_.Abort(message);
+  return absl::Status(buffer.status().code(), message);
 }
 
-void BatchContext::WriteBlock(int m, int t, const void* src) const {
+namespace {
+
+// The copy between a block's dense bytes (`dense`) and its rectangle in a row-major matrix with
+// `ld` elements per row (`matrix`), or between two dense buffers when `ld` is 0.
+Copy2dArgs BlockCopy(const Block& b, size_t elem, int64_t ld, void* dst, MemorySpace dst_space, const void* src,
+                     MemorySpace src_space, bool dst_is_matrix) {
+  const size_t row_bytes = static_cast<size_t>(b.cols) * elem;
+  if (ld == 0) {
+    const size_t bytes = row_bytes * static_cast<size_t>(b.rows);
+    return Copy2dArgs{dst, bytes, dst_space, src, bytes, src_space, 1, bytes};
+  }
+  const size_t pitch = static_cast<size_t>(ld) * elem;
+  const size_t offset = (static_cast<size_t>(b.row_offset) * static_cast<size_t>(ld) + static_cast<size_t>(b.col_offset)) * elem;
+  if (dst_is_matrix) {
+    return Copy2dArgs{static_cast<char*>(dst) + offset, pitch, dst_space, src, row_bytes, src_space,
+                      static_cast<size_t>(b.rows), row_bytes};
+  }
+  return Copy2dArgs{dst, row_bytes, dst_space, static_cast<const char*>(src) + offset, pitch, src_space,
+                    static_cast<size_t>(b.rows), row_bytes};
+}
+
+}  // namespace
+
+void BatchContext::ReadBlock(int m, int t, void* dst, int64_t ld) {
   const MatrixPlan& mp = plan_.matrices[m];
-  const size_t bytes = OutBytes(mp, mp.blocks[t].block);
+  const Block& block = mp.blocks[t].block;
+  if (block.empty()) return;
   const LocalBlock* lb = local_index_[m][t];
-  if (bytes == 0 || lb == nullptr) return;
-  std::memcpy(lb->out, src, bytes);
+  absl::Status status;
+  if (!statuses_[m].ok() || lb == nullptr) {
+    // Zeros, in the shape the bytes travel in (a dense block; a rectangle only ever lands in a
+    // matrix that is not computed once its matrix failed here).
+    status = ld == 0 ? memory_->Zero(dst, InBytes(mp, block)) : absl::OkStatus();
+  } else {
+    status = memory_->Copy2d(
+        BlockCopy(block, ElementSize(mp.dtype), ld, dst, memory_->space(), lb->in, MemorySpace::kHost, true));
+  }
+  if (!status.ok()) Fail(m, Annotate(status, absl::StrCat("matrix \"", mp.name, "\" block upload")), FailureKind::kPrimary);
+}
+
+void BatchContext::WriteBlock(int m, int t, const void* src, int64_t ld) {
+  const MatrixPlan& mp = plan_.matrices[m];
+  const Block& block = mp.blocks[t].block;
+  const LocalBlock* lb = local_index_[m][t];
+  if (block.empty() || lb == nullptr) return;
+  const absl::Status status = memory_->Copy2d(
+      BlockCopy(block, ElementSize(mp.result_dtype), ld, lb->out, MemorySpace::kHost, src, memory_->space(), false));
+  if (!status.ok()) {
+    Fail(m, Annotate(status, absl::StrCat("matrix \"", mp.name, "\" result download")), FailureKind::kPrimary);
+  }
+}
+
+void BatchContext::MoveBlock(int m, const Block& block, const void* src, void* dst, bool into) {
+  if (block.empty()) return;
+  const MatrixPlan& mp = plan_.matrices[m];
+  const size_t elem = ElementSize(into ? mp.dtype : mp.result_dtype);
+  const absl::Status status =
+      memory_->Copy2d(BlockCopy(block, elem, mp.view.cols, dst, memory_->space(), src, memory_->space(), into));
+  if (!status.ok()) Fail(m, Annotate(status, absl::StrCat("matrix \"", mp.name, "\" block copy")), FailureKind::kPrimary);
 }
 
 double EngineFlops(Matrix2d shape, const NsOptions& options, int64_t batch_rows) {

@@ -1,6 +1,7 @@
 // Internal to server/distributed: the state one ExecuteBatch call shares between the algorithm
 // files — the plan, this rank's blocks indexed by (matrix, trainer rank), the per-matrix
-// statuses, and the timed wrappers around the collective and the backend.
+// statuses, the memory the batch's blocks are kept in, and the timed wrappers around the
+// collective and the backend.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +39,18 @@ class BatchContext {
   Collective& collective() { return collective_; }
   absl::Duration timeout() const { return options_.collective_timeout; }
 
+  // The memory the algorithms keep blocks in between the caller's buffers, the collective and the
+  // backend (send and receive buffers, assembled matrices): the backend's device memory when it
+  // has one and the collective moves device memory (NCCL), so that a block goes up once, travels
+  // device to device and comes down once; host memory otherwise, where nothing is copied that
+  // need not be (an owner holding a whole matrix computes on the caller's buffers).
+  Memory& memory() { return *memory_; }
+  bool on_device() const { return memory_->space() == MemorySpace::kDevice; }
+  // A buffer of `memory()`. When it cannot be had, the batch cannot make its collective calls:
+  // the collective is aborted (so that peers fail at once rather than at their timeout) and the
+  // error, annotated with `what`, is returned for the phase to return.
+  absl::StatusOr<MemoryBuffer> Allocate(size_t bytes, bool zero, const std::string& what);
+
   // Whether matrix `m` passed validation (identical on every rank). Algorithms run exactly the
   // valid matrices, so their collective calls agree on every rank.
   bool Valid(int m) const { return valid_[m]; }
@@ -56,11 +69,18 @@ class BatchContext {
   // Trainer ranks of matrix `m` placed on fleet rank `fleet_rank`, ascending.
   std::vector<int> TrainersOn(int m, int fleet_rank) const;
 
-  // Copies trainer rank `t`'s input block of `m` into `dst` (block bytes in the matrix dtype);
-  // zeros when the block is not usable here (its matrix has already failed on this rank).
-  void ReadBlock(int m, int t, void* dst) const;
-  // Copies `src` (the block's bytes in the result dtype) into trainer rank `t`'s output block.
-  void WriteBlock(int m, int t, const void* src) const;
+  // Copies trainer rank `t`'s input block of `m` from the caller's buffer into `dst` (memory():
+  // block bytes in the matrix dtype, dense, or, with `ld` > 0, the block's rectangle of a matrix
+  // with `ld` elements per row); zeros when the block is not usable here (its matrix has already
+  // failed on this rank). A failed copy fails the matrix (primary).
+  void ReadBlock(int m, int t, void* dst, int64_t ld = 0);
+  // Copies `src` (memory(): the block's bytes in the result dtype, dense or, with `ld` > 0, its
+  // rectangle of a matrix) into trainer rank `t`'s output block in the caller's buffer.
+  void WriteBlock(int m, int t, const void* src, int64_t ld = 0);
+  // Copies block `block` of matrix `m` between a dense buffer and a whole matrix (row-major, view
+  // columns per row), both in memory(): into the matrix (`into` true, input dtype) or out of it
+  // (result dtype). A failed copy fails the matrix (primary).
+  void MoveBlock(int m, const Block& block, const void* src, void* dst, bool into);
 
   // Runs one collective call, adding its duration to the collective time; annotates an error
   // with `what` (the call and the phase).
@@ -93,6 +113,8 @@ class BatchContext {
   const BatchPlan& plan_;
   Backend& backend_;
   Collective& collective_;
+  HostMemory host_memory_;
+  Memory* memory_;
   const ExecuteOptions options_;
   std::vector<bool> valid_;
   std::vector<absl::Status> statuses_;

@@ -45,7 +45,7 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   }
 
   // Pack: destination-major, then set order, then trainer rank.
-  std::vector<char> send(Total(send_in));
+  ASSIGN_OR_RETURN(MemoryBuffer send, ctx.Allocate(Total(send_in), false, phase + " blocks to send"));
   char* cursor = send.data();
   for (int p = 0; p < world; ++p) {
     if (p == me) continue;
@@ -58,15 +58,15 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
       }
     }
   }
-  std::vector<char> recv(Total(recv_in));
+  ASSIGN_OR_RETURN(MemoryBuffer recv, ctx.Allocate(Total(recv_in), false, phase + " blocks received"));
   RETURN_IF_ERROR(ctx.Collect(phase + " all-to-allv of the blocks", [&] {
     return ctx.collective().AllToAllv(send.data(), send_in, recv.data(), recv_in, ctx.timeout());
   }));
-  send = std::vector<char>();
+  send.Reset();
 
   // Assemble what this rank owns: its own blocks straight from the caller's buffers (or no
-  // assembly at all when one local block is the whole matrix), then the received ones,
-  // source-major, set order, trainer rank.
+  // assembly at all when one local block is the whole matrix and blocks stay in host memory),
+  // then the received ones, source-major, set order, trainer rank.
   std::vector<Assembled> owned;
   std::vector<int> slot(ctx.plan().matrices.size(), -1);
   for (const OwnedMatrix& om : set) {
@@ -80,13 +80,11 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
       owned.push_back(std::move(direct));
       continue;
     }
-    owned.push_back(MakeAssembled(ctx, om.matrix));
+    ASSIGN_OR_RETURN(Assembled a, MakeAssembled(ctx, om.matrix));
+    owned.push_back(std::move(a));
     if (!ctx.Ok(om.matrix)) continue;
     const MatrixPlan& mp = ctx.matrix(om.matrix);
-    for (int t : ctx.TrainersOn(om.matrix, me)) {
-      const LocalBlock* lb = ctx.Local(om.matrix, t);
-      if (lb != nullptr) PutBlock(mp, mp.blocks[t].block, static_cast<const char*>(lb->in), owned.back());
-    }
+    for (int t : ctx.TrainersOn(om.matrix, me)) ctx.ReadBlock(om.matrix, t, owned.back().in.data(), mp.view.cols);
   }
   const char* in_cursor = recv.data();
   for (int p = 0; p < world; ++p) {
@@ -96,13 +94,13 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
       const MatrixPlan& mp = ctx.matrix(om.matrix);
       for (int t : ctx.TrainersOn(om.matrix, p)) {
         if (owned[slot[om.matrix]].direct_in == nullptr) {
-          PutBlock(mp, mp.blocks[t].block, in_cursor, owned[slot[om.matrix]]);
+          PutBlock(ctx, mp.blocks[t].block, in_cursor, owned[slot[om.matrix]]);
         }
         in_cursor += InBytes(mp, mp.blocks[t].block);
       }
     }
   }
-  recv = std::vector<char>();
+  recv.Reset();
   OrthogonalizeAssembled(ctx, owned);
 
   // Results: this rank's own blocks straight into the caller's buffers, the others back in the
@@ -112,12 +110,9 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
     const Assembled& a = owned[slot[om.matrix]];
     if (a.direct_in != nullptr) continue;
     const MatrixPlan& mp = ctx.matrix(om.matrix);
-    for (int t : ctx.TrainersOn(om.matrix, me)) {
-      const LocalBlock* lb = ctx.Local(om.matrix, t);
-      if (lb != nullptr) GetBlock(mp, mp.blocks[t].block, a, static_cast<char*>(lb->out));
-    }
+    for (int t : ctx.TrainersOn(om.matrix, me)) ctx.WriteBlock(om.matrix, t, a.out.data(), mp.view.cols);
   }
-  std::vector<char> back(Total(send_out));
+  ASSIGN_OR_RETURN(MemoryBuffer back, ctx.Allocate(Total(send_out), false, phase + " results to send"));
   char* out_cursor = back.data();
   for (int p = 0; p < world; ++p) {
     if (p == me) continue;
@@ -126,13 +121,13 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
       const MatrixPlan& mp = ctx.matrix(om.matrix);
       for (int t : ctx.TrainersOn(om.matrix, p)) {
         // A direct matrix has no blocks elsewhere: its other placements are empty.
-        GetBlock(mp, mp.blocks[t].block, owned[slot[om.matrix]], out_cursor);
+        GetBlock(ctx, mp.blocks[t].block, owned[slot[om.matrix]], out_cursor);
         out_cursor += OutBytes(mp, mp.blocks[t].block);
       }
     }
   }
   owned.clear();
-  std::vector<char> results(Total(recv_out));
+  ASSIGN_OR_RETURN(MemoryBuffer results, ctx.Allocate(Total(recv_out), false, phase + " results received"));
   RETURN_IF_ERROR(ctx.Collect(phase + " all-to-allv of the results", [&] {
     return ctx.collective().AllToAllv(back.data(), send_out, results.data(), recv_out, ctx.timeout());
   }));

@@ -8,10 +8,15 @@
 // so both ends compute the same sizes without a size exchange. Results come back in the
 // mirrored layout in the result dtype. An owner's own blocks do not travel: it assembles them
 // from (and writes results to) the caller's buffers, and when one of its local blocks is the
-// whole matrix NS runs on the caller's buffers with no copy at all (a lone client's path). A
-// block this rank cannot read (its matrix already failed here) travels as zeros, so the byte
-// counts still agree; the status exchange at the end of the batch tells every rank that the
-// matrix failed.
+// whole matrix and blocks stay in host memory, NS runs on the caller's buffers with no copy at
+// all (a lone client's path). A block this rank cannot read (its matrix already failed here)
+// travels as zeros, so the byte counts still agree; the status exchange at the end of the batch
+// tells every rank that the matrix failed.
+//
+// Memory. Send, receive and assembled buffers are in the batch's memory (BatchContext::memory()):
+// on a GPU rank whose collective moves device memory (NCCL) every block goes up once (into the
+// send buffer, or into its owner's assembled matrix), travels and is assembled device to device,
+// and its result comes down once, into the caller's buffer.
 #pragma once
 
 #include <string>

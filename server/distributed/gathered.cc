@@ -1,5 +1,6 @@
 // GATHERED and TP_DUPLICATED (docs/architecture.md): every matrix all-gathered to every fleet rank, NS on
-// every rank that holds a block of it, each rank keeps its own blocks. The seed's fallback for
+// every rank that holds a block of it, each rank keeps its own blocks. Buffers are in the batch's
+// memory (device memory on a GPU rank with NCCL: each block up once, gathered device to device). The seed's fallback for
 // layouts other than row shards, and Emerging-Optimizers' "duplicated" tensor-parallel mode.
 #include <string>
 #include <vector>
@@ -27,7 +28,8 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
       for (int t : ctx.TrainersOn(m, p)) recv_bytes[p] += InBytes(ctx.matrix(m), ctx.matrix(m).blocks[t].block);
     }
   }
-  std::vector<char> send(recv_bytes[me]);
+  const std::string what = absl::StrCat("gathered group ", index);
+  ASSIGN_OR_RETURN(MemoryBuffer send, ctx.Allocate(recv_bytes[me], false, what + " blocks to send"));
   char* cursor = send.data();
   for (int m : group) {
     for (int t : ctx.TrainersOn(m, me)) {
@@ -37,14 +39,15 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
   }
   size_t total = 0;
   for (size_t b : recv_bytes) total += b;
-  std::vector<char> recv(total);
-  RETURN_IF_ERROR(ctx.Collect(absl::StrCat("gathered group ", index, " all-gatherv"), [&] {
-    return ctx.collective().AllGatherv(send.data(), send.size(), recv.data(), recv_bytes, ctx.timeout());
+  ASSIGN_OR_RETURN(MemoryBuffer recv, ctx.Allocate(total, false, what + " blocks received"));
+  RETURN_IF_ERROR(ctx.Collect(what + " all-gatherv", [&] {
+    return ctx.collective().AllGatherv(send.data(), recv_bytes[me], recv.data(), recv_bytes, ctx.timeout());
   }));
-  send = std::vector<char>();
+  send.Reset();
 
   // A rank with no non-empty block of a matrix has no use for its result and skips its NS; a
-  // rank holding the whole matrix in one local block runs NS on the caller's buffers.
+  // rank holding the whole matrix in one local block runs NS on the caller's buffers (when blocks
+  // stay in host memory).
   std::vector<Assembled> whole;
   std::vector<int> slot(group.size(), -1);
   whole.reserve(group.size());
@@ -61,7 +64,8 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
       direct.direct_out = lb->out;
       whole.push_back(std::move(direct));
     } else {
-      whole.push_back(MakeAssembled(ctx, m));
+      ASSIGN_OR_RETURN(Assembled a, MakeAssembled(ctx, m));
+      whole.push_back(std::move(a));
     }
   }
   const char* in = recv.data();
@@ -70,23 +74,20 @@ absl::Status GatherGroup(BatchContext& ctx, const std::vector<int>& group, int i
       const MatrixPlan& mp = ctx.matrix(group[i]);
       for (int t : ctx.TrainersOn(group[i], p)) {
         if (slot[i] >= 0 && whole[slot[i]].direct_in == nullptr) {
-          PutBlock(mp, mp.blocks[t].block, in, whole[slot[i]]);
+          PutBlock(ctx, mp.blocks[t].block, in, whole[slot[i]]);
         }
         in += InBytes(mp, mp.blocks[t].block);
       }
     }
   }
-  recv = std::vector<char>();
+  recv.Reset();
   OrthogonalizeAssembled(ctx, whole);
 
   for (size_t i = 0; i < group.size(); ++i) {
     const int m = group[i];
     if (!ctx.Ok(m) || slot[i] < 0 || whole[slot[i]].direct_in != nullptr) continue;
     const MatrixPlan& mp = ctx.matrix(m);
-    for (int t : ctx.TrainersOn(m, me)) {
-      const LocalBlock* lb = ctx.Local(m, t);
-      if (lb != nullptr) GetBlock(mp, mp.blocks[t].block, whole[slot[i]], static_cast<char*>(lb->out));
-    }
+    for (int t : ctx.TrainersOn(m, me)) ctx.WriteBlock(m, t, whole[slot[i]].out.data(), mp.view.cols);
   }
   return absl::OkStatus();
 }

@@ -16,9 +16,11 @@
 // Symmetric products may compute one triangle and mirror it; the results must not depend on the
 // batch a task arrives in, nor on which other tasks share it.
 //
-// Memory: task pointers are host memory owned by the caller, valid for the duration of the
-// call; `in` and `out` of one task must not overlap. Thread-safety: Run and RunSharded may be
-// called concurrently from several threads.
+// Memory: task pointers are owned by the caller, valid for the duration of the call, and live in
+// host memory or, when a task's `space` is kDevice, in the backend's device memory (memory(),
+// whose space() is then kDevice: the task is computed where it is, with no host copy); `in` and
+// `out` of one task must not overlap. Thread-safety: Run and RunSharded may be called
+// concurrently from several threads.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@
 #include "common/dtype.h"
 #include "common/ns_options.h"
 #include "common/shape.h"
+#include "server/engine/memory.h"
 
 namespace orthoserve {
 
@@ -51,6 +54,7 @@ struct NsTask {
   DType out_dtype = DType::kF32;
   void* out = nullptr;       // rows·cols elements, row-major.
   const NsKernelArgs* args = nullptr;
+  MemorySpace space = MemorySpace::kHost;  // Where `in` and `out` live.
 };
 
 // One participant's part of a matrix sharded along `partition_dim` (TP_DISTRIBUTED).
@@ -60,6 +64,7 @@ struct NsShard {
   const void* in = nullptr;
   DType out_dtype = DType::kF32;
   void* out = nullptr;
+  MemorySpace space = MemorySpace::kHost;  // Where `in` and `out` live.
 };
 
 // Sums values element-wise over every participant of a sharded NS. On success every
@@ -89,13 +94,16 @@ struct NsShardedTask {
   const NsKernelArgs* args = nullptr;
 };
 
-// Copies a backend has made between host and device memory since it was created, by direction
-// (bytes, and calls of the copy API). Backends that compute in host memory (cpu) make none.
+// Copies a backend has made between host and device memory, and within device memory, since it
+// was created, by direction (bytes, and calls of the copy API). Backends that compute in host
+// memory (cpu) make none.
 struct CopyCounts {
   int64_t h2d_bytes = 0;
   int64_t h2d_calls = 0;
   int64_t d2h_bytes = 0;
   int64_t d2h_calls = 0;
+  int64_t d2d_bytes = 0;
+  int64_t d2d_calls = 0;
 };
 
 // Static facts about a backend, for GetServerInfo and metrics.
@@ -130,6 +138,13 @@ class Backend {
   // orthoserve_device_copies_total. Backends without device memory keep the default (none).
   // Thread-safe.
   virtual CopyCounts Copies() const { return {}; }
+
+  // The memory this backend computes in (memory.h): host memory unless the backend has a device
+  // of its own (cuda), whose copies then count in Copies().
+  virtual Memory& memory() { return host_memory_; }
+
+ private:
+  HostMemory host_memory_;
 };
 
 }  // namespace orthoserve

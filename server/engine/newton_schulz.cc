@@ -9,35 +9,34 @@
 namespace orthoserve {
 namespace {
 
-// The rows of part `part` (0 = Q, 1 = K, 2 = V) of every query group, gathered in group order.
-// `src` is rows × cols of `elem` bytes with rows divisible by q+k+v.
-std::vector<char> GatherQkvPart(const void* src, int64_t rows, int64_t cols, size_t elem,
-                                const std::vector<int64_t>& split, int part) {
+// The copy between a matrix of `rows` rows of `cols` elements (rows divisible by q+k+v) and its
+// part `part` (0 = Q, 1 = K, 2 = V): the part's rows of every query group, gathered in group order
+// (`gather`), or written back to their interleaved rows (the inverse). One 2-D copy: a row of it
+// is one group's rows of the part.
+Copy2dArgs QkvPartCopy(const void* matrix, void* part_data, int64_t rows, int64_t cols, size_t elem,
+                       const std::vector<int64_t>& split, int part, bool gather, MemorySpace space) {
   const int64_t group = split[0] + split[1] + split[2];
-  const int64_t groups = rows / group;
   const int64_t first = part == 0 ? 0 : (part == 1 ? split[0] : split[0] + split[1]);
   const size_t row_bytes = static_cast<size_t>(cols) * elem;
   const size_t part_bytes = static_cast<size_t>(split[part]) * row_bytes;
-  std::vector<char> out(static_cast<size_t>(groups) * part_bytes);
-  const char* in = static_cast<const char*>(src);
-  for (int64_t g = 0; g < groups; ++g) {
-    std::memcpy(out.data() + g * part_bytes, in + (g * group + first) * row_bytes, part_bytes);
-  }
-  return out;
+  const size_t group_bytes = static_cast<size_t>(group) * row_bytes;
+  char* in_matrix = static_cast<char*>(const_cast<void*>(matrix)) + first * row_bytes;
+  const size_t groups = static_cast<size_t>(rows / group);
+  if (gather) return Copy2dArgs{part_data, part_bytes, space, in_matrix, group_bytes, space, groups, part_bytes};
+  return Copy2dArgs{in_matrix, group_bytes, space, part_data, part_bytes, space, groups, part_bytes};
 }
 
-// Inverse of GatherQkvPart: writes the gathered part back into its interleaved rows of `dst`.
-void ScatterQkvPart(const std::vector<char>& part_data, int64_t rows, int64_t cols, size_t elem,
-                    const std::vector<int64_t>& split, int part, void* dst) {
-  const int64_t group = split[0] + split[1] + split[2];
-  const int64_t groups = rows / group;
-  const int64_t first = part == 0 ? 0 : (part == 1 ? split[0] : split[0] + split[1]);
-  const size_t row_bytes = static_cast<size_t>(cols) * elem;
-  const size_t part_bytes = static_cast<size_t>(split[part]) * row_bytes;
-  char* out = static_cast<char*>(dst);
-  for (int64_t g = 0; g < groups; ++g) {
-    std::memcpy(out + (g * group + first) * row_bytes, part_data.data() + g * part_bytes, part_bytes);
+// The memory a job's buffers live in: the backend's for device memory, else host memory.
+Memory& MemoryOf(Backend& backend, MemorySpace space, HostMemory& host) {
+  return space == MemorySpace::kDevice ? backend.memory() : static_cast<Memory&>(host);
+}
+
+absl::Status CheckSpace(Backend& backend, MemorySpace space, const std::string& what) {
+  if (space == MemorySpace::kDevice && backend.memory().space() != MemorySpace::kDevice) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": buffers in device memory, but the ", backend.Info().name, " backend has none"));
   }
+  return absl::OkStatus();
 }
 
 // Rows of part `part` in a matrix of `rows` rows (rows divisible by q+k+v).
@@ -96,9 +95,10 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
   struct Staged {
     size_t job;
     int part;  // -1: the whole job; 0..2: Q, K, V.
-    std::vector<char> in;
-    std::vector<char> out;
+    MemoryBuffer in;
+    MemoryBuffer out;
   };
+  HostMemory host;
   std::vector<Staged> staged;
   std::vector<NsKernelArgs> args;
   std::vector<NsTask> tasks;
@@ -109,6 +109,7 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
   for (size_t j = 0; j < jobs.size(); ++j) {
     const MatrixJob& job = jobs[j];
     results[j] = CheckJob(job);
+    if (results[j].ok()) results[j] = CheckSpace(backend, job.space, absl::StrCat("matrix \"", job.name, "\""));
     if (!results[j].ok()) continue;
     const NsOptions& o = *job.options;
     if (job.batch_rows > 0) {
@@ -119,7 +120,7 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
       for (int64_t b = 0; b < job.shape.rows / job.batch_rows; ++b) {
         args.push_back(ResolveKernelArgs(o, shape, shape));
         tasks.push_back(NsTask{shape, job.in_dtype, static_cast<const char*>(job.in) + b * in_bytes, job.out_dtype,
-                               static_cast<char*>(job.out) + b * out_bytes, nullptr});
+                               static_cast<char*>(job.out) + b * out_bytes, nullptr, job.space});
         task_job.push_back(j);
         staged.push_back(Staged{j, -1, {}, {}});
       }
@@ -127,20 +128,37 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
     }
     if (o.split_qkv.empty()) {
       args.push_back(ResolveKernelArgs(o, job.shape, job.scale_shape));
-      tasks.push_back(NsTask{job.shape, job.in_dtype, job.in, job.out_dtype, job.out, nullptr});
+      tasks.push_back(NsTask{job.shape, job.in_dtype, job.in, job.out_dtype, job.out, nullptr, job.space});
       task_job.push_back(j);
       staged.push_back(Staged{j, -1, {}, {}});
       continue;
     }
-    for (int part = 0; part < 3; ++part) {
+    // Q, K and V: each part gathered into a buffer of the job's memory.
+    Memory& memory = MemoryOf(backend, job.space, host);
+    const std::string what = absl::StrCat("matrix \"", job.name, "\" split_qkv part");
+    std::vector<Staged> parts;
+    for (int part = 0; part < 3 && results[j].ok(); ++part) {
       Matrix2d shape{QkvPartRows(job.shape.rows, o.split_qkv, part), job.shape.cols};
-      Matrix2d scale_shape{QkvPartRows(job.scale_shape.rows, o.split_qkv, part), job.scale_shape.cols};
-      Staged s{j, part, GatherQkvPart(job.in, job.shape.rows, job.shape.cols, ElementSize(job.in_dtype), o.split_qkv, part),
-               std::vector<char>(static_cast<size_t>(shape.numel()) * ElementSize(job.out_dtype))};
-      staged.push_back(std::move(s));
+      absl::StatusOr<MemoryBuffer> in = memory.Allocate(static_cast<size_t>(shape.numel()) * ElementSize(job.in_dtype),
+                                                        false, what.c_str());
+      absl::StatusOr<MemoryBuffer> out = memory.Allocate(
+          static_cast<size_t>(shape.numel()) * ElementSize(job.out_dtype), false, what.c_str());
+      if (!in.ok() || !out.ok()) {
+        results[j] = in.ok() ? out.status() : in.status();
+        break;
+      }
+      results[j] = memory.Copy2d(QkvPartCopy(job.in, in->data(), job.shape.rows, job.shape.cols,
+                                             ElementSize(job.in_dtype), o.split_qkv, part, true, job.space));
+      parts.push_back(Staged{j, part, *std::move(in), *std::move(out)});
+    }
+    if (!results[j].ok()) continue;
+    for (Staged& s : parts) {
+      Matrix2d shape{QkvPartRows(job.shape.rows, o.split_qkv, s.part), job.shape.cols};
+      Matrix2d scale_shape{QkvPartRows(job.scale_shape.rows, o.split_qkv, s.part), job.scale_shape.cols};
       args.push_back(ResolveKernelArgs(o, shape, scale_shape));
-      tasks.push_back(NsTask{shape, job.in_dtype, nullptr, job.out_dtype, nullptr, nullptr});
+      tasks.push_back(NsTask{shape, job.in_dtype, nullptr, job.out_dtype, nullptr, nullptr, job.space});
       task_job.push_back(j);
+      staged.push_back(std::move(s));
     }
   }
   // Pointers into `staged` and `args` are taken only now that both have stopped growing.
@@ -161,8 +179,10 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
     }
     if (staged[t].part >= 0) {
       const MatrixJob& job = jobs[j];
-      ScatterQkvPart(staged[t].out, job.shape.rows, job.shape.cols, ElementSize(job.out_dtype), job.options->split_qkv,
-                     staged[t].part, job.out);
+      absl::Status scattered = MemoryOf(backend, job.space, host).Copy2d(
+          QkvPartCopy(job.out, staged[t].out.data(), job.shape.rows, job.shape.cols, ElementSize(job.out_dtype),
+                      job.options->split_qkv, staged[t].part, false, job.space));
+      if (!scattered.ok() && results[j].ok()) results[j] = scattered;
     }
   }
   return results;
@@ -195,22 +215,34 @@ absl::Status OrthogonalizeSharded(Backend& backend, const std::string& name, Mat
     return Annotate(backend.RunSharded(task, reducer), what);
   }
 
+  HostMemory host;
   for (int part = 0; part < 3; ++part) {
     Matrix2d part_global{QkvPartRows(global.rows, options.split_qkv, part), global.cols};
     NsKernelArgs args = ResolveKernelArgs(forced, part_global, part_global);
-    std::vector<std::vector<char>> ins, outs;
+    std::vector<MemoryBuffer> ins, outs;
     std::vector<NsShard> part_shards;
+    const std::string part_what = absl::StrCat(what, " split_qkv part ", part);
     for (const NsShard& s : shards) {
+      RETURN_IF_ERROR(CheckSpace(backend, s.space, what));
+      Memory& memory = MemoryOf(backend, s.space, host);
       Matrix2d shape{QkvPartRows(s.shape.rows, options.split_qkv, part), s.shape.cols};
-      ins.push_back(GatherQkvPart(s.in, s.shape.rows, s.shape.cols, ElementSize(s.in_dtype), options.split_qkv, part));
-      outs.emplace_back(static_cast<size_t>(shape.numel()) * ElementSize(s.out_dtype));
-      part_shards.push_back(NsShard{shape, s.in_dtype, ins.back().data(), s.out_dtype, outs.back().data()});
+      ASSIGN_OR_RETURN(MemoryBuffer in, memory.Allocate(static_cast<size_t>(shape.numel()) * ElementSize(s.in_dtype),
+                                                        false, part_what.c_str()));
+      ASSIGN_OR_RETURN(MemoryBuffer out, memory.Allocate(static_cast<size_t>(shape.numel()) * ElementSize(s.out_dtype),
+                                                         false, part_what.c_str()));
+      RETURN_IF_ERROR(memory.Copy2d(QkvPartCopy(s.in, in.data(), s.shape.rows, s.shape.cols, ElementSize(s.in_dtype),
+                                                options.split_qkv, part, true, s.space)));
+      part_shards.push_back(NsShard{shape, s.in_dtype, in.data(), s.out_dtype, out.data(), s.space});
+      ins.push_back(std::move(in));
+      outs.push_back(std::move(out));
     }
     NsShardedTask task{part_shards, partition_dim, partition_dim == 0 ? part_global.cols : part_global.rows, &args};
-    RETURN_IF_ERROR(Annotate(backend.RunSharded(task, reducer), absl::StrCat(what, " split_qkv part ", part)));
+    RETURN_IF_ERROR(Annotate(backend.RunSharded(task, reducer), part_what));
     for (size_t i = 0; i < shards.size(); ++i) {
-      ScatterQkvPart(outs[i], shards[i].shape.rows, shards[i].shape.cols, ElementSize(shards[i].out_dtype),
-                     options.split_qkv, part, shards[i].out);
+      RETURN_IF_ERROR(MemoryOf(backend, shards[i].space, host)
+                          .Copy2d(QkvPartCopy(shards[i].out, outs[i].data(), shards[i].shape.rows,
+                                              shards[i].shape.cols, ElementSize(shards[i].out_dtype),
+                                              options.split_qkv, part, false, shards[i].space)));
     }
   }
   return absl::OkStatus();

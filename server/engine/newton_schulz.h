@@ -22,7 +22,7 @@ struct MatrixJob {
   Matrix2d shape;            // 2-D view of `in`/`out`.
   Matrix2d scale_shape;      // Shape the scale factor is computed from (usually `shape`).
   DType in_dtype = DType::kF32;
-  const void* in = nullptr;  // shape.rows × shape.cols elements, row-major, host memory.
+  const void* in = nullptr;  // shape.rows × shape.cols elements, row-major, in `space`.
   DType out_dtype = DType::kF32;
   void* out = nullptr;
   const NsOptions* options = nullptr;
@@ -30,6 +30,9 @@ struct MatrixJob {
   // tensor), each orthogonalized and scaled on its own; then scale_shape must equal shape and
   // split_qkv be empty. 0: the job is one matrix.
   int64_t batch_rows = 0;
+  // Where `in` and `out` live: host memory, or the backend's device memory (Backend::memory(),
+  // whose space must then be kDevice). split_qkv's gathers then stay in that memory too.
+  MemorySpace space = MemorySpace::kHost;
 };
 
 // Resolves options into kernel arguments for a rows × cols matrix whose scale factor is that of

@@ -219,7 +219,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* where : {"here", "peer", "fallback"}) m->lone_matrices_->Add({{"where", where}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
-  for (const char* direction : {"h2d", "d2h"}) {
+  for (const char* direction : {"h2d", "d2h", "d2d"}) {
     m->device_copy_bytes_->Add({{"direction", direction}});
     m->device_copies_->Add({{"direction", direction}});
   }
@@ -345,17 +345,13 @@ void Metrics::TenantRefused(absl::string_view tenant, absl::string_view limit) {
   tenant_refusals_->Add({{"tenant", TenantLabel(tenant)}, {"limit", std::string(limit)}}).Increment();
 }
 
-void Metrics::DeviceCopies(int64_t h2d_bytes, int64_t h2d_calls, int64_t d2h_bytes, int64_t d2h_calls) {
+void Metrics::DeviceCopies(absl::string_view direction, int64_t bytes, int64_t calls) {
   absl::MutexLock lock(&copies_mu_);
-  const int64_t totals[4] = {h2d_bytes, h2d_calls, d2h_bytes, d2h_calls};
-  prometheus::Counter* counters[4] = {&device_copy_bytes_->Add({{"direction", "h2d"}}),
-                                      &device_copies_->Add({{"direction", "h2d"}}),
-                                      &device_copy_bytes_->Add({{"direction", "d2h"}}),
-                                      &device_copies_->Add({{"direction", "d2h"}})};
-  for (int i = 0; i < 4; ++i) {
-    if (totals[i] > copies_seen_[i]) counters[i]->Increment(static_cast<double>(totals[i] - copies_seen_[i]));
-    copies_seen_[i] = std::max(copies_seen_[i], totals[i]);
-  }
+  const std::string label(direction);
+  std::pair<int64_t, int64_t>& seen = copies_seen_[label];
+  if (bytes > seen.first) device_copy_bytes_->Add({{"direction", label}}).Increment(static_cast<double>(bytes - seen.first));
+  if (calls > seen.second) device_copies_->Add({{"direction", label}}).Increment(static_cast<double>(calls - seen.second));
+  seen = {std::max(seen.first, bytes), std::max(seen.second, calls)};
 }
 
 prometheus::Gauge& Metrics::device_memory(absl::string_view kind) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,9 +137,9 @@ class Metrics {
   prometheus::Gauge& fleet_ready() { return *fleet_ready_; }
   prometheus::Gauge& fleet_generation() { return *fleet_generation_; }
   prometheus::Gauge& device_memory(absl::string_view kind);
-  // The backend's host-device copies so far (Backend::Copies, totals since it started): the
-  // counters advance by what is new since the last call.
-  void DeviceCopies(int64_t h2d_bytes, int64_t h2d_calls, int64_t d2h_bytes, int64_t d2h_calls);
+  // The backend's copies so far in `direction` ("h2d", "d2h" or "d2d"; Backend::Copies, totals
+  // since it started): the counters advance by what is new since the last call.
+  void DeviceCopies(absl::string_view direction, int64_t bytes, int64_t calls);
 
  private:
   Metrics() = default;
@@ -159,7 +160,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* device_copy_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_copies_ = nullptr;
   absl::Mutex copies_mu_;
-  int64_t copies_seen_[4] ABSL_GUARDED_BY(copies_mu_) = {0, 0, 0, 0};  // h2d bytes, calls, d2h bytes, calls.
+  // Per direction: bytes and calls counted so far.
+  std::map<std::string, std::pair<int64_t, int64_t>> copies_seen_ ABSL_GUARDED_BY(copies_mu_);
   prometheus::Family<prometheus::Counter>* steps_retried_ = nullptr;
   prometheus::Family<prometheus::Counter>* lone_matrices_ = nullptr;
   prometheus::Family<prometheus::Counter>* reformations_ = nullptr;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "common/dtype.h"
 #include "server/engine/cuda/kernels.h"
@@ -14,6 +15,8 @@ Emulation g;
 namespace {
 
 using orthoserve::gpu_emulation::g;
+// Guards `g`: ranks of an emulated fleet run the backend on several threads at once.
+std::mutex g_mu;
 struct FakeDesc {
   int64_t compute, trans_a, trans_b;
 };
@@ -128,6 +131,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t, cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int* found) {
+  std::lock_guard<std::mutex> lock(g_mu);
   if ((pref->data[1] & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0) {
     g.errors.push_back("split-K partials may be reduced in the output type (a second rounding in bf16)");
   }
@@ -154,6 +158,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                               const void* beta, const void* c, cublasLtMatrixLayout_t cdesc, void* d,
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo, void*, size_t,
                               cudaStream_t stream) {
+  std::unique_lock<std::mutex> lock(g_mu);
   ++g.matmul_calls;
   if (g.matmul_calls == g.fail_call) return CUBLAS_STATUS_EXECUTION_FAILED;
   g.streams.insert(stream);
@@ -171,6 +176,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   a1.batch = b1.batch = c1.batch = 1;
   a1.stride = b1.stride = c1.stride = 0;
   if (algo->data[0] != AlgoId(op, a1, b1, c1)) g.errors.push_back("product run with another problem's algorithm");
+  lock.unlock();  // The arithmetic touches only the call's own buffers.
   const bool ta = op.trans_a != CUBLAS_OP_N, tb = op.trans_b != CUBLAS_OP_N;
   const int64_t m = ld.rows, n = ld.cols, k = ta ? la.rows : la.cols;
   if ((ta ? la.cols : la.rows) != m || (tb ? lb.rows : lb.cols) != n || (tb ? lb.cols : lb.rows) != k ||
@@ -223,6 +229,7 @@ cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* 
 const char* cublasLtGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMULATED"; }
 const char* cublasLtGetStatusString(cublasStatus_t) { return "emulated"; }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_mu);
   if (g.main == nullptr) return cudaSuccess;
   if (event == g.fork) {
     if (stream != g.main) g.errors.push_back("fork recorded on a side stream");
@@ -232,6 +239,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mu);
   if (g.main == nullptr) return cudaSuccess;
   if (event == g.fork) {
     g.waited_epoch[stream] = g.fork_epoch;

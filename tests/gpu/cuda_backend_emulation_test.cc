@@ -2,11 +2,12 @@
 // pools, pooled contexts, the step loop, TP_DISTRIBUTED's sharded loop) linked with a host
 // emulation of the CUDA runtime, cuBLASLt and the kernels (cuda_runtime_emulation.cc,
 // cublaslt_emulation.cc) instead of the libraries. Checks its results against the tests'
-// reference, and its host-device copies as CudaBackend::Copies counts them: one upload and one
-// download per group of same-shape matrices in Run; in RunSharded, each shard's upload and
-// download, the norm's scalars and, every Newton–Schulz step with a reducer of host memory, the
-// Gram matrix down to the host for the reduction and back up — none with a reducer of device
-// memory (NCCL's). Runs without a GPU.
+// reference, and its copies as CudaBackend::Copies counts them: one upload and one download per
+// group of same-shape matrices in Run; in RunSharded, each shard's upload and download, and with
+// a reducer of host memory the norm's scalars and, every Newton–Schulz step, the Gram matrix down
+// to the host for the reduction and back up — none with a reducer of device memory (NCCL's).
+// Tasks and shards in the backend's device memory (CudaBackend::memory()) give the same bits with
+// no host copy at all. Runs without a GPU.
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "server/engine/cuda/cuda_backend.h"
 #include "server/engine/newton_schulz.h"
 #include "tests/gpu/cublaslt_emulation.h"
+#include "tests/gpu/cuda_runtime_emulation.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/util/status_matchers.h"
 
@@ -149,14 +151,127 @@ TEST(CudaBackendEmulationTest, RunShardedReducesTheGramOnTheDeviceWhenTheReducer
   EXPECT_EQ(host.copies.d2h_calls, 2 + steps + 2);
   EXPECT_EQ(host.copies.d2h_bytes, 2 * 8 + steps * kGramBytes + 2 * kShardBytes);
 
-  // A reducer of device memory (NCCL): the Gram stays on the device; the same bits.
+  // A reducer of device memory (NCCL): the norm and the Gram stay on the device; the same bits.
   const ShardedRun device = RunSharded(true, args, g);
   EXPECT_EQ(device.reductions, 1 + steps);
   EXPECT_EQ(device.out, host.out);
-  EXPECT_EQ(device.copies.h2d_calls, 2 + 1);
-  EXPECT_EQ(device.copies.h2d_bytes, 2 * kShardBytes + 8);
-  EXPECT_EQ(device.copies.d2h_calls, 2 + 2);
-  EXPECT_EQ(device.copies.d2h_bytes, 2 * 8 + 2 * kShardBytes);
+  EXPECT_EQ(device.copies.h2d_calls, 2);
+  EXPECT_EQ(device.copies.h2d_bytes, 2 * kShardBytes);
+  EXPECT_EQ(device.copies.d2h_calls, 2);
+  EXPECT_EQ(device.copies.d2h_bytes, 2 * kShardBytes);
+}
+
+// A host buffer's bytes in a new buffer of the backend's device memory.
+MemoryBuffer ToDevice(Memory& memory, const std::vector<char>& host) {
+  absl::StatusOr<MemoryBuffer> buffer = memory.Allocate(host.size(), false, "test");
+  EXPECT_OK(buffer.status());
+  EXPECT_OK(memory.Copy(buffer->data(), MemorySpace::kDevice, host.data(), MemorySpace::kHost, host.size()));
+  return *std::move(buffer);
+}
+std::vector<char> ToHost(Memory& memory, const MemoryBuffer& device) {
+  std::vector<char> host(device.size());
+  EXPECT_OK(memory.Copy(host.data(), MemorySpace::kHost, device.data(), MemorySpace::kDevice, host.size()));
+  return host;
+}
+
+TEST(CudaBackendEmulationTest, MemoryHandsOutDeviceBuffersAndCountsItsCopies) {
+  std::unique_ptr<CudaBackend> backend = EmulatedBackend();
+  ASSERT_NE(backend, nullptr);
+  Memory& memory = backend->memory();
+  EXPECT_EQ(memory.space(), MemorySpace::kDevice);
+  absl::StatusOr<MemoryBuffer> zeroed = memory.Allocate(96, true, "test");
+  ASSERT_OK(zeroed.status());
+  MemoryBuffer a = *std::move(zeroed);
+  EXPECT_TRUE(gpu_emulation::IsDeviceMemory(a.data(), 96));
+  EXPECT_EQ(ToHost(memory, a), std::vector<char>(96, 0));  // Zeroed.
+  // A 3 x 4-byte rectangle of a 6 x 8-byte host matrix, up into a dense device block, across
+  // within the device, and down again.
+  std::vector<char> host(48);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<char>(i);
+  EXPECT_OK(memory.Copy2d(Copy2dArgs{a.data(), 4, MemorySpace::kDevice, host.data() + 10, 8, MemorySpace::kHost, 3, 4}));
+  absl::StatusOr<MemoryBuffer> dense = memory.Allocate(12, false, "test");
+  ASSERT_OK(dense.status());
+  MemoryBuffer b = *std::move(dense);
+  EXPECT_OK(memory.Copy(b.data(), MemorySpace::kDevice, a.data(), MemorySpace::kDevice, 12));
+  EXPECT_EQ(ToHost(memory, b), (std::vector<char>{10, 11, 12, 13, 18, 19, 20, 21, 26, 27, 28, 29}));
+  const CopyCounts c = backend->Copies();
+  EXPECT_EQ(c.h2d_calls, 1);
+  EXPECT_EQ(c.h2d_bytes, 12);
+  EXPECT_EQ(c.d2d_calls, 1);
+  EXPECT_EQ(c.d2d_bytes, 12);
+  EXPECT_EQ(c.d2h_calls, 2);
+  EXPECT_EQ(c.d2h_bytes, 96 + 12);
+  // Over the budget: RESOURCE_EXHAUSTED, not a crash.
+  EXPECT_EQ(memory.Allocate(size_t{64} << 30, false, "huge").status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(CudaBackendEmulationTest, TasksInDeviceMemoryGiveTheSameBitsWithNoHostCopy) {
+  std::unique_ptr<CudaBackend> backend = EmulatedBackend();
+  ASSERT_NE(backend, nullptr);
+  std::vector<std::unique_ptr<OwnedTask>> tasks;
+  for (int j = 0; j < 2; ++j) tasks.push_back(std::make_unique<OwnedTask>(48, 80, Precision::kMedium, DType::kBF16, 1 + j));
+  tasks.push_back(std::make_unique<OwnedTask>(64, 40, Precision::kHighest, DType::kF32, 9));
+  std::vector<NsTask> on_host;
+  for (const auto& t : tasks) on_host.push_back(t->task);
+  for (const absl::Status& s : backend->Run(on_host)) ASSERT_OK(s);
+
+  Memory& memory = backend->memory();
+  std::vector<MemoryBuffer> ins, outs;
+  std::vector<NsTask> on_device;
+  for (const auto& t : tasks) {
+    ins.push_back(ToDevice(memory, t->in));
+    outs.push_back(ToDevice(memory, std::vector<char>(t->out.size(), 0)));
+    NsTask task = t->task;
+    task.in = ins.back().data();
+    task.out = outs.back().data();
+    task.space = MemorySpace::kDevice;
+    on_device.push_back(task);
+  }
+  const CopyCounts before = backend->Copies();
+  for (const absl::Status& s : backend->Run(on_device)) ASSERT_OK(s);
+  const CopyCounts after = backend->Copies();
+  EXPECT_EQ(after.h2d_calls, before.h2d_calls);  // Nothing between the host and the device.
+  EXPECT_EQ(after.d2h_calls, before.d2h_calls);
+  EXPECT_EQ(after.d2d_calls - before.d2d_calls, 2 * 3);  // Into the group's batch and out, per task.
+  for (size_t j = 0; j < tasks.size(); ++j) EXPECT_EQ(ToHost(memory, outs[j]), tasks[j]->out) << "task " << j;
+
+  // The engine takes device jobs on a backend with device memory.
+  MatrixJob job{"w", Matrix2d{48, 80}, Matrix2d{48, 80}, DType::kF32, ins[0].data(), DType::kBF16, outs[0].data(),
+                &tasks[0]->options};
+  job.space = MemorySpace::kDevice;
+  EXPECT_OK(OrthogonalizeOne(*backend, job));
+  EXPECT_EQ(ToHost(memory, outs[0]), tasks[0]->out);
+}
+
+TEST(CudaBackendEmulationTest, ShardsInDeviceMemoryGiveTheSameBitsWithNoHostCopy) {
+  const std::vector<double> g = RandomMatrix(kRows, kCols, 5);
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  const NsKernelArgs args = ResolveKernelArgs(options, Matrix2d{kRows, kCols}, Matrix2d{kRows, kCols});
+  const ShardedRun host = RunSharded(true, args, g);
+
+  std::unique_ptr<CudaBackend> backend = EmulatedBackend();
+  ASSERT_NE(backend, nullptr);
+  Memory& memory = backend->memory();
+  const std::vector<char> in = Pack(g, DType::kF32);
+  MemoryBuffer din = ToDevice(memory, in);
+  MemoryBuffer dout = ToDevice(memory, std::vector<char>(in.size(), 0));
+  NsShardedTask task;
+  task.partition_dim = 0;
+  task.gram_size = kCols;
+  task.args = &args;
+  for (int s = 0; s < 2; ++s) {
+    const size_t offset = static_cast<size_t>(s * kHalf * kCols) * sizeof(float);
+    task.shards.push_back(NsShard{Matrix2d{kHalf, kCols}, DType::kF32, din.data() + offset, DType::kF32,
+                                  dout.data() + offset, MemorySpace::kDevice});
+  }
+  AloneReducer reducer(true);
+  const CopyCounts before = backend->Copies();
+  ASSERT_OK(backend->RunSharded(task, reducer));
+  const CopyCounts after = backend->Copies();
+  EXPECT_EQ(after.h2d_calls, before.h2d_calls);
+  EXPECT_EQ(after.d2h_calls, before.d2h_calls);
+  EXPECT_EQ(ToHost(memory, dout), host.out);
 }
 
 }  // namespace

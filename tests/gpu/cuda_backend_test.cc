@@ -426,6 +426,51 @@ TEST(CudaBackendTest, CopiesAreCountedByDirection) {
   EXPECT_EQ(c.d2h_bytes, 3 * 64 * 96 * 2);
 }
 
+// Tasks in the backend's device memory (CudaBackend::memory()): the bits of the same tasks in host
+// memory, with no copy between host and device during the Run (two device-to-device copies per
+// task: into the group's batch and out of it).
+TEST(CudaBackendTest, TasksInDeviceMemoryGiveTheSameBitsWithNoHostCopy) {
+  SKIP_WITHOUT_GPU();
+  auto created = CudaBackend::Create(CudaBackend::Options{});
+  ASSERT_OK(created);
+  CudaBackend& backend = **created;
+  Memory& memory = backend.memory();
+  ASSERT_EQ(memory.space(), MemorySpace::kDevice);
+  std::vector<std::unique_ptr<OwnedTask>> group;
+  std::vector<NsTask> on_host, on_device;
+  std::vector<MemoryBuffer> buffers;
+  for (int j = 0; j < 3; ++j) {
+    group.push_back(std::make_unique<OwnedTask>(64, 96, Precision::kMedium, DType::kF32, DType::kBF16, 80 + j));
+    on_host.push_back(group.back()->task);
+  }
+  for (const absl::Status& s : backend.Run(on_host)) ASSERT_OK(s);
+  for (const auto& t : group) {
+    absl::StatusOr<MemoryBuffer> in = memory.Allocate(t->in.size(), false, "test");
+    absl::StatusOr<MemoryBuffer> out = memory.Allocate(t->out.size(), true, "test");
+    ASSERT_OK(in.status());
+    ASSERT_OK(out.status());
+    ASSERT_OK(memory.Copy(in->data(), MemorySpace::kDevice, t->in.data(), MemorySpace::kHost, t->in.size()));
+    NsTask task = t->task;
+    task.in = in->data();
+    task.out = out->data();
+    task.space = MemorySpace::kDevice;
+    on_device.push_back(task);
+    buffers.push_back(*std::move(in));
+    buffers.push_back(*std::move(out));
+  }
+  const CopyCounts before = backend.Copies();
+  for (const absl::Status& s : backend.Run(on_device)) ASSERT_OK(s);
+  const CopyCounts after = backend.Copies();
+  EXPECT_EQ(after.h2d_calls, before.h2d_calls);
+  EXPECT_EQ(after.d2h_calls, before.d2h_calls);
+  EXPECT_EQ(after.d2d_calls - before.d2d_calls, 6);
+  for (size_t j = 0; j < group.size(); ++j) {
+    std::vector<char> got(group[j]->out.size());
+    ASSERT_OK(memory.Copy(got.data(), MemorySpace::kHost, buffers[2 * j + 1].data(), MemorySpace::kDevice, got.size()));
+    EXPECT_EQ(got, group[j]->out) << "task " << j;
+  }
+}
+
 // Graph replay: the first call runs eagerly, the second captures, the next ones replay; every
 // result has the bits of the backend without graphs.
 TEST(CudaBackendTest, CudaGraphsGiveTheSameBits) {

@@ -1,15 +1,16 @@
-// Host emulation of the CUDA runtime calls and kernels the CUDA backend makes beyond the step
-// loop's (tests/gpu/cublaslt_emulation.h has those): device memory is host memory, streams and
-// events are tokens, every call runs at once on the calling thread (so stream order holds
-// trivially), and CUDA graphs are refused. Linked with the backend's own sources instead of
-// libcudart and kernels.cu, it lets CudaBackend run on machines without a GPU: its grouping,
-// staging, pools and copies, with the arithmetic of the kernels written out on the host.
+// Implementation of tests/gpu/cuda_runtime_emulation.h.
+#include "tests/gpu/cuda_runtime_emulation.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "common/dtype.h"
@@ -19,8 +20,21 @@ namespace {
 
 void* Allocate(size_t bytes) { return std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256)); }
 
-int g_stream_tokens = 0;
+std::atomic<int> g_stream_tokens{0};
 cudaStream_t NewToken() { return reinterpret_cast<cudaStream_t>(new int(++g_stream_tokens)); }
+
+// Live cudaMalloc allocations (start → bytes): what counts as device memory.
+std::mutex g_device_mu;
+std::map<uintptr_t, size_t> g_device;
+
+void AddDevice(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  g_device[reinterpret_cast<uintptr_t>(p)] = bytes;
+}
+void RemoveDevice(void* p) {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  g_device.erase(reinterpret_cast<uintptr_t>(p));
+}
 
 // Element i of a `dtype` array, widened; element i of a `dtype` array, narrowed from v.
 float LoadAt(orthoserve::DType dtype, const void* p, int64_t i) {
@@ -33,6 +47,19 @@ void StoreAt(orthoserve::DType dtype, void* p, int64_t i, float v) {
 }
 
 }  // namespace
+
+namespace orthoserve::gpu_emulation {
+
+bool IsDeviceMemory(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  auto it = g_device.upper_bound(a);
+  if (it == g_device.begin()) return false;
+  --it;
+  return a + bytes <= it->first + it->second;
+}
+
+}  // namespace orthoserve::gpu_emulation
 
 extern "C" {
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
@@ -52,9 +79,12 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 }
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = Allocate(bytes);
-  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  AddDevice(*p, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
+  RemoveDevice(p);
   std::free(p);
   return cudaSuccess;
 }
@@ -86,6 +116,18 @@ cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
   std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t) {
+  for (size_t r = 0; r < height; ++r) {
+    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  std::memset(attr, 0, sizeof(*attr));
+  attr->type = orthoserve::gpu_emulation::IsDeviceMemory(p, 1) ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
@@ -148,6 +190,13 @@ cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* ds
     const float v = LoadAt(src_dtype, src, i);
     dst[i] = first ? v : dst[i] + v;
   }
+  return cudaSuccess;
+}
+
+cudaError_t SumInOrder(const double* v, int64_t n, double* out, cudaStream_t) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += v[i];
+  *out = sum;
   return cudaSuccess;
 }
 

@@ -58,8 +58,9 @@ class NcclCollective final : public Collective {
   int rank() const override;
   int world() const override;
   std::string name() const override { return "nccl"; }
-  // AllReduceSum takes device pointers of this rank's GPU and reduces them in place.
+  // Every operation takes device pointers of this rank's GPU (AllReduceSum reduces them in place).
   bool ReducesDeviceMemory() const override { return true; }
+  bool TakesDeviceMemory() const override { return true; }
 
   absl::Status AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
                          absl::Span<const size_t> recv_bytes, absl::Duration timeout) override;

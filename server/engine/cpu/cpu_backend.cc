@@ -26,7 +26,11 @@ void PinOpenBlasToOneThread() {
   });
 }
 
-absl::Status CheckBuffers(const void* in, const void* out, Matrix2d shape, const std::string& what) {
+absl::Status CheckBuffers(const void* in, const void* out, Matrix2d shape, MemorySpace space,
+                          const std::string& what) {
+  if (space != MemorySpace::kHost) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": buffers in device memory, which the cpu backend has none of"));
+  }
   if (in == nullptr || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": null input or output buffer"));
   }
@@ -81,7 +85,7 @@ std::vector<absl::Status> CpuBackend::Run(absl::Span<const NsTask> tasks) {
 
 absl::Status CpuBackend::RunOne(const NsTask& task) {
   if (task.args == nullptr) return absl::InvalidArgumentError("null kernel arguments");
-  RETURN_IF_ERROR(CheckBuffers(task.in, task.out, task.shape, "task"));
+  RETURN_IF_ERROR(CheckBuffers(task.in, task.out, task.shape, task.space, "task"));
   const NsKernelArgs& args = *task.args;
   const int64_t rows = task.shape.rows;
   const int64_t cols = task.shape.cols;
@@ -119,7 +123,7 @@ absl::Status CpuBackend::RunSharded(const NsShardedTask& task, SumReducer& reduc
   for (size_t i = 0; i < task.shards.size(); ++i) {
     const NsShard& shard = task.shards[i];
     const std::string what = absl::StrCat("shard ", i);
-    RETURN_IF_ERROR(CheckBuffers(shard.in, shard.out, shard.shape, what));
+    RETURN_IF_ERROR(CheckBuffers(shard.in, shard.out, shard.shape, shard.space, what));
     const int64_t whole_dim = transpose ? shard.shape.cols : shard.shape.rows;
     if (whole_dim != gram) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", shard.shape.rows, "x", shard.shape.cols,

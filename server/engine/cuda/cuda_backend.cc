@@ -106,7 +106,7 @@ bool SameArgs(const NsKernelArgs& x, const NsKernelArgs& y) {
 
 bool SameGroup(const NsTask& x, const NsTask& y) {
   return x.shape.rows == y.shape.rows && x.shape.cols == y.shape.cols && x.in_dtype == y.in_dtype &&
-         x.out_dtype == y.out_dtype && SameArgs(*x.args, *y.args);
+         x.out_dtype == y.out_dtype && x.space == y.space && SameArgs(*x.args, *y.args);
 }
 
 }  // namespace
@@ -195,16 +195,24 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, ab
   ASSIGN_OR_RETURN(slot.a, device_pool.Acquire(c * z.mm_bytes, what));
   ASSIGN_OR_RETURN(slot.b, device_pool.Acquire(c * z.mm_bytes, what));
   ASSIGN_OR_RETURN(slot.norms, device_pool.Acquire(NormsBytes(z, count), what));
-  ASSIGN_OR_RETURN(slot.pinned_in, pinned_pool.Acquire(c * z.in_bytes, what));
-  ASSIGN_OR_RETURN(slot.pinned_out, pinned_pool.Acquire(c * z.out_bytes, what));
-
-  // Upload on the copy stream; the host copies into pinned memory overlap the previous group's
-  // compute, which is already enqueued.
-  for (size_t j = 0; j < c; ++j) {
-    std::memcpy(slot.pinned_in.as<char>() + j * z.in_bytes, tasks[members[j]].in, z.in_bytes);
+  const bool on_device = first.space == MemorySpace::kDevice;
+  if (on_device) {
+    // Tasks in device memory: gathered into the group's batch with one device copy each.
+    for (size_t j = 0; j < c; ++j) {
+      RETURN_IF_ERROR(Copy(slot.io.as<char>() + j * z.in_bytes, tasks[members[j]].in, z.in_bytes,
+                           cudaMemcpyDeviceToDevice, ctx.h2d.get(), "cudaMemcpyAsync(D2D)"));
+    }
+  } else {
+    ASSIGN_OR_RETURN(slot.pinned_in, pinned_pool.Acquire(c * z.in_bytes, what));
+    ASSIGN_OR_RETURN(slot.pinned_out, pinned_pool.Acquire(c * z.out_bytes, what));
+    // Upload on the copy stream; the host copies into pinned memory overlap the previous group's
+    // compute, which is already enqueued.
+    for (size_t j = 0; j < c; ++j) {
+      std::memcpy(slot.pinned_in.as<char>() + j * z.in_bytes, tasks[members[j]].in, z.in_bytes);
+    }
+    RETURN_IF_ERROR(Copy(slot.io.data(), slot.pinned_in.data(), c * z.in_bytes, cudaMemcpyHostToDevice,
+                         ctx.h2d.get(), "cudaMemcpyAsync(H2D)"));
   }
-  RETURN_IF_ERROR(Copy(slot.io.data(), slot.pinned_in.data(), c * z.in_bytes, cudaMemcpyHostToDevice, ctx.h2d.get(),
-                       "cudaMemcpyAsync(H2D)"));
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.uploaded.get(), ctx.h2d.get()), "cudaEventRecord"));
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.compute.get(), slot.uploaded.get(), 0), "cudaStreamWaitEvent"));
 
@@ -229,8 +237,15 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, ab
   RETURN_IF_ERROR(CudaCall(cudaEventRecord(slot.computed.get(), s), "cudaEventRecord"));
 
   RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(ctx.d2h.get(), slot.computed.get(), 0), "cudaStreamWaitEvent"));
-  RETURN_IF_ERROR(Copy(slot.pinned_out.data(), slot.io.data(), c * z.out_bytes, cudaMemcpyDeviceToHost,
-                       ctx.d2h.get(), "cudaMemcpyAsync(D2H)"));
+  if (on_device) {
+    for (size_t j = 0; j < c; ++j) {
+      RETURN_IF_ERROR(Copy(tasks[members[j]].out, slot.io.as<char>() + j * z.out_bytes, z.out_bytes,
+                           cudaMemcpyDeviceToDevice, ctx.d2h.get(), "cudaMemcpyAsync(D2D)"));
+    }
+  } else {
+    RETURN_IF_ERROR(Copy(slot.pinned_out.data(), slot.io.data(), c * z.out_bytes, cudaMemcpyDeviceToHost,
+                         ctx.d2h.get(), "cudaMemcpyAsync(D2H)"));
+  }
   return CudaCall(cudaEventRecord(slot.downloaded.get(), ctx.d2h.get()), "cudaEventRecord");
 }
 
@@ -239,7 +254,9 @@ void CudaBackend::Impl::Finish(cuda::Slot& slot, absl::Span<const NsTask> tasks,
   for (size_t j = 0; j < slot.members.size(); ++j) {
     const NsTask& task = tasks[slot.members[j]];
     const size_t out_bytes = static_cast<size_t>(task.shape.numel()) * ElementSize(task.out_dtype);
-    if (status.ok()) std::memcpy(task.out, slot.pinned_out.as<char>() + j * out_bytes, out_bytes);
+    if (status.ok() && task.space == MemorySpace::kHost) {
+      std::memcpy(task.out, slot.pinned_out.as<char>() + j * out_bytes, out_bytes);
+    }
     results[slot.members[j]] = status;
   }
   slot.Clear();
@@ -356,9 +373,24 @@ int64_t CudaBackend::GraphCaptures() const { return impl_->graph_captures.load()
 
 CopyCounts CudaBackend::Copies() const { return impl_->Copies(); }
 
+Memory& CudaBackend::memory() { return impl_->memory; }
+
 absl::Status CudaBackend::Impl::Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                      cudaStream_t stream, const char* what) {
   RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(dst, src, bytes, kind, stream), what));
+  Count(kind, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Impl::Copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                       size_t row_bytes, size_t rows, cudaMemcpyKind kind, cudaStream_t stream,
+                                       const char* what) {
+  RETURN_IF_ERROR(CudaCall(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, stream), what));
+  Count(kind, rows * row_bytes);
+  return absl::OkStatus();
+}
+
+void CudaBackend::Impl::Count(cudaMemcpyKind kind, size_t bytes) {
   const auto n = static_cast<int64_t>(bytes);
   if (kind == cudaMemcpyHostToDevice) {
     h2d_bytes += n;
@@ -366,8 +398,10 @@ absl::Status CudaBackend::Impl::Copy(void* dst, const void* src, size_t bytes, c
   } else if (kind == cudaMemcpyDeviceToHost) {
     d2h_bytes += n;
     ++d2h_calls;
+  } else if (kind == cudaMemcpyDeviceToDevice) {
+    d2d_bytes += n;
+    ++d2d_calls;
   }
-  return absl::OkStatus();
 }
 
 CopyCounts CudaBackend::Impl::Copies() const {
@@ -376,6 +410,8 @@ CopyCounts CudaBackend::Impl::Copies() const {
   c.h2d_calls = h2d_calls.load();
   c.d2h_bytes = d2h_bytes.load();
   c.d2h_calls = d2h_calls.load();
+  c.d2d_bytes = d2d_bytes.load();
+  c.d2d_calls = d2d_calls.load();
   return c;
 }
 

@@ -55,10 +55,15 @@ class CudaBackend final : public Backend {
   // per-context cuBLASLt workspaces and scratch are counted in neither.
   int64_t DeviceBytesHeld() const;
   int64_t DeviceMemoryInUseBytes() const override;
-  // Every cudaMemcpyAsync between host and device the backend enqueued (Run: one upload and one
-  // download per group of tasks; RunSharded: each shard's upload and download, the norm's two
-  // scalars and, every Newton–Schulz step, the Gram matrix down and back up around the reduction).
+  // Every copy the backend enqueued, by direction. Run: one upload and one download per group of
+  // host tasks, one device-to-device copy in and one out per task in device memory. RunSharded:
+  // each host shard's upload and download; with a host reducer also the norm's two scalars and,
+  // every Newton–Schulz step, the Gram matrix down and back up around the reduction (a reducer of
+  // device memory needs none of them). memory(): each of its copies.
   CopyCounts Copies() const override;
+
+  // Device memory (server/engine/memory.h): buffers from the backend's pool, under its budget.
+  Memory& memory() override;
 
   // Step graphs captured so far, over every context (0 without cuda_graphs).
   int64_t GraphCaptures() const;

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/cuda/context.h"
 #include "server/engine/cuda/cuda_backend.h"
+#include "server/engine/cuda/cuda_memory.h"
 #include "server/engine/cuda/memory_pool.h"
 #include "server/engine/cuda/ns_steps.h"
 
@@ -46,10 +47,13 @@ class CudaBackend::Impl {
   // True (and one injected failure used up) when the next normalization must fail.
   bool TakeInjectedFailure();
 
-  // cudaMemcpyAsync of `bytes` from `src` to `dst` (kind: host to device or device to host) on
-  // `stream`, counted in Copies() once enqueued; `what` names it in the error.
+  // cudaMemcpyAsync of `bytes` from `src` to `dst` on `stream`, counted in Copies() by `kind`
+  // once enqueued; `what` names it in the error.
   absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream,
                     const char* what);
+  // cudaMemcpy2DAsync of `rows` rows of `row_bytes`, counted as one call of rows·row_bytes bytes.
+  absl::Status Copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+                      cudaMemcpyKind kind, cudaStream_t stream, const char* what);
   CopyCounts Copies() const;
 
   const int device;
@@ -59,12 +63,14 @@ class CudaBackend::Impl {
   const int64_t symmetric_min_size;
   std::atomic<int> injected_failures{0};
   std::atomic<int64_t> graph_captures{0};
-  std::atomic<int64_t> h2d_bytes{0}, h2d_calls{0}, d2h_bytes{0}, d2h_calls{0};
+  std::atomic<int64_t> h2d_bytes{0}, h2d_calls{0}, d2h_bytes{0}, d2h_calls{0}, d2d_bytes{0}, d2d_calls{0};
   cuda::MemoryPool device_pool;
   cuda::MemoryPool pinned_pool;
+  CudaMemory memory{*this};  // CudaBackend::memory().
 
  private:
   void Return(std::unique_ptr<cuda::Context> ctx);
+  void Count(cudaMemcpyKind kind, size_t bytes);
 
   // Enqueues the group `members` of `tasks` into `slot`: staging, upload, NS, download.
   absl::Status Enqueue(cuda::Context& ctx, cuda::Slot& slot, absl::Span<const NsTask> tasks,

@@ -1,7 +1,8 @@
-// CudaBackend::RunSharded: one participant of TP_DISTRIBUTED Newton–Schulz on the GPU. The norm's
-// sum of squares (one double) goes through the SumReducer in host memory; each step's Gram is
-// reduced where it was computed when the reducer takes device memory (NCCL), and otherwise goes
-// down to pinned host memory and back up around the reduction. Everything else stays on the device.
+// CudaBackend::RunSharded: one participant of TP_DISTRIBUTED Newton–Schulz on the GPU. When the
+// reducer takes device memory (NCCL), the norm's sum of squares (one double) and each step's Gram
+// are reduced where they were computed; otherwise both go down to pinned host memory and back up
+// around the reduction. Shards in host memory are uploaded once and downloaded once; shards in
+// device memory are read and written where they are. Everything else stays on the device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,7 +22,9 @@ using cuda::CudaCall;
 
 struct DeviceShard {
   const NsShard* shard = nullptr;
-  cuda::WorkMatrix x;  // The shard's X_i (m × n_i) in the layout of ns_steps.h.
+  cuda::WorkMatrix x;     // The shard's X_i (m × n_i) in the layout of ns_steps.h.
+  const void* in = nullptr;  // The shard's input on the device: io, or the shard's own buffer.
+  void* out = nullptr;       // Where its result goes on the device: io, or the shard's own buffer.
   cuda::MemoryPool::Block io, x0, x1, pinned;
 };
 
@@ -59,7 +62,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   const cuda::BlasDevice dev = ctx.Blas(prec, symmetric_min_size);
 
   std::vector<DeviceShard> shards(task.shards.size());
-  cuda::MemoryPool::Block a, b, gram, pinned_gram;
+  cuda::MemoryPool::Block a, b, gram, pinned_gram, norms;
   // Whatever happens below, no kernel may still use the blocks when they go back to the pools.
   struct SyncOnExit {
     cuda::Context& ctx;
@@ -77,12 +80,19 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     const std::string what = absl::StrCat("shard ", i, " (", src.shape.rows, "x", src.shape.cols, ")");
     const size_t in_bytes = static_cast<size_t>(numel) * ElementSize(src.in_dtype);
     const size_t out_bytes = static_cast<size_t>(numel) * ElementSize(src.out_dtype);
-    ASSIGN_OR_RETURN(d.io, device_pool.Acquire(std::max(in_bytes, out_bytes), what));
     ASSIGN_OR_RETURN(d.x0, device_pool.Acquire(static_cast<size_t>(numel) * prec.element_size(), what));
     ASSIGN_OR_RETURN(d.x1, device_pool.Acquire(static_cast<size_t>(numel) * prec.element_size(), what));
-    ASSIGN_OR_RETURN(d.pinned, pinned_pool.Acquire(std::max(in_bytes, out_bytes), what));
     const bool is_x = task.partition_dim == 0;
     d.x = cuda::WorkMatrix{d.x0.data(), is_x, m, is_x ? src.shape.rows : src.shape.cols};
+    if (src.space == MemorySpace::kDevice) {
+      d.in = src.in;
+      d.out = src.out;
+      continue;
+    }
+    ASSIGN_OR_RETURN(d.io, device_pool.Acquire(std::max(in_bytes, out_bytes), what));
+    ASSIGN_OR_RETURN(d.pinned, pinned_pool.Acquire(std::max(in_bytes, out_bytes), what));
+    d.in = d.io.data();
+    d.out = d.io.data();
     std::memcpy(d.pinned.data(), src.in, in_bytes);
     RETURN_IF_ERROR(Copy(d.io.data(), d.pinned.data(), in_bytes, cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
   }
@@ -95,26 +105,42 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   }
 
   // Norm: the local sum of squares (shards in order), all-reduced in double.
-  double sumsq = 0;
-  for (DeviceShard& d : shards) {
-    RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), 1,
-                                              ctx.sumsq_scratch(), ctx.device_scalar(0), s),
-                             "SumSquares"));
-    RETURN_IF_ERROR(
-        Copy(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
+  const double* sumsq_device = ctx.device_scalar(1);
+  if (on_device) {
+    // Each shard's sum, then their sum in shard order, reduced where it is.
+    ASSIGN_OR_RETURN(norms, device_pool.Acquire((shards.size() + 1) * sizeof(double), "norms"));
+    double* sums = norms.as<double>();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      RETURN_IF_ERROR(CudaCall(cuda::SumSquares(shards[i].shard->in_dtype, shards[i].in, shards[i].shard->shape.numel(),
+                                                1, ctx.sumsq_scratch(), sums + i, s),
+                               "SumSquares"));
+    }
+    double* total = sums + shards.size();
+    RETURN_IF_ERROR(CudaCall(cuda::SumInOrder(sums, static_cast<int64_t>(shards.size()), total, s), "SumInOrder"));
     RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
-    sumsq += *ctx.host_scalar(0);
+    RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(total, 1)));
+    sumsq_device = total;
+  } else {
+    double sumsq = 0;
+    for (DeviceShard& d : shards) {
+      RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.in, d.shard->shape.numel(), 1,
+                                                ctx.sumsq_scratch(), ctx.device_scalar(0), s),
+                               "SumSquares"));
+      RETURN_IF_ERROR(Copy(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s,
+                           "cudaMemcpyAsync"));
+      RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
+      sumsq += *ctx.host_scalar(0);
+    }
+    RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(&sumsq, 1)));
+    *ctx.host_scalar(1) = sumsq;
+    RETURN_IF_ERROR(Copy(ctx.device_scalar(1), ctx.host_scalar(1), sizeof(double), cudaMemcpyHostToDevice, s,
+                         "cudaMemcpyAsync"));
   }
-  RETURN_IF_ERROR(reducer.AllReduceSum(absl::MakeSpan(&sumsq, 1)));
-  *ctx.host_scalar(1) = sumsq;
-  RETURN_IF_ERROR(
-      Copy(ctx.device_scalar(1), ctx.host_scalar(1), sizeof(double), cudaMemcpyHostToDevice, s, "cudaMemcpyAsync"));
   for (DeviceShard& d : shards) {
     if (TakeInjectedFailure()) RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
-    RETURN_IF_ERROR(CudaCall(
-        cuda::Normalize(d.shard->in_dtype, d.io.data(), d.shard->shape.numel(), 1, ctx.device_scalar(1),
-                        args.eps, args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
-        "Normalize"));
+    RETURN_IF_ERROR(CudaCall(cuda::Normalize(d.shard->in_dtype, d.in, d.shard->shape.numel(), 1, sumsq_device,
+                                             args.eps, args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
+                             "Normalize"));
   }
 
   float* host_gram = on_device ? nullptr : pinned_gram.as<float>();
@@ -157,12 +183,15 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     const int64_t numel = d.shard->shape.numel();
     const size_t out_bytes = static_cast<size_t>(numel) * ElementSize(d.shard->out_dtype);
     RETURN_IF_ERROR(CudaCall(cuda::ScaleConvert(prec.dtype, d.x.data, numel, static_cast<float>(args.scale),
-                                                d.shard->out_dtype, d.io.data(), s),
+                                                d.shard->out_dtype, d.out, s),
                              "ScaleConvert"));
-    RETURN_IF_ERROR(Copy(d.pinned.data(), d.io.data(), out_bytes, cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
+    if (d.shard->space == MemorySpace::kHost) {
+      RETURN_IF_ERROR(Copy(d.pinned.data(), d.io.data(), out_bytes, cudaMemcpyDeviceToHost, s, "cudaMemcpyAsync"));
+    }
   }
   RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
   for (DeviceShard& d : shards) {
+    if (d.shard->space == MemorySpace::kDevice) continue;
     std::memcpy(d.shard->out, d.pinned.data(),
                 static_cast<size_t>(d.shard->shape.numel()) * ElementSize(d.shard->out_dtype));
   }

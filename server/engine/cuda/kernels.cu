@@ -124,6 +124,13 @@ __global__ void AccumulateKernel(DType src_t, const void* src, int64_t n, float*
   }
 }
 
+// One thread: the order of the additions is the contract.
+__global__ void SumInOrderKernel(const double* v, int64_t n, double* out) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += v[i];
+  *out = sum;
+}
+
 __global__ void NeverRuns(int* p) {
   if (p != nullptr) *p = 1;
 }
@@ -189,6 +196,12 @@ cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, int64_t bat
 cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* dst, bool first, cudaStream_t stream) {
   ClearStaleError();
   AccumulateKernel<<<GridFor(n), kThreads, 0, stream>>>(src_dtype, src, n, dst, first);
+  return cudaGetLastError();
+}
+
+cudaError_t SumInOrder(const double* v, int64_t n, double* out, cudaStream_t stream) {
+  ClearStaleError();
+  SumInOrderKernel<<<1, 1, 0, stream>>>(v, n, out);
   return cudaGetLastError();
 }
 

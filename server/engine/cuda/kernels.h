@@ -44,6 +44,10 @@ cudaError_t MirrorUpper(DType dtype, void* c, int64_t m, int64_t ld, int64_t bat
 // dst[i] = (first ? 0 : dst[i]) + float(src[i]) for `n` elements of `src_dtype`.
 cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* dst, bool first, cudaStream_t stream);
 
+// *out = ((0 + v[0]) + v[1]) + ... + v[n-1] in double, in index order (0 for n = 0): the sum of
+// a participant's shard norms, in the order the host adds them.
+cudaError_t SumInOrder(const double* v, int64_t n, double* out, cudaStream_t stream);
+
 // Launches a kernel with an invalid configuration (more threads per block than any device
 // allows) and returns the resulting error: the test hook for the backend's error path.
 cudaError_t LaunchInvalidConfigForTest(cudaStream_t stream);

@@ -24,6 +24,7 @@ TEST(LocalCollectiveTest, IdentityAndCopies) {
   EXPECT_EQ(local.world(), 1);
   EXPECT_EQ(local.name(), "local");
   EXPECT_TRUE(local.ReducesDeviceMemory());  // A sum over one rank touches nothing.
+  EXPECT_FALSE(local.TakesDeviceMemory());   // Its exchanges copy with memcpy: host memory only.
 
   std::vector<uint8_t> send(37);
   std::iota(send.begin(), send.end(), 3);

@@ -113,13 +113,20 @@ TEST(MetricsTest, DeviceCopiesAdvanceByWhatIsNew) {
   };
   EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "h2d"), 0);
   EXPECT_EQ(value("orthoserve_device_copies_total", "d2h"), 0);
-  m->DeviceCopies(1000, 2, 500, 1);
-  m->DeviceCopies(1000, 2, 500, 1);  // Nothing new.
-  m->DeviceCopies(1600, 3, 900, 2);
+  EXPECT_EQ(value("orthoserve_device_copies_total", "d2d"), 0);
+  m->DeviceCopies("h2d", 1000, 2);
+  m->DeviceCopies("d2h", 500, 1);
+  m->DeviceCopies("h2d", 1000, 2);  // Nothing new.
+  m->DeviceCopies("d2h", 500, 1);
+  m->DeviceCopies("h2d", 1600, 3);
+  m->DeviceCopies("d2h", 900, 2);
+  m->DeviceCopies("d2d", 4096, 8);
   EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "h2d"), 1600);
   EXPECT_EQ(value("orthoserve_device_copies_total", "h2d"), 3);
   EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "d2h"), 900);
   EXPECT_EQ(value("orthoserve_device_copies_total", "d2h"), 2);
+  EXPECT_EQ(value("orthoserve_device_copy_bytes_total", "d2d"), 4096);
+  EXPECT_EQ(value("orthoserve_device_copies_total", "d2d"), 8);
 }
 
 TEST(ProcStatTest, CountsFieldsFromTheLastParenthesis) {
@@ -380,6 +387,7 @@ class SlowCollective final : public Collective {
   int rank() const override { return 0; }
   int world() const override { return 1; }
   std::string name() const override { return "slow"; }
+  bool TakesDeviceMemory() const override { return true; }  // As NCCL's: TimedCollective must say so too.
   absl::Status AllToAllv(const void*, absl::Span<const size_t>, void*, absl::Span<const size_t>,
                          absl::Duration) override {
     return Wait();
@@ -411,6 +419,7 @@ TEST(TimedCollectiveTest, ReportsEveryCallByOpWithItsDurationFailuresIncluded) {
                         [&seen](absl::string_view op, absl::Duration d) { seen.emplace_back(std::string(op), d); });
   EXPECT_EQ(timed.name(), "slow");
   EXPECT_FALSE(timed.ReducesDeviceMemory());  // What its inner collective says.
+  EXPECT_TRUE(timed.TakesDeviceMemory());
   char byte = 0;
   const size_t one[1] = {1};
   float f = 1;

@@ -1,0 +1,17 @@
+// Host emulation of the CUDA runtime calls and kernels the CUDA backend makes beyond the step
+// loop's (tests/gpu/cublaslt_emulation.h has those): device memory is host memory (cudaMalloc
+// records each allocation, so device pointers can be told from host ones), streams and events are
+// tokens, every call runs at once on the calling thread (so stream order holds trivially), and
+// CUDA graphs are refused. Linked with the backend's own sources instead of libcudart and
+// kernels.cu, it lets CudaBackend run on machines without a GPU: its grouping, staging, pools and
+// copies, with the arithmetic of the kernels written out on the host. Thread-safe.
+#pragma once
+
+#include <cstddef>
+
+namespace orthoserve::gpu_emulation {
+
+// Whether [p, p + bytes) lies inside one live cudaMalloc allocation.
+bool IsDeviceMemory(const void* p, size_t bytes);
+
+}  // namespace orthoserve::gpu_emulation
