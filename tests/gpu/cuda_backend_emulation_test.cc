@@ -105,6 +105,20 @@ class AloneReducer final : public SumReducer {
 constexpr int64_t kRows = 32, kCols = 72, kHalf = kRows / 2;
 constexpr int64_t kShardBytes = kHalf * kCols * 4, kGramBytes = kCols * kCols * 4;
 
+// The test matrix as two row shards over `in` and `out` (in `space`), partition_dim 0.
+NsShardedTask TwoRowShards(const NsKernelArgs& args, char* in, char* out, MemorySpace space) {
+  NsShardedTask task;
+  task.partition_dim = 0;
+  task.gram_size = kCols;
+  task.args = &args;
+  for (int s = 0; s < 2; ++s) {
+    const size_t offset = static_cast<size_t>(s * kHalf * kCols) * sizeof(float);
+    task.shards.push_back(
+        NsShard{Matrix2d{kHalf, kCols}, DType::kF32, in + offset, DType::kF32, out + offset, space});
+  }
+  return task;
+}
+
 struct ShardedRun {
   std::vector<char> out;
   CopyCounts copies;
@@ -116,15 +130,7 @@ ShardedRun RunSharded(bool reducer_takes_device_memory, const NsKernelArgs& args
   if (backend == nullptr) return run;
   std::vector<char> in = Pack(g, DType::kF32);
   run.out.assign(in.size(), 0);
-  NsShardedTask task;
-  task.partition_dim = 0;
-  task.gram_size = kCols;
-  task.args = &args;
-  for (int s = 0; s < 2; ++s) {
-    const size_t offset = static_cast<size_t>(s * kHalf * kCols) * sizeof(float);
-    task.shards.push_back(
-        NsShard{Matrix2d{kHalf, kCols}, DType::kF32, in.data() + offset, DType::kF32, run.out.data() + offset});
-  }
+  const NsShardedTask task = TwoRowShards(args, in.data(), run.out.data(), MemorySpace::kHost);
   AloneReducer reducer(reducer_takes_device_memory);
   EXPECT_OK(backend->RunSharded(task, reducer));
   run.reductions = reducer.calls;
@@ -256,15 +262,7 @@ TEST(CudaBackendEmulationTest, ShardsInDeviceMemoryGiveTheSameBitsWithNoHostCopy
   const std::vector<char> in = Pack(g, DType::kF32);
   MemoryBuffer din = ToDevice(memory, in);
   MemoryBuffer dout = ToDevice(memory, std::vector<char>(in.size(), 0));
-  NsShardedTask task;
-  task.partition_dim = 0;
-  task.gram_size = kCols;
-  task.args = &args;
-  for (int s = 0; s < 2; ++s) {
-    const size_t offset = static_cast<size_t>(s * kHalf * kCols) * sizeof(float);
-    task.shards.push_back(NsShard{Matrix2d{kHalf, kCols}, DType::kF32, din.data() + offset, DType::kF32,
-                                  dout.data() + offset, MemorySpace::kDevice});
-  }
+  const NsShardedTask task = TwoRowShards(args, din.data(), dout.data(), MemorySpace::kDevice);
   AloneReducer reducer(true);
   const CopyCounts before = backend->Copies();
   ASSERT_OK(backend->RunSharded(task, reducer));
