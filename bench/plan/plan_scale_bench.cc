@@ -219,7 +219,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
     proto.set_epoch(c->epoch());
     proto.set_incarnation(members[fr].incarnation);
     for (size_t i = 0; i < specs.size(); ++i) {
-      *proto.mutable_specs(static_cast<int>(i))->mutable_block() =
+      *proto.mutable_matrices(static_cast<int>(i))->mutable_block() =
           BlockToProto(Block{offsets[i][r], 0, sizes[i][r], specs[i].view.cols});
     }
     return proto;

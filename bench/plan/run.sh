@@ -8,10 +8,11 @@
 #   bench/plan/run.sh                                  # W = 64,256,1024 × S = 8,64, 3 steps each
 #   W=1024 S=64 REPS=5 bench/plan/run.sh
 #   BEFORE=bench/plan/before_fixes.jsonl bench/plan/run.sh   # adds a before/after table
+#   BEFORE=bench/plan/before_plan_message.jsonl BEFORE_LABEL="the fleet's own plan message" bench/plan/run.sh
 #
 # Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), W, S, LAYERS (80), REPS (3), READERS
 # (8: members whose log read is timed; the fan-out is scaled to S), BEFORE (a JSONL of an earlier
-# run to compare with), OUT.
+# run to compare with), BEFORE_LABEL (what changed since it; default "the fixes"), OUT.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +23,7 @@ layers=${LAYERS:-80}
 reps=${REPS:-3}
 readers=${READERS:-8}
 before=${BEFORE:-}
+before_label=${BEFORE_LABEL:-the fixes}
 out=${OUT:-$root/bench/results/plan_scale.md}
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
@@ -44,10 +46,11 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 tree="HEAD $(git -C "$root" log -1 --format=%h 2>/dev/null || echo unknown) plus the working tree, plan_scale_bench built $(date -u -r "$bench" '+%Y-%m-%d %H:%M') UTC ($build_type)"
 
 mkdir -p "$(dirname "$out")"
-python3 - "$tmp/runs.jsonl" "$out" "$start" "$load_before" "$load_after" "$tree" "$reps" "$readers" "$before" <<'PY'
+python3 - "$tmp/runs.jsonl" "$out" "$start" "$load_before" "$load_after" "$tree" "$reps" "$readers" "$before" \
+  "$before_label" <<'PY'
 import json, math, os, sys
 
-runs_path, out, start, load_before, load_after, tree, reps, readers, before_path = sys.argv[1:]
+runs_path, out, start, load_before, load_after, tree, reps, readers, before_path, before_label = sys.argv[1:]
 runs = [json.loads(l) for l in open(runs_path) if l.strip()]
 at = {(r["W"], r["S"]): r for r in runs}
 Ws = sorted({r["W"] for r in runs})
@@ -163,8 +166,8 @@ L.append("")
 
 if before_path:
     before = {(r["W"], r["S"]): r for r in (json.loads(l) for l in open(before_path) if l.strip())}
-    L.append(f"## Before and after the fixes\n")
-    L.append(f"Before: `{before_path}` (the same benchmark on the tree before the fixes).\n")
+    L.append(f"## Before and after {before_label}\n")
+    L.append(f"Before: `{before_path}` (the same benchmark on the tree before {before_label}).\n")
     keys = [k for k in sorted(at, key=lambda k: (k[1], k[0])) if k in before]
     L.append("| metric |" + "".join(f" W={w} S={s} before → after |" for w, s in keys))
     L.append("|---|" + "---|" * len(keys))

@@ -205,7 +205,17 @@ void Executor::ReaderLoop() {
     if (!joined) {
       absl::StatusOr<LogSource::Joined> j = options_.log->Join(options_.self);
       if (!j.ok()) {
-        VLOG("fleet", 1) << "joining the fleet coordinator: " << j.status();
+        if (absl::IsFailedPrecondition(j.status())) {
+          // A coordinator of another release (its protocol): not a passing fault, so it is said
+          // at once and then once a minute while it lasts.
+          const absl::Time now = absl::Now();
+          if (now - last_refusal_log_ >= absl::Minutes(1)) {
+            LOG_WARNING("fleet") << "not joining the fleet: " << j.status().message();
+            last_refusal_log_ = now;
+          }
+        } else {
+          VLOG("fleet", 1) << "joining the fleet coordinator: " << j.status();
+        }
         unreachable(j.status());
         continue;
       }

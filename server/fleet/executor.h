@@ -198,6 +198,7 @@ class Executor {
   uint64_t epoch_ = 0;
   int64_t next_read_ = 0;
   absl::Time last_contact_;          // Last successful call to the coordinator.
+  absl::Time last_refusal_log_ = absl::InfinitePast();  // Reader thread only: last "not joining" warning.
   bool lost_ = false;                // Reset for an unreachable coordinator, not yet back.
   absl::Time reader_alive_;          // Last round of the reader loop.
   std::deque<PendingAbort> aborts_;

@@ -113,10 +113,30 @@ RemoteLogSource::RemoteLogSource(std::shared_ptr<grpc::Channel> channel)
     : stub_(fleet::v1::Fleet::NewStub(channel)) {}
 
 absl::StatusOr<LogSource::Joined> RemoteLogSource::Join(const Member& me) {
+  {
+    // The coordinator's protocol first, without joining: a coordinator of an older release would
+    // admit this rank and then speak a log it cannot read.
+    grpc::ClientContext context;
+    SetFailFastDeadline(context, kControlTimeout);
+    fleet::v1::StoreGetRequest request;
+    request.set_key(kFleetProtocolKey);
+    request.set_timeout_ms(0);
+    fleet::v1::StoreGetResponse response;
+    grpc::Status status = stub_->StoreGet(&context, request, &response);
+    if (!status.ok()) return FleetError("StoreGet", status);
+    const std::string mine = std::to_string(kFleetProtocol);
+    if (!response.found() || response.value() != mine) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the fleet coordinator speaks fleet protocol ", response.found() ? response.value() : "1 or older",
+          " and this rank ", mine, ": ranks of different releases do not form a fleet, so this rank stays out of it "
+          "(serving lone clients) until rank 0 runs its release"));
+    }
+  }
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
   fleet::v1::JoinRequest request;
   *request.mutable_member() = MemberToProto(me);
+  request.set_protocol(kFleetProtocol);
   fleet::v1::JoinResponse response;
   grpc::Status status = stub_->Join(&context, request, &response);
   if (!status.ok()) return FleetError("Join", status);

@@ -1,19 +1,11 @@
 // Implementation of server/fleet/fleet_codec.h.
 #include "server/fleet/fleet_codec.h"
 
-#include <limits>
-
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
-#include "server/fleet/spec_codec.h"
+#include "server/fleet/plan_codec.h"
 
 namespace orthoserve {
-namespace {
-
-// Peers have validated every spec already; re-parse without an element limit.
-constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
-
-}  // namespace
 
 fleet::v1::GroupKey GroupKeyToProto(const GroupKey& key) {
   fleet::v1::GroupKey p;
@@ -36,8 +28,11 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
   p.set_attempt(report.attempt);
   p.set_epoch(report.epoch);
   p.set_incarnation(report.incarnation);
+  p.mutable_matrices()->Reserve(static_cast<int>(report.matrices.size()));
   for (size_t i = 0; i < report.matrices.size(); ++i) {
-    *p.add_specs() = MatrixSpecToProto(report.matrices[i], report.blocks[i]);
+    fleet::v1::ReportedMatrix* m = p.add_matrices();
+    *m->mutable_plan() = MatrixPlanToProto(report.matrices[i]);
+    *m->mutable_block() = BlockToProto(report.blocks[i]);
   }
   return p;
 }
@@ -52,10 +47,12 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
   report.attempt = p.attempt();
   report.epoch = p.epoch();
   report.incarnation = p.incarnation();
-  for (int i = 0; i < p.specs_size(); ++i) {
-    ASSIGN_OR_RETURN(ParsedSpec parsed, ParseMatrixSpec(p.specs(i), i, kNoLimit, /*whole_if_unset=*/false));
-    report.matrices.push_back(std::move(parsed.plan));
-    report.blocks.push_back(parsed.block);
+  report.matrices.reserve(p.matrices_size());
+  report.blocks.reserve(p.matrices_size());
+  for (int i = 0; i < p.matrices_size(); ++i) {
+    ASSIGN_OR_RETURN(MatrixPlan plan, MatrixPlanFromProto(p.matrices(i).plan(), i));
+    report.matrices.push_back(std::move(plan));
+    report.blocks.push_back(BlockFromProto(p.matrices(i).block()));
   }
   return report;
 }
@@ -90,9 +87,11 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   p.set_more_parts(entry.more_parts);
   p.set_trainer_world(entry.plan.trainer_world);
   p.set_fleet_world(entry.plan.fleet_world);
+  p.mutable_matrices()->Reserve(static_cast<int>(entry.plan.matrices.size()));
   for (const MatrixPlan& m : entry.plan.matrices) {
     fleet::v1::PlannedMatrix* pm = p.add_matrices();
-    *pm->mutable_spec() = MatrixSpecToProto(m, Block{});
+    *pm->mutable_plan() = MatrixPlanToProto(m);
+    pm->mutable_placements()->Reserve(static_cast<int>(m.blocks.size()));
     for (const BlockPlacement& b : m.blocks) {
       fleet::v1::Placement* placement = pm->add_placements();
       placement->set_trainer_rank(b.trainer_rank);
@@ -120,10 +119,11 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   entry.more_parts = p.more_parts();
   entry.plan.trainer_world = p.trainer_world();
   entry.plan.fleet_world = p.fleet_world();
+  entry.plan.matrices.reserve(p.matrices_size());
   for (int i = 0; i < p.matrices_size(); ++i) {
     const fleet::v1::PlannedMatrix& pm = p.matrices(i);
-    ASSIGN_OR_RETURN(ParsedSpec parsed, ParseMatrixSpec(pm.spec(), i, kNoLimit, /*whole_if_unset=*/false));
-    MatrixPlan m = std::move(parsed.plan);
+    ASSIGN_OR_RETURN(MatrixPlan m, MatrixPlanFromProto(pm.plan(), i));
+    m.blocks.reserve(pm.placements_size());
     for (const fleet::v1::Placement& b : pm.placements()) {
       m.blocks.push_back(BlockPlacement{b.trainer_rank(), b.fleet_rank(), BlockFromProto(b.block())});
     }

@@ -7,17 +7,30 @@
 
 namespace orthoserve {
 
+// The version of proto/orthoserve/fleet/v1/fleet.proto's protocol this binary speaks. Raise it with
+// every incompatible change to that file: ranks of different protocols never form a fleet. 1 was
+// the protocol that carried the public MatrixSpec (its binaries did not announce it); 2 carries
+// the fleet's own MatrixPlan.
+inline constexpr int kFleetProtocol = 2;
+// The store key under which a coordinator's fleet service answers its protocol (FleetService::StoreGet).
+inline constexpr char kFleetProtocolKey[] = "fleet/protocol";
+
 fleet::v1::GroupKey GroupKeyToProto(const GroupKey& key);
 GroupKey GroupKeyFromProto(const fleet::v1::GroupKey& proto);
 
+// Matrices travel as the fleet's own MatrixPlan (server/fleet/plan_codec.h), decoded
+// structurally only: their validity is checked where they enter the fleet (ParseMatrixSpec), by
+// the coordinator's agreement check and by ValidatePlan on every rank, not here.
 fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report);
-// INVALID_ARGUMENT when a spec does not parse (a peer running another version).
+// INVALID_ARGUMENT naming the matrix when a plan does not decode (MatrixPlanFromProto: a corrupt
+// message, or a rank of another version). Blocks are taken as they are.
 absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& proto);
 
 fleet::v1::Member MemberToProto(const Member& member);
 Member MemberFromProto(const fleet::v1::Member& proto);
 
 fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry);
+// INVALID_ARGUMENT naming the matrix when a plan does not decode (as ReadyReportFromProto).
 absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& proto);
 
 }  // namespace orthoserve

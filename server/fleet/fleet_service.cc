@@ -2,7 +2,9 @@
 #include "server/fleet/fleet_service.h"
 
 #include <algorithm>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "proto/convert/grpc_status.h"
 #include "server/fleet/fleet_codec.h"
 
@@ -22,10 +24,16 @@ absl::Duration WaitOf(int64_t timeout_ms) {
 
 grpc::Status FleetService::Join(grpc::ServerContext*, const fleet::v1::JoinRequest* request,
                                 fleet::v1::JoinResponse* response) {
+  if (request->protocol() != kFleetProtocol) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "rank ", request->member().rank(), " speaks fleet protocol ", request->protocol(),
+        " and this coordinator ", kFleetProtocol, ": ranks of different releases do not form a fleet")));
+  }
   absl::StatusOr<int64_t> from = coordinator_->Join(MemberFromProto(request->member()));
   if (!from.ok()) return ToGrpcStatus(from.status());
   response->set_epoch(coordinator_->epoch());
   response->set_log_from(*from);
+  response->set_protocol(kFleetProtocol);
   return grpc::Status::OK;
 }
 
@@ -41,6 +49,12 @@ grpc::Status FleetService::StoreSet(grpc::ServerContext*, const fleet::v1::Store
 
 grpc::Status FleetService::StoreGet(grpc::ServerContext* context, const fleet::v1::StoreGetRequest* request,
                                     fleet::v1::StoreGetResponse* response) {
+  // The coordinator's protocol, for ranks to read before they join (fleet.proto, "Versions").
+  if (request->key() == kFleetProtocolKey) {
+    response->set_found(true);
+    response->set_value(std::to_string(kFleetProtocol));
+    return grpc::Status::OK;
+  }
   // Waits in short slices, so that a call the server cancels (its shutdown deadline passed)
   // ends at once rather than holding the shutdown for the whole wait.
   const absl::Time deadline = absl::Now() + WaitOf(request->timeout_ms());

@@ -5,11 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "proto/convert/grpc_status.h"
 #include "server/distributed/local_batch.h"
 #include "grpcpp/channel.h"
 #include "server/fleet/fleet_client.h"
-#include "server/fleet/spec_codec.h"
+#include "server/fleet/plan_codec.h"
 
 namespace orthoserve {
 namespace {
@@ -18,24 +19,41 @@ namespace {
 // --max-matrix-elements; this bound only keeps a malformed request from allocating without limit.
 constexpr int64_t kMaxPeerElements = int64_t{1} << 31;
 
+// What Compute checks before it queues a forwarded matrix: that its plan decodes, that it is not
+// over the bound above, and that `data` holds the whole matrix. The rest (options, layout, ...)
+// is checked by ExecuteBatch's ValidatePlan and the engine, which fail the matrix in-band.
+// Returns the plan and its block (the whole matrix); tenant, job and data are the request's.
+absl::StatusOr<PeerMatrix> CheckRequest(const fleet::v1::ComputeRequest& request) {
+  PeerMatrix m;
+  ASSIGN_OR_RETURN(m.plan, MatrixPlanFromProto(request.plan(), 0));
+  if (m.plan.view.numel() > kMaxPeerElements) {
+    return absl::ResourceExhaustedError(absl::StrCat("a forwarded matrix (\"", m.plan.name, "\") has ",
+                                                     m.plan.view.numel(), " elements; a peer computes at most ",
+                                                     kMaxPeerElements));
+  }
+  m.block = WholeBlock(m.plan.view);
+  const int64_t bytes = m.block.numel() * static_cast<int64_t>(ElementSize(m.plan.dtype));
+  if (static_cast<int64_t>(request.data().size()) != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a forwarded matrix (\"", m.plan.name, "\") has ",
+                                                   request.data().size(), " bytes; its plan needs ", bytes));
+  }
+  return m;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* context,
                                                const fleet::v1::ComputeRequest* request,
                                                fleet::v1::ComputeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(request->spec(), 0, kMaxPeerElements, /*whole_if_unset=*/true);
-  if (parsed.ok() && static_cast<int64_t>(request->data().size()) != parsed->block_bytes) {
-    parsed = absl::InvalidArgumentError(absl::StrCat("a forwarded matrix has ", request->data().size(),
-                                                     " bytes; its spec needs ", parsed->block_bytes));
-  }
-  if (!parsed.ok()) {
-    reactor->Finish(ToGrpcStatus(parsed.status()));
+  absl::StatusOr<PeerMatrix> checked = CheckRequest(*request);
+  if (!checked.ok()) {
+    reactor->Finish(ToGrpcStatus(checked.status()));
     return reactor;
   }
-  const double cost = EstimatedCost(parsed->plan);
+  const double cost = EstimatedCost(checked->plan);  // 0 for options ValidatePlan will reject.
   compute_->Schedule(request->tenant(), request->job(), cost,
-                     [this, context, request, response, reactor, spec = *std::move(parsed)]() mutable {
+                     [this, context, request, response, reactor, spec = *std::move(checked)]() mutable {
                        if (context->IsCancelled()) {
                          reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the forwarding rank gave up"));
                          return;
@@ -80,7 +98,7 @@ void PeerClient::Compute(const std::string& target, const PeerMatrix& matrix,
   call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
   call->request.set_tenant(matrix.tenant);
   call->request.set_job(matrix.job);
-  *call->request.mutable_spec() = MatrixSpecToProto(matrix.plan, matrix.block);
+  *call->request.mutable_plan() = MatrixPlanToProto(matrix.plan);
   call->request.set_data(std::string(matrix.data));
   StubFor(target).async()->Compute(
       &call->context, &call->request, &call->response, [call, done = std::move(done)](grpc::Status status) {

@@ -25,7 +25,8 @@
 
 namespace orthoserve {
 
-// A lone client's matrix to compute on a peer: the whole matrix (`block` is all of it).
+// A lone client's matrix to compute on a peer: the whole matrix (`block` is all of it). On the
+// wire, ComputeRequest's MatrixPlan (server/fleet/plan_codec.h) and the data.
 struct PeerMatrix {
   std::string tenant;
   std::string job;
@@ -66,7 +67,9 @@ class PeerClient {
 
   // Has the member at `target` (HOST:PORT of its fleet address) compute `matrix`; `done` gets its
   // result, or the call's failure (UNAVAILABLE when the member is gone, ...), on a gRPC thread.
-  // `matrix.data` is copied before this returns.
+  // `matrix.data` is copied before this returns. The request carries the plan and the data, not
+  // the block: the member computes the whole matrix, and fails the call with INVALID_ARGUMENT
+  // when `matrix.block` is not all of it (the data's size does not match).
   void Compute(const std::string& target, const PeerMatrix& matrix, std::function<void(absl::StatusOr<PeerResult>)> done);
 
  private:

@@ -81,18 +81,4 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
   return parsed;
 }
 
-v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block) {
-  v1::MatrixSpec spec;
-  spec.set_name(plan.name);
-  for (int64_t d : plan.shape) spec.add_shape(d);
-  spec.set_nd_layout(NdLayoutToProto(plan.layout));
-  spec.set_dtype(DTypeToProto(plan.dtype));
-  spec.set_result_dtype(DTypeToProto(plan.result_dtype));
-  *spec.mutable_options() = NsOptionsToProto(plan.options);
-  spec.set_algorithm(AlgorithmToProto(plan.algorithm));
-  spec.set_partition_dim(plan.partition_dim);
-  *spec.mutable_block() = BlockToProto(block);
-  return spec;
-}
-
 }  // namespace orthoserve

@@ -1,5 +1,6 @@
-// Parsing and validation of wire MatrixSpecs into the distributed layer's MatrixPlan, and back.
-// Shared by the RPC layer (specs from clients) and the fleet service (specs in ready reports).
+// Parsing and validation of the public API's MatrixSpecs (from clients, at ingress in server/rpc)
+// into the distributed layer's MatrixPlan. Ranks describe matrices to each other with the fleet's
+// own MatrixPlan message instead (server/fleet/plan_codec.h), which is not validated again.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +22,8 @@ namespace orthoserve {
 absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index, int64_t max_elements,
                                            bool whole_if_unset);
 
-// The wire form of a plan matrix with the given block.
-v1::MatrixSpec MatrixSpecToProto(const MatrixPlan& plan, const Block& block);
-
-
+// The wire enum of an algorithm and back (shared with plan_codec); AlgorithmFromProto gives
+// INVALID_ARGUMENT naming `what` for a value this server does not know (UNSPECIFIED is AUTO).
 v1::Algorithm AlgorithmToProto(Algorithm algorithm);
 absl::StatusOr<Algorithm> AlgorithmFromProto(v1::Algorithm algorithm, const std::string& what);
 

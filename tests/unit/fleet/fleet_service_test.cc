@@ -1,13 +1,20 @@
 // FleetService::ReadLog without a network: a reader that is behind gets the entries in responses
-// of bounded size, in order, none lost, and reads on from where each response ended.
+// of bounded size, in order, none lost, and reads on from where each response ended. And the
+// fleet protocol handshake (fleet.proto, "Versions"): the service refuses a Join of another
+// protocol, and a rank does not join a coordinator of another protocol (in process on
+// 127.0.0.1:0).
 #include "server/fleet/fleet_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
+#include "gmock/gmock.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
 #include "gtest/gtest.h"
+#include "server/fleet/fleet_client.h"
 #include "server/fleet/fleet_codec.h"
 #include "tests/util/status_matchers.h"
 
@@ -106,6 +113,84 @@ TEST(FleetServiceTest, ReadLogCapsAResponseAndTheReaderReadsOn) {
     EXPECT_EQ(indices, expected) << "limit " << limit;
     EXPECT_EQ(reads, limit > entry_bytes ? 4 : 1 + kSteps) << "limit " << limit;
   }
+}
+
+TEST(FleetServiceTest, AJoinOfAnotherProtocolIsRefusedAndTheProtocolIsAnswered) {
+  std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
+  ASSERT_NE(c, nullptr);
+  FleetService service(nullptr, c.get());
+  for (int protocol : {0, kFleetProtocol - 1, kFleetProtocol + 1}) {
+    grpc::ServerContext context;
+    fleet::v1::JoinRequest request;
+    *request.mutable_member() = MemberToProto(Member{3, "127.0.0.1:5003", 33});
+    request.set_protocol(protocol);
+    fleet::v1::JoinResponse response;
+    const grpc::Status status = service.Join(&context, &request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << protocol;
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr(absl::StrCat("speaks fleet protocol ", protocol)));
+  }
+  grpc::ServerContext context;
+  fleet::v1::StoreGetRequest get;
+  get.set_key(kFleetProtocolKey);
+  fleet::v1::StoreGetResponse value;
+  ASSERT_TRUE(service.StoreGet(&context, &get, &value).ok());
+  EXPECT_TRUE(value.found());
+  EXPECT_EQ(value.value(), std::to_string(kFleetProtocol));
+}
+
+// A coordinator of the release before the handshake: no protocol key in its store, and it would
+// admit anyone who asks.
+class OldCoordinator final : public fleet::v1::Fleet::Service {
+ public:
+  grpc::Status StoreGet(grpc::ServerContext*, const fleet::v1::StoreGetRequest*,
+                        fleet::v1::StoreGetResponse* response) override {
+    response->set_found(false);
+    return grpc::Status::OK;
+  }
+  grpc::Status Join(grpc::ServerContext*, const fleet::v1::JoinRequest*, fleet::v1::JoinResponse*) override {
+    ++joins;
+    return grpc::Status::OK;
+  }
+  std::atomic<int> joins{0};
+};
+
+// Serves `service` on 127.0.0.1:0 and returns a log source connected to it.
+struct Served {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<RemoteLogSource> log;
+};
+Served Serve(grpc::Service* service) {
+  Served s;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  s.server = builder.BuildAndStart();
+  EXPECT_GT(port, 0);
+  s.log = std::make_unique<RemoteLogSource>(MakeFleetChannel(absl::StrCat("127.0.0.1:", port)));
+  return s;
+}
+
+TEST(FleetServiceTest, ARankDoesNotJoinACoordinatorOfAnotherProtocol) {
+  OldCoordinator old;
+  Served to_old = Serve(&old);
+  absl::StatusOr<LogSource::Joined> refused = to_old.log->Join(Member{1, "127.0.0.1:5001", 11});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("until rank 0 runs its release"));
+  EXPECT_EQ(old.joins.load(), 0);  // It asked first, so the old coordinator never admitted it.
+  to_old.server->Shutdown();
+
+  // A coordinator of this release: the rank joins.
+  Coordinator::Options options;
+  options.fleet_world = 2;
+  auto c = Coordinator::Create(options);
+  ASSERT_OK(c);
+  FleetService current(nullptr, c->get());
+  Served to_current = Serve(&current);
+  absl::StatusOr<LogSource::Joined> joined = to_current.log->Join(Member{1, "127.0.0.1:5001", 11});
+  ASSERT_OK(joined.status());
+  EXPECT_EQ(joined->epoch, (*c)->epoch());
+  to_current.server->Shutdown();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/fleet/plan_codec.h"
 #include "server/fleet/spec_codec.h"
 #include "tests/unit/rpc/rpc_test_util.h"
 
@@ -98,10 +99,11 @@ TEST(RequestFuzz, ParseMatrixSpecAcceptsOnlyConsistentSpecs) {
     EXPECT_OK(CheckBlockInside(p.block, p.plan.view, "block"));
     EXPECT_EQ(p.block_bytes, p.block.numel() * static_cast<int64_t>(ElementSize(p.plan.dtype)));
     EXPECT_OK(ValidateNsOptions(p.plan.options, "options"));
-    // A parsed spec survives its own wire form unchanged.
-    absl::StatusOr<ParsedSpec> again = ParseMatrixSpec(MatrixSpecToProto(p.plan, p.block), i, int64_t{1} << 28, false);
+    // A parsed spec survives the fleet's wire form (how ranks send it to each other) unchanged.
+    absl::StatusOr<MatrixPlan> again = MatrixPlanFromProto(MatrixPlanToProto(p.plan), i);
     ASSERT_OK(again);
-    EXPECT_EQ(FirstSpecDifference(p.plan, again->plan), "");
+    EXPECT_EQ(FirstSpecDifference(p.plan, *again), "");
+    EXPECT_TRUE(p.plan.view == again->view);
   }
   EXPECT_GT(accepted, 2000);  // The generator reaches the accepting paths too.
 }
