@@ -7,17 +7,24 @@
 // With --group=N it then times N same-shape matrices (each shape, MEDIUM) as one Run call (one
 // strided batch) against N calls of one, and prints
 //   group,shape,count,one_call_ms,separate_calls_ms
+// With --sets=FILE:NAME,... (sets of bench/gpu/model_sets.txt) it times each set, per precision,
+// as one Run call on matrices resident in the backend's device memory (NsTask::space kDevice:
+// NS only, what the PyTorch loop of torch_ns.py times) and from host memory (uploads and
+// downloads included), and prints
+//   set,name,precision,matrices,resident_ms,from_host_ms
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/ns_options.h"
@@ -52,7 +59,48 @@ struct Flags {
   int steps = 5;
   bool e2e = true;
   int group = 0;
+  std::string sets_file;          // --sets=FILE:NAME,NAME...
+  std::vector<std::string> sets;  // Names of sets in sets_file.
 };
+
+// One model's matrices: (rows, cols) repeated.
+struct MatrixSet {
+  std::string name;
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // One entry per matrix.
+};
+
+// Reads `names` from a file of lines "NAME: RxC*N, ..." (# comments); exits on a malformed line
+// or a name the file lacks.
+std::vector<MatrixSet> ReadSets(const std::string& file, const std::vector<std::string>& names) {
+  std::ifstream in(file);
+  BENCH_CHECK(in.good());
+  std::vector<MatrixSet> all;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> kv = absl::StrSplit(line, absl::MaxSplits(':', 1));
+    BENCH_CHECK(kv.size() == 2);
+    MatrixSet set{kv[0], {}};
+    for (absl::string_view item : absl::StrSplit(kv[1], ',', absl::SkipWhitespace())) {
+      std::vector<std::string> shape_count = absl::StrSplit(absl::StripAsciiWhitespace(item), '*');
+      std::vector<std::string> rc = absl::StrSplit(shape_count[0], 'x');
+      int64_t r = 0, c = 0, n = 0;
+      BENCH_CHECK(shape_count.size() == 2 && rc.size() == 2 && absl::SimpleAtoi(rc[0], &r) &&
+                  absl::SimpleAtoi(rc[1], &c) && absl::SimpleAtoi(shape_count[1], &n) && n > 0);
+      for (int64_t i = 0; i < n; ++i) set.shapes.emplace_back(r, c);
+    }
+    all.push_back(std::move(set));
+  }
+  std::vector<MatrixSet> chosen;
+  for (const std::string& name : names) {
+    auto it = std::find_if(all.begin(), all.end(), [&](const MatrixSet& s) { return s.name == name; });
+    if (it == all.end()) {
+      std::fprintf(stderr, "ns_bench: no set \"%s\" in %s\n", name.c_str(), file.c_str());
+      std::exit(2);
+    }
+    chosen.push_back(*it);
+  }
+  return chosen;
+}
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
@@ -80,12 +128,18 @@ Flags ParseFlags(int argc, char** argv) {
       BENCH_CHECK(absl::SimpleAtoi(value("steps"), &f.steps) && f.steps >= 0);
     } else if (!value("group").empty()) {
       BENCH_CHECK(absl::SimpleAtoi(value("group"), &f.group) && f.group > 0);
+    } else if (!value("sets").empty()) {
+      const std::string v = value("sets");
+      const size_t colon = v.rfind(':');
+      BENCH_CHECK(colon != std::string::npos);
+      f.sets_file = v.substr(0, colon);
+      f.sets = absl::StrSplit(v.substr(colon + 1), ',');
     } else if (arg == "--no-e2e") {
       f.e2e = false;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shapes=RxC,...] [--precisions=medium,highest,high] [--iters=N] [--warmup=N] "
-                   "[--steps=N] [--no-e2e] [--group=N]\n",
+                   "[--steps=N] [--no-e2e] [--group=N] [--sets=FILE:NAME,...]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -178,6 +232,54 @@ double EndToEndMs(CudaBackend& backend, int64_t rows, int64_t cols, const NsOpti
   return Median(ms);
 }
 
+// One model set as one Run call, every matrix fp32 in and out: resident in the backend's device
+// memory (`resident`: NS alone), or from host memory (uploads and downloads included).
+double SetMs(CudaBackend& backend, const MatrixSet& set, const NsOptions& options, const Flags& flags,
+             bool resident) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Memory& memory = backend.memory();
+  std::vector<std::vector<float>> host_in, host_out;
+  std::vector<MemoryBuffer> device;
+  std::vector<NsKernelArgs> args;
+  args.reserve(set.shapes.size());
+  std::vector<NsTask> tasks;
+  for (const auto& [rows, cols] : set.shapes) {
+    const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
+    host_in.emplace_back(static_cast<size_t>(rows * cols));
+    for (float& v : host_in.back()) v = normal(rng);
+    host_out.emplace_back(host_in.back().size());
+    args.push_back(ResolveKernelArgs(options, Matrix2d{rows, cols}, Matrix2d{rows, cols}));
+    NsTask task{Matrix2d{rows, cols}, DType::kF32, host_in.back().data(), DType::kF32, host_out.back().data(),
+                &args.back()};
+    if (resident) {
+      absl::StatusOr<MemoryBuffer> in = memory.Allocate(bytes, false, "bench");
+      absl::StatusOr<MemoryBuffer> out = memory.Allocate(bytes, false, "bench");
+      BENCH_CHECK(in.ok() && out.ok());
+      BENCH_CHECK(memory.Copy(in->data(), MemorySpace::kDevice, host_in.back().data(), MemorySpace::kHost, bytes).ok());
+      task.in = in->data();
+      task.out = out->data();
+      task.space = MemorySpace::kDevice;
+      device.push_back(*std::move(in));
+      device.push_back(*std::move(out));
+    }
+    tasks.push_back(task);
+  }
+  std::vector<double> ms;
+  for (int it = 0; it < flags.warmup + flags.iters; ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const absl::Status& s : backend.Run(tasks)) {
+      if (!s.ok()) {
+        std::fprintf(stderr, "ns_bench: %s: %s\n", set.name.c_str(), s.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    if (it >= flags.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return Median(ms);
+}
+
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   auto backend = CudaBackend::Create(CudaBackend::Options{});
@@ -204,6 +306,19 @@ int Main(int argc, char** argv) {
       std::printf("%lldx%lld,%s,%.3f,%.1f,%.3f,%.3f,%.3f\n", static_cast<long long>(rows),
                   static_cast<long long>(cols), p.c_str(), dev_ms, tflops, full_ms, e2e_ms, graph_ms);
       std::fflush(stdout);
+    }
+  }
+  if (!flags.sets.empty()) {
+    for (const MatrixSet& set : ReadSets(flags.sets_file, flags.sets)) {
+      for (const std::string& p : flags.precisions) {
+        NsOptions options;
+        options.steps = flags.steps;
+        BENCH_CHECK(ParsePrecision(p, &options.precision).ok());
+        const double resident = SetMs(**backend, set, options, flags, true);
+        const double from_host = SetMs(**backend, set, options, flags, false);
+        std::printf("set,%s,%s,%zu,%.3f,%.3f\n", set.name.c_str(), p.c_str(), set.shapes.size(), resident, from_host);
+        std::fflush(stdout);
+      }
     }
   }
   if (flags.group > 0) {

@@ -5,10 +5,13 @@
 #   3. time NS for 1024², 4096², 4096×11008 and 8192² in MEDIUM and HIGHEST with the C++ bench
 #      (device loop with CUDA events + end-to-end CudaBackend::Run) beside the same loop in
 #      PyTorch on the same GPU (skipped with a note when torch is not importable),
-#   4. if the orthoserve and orthoctl targets exist, an end-to-end loopback run through the server,
+#      and the whole-model sets of bench/gpu/model_sets.txt (GPT-2 small, a Llama-3-8B layer,
+#      Llama-3.2-1B) as one Run call on device-resident matrices beside PyTorch's loop over them,
+#   4. if the orthoserve and orthoctl targets exist, a one-rank service step on loopback beside the
+#      in-process engine,
 # and writes a markdown report to $OUT/gpu_ns.md when $OUT is a directory, to $OUT when it names
 # a file, else to bench/results/gpu_ns.md.
-# Environment: BUILD_DIR (default build-gpu-bench), ITERS (10), JOBS (nproc), PYTHON (python3),
+# Environment: BUILD_DIR (default build-gpu-bench), ITERS (10), JOBS (nproc), PYTHON (python3), SETS,
 # SKIP_E2E=1 to leave out step 4.
 set -uo pipefail
 
@@ -18,6 +21,7 @@ ITERS=${ITERS:-10}
 JOBS=${JOBS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
 SHAPES=1024x1024,4096x4096,4096x11008,8192x8192
+SETS=${SETS:-gpt2-small,llama3-8b-layer,llama3.2-1b}
 if [[ -n "${OUT:-}" && -d "${OUT}" ]]; then
   REPORT=$OUT/gpu_ns.md
 elif [[ -n "${OUT:-}" ]]; then
@@ -81,9 +85,17 @@ if ! timeout 60 "$BUILD/bench/gpu/orthoserve_gpu_ns_bench" --shapes=256x256,1024
   NOTES+=("grouped bench failed or timed out: $(tail -1 "$WORK/ours.err")")
 fi
 
+# Whole models: each set of bench/gpu/model_sets.txt as one Run call on matrices resident in
+# device memory (and from host memory), beside PyTorch's loop over the same matrices.
+SETS_ARG="$ROOT/bench/gpu/model_sets.txt:$SETS"
+if ! timeout 200 "$BUILD/bench/gpu/orthoserve_gpu_ns_bench" --shapes=256x256 --no-e2e --precisions=medium,highest \
+    --iters="$ITERS" --sets="$SETS_ARG" 2>>"$WORK/ours.err" | grep '^set,' >"$WORK/sets.csv"; then
+  NOTES+=("model-set bench failed or timed out: $(tail -1 "$WORK/ours.err")")
+fi
+
 log "torch bench"
 "$PYTHON" "$ROOT/bench/gpu/torch_ns.py" --shapes=$SHAPES --precisions=medium,highest --iters="$ITERS" \
-  >"$WORK/torch.csv" 2>"$WORK/torch.err"
+  --sets="$SETS_ARG" >"$WORK/torch.csv" 2>"$WORK/torch.err"
 rc=$?
 if [[ $rc -eq 3 ]]; then
   NOTES+=("PyTorch column skipped: $(tail -1 "$WORK/torch.err").")
@@ -111,7 +123,11 @@ if [[ "${SKIP_E2E:-0}" != "1" ]] && (( SECONDS - START < 300 )) && has_target or
       for prec in medium highest; do
         if out=$(timeout 60 "$CLIENT" bench --server=127.0.0.1:$PORT --shape=4096,4096 --precision=$prec \
                  --iters=5 --warmup=1 2>&1); then
-          E2E+="| 4096x4096 | $prec | $(echo "$out" | grep -m1 latency | sed 's/|/\//g') |"$'\n'
+          # The one-rank service step beside the in-process engine's end-to-end Run of the same matrix.
+          svc=$(echo "$out" | grep -m1 latency | sed -E 's/.*median ([0-9.]+) ms.*/\1/')
+          inproc=$(grep "^4096x4096,$prec," "$WORK/ours.csv" 2>/dev/null | cut -d, -f6)
+          ratio=$( [[ -n "$svc" && -n "$inproc" ]] && awk -v a="$svc" -v b="$inproc" 'BEGIN { printf "%.2fx", a / b }' || echo "-")
+          E2E+="| 4096x4096 | $prec | ${svc:--} | ${inproc:--} | $ratio | $(echo "$out" | grep -m1 latency | sed 's/|/\//g') |"$'\n'
         else
           NOTES+=("loopback bench ($prec) failed: $(echo "$out" | tail -1)")
         fi
@@ -150,6 +166,21 @@ log "report"
     ratio=$( [[ -n "$tms" ]] && awk -v a="$tms" -v b="$dms" 'BEGIN { printf "%.2fx", a / b }' || echo "-")
     echo "| $shape | $prec | $dms | $dtf | $fms | $ems | $gms | ${tms:--} | ${ttf:--} | $ratio |"
   done
+  if [[ -s "$WORK/sets.csv" ]]; then
+    echo
+    echo "Whole models (bench/gpu/model_sets.txt): every matrix of the set, fp32 in and out, as one Run"
+    echo "call on matrices resident in device memory ('resident': NS only, what the PyTorch loop times)"
+    echo "and from host memory (uploads and downloads included), beside PyTorch's loop over the same"
+    echo "matrices on the GPU. Target (issue #13): MEDIUM at least 1.5x PyTorch's bf16 loop."
+    echo
+    echo "| set | matrices | precision | ours resident ms | ours from host ms | torch ms | torch / ours resident |"
+    echo "|---|---:|---|---:|---:|---:|---:|"
+    while IFS=, read -r _ name prec count res host; do
+      tms=$(grep "^set,$name,$prec," "$WORK/torch.csv" 2>/dev/null | head -1 | cut -d, -f5)
+      ratio=$( [[ -n "$tms" ]] && awk -v a="$tms" -v b="$res" 'BEGIN { printf "%.2fx", a / b }' || echo "-")
+      echo "| $name | $count | $prec | $res | $host | ${tms:--} | $ratio |"
+    done <"$WORK/sets.csv"
+  fi
   if [[ -s "$WORK/group.csv" ]]; then
     echo
     echo "Same-shape matrices, MEDIUM, end to end (CudaBackend::Run, host fp32 in and out):"
@@ -162,10 +193,11 @@ log "report"
   fi
   if [[ -n "$E2E" ]]; then
     echo
-    echo "End-to-end through orthoserve --backend=cuda on loopback (orthoctl bench, 1 fp32 matrix per step):"
+    echo "A one-rank service step (orthoserve --backend=cuda on loopback, orthoctl bench, 1 fp32 matrix per"
+    echo "step) beside the in-process engine's end-to-end Run of the same matrix (the table above):"
     echo
-    echo "| shape | precision | orthoctl bench |"
-    echo "|---|---|---|"
+    echo "| shape | precision | service median ms | in-process e2e ms | service / in-process | orthoctl bench |"
+    echo "|---|---|---:|---:|---:|---|"
     echo -n "$E2E"
   fi
   if (( ${#NOTES[@]} > 0 )); then

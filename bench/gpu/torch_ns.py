@@ -5,7 +5,9 @@ Emerging-Optimizers' form (quintic, 5 steps, X / max(||X||, eps), work on the wi
   A = X @ X.T; B = addmm(A, A, A, beta=b, alpha=c); X = addmm(X, B, X, beta=a).
 MEDIUM runs it in bf16 (the trainers' reference loop); HIGHEST in fp32 with TF32 off.
 Prints CSV lines: shape,precision,torch_ms,torch_tflops (median of --iters after --warmup,
-timed with CUDA events). Exits 3 when torch or a CUDA device is not available.
+timed with CUDA events). With --sets=FILE:NAME,... (sets of bench/gpu/model_sets.txt) it times
+each set's matrices one after the other, resident on the GPU, and prints
+set,name,precision,matrices,torch_ms. Exits 3 when torch or a CUDA device is not available.
 """
 import argparse
 import statistics
@@ -29,6 +31,42 @@ def ns(g, steps, dtype, eps=1e-7):
     return x.T if transpose else x
 
 
+def read_sets(spec):
+    """{name: [(rows, cols), ...]} for the names of "FILE:NAME,NAME" (model_sets.txt's format)."""
+    path, names = spec.rsplit(":", 1)
+    sets = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, items = line.split(":", 1)
+            shapes = []
+            for item in items.split(","):
+                shape, count = item.strip().split("*")
+                rows, cols = (int(v) for v in shape.split("x"))
+                shapes += [(rows, cols)] * int(count)
+            sets[name.strip()] = shapes
+    missing = [n for n in names.split(",") if n not in sets]
+    if missing:
+        raise SystemExit(f"no set {missing[0]!r} in {path}")
+    return {n: sets[n] for n in names.split(",")}
+
+
+def time_ms(fn, warmup, iters):
+    times = []
+    for it in range(warmup + iters):
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        if it >= warmup:
+            times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
 def flops(rows, cols, steps):
     m, n = min(rows, cols), max(rows, cols)
     return steps * (2.0 * m * m * n + 2.0 * m * m * m + 2.0 * m * m * n)
@@ -41,7 +79,9 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--sets", default="", help="FILE:NAME,... of bench/gpu/model_sets.txt")
     args = p.parse_args()
+    sets = read_sets(args.sets) if args.sets else {}
     global torch
     try:
         import torch  # noqa: F401
@@ -62,19 +102,22 @@ def main():
             dtype = torch.bfloat16 if prec == "medium" else torch.float32
             if prec == "high":
                 torch.backends.cuda.matmul.allow_tf32 = True
-            times = []
-            for it in range(args.warmup + args.iters):
-                start = torch.cuda.Event(enable_timing=True)
-                stop = torch.cuda.Event(enable_timing=True)
-                start.record()
-                ns(g, args.steps, dtype)
-                stop.record()
-                stop.synchronize()
-                if it >= args.warmup:
-                    times.append(start.elapsed_time(stop))
+            ms = time_ms(lambda: ns(g, args.steps, dtype), args.warmup, args.iters)
             torch.backends.cuda.matmul.allow_tf32 = False
-            ms = statistics.median(times)
             print(f"{shape},{prec},{ms:.3f},{flops(rows, cols, args.steps) / (ms * 1e-3) / 1e12:.1f}", flush=True)
+    for name, shapes in sets.items():
+        gs = [torch.randn(r, c, device="cuda", dtype=torch.float32) for r, c in shapes]
+        for prec in args.precisions.split(","):
+            dtype = torch.bfloat16 if prec == "medium" else torch.float32
+            torch.backends.cuda.matmul.allow_tf32 = prec == "high"
+
+            def run_set():
+                for g in gs:
+                    ns(g, args.steps, dtype)
+
+            ms = time_ms(run_set, args.warmup, args.iters)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            print(f"set,{name},{prec},{len(shapes)},{ms:.3f}", flush=True)
     return 0
 
 
