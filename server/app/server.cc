@@ -12,6 +12,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/fleet/fleet_codec.h"
 
 namespace orthoserve {
 namespace {
@@ -145,6 +146,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   Metrics::Options m;
   m.address = o.metrics_address;
   m.version = ORTHOSERVE_VERSION;
+  m.fleet_protocol = kFleetProtocol;
   m.backend = info.name;
   m.device = info.device;
   m.limits.inflight_bytes = o.service.admission.max_inflight_bytes;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,9 +36,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
 
   prometheus::BuildGauge()
       .Name("orthoserve_build_info")
-      .Help("Build and backend of this server rank; always 1.")
+      .Help("Build, backend and fleet protocol of this server rank; always 1.")
       .Register(r)
-      .Add({{"version", options.version}, {"backend", options.backend}, {"device", options.device}})
+      .Add({{"version", options.version},
+            {"backend", options.backend},
+            {"device", options.device},
+            {"fleet_protocol", std::to_string(options.fleet_protocol)}})
       .Set(1);
   m->requests_ = &prometheus::BuildCounter()
                       .Name("orthoserve_requests_total")

@@ -80,6 +80,7 @@ class Metrics {
     std::string version;  // build_info labels.
     std::string backend;
     std::string device;
+    int fleet_protocol = 0;  // The protocol between fleet ranks (server/fleet/fleet_codec.h).
     Limits limits;
     bool process_metrics = true;  // The process_* families (from /proc).
     TenantLabels tenant_labels = TenantLabels::kOff;

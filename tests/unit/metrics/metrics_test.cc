@@ -129,6 +129,28 @@ TEST(MetricsTest, DeviceCopiesAdvanceByWhatIsNew) {
   EXPECT_EQ(value("orthoserve_device_copies_total", "d2d"), 8);
 }
 
+// build_info's labels, the fleet protocol among them (docs/operations.md, "Upgrades").
+TEST(MetricsTest, BuildInfoNamesVersionBackendDeviceAndFleetProtocol) {
+  Metrics::Options o;
+  o.process_metrics = false;
+  o.version = "9.9.9";
+  o.backend = "cpu";
+  o.device = "test";
+  o.fleet_protocol = 2;
+  std::unique_ptr<Metrics> m = *Metrics::Create(o);
+  std::map<std::string, std::string> labels;
+  double value = 0;
+  for (const MetricFamily& f : m->Collect()) {
+    if (f.name != "orthoserve_build_info") continue;
+    ASSERT_EQ(f.metric.size(), 1u);
+    for (const prometheus::ClientMetric::Label& l : f.metric[0].label) labels[l.name] = l.value;
+    value = f.metric[0].gauge.value;
+  }
+  EXPECT_EQ(value, 1);
+  EXPECT_EQ(labels, (std::map<std::string, std::string>{
+                        {"version", "9.9.9"}, {"backend", "cpu"}, {"device", "test"}, {"fleet_protocol", "2"}}));
+}
+
 TEST(ProcStatTest, CountsFieldsFromTheLastParenthesis) {
   absl::StatusOr<ProcStat> s = ParseProcStat(kStat);
   ASSERT_OK(s);
