@@ -65,13 +65,17 @@ class LoneFleetTest : public ::testing::Test {
 TEST_F(LoneFleetTest, StreamAndUnaryMatricesSpreadOverTheMembersWithTheEnginesAnswer) {
   NsOptions ns;
   constexpr int kMatrices = 6;
+  // Large enough that a matrix is still computing when the next one is placed (milliseconds, not
+  // microseconds): a rank whose own queue is empty keeps a matrix rather than forward it, so with
+  // tiny matrices one rank could finish each before the next arrived and never forward any.
+  constexpr int64_t kCols = 160;
   std::vector<std::string> inputs;
   std::vector<v1::StreamRequest> messages = {HeaderMessage(kMatrices)};
   v1::OrthogonalizeRequest unary;
   for (int i = 0; i < kMatrices; ++i) {
-    const int64_t rows = 64 + 16 * i;
-    inputs.push_back(Bytes(RandomMatrix(rows, 48, 10 + i), DType::kF32));
-    const v1::MatrixSpec spec = Spec("m" + std::to_string(i), {rows, 48}, DType::kF32, ns);
+    const int64_t rows = 192 + 32 * i;
+    inputs.push_back(Bytes(RandomMatrix(rows, kCols, 10 + i), DType::kF32));
+    const v1::MatrixSpec spec = Spec("m" + std::to_string(i), {rows, kCols}, DType::kF32, ns);
     AppendMatrix(messages, i, spec, inputs.back());
     v1::Matrix* m = unary.add_matrices();
     *m->mutable_spec() = spec;
@@ -91,8 +95,8 @@ TEST_F(LoneFleetTest, StreamAndUnaryMatricesSpreadOverTheMembersWithTheEnginesAn
   ASSERT_EQ(response.results_size(), kMatrices);
 
   for (int i = 0; i < kMatrices; ++i) {
-    const int64_t rows = 64 + 16 * i;
-    const std::string want = Reference(inputs[i], Matrix2d{rows, 48}, DType::kF32, DType::kF32, ns);
+    const int64_t rows = 192 + 32 * i;
+    const std::string want = Reference(inputs[i], Matrix2d{rows, kCols}, DType::kF32, DType::kF32, ns);
     ASSERT_EQ(out.results[i].code(), 0) << out.results[i].message();
     EXPECT_EQ(out.data[i], want) << "stream matrix " << i;
     EXPECT_EQ(response.results(i).data(), want) << "unary matrix " << i;
