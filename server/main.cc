@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "server/app/flags.h"
+#include "server/app/malloc_tuning.h"
 #include "server/app/server.h"
 
 namespace {
@@ -95,6 +97,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   orthoserve::SetLogRank(options->rank);
+  // Before the server makes its first large allocation. (Not inside LOG_INFO's stream, which
+  // is not evaluated below the info level.)
+  const orthoserve::MallocTuning malloc_tuning = orthoserve::KeepFreedMemory(std::getenv("GLIBC_TUNABLES"));
+  LOG_INFO("server") << malloc_tuning.description;
 
   if (pipe(g_signal_pipe) != 0) {
     std::perror("orthoserve: pipe");
