@@ -123,7 +123,8 @@ TEST(CpuBackendTest, ReducerErrorsAbortTheTask) {
 }
 
 TEST(CpuBackendTest, NoStepsGivesTheBitsOfTheWorkingMatrixPath) {
-  // Run computes steps = 0 in two passes straight from `in` to `out`; a one-participant sharded
+  // Run computes steps = 0 in two passes straight from `in` to `out` (fp32 to fp32 in one
+  // vectorized loop, AVX2 where the CPU has it); a one-participant sharded
   // task along dim 1 still goes through the working matrix (load, sum of squares, normalize,
   // store) in the same order, so the two must agree bit for bit — for every dtype pair,
   // precision and eps mode, counts that are not multiples of 4 or of the block, unaligned
@@ -165,6 +166,18 @@ TEST(CpuBackendTest, NoStepsGivesTheBitsOfTheWorkingMatrixPath) {
             ASSERT_OK(CpuBackendWithThreads(1).RunSharded(sharded, lone));
             EXPECT_EQ(run_out, sharded_out) << c.rows << "x" << c.cols << " " << DTypeName(in_dtype) << " -> "
                                             << DTypeName(out_dtype) << " " << PrecisionName(precision);
+            if (in_dtype == out_dtype) {
+              // In place (`out` == `in`): fp32 takes the blocked path instead of the one-pass loop,
+              // with the same bits.
+              std::vector<char> in_place = in;
+              NsTask same{shape, in_dtype, in_place.data() + c.misalign, out_dtype, in_place.data() + c.misalign,
+                          &args};
+              const std::vector<absl::Status> ran = CpuBackendWithThreads(1).Run({same});
+              ASSERT_OK(ran[0]);
+              EXPECT_EQ(std::vector<char>(in_place.begin() + c.misalign, in_place.end()),
+                        std::vector<char>(run_out.begin() + c.misalign, run_out.end()))
+                  << "in place " << c.rows << "x" << c.cols << " " << DTypeName(in_dtype);
+            }
             ++compared;
           }
         }
