@@ -1,6 +1,7 @@
 // GlooCollective failures: timeouts, a vanished peer, bad arguments, the broken-after-error
 // rule and rendezvous errors. Every wait here is bounded by short timeouts.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -107,50 +108,50 @@ TEST(GlooFailureTest, BadArgumentsAreInvalidArgumentAndBreakTheGroup) {
   EXPECT_THAT(after[1], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("world = 2")));
 }
 
-TEST(GlooFailureTest, LocalErrorOnOneRankFailsItsPeerPromptly) {
-  constexpr int kWorld = 2;
-  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
-  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
-  absl::Status peer;
+// What rank 1 of a two-rank group saw while rank 0 ran `rank0`: its Barrier's status and how
+// long the Barrier took (at most `limit`).
+struct PeerBarrier {
+  absl::Status status;
   absl::Duration took;
-  RunRanks(kWorld, [&](int rank) {
+};
+PeerBarrier WhileThePeerWaitsInABarrier(absl::Duration limit, const std::function<void(Collective&)>& rank0) {
+  std::vector<std::unique_ptr<Collective>> group = Group(2);
+  PeerBarrier peer{absl::InternalError("the group was not formed"), absl::ZeroDuration()};
+  if (group.size() != 2) return peer;
+  RunRanks(2, [&](int rank) {
     if (rank == 0) {
-      uint8_t byte = 0;
-      EXPECT_THAT(group[0]->Broadcast(&byte, 1, -1, absl::Seconds(5)),
-                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("root -1")));
+      rank0(*group[0]);
     } else {
       const absl::Time start = absl::Now();
-      peer = group[1]->Barrier(absl::Seconds(10));
-      took = absl::Now() - start;
+      peer.status = group[1]->Barrier(limit);
+      peer.took = absl::Now() - start;
     }
   });
-  EXPECT_THAT(peer, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo Barrier")));
-  EXPECT_LT(took, absl::Seconds(3));
+  return peer;
+}
+
+TEST(GlooFailureTest, LocalErrorOnOneRankFailsItsPeerPromptly) {
+  const PeerBarrier peer = WhileThePeerWaitsInABarrier(absl::Seconds(10), [](Collective& rank0) {
+    uint8_t byte = 0;
+    EXPECT_THAT(rank0.Broadcast(&byte, 1, -1, absl::Seconds(5)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("root -1")));
+  });
+  EXPECT_THAT(peer.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo Barrier")));
+  EXPECT_LT(peer.took, absl::Seconds(3));
 }
 
 // An abort on a rank that is not inside an operation (it gave up before its next call) closes
 // its connections: the peer waiting on it fails at once, and the aborted rank's later calls are
 // UNAVAILABLE naming the reason.
 TEST(GlooFailureTest, AbortBetweenOperationsFailsTheWaitingPeerPromptly) {
-  constexpr int kWorld = 2;
-  std::vector<std::unique_ptr<Collective>> group = Group(kWorld);
-  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
-  absl::Status peer;
-  absl::Duration took;
-  RunRanks(kWorld, [&](int rank) {
-    if (rank == 0) {
-      absl::SleepFor(absl::Milliseconds(200));  // The peer is waiting in its barrier by now.
-      group[0]->Abort("out of device memory");
-      EXPECT_THAT(group[0]->Barrier(absl::Seconds(5)),
-                  StatusIs(absl::StatusCode::kUnavailable, HasSubstr("out of device memory")));
-    } else {
-      const absl::Time start = absl::Now();
-      peer = group[1]->Barrier(absl::Seconds(20));
-      took = absl::Now() - start;
-    }
+  const PeerBarrier peer = WhileThePeerWaitsInABarrier(absl::Seconds(20), [](Collective& rank0) {
+    absl::SleepFor(absl::Milliseconds(200));  // The peer is waiting in its barrier by now.
+    rank0.Abort("out of device memory");
+    EXPECT_THAT(rank0.Barrier(absl::Seconds(5)),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("out of device memory")));
   });
-  EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
-  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_EQ(peer.status.code(), absl::StatusCode::kUnavailable) << peer.status;
+  EXPECT_LT(peer.took, absl::Seconds(5));
 }
 
 TEST(GlooFailureTest, CreateRejectsBadOptions) {
