@@ -22,7 +22,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "server/app/flags.h"
-#include "server/app/malloc_tuning.h"
+#include "common/malloc_tuning.h"
 #include "server/app/server.h"
 
 namespace {
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   orthoserve::SetLogRank(options->rank);
   // Before the server makes its first large allocation. (Not inside LOG_INFO's stream, which
   // is not evaluated below the info level.)
-  const orthoserve::MallocTuning malloc_tuning = orthoserve::KeepFreedMemory(std::getenv("GLIBC_TUNABLES"));
+  const orthoserve::MallocTuning malloc_tuning = orthoserve::KeepFreedMemory();
   LOG_INFO("server") << malloc_tuning.description;
 
   if (pipe(g_signal_pipe) != 0) {

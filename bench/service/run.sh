@@ -2,11 +2,13 @@
 # Service overhead on loopback, side by side in one run by service_bench against one
 # CPU rank (--blas-threads 1 --workers 1):
 #  - overhead: a remote stream step vs the in-process CPU engine (one thread) on the same model
-#    matrices, alternately; target remote ≤ 1.15× engine;
+#    matrices, alternately; target remote ≤ 1.10× engine;
 #  - transport: a steps = 0 stream step vs a raw loopback TCP echo of the same bytes, alternately;
 #    target stream throughput ≥ 0.5× raw. Each rep runs the stream step twice: with its results
 #    returned in new vectors (MatrixOutput::data), and written into result buffers the caller
-#    allocated once (MatrixInput::result).
+#    allocated once (MatrixInput::result). The part runs once per client malloc setting in
+#    CLIENT_MALLOC: glibc's default, and "kept" (service_bench --keep-freed-memory, the call
+#    docs/operations.md offers trainers).
 # Writes bench/results/service.md.
 #
 # The transport part also records CPU time: the server rank's (from /proc, per step), and
@@ -18,7 +20,7 @@
 #
 # Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), PARTS (overhead,transport), MODEL_SHAPES
 # (a GPT-2-small layer: 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024),
-# STREAM_MATRICES (16), REPS (5), WARMUP (1), PRECISION (medium), PORT (47800; metrics and fleet
+# STREAM_MATRICES (16), CLIENT_MALLOC (default,kept), REPS (5), WARMUP (1), PRECISION (medium), PORT (47800; metrics and fleet
 # ports at +100 and +50), OUT.
 set -euo pipefail
 
@@ -29,6 +31,7 @@ model_shapes=${MODEL_SHAPES:-2304x768,768x768,3072x768,768x3072}
 layers=${LAYERS:-4}
 stream_shapes=${STREAM_SHAPES:-4096x1024}
 stream_matrices=${STREAM_MATRICES:-16}
+client_malloc=${CLIENT_MALLOC:-default,kept}
 reps=${REPS:-5}
 warmup=${WARMUP:-1}
 precision=${PRECISION:-medium}
@@ -64,15 +67,28 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date -u '+%Y-%m-%d %H:%M')
 : >"$tmp/runs.jsonl"
 server_cpu_s=""
+for mode in ${client_malloc//,/ }; do
+  case $mode in
+    default | kept) ;;
+    *) echo "run.sh: CLIENT_MALLOC takes default and/or kept, not '$mode'" >&2; exit 2 ;;
+  esac
+done
 for part in ${parts//,/ }; do
-  cpu_before=$(server_cpu)
-  "$build/bench/service/service_bench" --server "127.0.0.1:$port" --parts "$part" --model-shapes "$model_shapes" \
-    --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
-    --reps "$reps" --warmup "$warmup" --precision "$precision" | tee -a "$tmp/runs.jsonl"
-  if [ "$part" = transport ]; then
-    # The rank's CPU time over the part, per step (warm-up included; two stream steps per rep).
-    server_cpu_s=$(awk -v a="$cpu_before" -v b="$(server_cpu)" -v n=$((2 * (reps + warmup))) 'BEGIN {printf "%.3f", (b - a) / n}')
-  fi
+  modes=default
+  [ "$part" = transport ] && modes=${client_malloc//,/ }
+  for mode in $modes; do
+    extra=()
+    [ "$mode" = kept ] && extra=(--keep-freed-memory)
+    cpu_before=$(server_cpu)
+    "$build/bench/service/service_bench" --server "127.0.0.1:$port" --parts "$part" --model-shapes "$model_shapes" \
+      --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
+      --reps "$reps" --warmup "$warmup" --precision "$precision" "${extra[@]}" | tee -a "$tmp/runs.jsonl"
+    if [ "$part" = transport ]; then
+      # The rank's CPU time over the part, per step (warm-up included; two stream steps per rep).
+      server_cpu_s+="$mode=$(awk -v a="$cpu_before" -v b="$(server_cpu)" -v n=$((2 * (reps + warmup))) \
+        'BEGIN {printf "%.3f", (b - a) / n}') "
+    fi
+  done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 uptime_line=$(uptime)
@@ -126,23 +142,23 @@ if over:
                  f"{r['first_result_s']:.3f} |")
     L.append(f"| **median** | **{e:.3f}** | **{w:.3f}** | {s:.3f} | {f:.3f} |")
     pairs = ", ".join(f"{r['remote_s'] / r['engine_s']:.2f}" for r in over)
-    L.append(f"\nRemote / engine: **{w / e:.2f}×** (ratio of medians; per pair {pairs}). Target: ≤ 1.15×.\n")
-if trans:
+    L.append(f"\nRemote / engine: **{w / e:.2f}×** (ratio of medians; per pair {pairs}). Target: ≤ 1.10×.\n")
+def transport(trans, mode, server_cpu):
     b = trans[0]["bytes_each_way"]
     rw = med([r["raw_s"] for r in trans])
     st = med([r["stream_s"] for r in trans])
     f = med([r["first_result_s"] for r in trans])
-    L.append("## Transport-bound streaming (steps = 0) vs raw loopback TCP\n")
-    L.append(f"Work: {stream_matrices} matrices of {stream_shapes} fp32 (cycled), {b / 2**20:.0f} MiB each way, "
-             "NS with steps = 0 (normalize and scale only). *raw*: the same bytes sent over one loopback TCP "
-             "connection to an echo thread and received back concurrently (1 MiB send/recv calls); *stream*: one "
-             "`Client::Step` (4 MiB DataChunks) returning each result in a new vector (`MatrixOutput::data`); "
-             "*into*: the same step writing each result into a buffer the caller allocated once "
-             "(`MatrixInput::result`). Throughput = bytes each way / wall time.\n")
     rc = med([r["raw_cpu_s"] for r in trans])
     cc = med([r["stream_client_cpu_s"] for r in trans])
     it = med([r["into_s"] for r in trans])
     ic = med([r["into_client_cpu_s"] for r in trans])
+    if mode == "kept":
+        L.append("### Client keeping freed memory (`service_bench --keep-freed-memory`)\n")
+        L.append("The same part again in a new client process that first calls `KeepFreedMemory()` "
+                 "(common/malloc_tuning.h), as docs/operations.md offers trainers: freed result vectors and "
+                 "gRPC read buffers are reused instead of going back to the kernel.\n")
+    else:
+        L.append("### Client with glibc's default malloc\n")
     L.append("| | raw s | raw GB/s | raw CPU s | stream s | stream GB/s | stream client CPU s | into s | into GB/s | "
              "into client CPU s | first result after s |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -162,8 +178,24 @@ if trans:
              f"1/{stream_matrices} = {100 / int(stream_matrices):.0f}% if results stream back while later "
              "matrices are still being sent, ~100% if the server waits for the whole batch).\n")
     L.append(f"CPU time per step: raw echo {rc:.3f} s (sender, echo and receiver together); stream: client {cc:.3f} s "
-             f"(median; {ic:.3f} s into the caller's buffers) + server {server_cpu_s} s (the rank's utime + stime over "
+             f"(median; {ic:.3f} s into the caller's buffers) + server {server_cpu} s (the rank's utime + stime over "
              f"the part / its {2 * (int(reps) + int(warmup))} steps).\n")
+
+if trans:
+    L.append("## Transport-bound streaming (steps = 0) vs raw loopback TCP\n")
+    L.append(f"Work: {stream_matrices} matrices of {stream_shapes} fp32 (cycled), "
+             f"{trans[0]['bytes_each_way'] / 2**20:.0f} MiB each way, "
+             "NS with steps = 0 (normalize and scale only). *raw*: the same bytes sent over one loopback TCP "
+             "connection to an echo thread and received back concurrently (1 MiB send/recv calls); *stream*: one "
+             "`Client::Step` (4 MiB DataChunks) returning each result in a new vector (`MatrixOutput::data`); "
+             "*into*: the same step writing each result into a buffer the caller allocated once "
+             "(`MatrixInput::result`). Throughput = bytes each way / wall time. The server keeps freed memory "
+             "(it does so at start-up); the client process is run both ways.\n")
+    server_cpu = dict(kv.split("=") for kv in server_cpu_s.split())
+    for mode in ("default", "kept"):
+        rows = [r for r in trans if r.get("client_malloc", "default") == mode]
+        if rows:
+            transport(rows, mode, server_cpu.get(mode, "unknown"))
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY

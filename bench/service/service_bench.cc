@@ -31,6 +31,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/matrix.h"
 #include "client/cpp/orthoctl/flags.h"
+#include "common/malloc_tuning.h"
 #include "common/ns_options.h"
 #include "common/shape.h"
 #include "common/status.h"
@@ -221,6 +222,7 @@ struct Config {
   std::string precision = "medium";
   std::string parts = "overhead,transport";
   int model_matrices = 16, stream_matrices = 16, reps = 5, warmup = 1, timeout_s = 900, io_kib = 1024;
+  bool keep_freed_memory = false;  // Call KeepFreedMemory() in this (the client's) process first.
 };
 
 std::string LoadAverage1() {
@@ -233,6 +235,13 @@ std::string LoadAverage1() {
 absl::Status Run(const Config& config) {
   if (config.reps < 1 || config.warmup < 0 || config.io_kib < 1) {
     return absl::InvalidArgumentError("--reps and --io-kib must be >= 1, --warmup >= 0");
+  }
+  std::string client_malloc = "default";
+  if (config.keep_freed_memory) {
+    const MallocTuning tuning = KeepFreedMemory();
+    std::cerr << "client " << tuning.description << "\n";
+    if (!tuning.applied) return absl::FailedPreconditionError(absl::StrCat("--keep-freed-memory: ", tuning.description));
+    client_malloc = "kept";
   }
   NsOptions options;  // quintic, 5 steps, eps 1e-7, spectral scale: the server's defaults.
   RETURN_IF_ERROR(ParsePrecision(config.precision, &options.precision));
@@ -305,9 +314,11 @@ absl::Status Run(const Config& config) {
                        "{\"part\": \"transport\", \"rep\": %d, \"bytes_each_way\": %d, \"raw_s\": %.6f, "
                        "\"raw_cpu_s\": %.6f, \"stream_s\": %.6f, \"stream_client_cpu_s\": %.6f, "
                        "\"stream_server_s\": %.6f, \"first_result_s\": %.6f, \"into_s\": %.6f, "
-                       "\"into_client_cpu_s\": %.6f, \"into_server_s\": %.6f, \"load1\": %s}",
+                       "\"into_client_cpu_s\": %.6f, \"into_server_s\": %.6f, \"client_malloc\": \"%s\", "
+                       "\"load1\": %s}",
                        it - config.warmup, bytes, raw_s, cpu1 - cpu0, step.wall_s, cpu2 - cpu1, step.server_s,
-                       step.first_result_s, step_into.wall_s, cpu3 - cpu2, step_into.server_s, LoadAverage1())
+                       step.first_result_s, step_into.wall_s, cpu3 - cpu2, step_into.server_s, client_malloc,
+                       LoadAverage1())
                 << std::endl;
     }
   }
@@ -332,6 +343,9 @@ int Main(int argc, char** argv) {
   flags.AddInt("warmup", "N", "untimed pairs per part first (default 1)", &c.warmup);
   flags.AddInt("timeout", "S", "deadline of each step in seconds (default 900)", &c.timeout_s);
   flags.AddInt("io-kib", "N", "raw TCP send/recv size in KiB (default 1024)", &c.io_kib);
+  flags.AddBool("keep-freed-memory",
+                "first tell this process's malloc to keep freed memory, as a trainer may (common/malloc_tuning.h)",
+                &c.keep_freed_memory);
   absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
   if (flags.help_requested()) {
     std::cout << flags.Usage();

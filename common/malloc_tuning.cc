@@ -1,5 +1,5 @@
-// Implementation of server/app/malloc_tuning.h.
-#include "server/app/malloc_tuning.h"
+// Implementation of common/malloc_tuning.h.
+#include "common/malloc_tuning.h"
 
 #include <malloc.h>
 

@@ -1,11 +1,12 @@
-// KeepFreedMemory (server/app/malloc_tuning.h): an operator's glibc.malloc tunables win, and
+// KeepFreedMemory (common/malloc_tuning.h): an operator's glibc.malloc tunables win, and
 // once applied a freed multi-MiB block stays in the process instead of going back to the kernel.
-#include "server/app/malloc_tuning.h"
+#include "common/malloc_tuning.h"
 
 #include <malloc.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,6 +18,20 @@ using ::testing::HasSubstr;
 
 TEST(MallocTuningTest, AnOperatorsMallocTunablesWin) {
   const MallocTuning tuning = KeepFreedMemory("glibc.pthread.rseq=0:glibc.malloc.trim_threshold=131072");
+  EXPECT_FALSE(tuning.applied);
+  EXPECT_THAT(tuning.description, HasSubstr("GLIBC_TUNABLES"));
+}
+
+TEST(MallocTuningTest, WithoutAnArgumentItReadsThisProcesssGlibcTunables) {
+  const char* saved = std::getenv("GLIBC_TUNABLES");
+  const std::string restore = saved == nullptr ? "" : saved;
+  ASSERT_EQ(setenv("GLIBC_TUNABLES", "glibc.malloc.perturb=0", 1), 0);
+  const MallocTuning tuning = KeepFreedMemory();
+  if (saved == nullptr) {
+    unsetenv("GLIBC_TUNABLES");
+  } else {
+    setenv("GLIBC_TUNABLES", restore.c_str(), 1);
+  }
   EXPECT_FALSE(tuning.applied);
   EXPECT_THAT(tuning.description, HasSubstr("GLIBC_TUNABLES"));
 }
