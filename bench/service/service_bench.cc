@@ -240,7 +240,9 @@ absl::Status Run(const Config& config) {
   if (config.keep_freed_memory) {
     const MallocTuning tuning = KeepFreedMemory();
     std::cerr << "client " << tuning.description << "\n";
-    if (!tuning.applied) return absl::FailedPreconditionError(absl::StrCat("--keep-freed-memory: ", tuning.description));
+    if (!tuning.applied) {
+      return absl::FailedPreconditionError(absl::StrCat("--keep-freed-memory: ", tuning.description));
+    }
     client_malloc = "kept";
   }
   NsOptions options;  // quintic, 5 steps, eps 1e-7, spectral scale: the server's defaults.

@@ -24,7 +24,9 @@ struct Assembled {
 };
 
 // Allocates the zeroed buffers of an assembled matrix `m` in the batch's memory; the
-// error is BatchContext::Allocate's (the batch fails).
+// error is BatchContext::Allocate's (the batch fails). Zeroed because a matrix that fails here
+// is not computed, yet its `out` is still packed and exchanged with the other ranks' results
+// (exchange.cc): it must carry zeros, not bytes an earlier batch left in the memory.
 absl::StatusOr<Assembled> MakeAssembled(BatchContext& ctx, int m);
 
 // The local block of matrix `m` on this rank when it is the whole matrix and usable here, and the
