@@ -20,8 +20,8 @@
 #
 # Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), PARTS (overhead,transport), MODEL_SHAPES
 # (a GPT-2-small layer: 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024),
-# STREAM_MATRICES (16), CLIENT_MALLOC (default,kept), REPS (5), WARMUP (1), PRECISION (medium), PORT (47800; metrics and fleet
-# ports at +100 and +50), OUT.
+# STREAM_MATRICES (16), CLIENT_MALLOC (default,kept), REPS (5), WARMUP (1), PRECISION (medium),
+# PORT (47800; metrics and fleet ports at +100 and +50), OUT.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
