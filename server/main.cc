@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -21,8 +20,8 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/logging.h"
-#include "server/app/flags.h"
 #include "common/malloc_tuning.h"
+#include "server/app/flags.h"
 #include "server/app/server.h"
 
 namespace {

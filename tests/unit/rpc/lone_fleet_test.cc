@@ -69,11 +69,12 @@ TEST_F(LoneFleetTest, StreamAndUnaryMatricesSpreadOverTheMembersWithTheEnginesAn
   // microseconds): a rank whose own queue is empty keeps a matrix rather than forward it, so with
   // tiny matrices one rank could finish each before the next arrived and never forward any.
   constexpr int64_t kCols = 160;
+  auto rows_of = [](int i) { return int64_t{192} + 32 * i; };
   std::vector<std::string> inputs;
   std::vector<v1::StreamRequest> messages = {HeaderMessage(kMatrices)};
   v1::OrthogonalizeRequest unary;
   for (int i = 0; i < kMatrices; ++i) {
-    const int64_t rows = 192 + 32 * i;
+    const int64_t rows = rows_of(i);
     inputs.push_back(Bytes(RandomMatrix(rows, kCols, 10 + i), DType::kF32));
     const v1::MatrixSpec spec = Spec("m" + std::to_string(i), {rows, kCols}, DType::kF32, ns);
     AppendMatrix(messages, i, spec, inputs.back());
@@ -95,7 +96,7 @@ TEST_F(LoneFleetTest, StreamAndUnaryMatricesSpreadOverTheMembersWithTheEnginesAn
   ASSERT_EQ(response.results_size(), kMatrices);
 
   for (int i = 0; i < kMatrices; ++i) {
-    const int64_t rows = 192 + 32 * i;
+    const int64_t rows = rows_of(i);
     const std::string want = Reference(inputs[i], Matrix2d{rows, kCols}, DType::kF32, DType::kF32, ns);
     ASSERT_EQ(out.results[i].code(), 0) << out.results[i].message();
     EXPECT_EQ(out.data[i], want) << "stream matrix " << i;
