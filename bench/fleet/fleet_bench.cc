@@ -248,7 +248,7 @@ absl::Status Run(const Config& config) {
     copts.max_send_message_bytes = -1;
     copts.max_receive_message_bytes = -1;
     ASSIGN_OR_RETURN(fleet.lone, Client::Create(copts));
-    ASSIGN_OR_RETURN(fleet.group, GroupClient::Create(GroupClient::Options{copts}));
+    ASSIGN_OR_RETURN(fleet.group, GroupClient::Create([&] { GroupClient::Options o; o.client = copts; return o; }()));
     std::cerr << "fleet " << fleet.name << " at " << fleet.address << ": " << fleet.group->fleet_world() << " ranks\n";
   }
 

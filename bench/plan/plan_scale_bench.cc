@@ -229,7 +229,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
   const int64_t point_base = Allocated();
   for (int rep = 0; rep < reps; ++rep) {
     StepFigures f;
-    const GroupKey key{"bench", "llama-70b", "fsdp", rep + 1};
+    const GroupKey key{"bench", "llama-70b", "fsdp", rep + 1, "bench-run"};
     Timer decode, report, last;
     const int64_t base = Allocated();
     for (int r = 0; r < world; ++r) {

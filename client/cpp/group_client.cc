@@ -177,7 +177,7 @@ absl::StatusOr<std::vector<MatrixOutput>> GroupClient::Step(const std::string& j
     return absl::InvalidArgumentError(
         absl::StrCat("trainer rank ", rank, " of world ", world, " is invalid; need 0 <= rank < world"));
   }
-  const StepOptions options{job, group, step, rank, world};
+  const StepOptions options{job, group, step, rank, world, options_.run_id};
   std::vector<bool> delivered(inputs.size(), false);
   RetryLoop loop(
       options_.client.retry, retry_environment_.get(), options_.client.timeout,

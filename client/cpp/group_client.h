@@ -38,6 +38,10 @@ class GroupClient {
   struct Options {
     ClientOptions client;                                   // Every connection's; `address`: the seed.
     absl::Duration membership_timeout = absl::Seconds(10);  // Each GetServerInfo re-reading the membership.
+    // The run id of every step (StepHeader.run_id): the same on every trainer rank of the run and
+    // on no other run. Empty: DefaultRunId() (client/cpp/run_id.h: $ORTHOSERVE_RUN_ID,
+    // $TORCHELASTIC_RUN_ID, else random per process, which ranks in separate processes do not share).
+    std::string run_id;
   };
 
   // Connects to the seed, asks it for the fleet (GetServerInfo, with retries) and prepares one

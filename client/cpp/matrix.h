@@ -62,6 +62,9 @@ struct StepOptions {
   int64_t step = 0;   // Optimizer step number; every rank of a group sends the same one.
   int rank = 0;       // This trainer's rank in the group, 0 <= rank < world.
   int world = 1;      // Number of trainer ranks in the group.
+  // Group steps (world > 1): the run's id, shared by every rank of the run (StepHeader.run_id);
+  // empty: DefaultRunId() (client/cpp/run_id.h). Not sent for a lone client.
+  std::string run_id;
 };
 
 // The block an input covers: its explicit block, or the whole 2-D view. INVALID_ARGUMENT (naming

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/chunking.h"
+#include "client/cpp/run_id.h"
 #include "common/status.h"
 
 namespace orthoserve::client {
@@ -43,6 +44,7 @@ StepRequests::StepRequests(const StepOptions& step, int attempt, absl::Span<cons
   header->set_world(step.world);
   header->set_num_matrices(static_cast<int>(inputs.size()));
   header->set_attempt(attempt);
+  if (step.world > 1) header->set_run_id(step.run_id.empty() ? DefaultRunId() : step.run_id);
 }
 
 std::optional<StepRequests::Request> StepRequests::Next() {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/message_text.h"
 
 namespace orthoserve {
 uint64_t RandomNonZeroId() {
@@ -17,7 +18,13 @@ uint64_t RandomNonZeroId() {
   return value;
 }
 
-std::string GroupKey::ToString() const { return absl::StrCat(tenant, "/", job, "/", group, "@", step); }
+std::string GroupKey::ToString() const {
+  return absl::StrCat(BoundedText(tenant), "/", BoundedText(job), "/", BoundedText(group), "@", step);
+}
+
+std::string RunText(const std::string& run) {
+  return run.empty() ? std::string("a client that sent no run id") : absl::StrCat("run \"", BoundedText(run), "\"");
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& options) {
   if (options.fleet_world < 1) {

@@ -107,6 +107,7 @@ struct ReadyReport {
   int attempt = 0;           // The client's attempt number.
   uint64_t epoch = 0;        // The coordinator epoch the fleet rank joined.
   uint64_t incarnation = 0;  // The reporting fleet rank's incarnation.
+  uint64_t digest = 0;       // Of the trainer rank's blocks (TrainerStep::digest).
   std::vector<MatrixPlan> matrices;  // Placements empty.
   std::vector<Block> blocks;         // One per matrix.
 };
@@ -117,11 +118,18 @@ struct ReadyReport {
 //  - cancelled: a trainer rank's client cancelled its call (or its deadline passed);
 //  - aborted: a trainer rank's call failed otherwise, or it retried a step its group had already
 //    run past (which cannot run again);
-//  - invalid: the trainer ranks' reports disagree (world, duplicate rank, specs) or are out of range.
+//  - invalid: the trainer ranks' reports disagree (world, duplicate rank, specs) or are out of range;
+//  - run_mismatch: the report came from another run than the one whose ranks the step was
+//    gathering (see "Runs");
+//  - digest_mismatch: a retry's blocks differ from those of the attempt that ran (see "Replays");
+//  - limit: over a metadata limit (the tenant's pending steps, or a plan too large for the log).
 inline constexpr char kStepFailureTimeout[] = "timeout";
 inline constexpr char kStepFailureCancelled[] = "cancelled";
 inline constexpr char kStepFailureAborted[] = "aborted";
 inline constexpr char kStepFailureInvalid[] = "invalid";
+inline constexpr char kStepFailureRunMismatch[] = "run_mismatch";
+inline constexpr char kStepFailureDigestMismatch[] = "digest_mismatch";
+inline constexpr char kStepFailureLimit[] = "limit";
 
 // One entry of the ordered log, of one of three kinds:
 //  - membership (members non-empty): generation `generation` starts with these members,

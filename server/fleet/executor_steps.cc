@@ -13,7 +13,8 @@ namespace {
 // The `reason` of orthoserve_steps_aborted_total for a failure entry: the coordinator's, or, from
 // a coordinator that predates LogEntry::failure, the closest one its status code allows.
 const char* FailureReason(const LogEntry& entry) {
-  for (const char* known : {kStepFailureTimeout, kStepFailureCancelled, kStepFailureAborted, kStepFailureInvalid}) {
+  for (const char* known : {kStepFailureTimeout, kStepFailureCancelled, kStepFailureAborted, kStepFailureInvalid,
+                            kStepFailureRunMismatch, kStepFailureDigestMismatch, kStepFailureLimit}) {
     if (entry.failure == known) return known;
   }
   return entry.status.code() == absl::StatusCode::kAborted ? kStepFailureAborted : kStepFailureInvalid;
@@ -30,6 +31,7 @@ ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   report.attempt = step.attempt;
   report.incarnation = options_.self.incarnation;
   report.submission = step.submission;
+  report.digest = step.digest;
   report.matrices.reserve(step.matrices.size());
   for (const MatrixPlan& m : step.matrices) {
     report.blocks.push_back(m.blocks.empty() ? Block{} : m.blocks[0].block);

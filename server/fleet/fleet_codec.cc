@@ -13,10 +13,11 @@ fleet::v1::GroupKey GroupKeyToProto(const GroupKey& key) {
   p.set_job(key.job);
   p.set_group(key.group);
   p.set_step(key.step);
+  p.set_run(key.run);
   return p;
 }
 
-GroupKey GroupKeyFromProto(const fleet::v1::GroupKey& p) { return GroupKey{p.tenant(), p.job(), p.group(), p.step()}; }
+GroupKey GroupKeyFromProto(const fleet::v1::GroupKey& p) { return GroupKey{p.tenant(), p.job(), p.group(), p.step(), p.run()}; }
 
 fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
   fleet::v1::ReadyReport p;
@@ -28,6 +29,7 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
   p.set_attempt(report.attempt);
   p.set_epoch(report.epoch);
   p.set_incarnation(report.incarnation);
+  p.set_digest(report.digest);
   p.mutable_matrices()->Reserve(static_cast<int>(report.matrices.size()));
   for (size_t i = 0; i < report.matrices.size(); ++i) {
     fleet::v1::ReportedMatrix* m = p.add_matrices();
@@ -47,6 +49,7 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
   report.attempt = p.attempt();
   report.epoch = p.epoch();
   report.incarnation = p.incarnation();
+  report.digest = p.digest();
   report.matrices.reserve(p.matrices_size());
   report.blocks.reserve(p.matrices_size());
   for (int i = 0; i < p.matrices_size(); ++i) {

@@ -10,8 +10,8 @@ namespace orthoserve {
 // The version of proto/orthoserve/fleet/v1/fleet.proto's protocol this binary speaks. Raise it with
 // every incompatible change to that file: ranks of different protocols never form a fleet. 1 was
 // the protocol that carried the public MatrixSpec (its binaries did not announce it); 2 carries
-// the fleet's own MatrixPlan.
-inline constexpr int kFleetProtocol = 2;
+// the fleet's own MatrixPlan; 3 adds the run to every step key, report digests and the aborting member.
+inline constexpr int kFleetProtocol = 3;
 // The store key under which a coordinator's fleet service answers its protocol (FleetService::StoreGet).
 inline constexpr char kFleetProtocolKey[] = "fleet/protocol";
 

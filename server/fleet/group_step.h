@@ -14,25 +14,35 @@
 
 namespace orthoserve {
 
-// Identifies a step of a trainer group: (tenant, job, group name, step number).
+// Identifies a step of a trainer group: (tenant, job, group name, step number) and the run of
+// the trainers (StepHeader.run_id; "" for an old client's, where the server allows those). Two
+// runs of one job never share a step: the coordinator refuses a report of one run for a step
+// another run's ranks are gathering (Coordinator, "Runs").
 struct GroupKey {
   std::string tenant;
   std::string job;
   std::string group;
   int64_t step = 0;
+  std::string run;
 
   bool operator==(const GroupKey& o) const {
-    return step == o.step && tenant == o.tenant && job == o.job && group == o.group;
+    return step == o.step && tenant == o.tenant && job == o.job && group == o.group && run == o.run;
   }
   template <typename H>
   friend H AbslHashValue(H h, const GroupKey& k) {
-    return H::combine(std::move(h), k.tenant, k.job, k.group, k.step);
+    return H::combine(std::move(h), k.tenant, k.job, k.group, k.step, k.run);
   }
-  // "tenant/job/group@step" for logs and messages.
+  // "tenant/job/group@step" for logs and messages (each part shortened when long; the run is
+  // named apart, see RunText).
   std::string ToString() const;
-  // The group this is a step of (step 0).
-  GroupKey Group() const { return GroupKey{tenant, job, group, 0}; }
+  // The group this is a step of (step 0), of the same run.
+  GroupKey Group() const { return GroupKey{tenant, job, group, 0, run}; }
+  // The same step of any run: what two runs' reports must not share.
+  GroupKey AnyRun() const { return GroupKey{tenant, job, group, step, ""}; }
 };
+
+// How messages name a run: "run \"ID\"" (shortened when long), or "a client that sent no run id".
+std::string RunText(const std::string& run);
 
 // What one trainer rank sent for a step. `matrices[i].blocks` holds exactly one placement:
 // this trainer's block (with its fleet rank). `inputs[i]` holds that block's bytes in
@@ -44,6 +54,7 @@ struct TrainerStep {
   int trainer_world = 1;
   int attempt = 0;          // The client's attempt number (StepHeader.attempt).
   uint64_t submission = 0;  // Set by the executor: identifies this submission in reports and the log.
+  uint64_t digest = 0;      // Of the blocks' bytes, in order (BlockDigest, computed as they arrived).
   std::vector<MatrixPlan> matrices;
   std::vector<std::vector<char>> inputs;
   std::vector<std::vector<char>> outputs;

@@ -80,8 +80,21 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                                  "cancelled its call or its deadline passed), aborted (a trainer rank's call failed "
                                  "otherwise, or it retried a step its group had already run past), invalid (the trainer "
                                  "ranks' requests disagree), collective (the batch failed in the fleet's collective), "
-                                 "fleet_change (planned for a fleet generation that ended before it ran).")
+                                 "fleet_change (planned for a fleet generation that ended before it ran), "
+                                 "run_mismatch (another run of the job was gathering the same step), digest_mismatch (a "
+                                 "retry whose blocks differ from the attempt that ran), limit (over a metadata limit: "
+                                 "pending steps of the tenant, or a plan too large for the fleet's log).")
                            .Register(r);
+  m->integrity_refusals_ = &prometheus::BuildCounter()
+                                .Name("orthoserve_integrity_refusals_total")
+                                .Help("Requests refused so that every answer stays its caller's own, or metadata "
+                                      "bounded, by cause: run_mismatch (a group report of one run for a step another "
+                                      "run's ranks were gathering; counted by the coordinator), digest_mismatch (a "
+                                      "retry whose blocks differ from the kept attempt; coordinator), not_a_member (a "
+                                      "fleet-port call from a peer that is not a fleet member, or not the rank it "
+                                      "claims), limit (a request over a metadata limit).")
+                                .Register(r);
+  for (const char* cause : kIntegrityRefusalCauses) m->integrity_refusals_->Add({{"cause", cause}});
   m->device_memory_ = &prometheus::BuildGauge()
                            .Name("orthoserve_device_memory_bytes")
                            .Help("Device memory of the backend: used and budget.")
@@ -347,6 +360,10 @@ void Metrics::TenantBytes(absl::string_view tenant, absl::string_view direction,
 
 void Metrics::TenantRefused(absl::string_view tenant, absl::string_view limit) {
   tenant_refusals_->Add({{"tenant", TenantLabel(tenant)}, {"limit", std::string(limit)}}).Increment();
+}
+
+void Metrics::IntegrityRefused(absl::string_view cause) {
+  integrity_refusals_->Add({{"cause", std::string(cause)}}).Increment();
 }
 
 void Metrics::DeviceCopies(absl::string_view direction, int64_t bytes, int64_t calls) {

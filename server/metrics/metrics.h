@@ -37,8 +37,21 @@ absl::string_view StageName(Stage stage);
 // The values orthoserve_steps_aborted_total{reason} takes (Metrics::StepAborted), each series
 // there from the start. timeout, cancelled, aborted and invalid are the coordinator's verdicts
 // (server/fleet/coordinator.h, kStepFailure*); collective and fleet_change the executor's.
-inline constexpr const char* kStepAbortReasons[] = {"timeout", "cancelled",  "aborted",
-                                                    "invalid", "collective", "fleet_change"};
+inline constexpr const char* kStepAbortReasons[] = {"timeout",      "cancelled",       "aborted",
+                                                    "invalid",      "collective",      "fleet_change",
+                                                    "run_mismatch", "digest_mismatch", "limit"};
+
+// The causes orthoserve_integrity_refusals_total{cause} counts (Metrics::IntegrityRefused), each
+// series there from the start:
+//  - run_mismatch: a group report of one run for a step another run's ranks were gathering
+//    (rank 0, the coordinator);
+//  - digest_mismatch: a retry whose blocks differ from the kept attempt it would be answered from
+//    (rank 0);
+//  - not_a_member: a fleet-port call from a peer whose certificate names no fleet member, or not
+//    the rank it claims (the rank that served the call);
+//  - limit: a request over a metadata limit (names, dims, matrices, world, pending steps, log
+//    entry size; the rank that refused it).
+inline constexpr const char* kIntegrityRefusalCauses[] = {"run_mismatch", "digest_mismatch", "not_a_member", "limit"};
 
 // How tenants appear in the per-tenant families' `tenant` label (--tenant-labels). Tenant names
 // can be customers' names, so they are shown only when asked for:
@@ -108,6 +121,9 @@ class Metrics {
   void RendezvousTimeout();
   // A group step failed on this rank's trainers; reason: one of kStepAbortReasons.
   void StepAborted(absl::string_view reason);
+  // A request refused to keep results the caller's own, or metadata bounded; cause: one of
+  // kIntegrityRefusalCauses.
+  void IntegrityRefused(absl::string_view cause);
   // A step arrived with attempt > 0 (a client retried it).
   void StepRetried(absl::string_view method);
   // A lone client's matrix computed `where`: "here", "peer" (forwarded to another member), or
@@ -157,6 +173,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* bytes_in_ = nullptr;
   prometheus::Family<prometheus::Counter>* bytes_out_ = nullptr;
   prometheus::Family<prometheus::Counter>* steps_aborted_ = nullptr;
+  prometheus::Family<prometheus::Counter>* integrity_refusals_ = nullptr;
   prometheus::Family<prometheus::Gauge>* device_memory_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_copy_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_copies_ = nullptr;

@@ -24,6 +24,9 @@ struct ServiceOptions {
   int64_t chunk_bytes = int64_t{4} << 20;          // Largest DataChunk accepted and sent.
   int64_t max_message_bytes = int64_t{64} << 20;   // gRPC message limit (reported in GetServerInfo).
   int max_matrices_per_step = 4096;                // num_matrices of one step or unary call.
+  // Serve group steps (world > 1) whose header has no run_id, as the run "" (which never shares a
+  // step with a run that has an id); false: refuse them with INVALID_ARGUMENT.
+  bool allow_group_steps_without_run_id = false;
   absl::Duration rendezvous_timeout = absl::Seconds(60);  // Reported in GetServerInfo.
   // A stream waiting on its client (for its next message, or for it to read) with nothing
   // happening for this long is ended (ProgressWatchdog); <= 0: never.

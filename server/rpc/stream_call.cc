@@ -97,7 +97,7 @@ bool StreamCall::OnHeader() {
   }
   const v1::StepHeader& header = message.header();
   absl::StatusOr<StepRequest> request =
-      StepRequestFromHeader(header, tenant_, s_.options.max_matrices_per_step);
+      StepRequestFromHeader(header, tenant_, s_.options);
   if (!request.ok()) {
     Fail(request.status());
     return false;

@@ -38,7 +38,9 @@ grpc::ByteBuffer ChunkResponse(int index, absl::string_view data, std::shared_pt
   return grpc::ByteBuffer(slices, 2);
 }
 
-absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant, int max_matrices) {
+absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant,
+                                                  const ServiceOptions& options) {
+  const int max_matrices = options.max_matrices_per_step;
   StepRequest r;
   r.world = header.world() == 0 ? 1 : header.world();
   if (r.world < 1 || r.world > kMaxTrainerWorld) {
@@ -57,6 +59,12 @@ absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, 
   if (r.world > 1 && header.job().empty()) {
     return absl::InvalidArgumentError("header job is empty; a group step (world > 1) needs a job id to meet its ranks");
   }
+  if (r.world > 1 && header.run_id().empty() && !options.allow_group_steps_without_run_id) {
+    return absl::InvalidArgumentError(
+        "header run_id is empty; a group step (world > 1) needs the id of its run, the same on every trainer rank "
+        "of the run and on no other run (the shipped clients derive one: ORTHOSERVE_RUN_ID, TORCHELASTIC_RUN_ID, or "
+        "agreed over torch.distributed), so that two runs of one job never share a step");
+  }
   if (header.attempt() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("header attempt = ", header.attempt(), " is negative"));
   }
@@ -71,6 +79,7 @@ absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, 
   r.rank = header.rank();
   r.attempt = header.attempt();
   r.num_matrices = header.num_matrices();
+  if (r.world > 1) r.run = header.run_id();
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include "orthoserve/v1/orthogonalizer.pb.h"
 #include "proto/convert/raw_message.h"
 #include "server/distributed/batch.h"
+#include "server/rpc/service_state.h"
 #include "server/step/step.h"
 
 namespace orthoserve {
@@ -42,10 +43,12 @@ inline int64_t ResultChunkBytes(int64_t requested, int64_t limit) {
   return std::min(requested > 0 ? requested : kDefaultResultChunkBytes, limit);
 }
 
-// The step of a StepHeader sent by `tenant`, validated: INVALID_ARGUMENT naming the field for
-// world, rank, step, num_matrices (1 to `max_matrices`), job (required for world > 1), attempt
-// and result_chunk_bytes.
-absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant, int max_matrices);
+// The step of a StepHeader sent by `tenant`, validated against `options`: INVALID_ARGUMENT
+// naming the field for world, rank, step, num_matrices (1 to max_matrices_per_step), job
+// (required for world > 1), run_id (required for world > 1 unless
+// allow_group_steps_without_run_id), attempt and result_chunk_bytes.
+absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant,
+                                                  const ServiceOptions& options);
 
 // Matrix `index`'s result as StreamResponses: its MatrixResult and, when `status` is OK, `data`
 // in DataChunks of at most `chunk_bytes` that refer to it (`owner` keeps it alive).

@@ -25,7 +25,7 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
   }
   // Any member takes any trainer rank: clients spread a group over the members by preference,
   // and a retry goes wherever one is ready.
-  GroupKey key{request.tenant, request.job, request.group, request.step};
+  GroupKey key{request.tenant, request.job, request.group, request.step, request.run};
   return std::make_shared<FleetStep>(services, std::move(request), std::move(sink), std::move(key));
 }
 

@@ -44,6 +44,7 @@ struct StepRequest {
   int world = 1;      // Trainer ranks in the group (W).
   int attempt = 0;    // The client's attempt number.
   int num_matrices = 1;
+  std::string run;    // The trainers' run (StepHeader.run_id); group steps only.
 };
 
 // What a step needs of the server. None of the pointers is owned; all outlive every step.

@@ -348,7 +348,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     if (duration > 0 && absl::Now() - timed_start > absl::Seconds(duration)) break;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<MatrixOutput>> result =
-        unary ? (*c)->Orthogonalize(inputs) : (*c)->Step(client::StepOptions{"", "", it, 0, 1}, inputs);
+        unary ? (*c)->Orthogonalize(inputs) : (*c)->Step(client::StepOptions{"", "", it, 0, 1, ""}, inputs);
     const double s = absl::ToDoubleSeconds(absl::Now() - start);
     if (!result.ok()) return Fail(err, kExitRpc, result.status());
     for (const MatrixOutput& o : *result) {

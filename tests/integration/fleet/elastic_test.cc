@@ -419,7 +419,7 @@ TEST(ElasticFleetTest, SigtermEndsARankPromptlyWhileItsCoordinatorIsGone) {
   ASSERT_OK(c);
   TrainerInputs t = MakeInputs(0, 0, /*world=*/2);
   auto call = std::async(std::launch::async, [&] {
-    return (*c)->Step(client::StepOptions{"term", "g", 1, 0, 2}, t.inputs);
+    return (*c)->Step(client::StepOptions{"term", "g", 1, 0, 2, "run"}, t.inputs);
   });
   absl::SleepFor(absl::Milliseconds(500));
   fleet.rank(0).Signal(SIGKILL);

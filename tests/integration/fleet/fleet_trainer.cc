@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   header.mutable_header()->set_rank(rank);
   header.mutable_header()->set_world(world);
   header.mutable_header()->set_num_matrices(1);
+  header.mutable_header()->set_run_id(std::string("run-") + argv[2]);
   orthoserve::v1::StreamRequest spec;
   spec.mutable_spec()->set_name("killed");
   spec.mutable_spec()->add_shape(rows);

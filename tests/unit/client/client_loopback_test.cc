@@ -90,7 +90,7 @@ TEST_F(ClientLoopbackTest, StepSendsTheGroupHeader) {
   const std::vector<float> a = Ramp(8, 1.0f);
   MatrixInput in = F32Input("w", {4, 4}, a);
   in.block = Block{0, 0, 2, 4};
-  ASSERT_OK(client->Step(StepOptions{"job1", "tp", 12, 0, 2}, {&in, 1}));
+  ASSERT_OK(client->Step(StepOptions{"job1", "tp", 12, 0, 2, "run"}, {&in, 1}));
   absl::MutexLock lock(&server_.service->mu);
   EXPECT_EQ(server_.service->last_header.job(), "job1");
   EXPECT_EQ(server_.service->last_header.group(), "tp");
@@ -131,7 +131,7 @@ TEST_F(ClientLoopbackTest, StreamFailureReturnsTheServersStatus) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);
   MatrixInput in = F32Input("w", {4, 4}, a);
-  EXPECT_THAT(client->Step(StepOptions{"abort", "x", 7, 0, 1}, {&in, 1}),
+  EXPECT_THAT(client->Step(StepOptions{"abort", "x", 7, 0, 1, ""}, {&in, 1}),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("step 7 of group abort/x aborted")));
 }
 
@@ -210,7 +210,7 @@ TEST_F(ClientLoopbackTest, UnaryRoundTripAndBadInputs) {
   std::vector<MatrixInput> twice = {F32Input("a", {2, 3}, a), F32Input("a", {2, 3}, a)};
   EXPECT_THAT(client->Step(StepOptions{}, twice), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
   EXPECT_THAT(client->Orthogonalize({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no matrices")));
-  EXPECT_THAT(client->Step(StepOptions{"", "", 0, 2, 2}, {&inputs[0], 1}),
+  EXPECT_THAT(client->Step(StepOptions{"", "", 0, 2, 2, "run"}, {&inputs[0], 1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2 of world 2")));
   EXPECT_EQ(server_.service->streams.load(), 0);  // Nothing bad was sent.
 }

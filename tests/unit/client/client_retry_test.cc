@@ -74,7 +74,7 @@ TEST_F(ClientRetryTest, AbortedByAFleetChangeIsRetried) {
   server_.service->fail_code = grpc::StatusCode::ABORTED;
   server_.service->fail_fleet_change = true;
   auto client = Connect();
-  ASSERT_OK(client->Step(StepOptions{"job", "g", 4, 0, 1}, {&input_, 1}));
+  ASSERT_OK(client->Step(StepOptions{"job", "g", 4, 0, 1, ""}, {&input_, 1}));
   EXPECT_THAT(Attempts(server_), ElementsAre(0, 1));
   EXPECT_EQ(client->retries(), 1);
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/matrix.h"
+#include "client/cpp/run_id.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/client/input_util.h"
@@ -84,11 +85,29 @@ TEST(ToSpec, CarriesEveryField) {
   EXPECT_EQ(p.result_dtype(), v1::DTYPE_UNSPECIFIED);
 }
 
+TEST(WriteStep, AGroupStepWithoutARunIdSendsTheProcessRunIdAndALoneOneNone) {
+  std::vector<float> a(4);
+  std::vector<MatrixInput> inputs = {F32Input("a", {2, 2}, a)};
+  auto header_of = [&](const StepOptions& step) {
+    v1::StepHeader header;
+    EXPECT_OK(WriteStep(step, 0, inputs, 16, [&](const v1::StreamRequest& r) {
+      if (r.has_header()) header = r.header();
+      return true;
+    }));
+    return header;
+  };
+  const v1::StepHeader group = header_of(StepOptions{"job", "tp", 1, 0, 2, ""});
+  EXPECT_EQ(group.run_id(), DefaultRunId());
+  EXPECT_FALSE(group.run_id().empty());
+  EXPECT_EQ(header_of(StepOptions{"job", "tp", 2, 1, 2, ""}).run_id(), group.run_id());  // One per process.
+  EXPECT_EQ(header_of(StepOptions{}).run_id(), "");
+}
+
 TEST(WriteStep, HeaderSpecsChunksEnd) {
   std::vector<float> a(10), b(3);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
   std::vector<MatrixInput> inputs = {F32Input("a", {2, 5}, a), F32Input("b", {3, 1}, b)};
-  StepOptions step{"job", "tp", 42, 1, 2};
+  StepOptions step{"job", "tp", 42, 1, 2, "run-7"};
   std::vector<v1::StreamRequest> sent;
   ASSERT_OK(WriteStep(step, 2, inputs, 16, [&](const v1::StreamRequest& r) {
     sent.push_back(r);
@@ -104,6 +123,7 @@ TEST(WriteStep, HeaderSpecsChunksEnd) {
   EXPECT_EQ(sent[0].header().world(), 2);
   EXPECT_EQ(sent[0].header().num_matrices(), 2);
   EXPECT_EQ(sent[0].header().attempt(), 2);
+  EXPECT_EQ(sent[0].header().run_id(), "run-7");
   ASSERT_TRUE(sent[1].has_spec());
   EXPECT_EQ(sent[1].spec().name(), "a");
   std::string joined;

@@ -144,7 +144,7 @@ TEST(CoordinatorTest, RestartLossAndLeaveEachStartANewGeneration) {
 TEST(CoordinatorTest, ReportsComeOnlyFromMembersOfThisEpoch) {
   auto c = Coordinator::Create(TestOptions(2));
   ASSERT_OK(c);
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   // Nobody is a member yet.
   EXPECT_THAT((*c)->Report(Report(**c, key, 0, 1, M(0, 10), 1)),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member of generation 0")));
@@ -169,7 +169,7 @@ TEST(CoordinatorTest, PlacementsNameCollectiveRanksOfTheGeneration) {
   std::vector<Member> members = {M(1, 11), M(3, 33)};
   for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
   WaitGeneration(**c, 1, members);
-  const GroupKey key{"t", "j", "g", 5};
+  const GroupKey key{"t", "j", "g", 5, "run"};
   ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[1], 7)));
   ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[0], 8)));
   std::vector<LogEntry> batch = EntriesFor(ReadAll(**c, members[0], 0), key);
@@ -216,7 +216,7 @@ TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRa
   };
 
   // Identical lists: one batch of rank 0's list, each rank's block in place.
-  LogEntry ok = run(GroupKey{"t", "j", "g", 1}, {3, 1, 0, 2}, nullptr);
+  LogEntry ok = run(GroupKey{"t", "j", "g", 1, "run"}, {3, 1, 0, 2}, nullptr);
   ASSERT_OK(ok.status);
   ASSERT_EQ(ok.plan.matrices.size(), 2u);
   EXPECT_EQ(ok.plan.matrices[1].name, "b");
@@ -227,7 +227,7 @@ TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRa
 
   // Ranks 3 and 1 differ from rank 0, differently; rank 3 arrives first. The message names rank 1,
   // the first rank in order whose list differs from rank 0's.
-  LogEntry differ = run(GroupKey{"t", "j", "g", 2}, {3, 0, 2, 1}, [](int r, std::vector<MatrixPlan>& m) {
+  LogEntry differ = run(GroupKey{"t", "j", "g", 2, "run"}, {3, 0, 2, 1}, [](int r, std::vector<MatrixPlan>& m) {
     if (r == 3) m[0].options.steps = 7;
     if (r == 1) m[1].options.steps = 6;
   });
@@ -238,7 +238,7 @@ TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRa
   EXPECT_EQ(differ.failure, kStepFailureInvalid);
 
   // A rank with fewer matrices.
-  LogEntry fewer = run(GroupKey{"t", "j", "g", 3}, {0, 1, 2, 3}, [](int r, std::vector<MatrixPlan>& m) {
+  LogEntry fewer = run(GroupKey{"t", "j", "g", 3, "run"}, {0, 1, 2, 3}, [](int r, std::vector<MatrixPlan>& m) {
     if (r == 2) m.pop_back();
   });
   EXPECT_THAT(fewer.status, StatusIs(absl::StatusCode::kInvalidArgument,
@@ -246,7 +246,7 @@ TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRa
 
   // A field the comparison ignores (partition_dim outside the TP modes) still differs between the
   // lists: the plan carries rank 0's value, not that of the rank that arrived first.
-  LogEntry ignored = run(GroupKey{"t", "j", "g", 4}, {2, 3, 1, 0}, [](int r, std::vector<MatrixPlan>& m) {
+  LogEntry ignored = run(GroupKey{"t", "j", "g", 4, "run"}, {2, 3, 1, 0}, [](int r, std::vector<MatrixPlan>& m) {
     if (r == 0) m[0].partition_dim = 1;
   });
   ASSERT_OK(ignored.status);
@@ -260,7 +260,7 @@ TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
   WaitGeneration(**c, 1, members);
-  const GroupKey key{"t", "j", "g", 2};
+  const GroupKey key{"t", "j", "g", 2, "run"};
   ASSERT_OK((*c)->Report(Report(**c, key, 0, 3, members[0], 1)));
   ASSERT_OK((*c)->Report(Report(**c, key, 1, 3, members[0], 2)));
   // Trainer rank 1 retries on another member (attempt 1): it replaces attempt 0.
@@ -273,7 +273,7 @@ TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {
   EXPECT_EQ(batch[0].submissions, (std::vector<uint64_t>{1, 3, 4}));
   EXPECT_EQ(batch[0].plan.matrices[0].blocks[1].fleet_rank, 1);
 
-  const GroupKey dup{"t", "j", "g", 3};
+  const GroupKey dup{"t", "j", "g", 3, "run"};
   ASSERT_OK((*c)->Report(Report(**c, dup, 0, 2, members[0], 5, 1)));
   ASSERT_OK((*c)->Report(Report(**c, dup, 0, 2, members[1], 6, 1)));
   std::vector<LogEntry> failed = EntriesFor(ReadAll(**c, members[0], 0), dup);
@@ -289,11 +289,11 @@ TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
   const Member me = M(0, 10);
   ASSERT_OK((*c)->Join(me).status());
   WaitGeneration(**c, 1, {me});
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, me, 1)));
   ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, me, 2)) );
   // (A complete step runs; use a fresh one for the aborts.)
-  const GroupKey k2{"t", "j", "g", 2};
+  const GroupKey k2{"t", "j", "g", 2, "run"};
   ASSERT_OK((*c)->Report(Report(**c, k2, 0, 2, me, 3)));
   (*c)->Abort(k2, 0, absl::UnavailableError("draining"), 3);
   EXPECT_EQ((*c)->pending_steps(), 0u);
@@ -305,7 +305,7 @@ TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_OK(done[0].status);
 
-  const GroupKey k3{"t", "j", "g", 3};
+  const GroupKey k3{"t", "j", "g", 3, "run"};
   ASSERT_OK((*c)->Report(Report(**c, k3, 1, 2, me, 6)));
   (*c)->Abort(k3, 0, absl::CancelledError("client went away"), 0);
   std::vector<LogEntry> aborted = EntriesFor(ReadAll(**c, me, 0), k3);
@@ -322,16 +322,16 @@ TEST(CoordinatorTest, ADroppedRanksReportsAreWithdrawnAndTheOthersWait) {
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
   WaitGeneration(**c, 1, members);
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[0], 1)));
   ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[1], 2)) );
-  const GroupKey k2{"t", "j", "g", 2};
+  const GroupKey k2{"t", "j", "g", 2, "run"};
   ASSERT_OK((*c)->Report(Report(**c, k2, 0, 2, members[0], 3)));
   ASSERT_OK((*c)->Report(Report(**c, k2, 1, 2, members[1], 4)) );
-  const GroupKey k3{"t", "j", "g", 3};
+  const GroupKey k3{"t", "j", "g", 3, "run"};
   ASSERT_OK((*c)->Report(Report(**c, k3, 0, 2, members[0], 5)));
   ASSERT_OK((*c)->Report(Report(**c, k3, 1, 2, members[1], 6)) );
-  const GroupKey open{"t", "j", "g", 4};
+  const GroupKey open{"t", "j", "g", 4, "run"};
   ASSERT_OK((*c)->Report(Report(**c, open, 1, 2, members[1], 7)));
   ASSERT_OK((*c)->Leave(1, 11, (*c)->epoch()));
   // Rank 1's report is gone; the step still waits for both trainer ranks.
@@ -354,7 +354,7 @@ TEST(CoordinatorTest, RendezvousTimeoutNamesAFewRanksAndACount) {
   const Member me = M(0, 10);
   ASSERT_OK((*c)->Join(me).status());
   WaitGeneration(**c, 1, {me});
-  const GroupKey key{"t", "j", "big", 1};
+  const GroupKey key{"t", "j", "big", 1, "run"};
   ReadyReport r = Report(**c, key, 0, 4000, me, 1);
   r.blocks = {Block{}};
   ASSERT_OK((*c)->Report(r));
@@ -380,7 +380,7 @@ TEST(CoordinatorTest, ARetryOfAStepThatRanIsReplayedFromWhatMembersKept) {
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
   WaitGeneration(**c, 1, members);
-  const GroupKey key{"t", "j", "g", 7};
+  const GroupKey key{"t", "j", "g", 7, "run"};
   ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[0], 100)));
   ASSERT_OK((*c)->Report(Report(**c, key, 1, 2, members[1], 101)));
   ASSERT_EQ(EntriesFor(ReadAll(**c, members[0], 0), key).size(), 1u);
@@ -404,7 +404,7 @@ TEST(CoordinatorTest, ARetryOfAStepThatRanIsReplayedFromWhatMembersKept) {
 
   // A notice that comes first makes the replay immediate; a claim for a submission the batch
   // did not use is ignored.
-  const GroupKey next{"t", "j", "g", 8};
+  const GroupKey next{"t", "j", "g", 8, "run"};
   ASSERT_OK((*c)->Report(Report(**c, next, 0, 2, members[0], 300)));
   ASSERT_OK((*c)->Report(Report(**c, next, 1, 2, members[1], 301)));
   ReaderState wrong{1, (*c)->epoch(), 11, 0, 0, {Report(**c, next, 0, 2, members[0], 300)}};  // Not rank 1's.
@@ -473,9 +473,9 @@ TEST(CoordinatorTest, PacedBatchesOfTwoTenantsInterleaveInFairOrder) {
   ASSERT_NE(c, nullptr);
 
   for (int step = 1; step <= 4; ++step) {
-    ASSERT_OK(c->Report(Report(*c, GroupKey{"A", "flood", "g", step}, 0, 1, members[0], 100 + step)));
+    ASSERT_OK(c->Report(Report(*c, GroupKey{"A", "flood", "g", step, "run"}, 0, 1, members[0], 100 + step)));
   }
-  ASSERT_OK(c->Report(Report(*c, GroupKey{"B", "small", "g", 1}, 0, 1, members[1], 200)));
+  ASSERT_OK(c->Report(Report(*c, GroupKey{"B", "small", "g", 1, "run"}, 0, 1, members[1], 200)));
   EXPECT_EQ(c->queued_steps(), 4u);
   EXPECT_EQ(c->pending_steps(), 4u);
   std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
@@ -528,8 +528,8 @@ TEST(CoordinatorTest, APacedStepIsAppendedInPartsAndAnotherTenantsStepRunsBetwee
   std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Nanoseconds(1), members);
   ASSERT_NE(c, nullptr);
 
-  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1}, members[0], 100, 6)));
-  ASSERT_OK(c->Report(Report(*c, GroupKey{"B", "small", "g", 1}, 0, 1, members[1], 200)));
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1, "run"}, members[0], 100, 6)));
+  ASSERT_OK(c->Report(Report(*c, GroupKey{"B", "small", "g", 1, "run"}, 0, 1, members[1], 200)));
   std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
   EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+"}));
   for (int ran = 0; ran < 3; ++ran) {
@@ -538,7 +538,7 @@ TEST(CoordinatorTest, APacedStepIsAppendedInPartsAndAnotherTenantsStepRunsBetwee
   }
   EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+", "B1:0+1", "A1:2+2+", "A1:4+2"}));
   std::vector<std::string> names;
-  for (const LogEntry& e : EntriesFor(log, GroupKey{"A", "big", "g", 1})) {
+  for (const LogEntry& e : EntriesFor(log, GroupKey{"A", "big", "g", 1, "run"})) {
     EXPECT_EQ(e.submissions, (std::vector<uint64_t>{100}));
     std::vector<int> owners;
     for (const MatrixPlan& m : e.plan.matrices) {
@@ -558,8 +558,8 @@ TEST(CoordinatorTest, ADividedStepsRestGoesAheadOfItsJobsLaterSteps) {
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Nanoseconds(1), members);
   ASSERT_NE(c, nullptr);
-  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "job", "g1", 1}, members[0], 100, 4)));
-  ASSERT_OK(c->Report(Report(*c, GroupKey{"A", "job", "g2", 1}, 0, 1, members[1], 200)));
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "job", "g1", 1, "run"}, members[0], 100, 4)));
+  ASSERT_OK(c->Report(Report(*c, GroupKey{"A", "job", "g2", 1, "run"}, 0, 1, members[1], 200)));
   std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
   for (int ran = 0; ran < 2; ++ran) {
     c->BatchRan(log.back().index);
@@ -578,7 +578,7 @@ TEST(CoordinatorTest, PartsGrowWithTheMeasuredRate) {
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Seconds(1000), members);
   ASSERT_NE(c, nullptr);
-  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1}, members[0], 100, 7)));
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1, "run"}, members[0], 100, 7)));
   std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
   ASSERT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+"}));
   c->BatchRan(log.back().index);
@@ -597,13 +597,13 @@ TEST(CoordinatorTest, AGenerationChangeBetweenPartsAppendsTheRestAtOnce) {
   std::vector<Member> members = {M(0, 10), M(1, 11)};
   std::unique_ptr<Coordinator> c = PacedAndFormed(3, absl::Nanoseconds(1), members);
   ASSERT_NE(c, nullptr);
-  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1}, members[0], 100, 4)));
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1, "run"}, members[0], 100, 4)));
   ASSERT_EQ(Parts(ReadAll(*c, members[0], 0)), (std::vector<std::string>{"A1:0+2+"}));
   ASSERT_OK(c->Join(M(2, 12)).status());
   WaitGeneration(*c, 2, {members[0], members[1], M(2, 12)});
   std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
   EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+", "A1:2+2"}));
-  for (const LogEntry& e : EntriesFor(log, GroupKey{"A", "big", "g", 1})) EXPECT_EQ(e.generation, 1);
+  for (const LogEntry& e : EntriesFor(log, GroupKey{"A", "big", "g", 1, "run"})) EXPECT_EQ(e.generation, 1);
 }
 
 // Without rank 0 in the generation nobody reports batches run: steps go into the log as they
@@ -618,7 +618,7 @@ TEST(CoordinatorTest, WithoutRankZeroInTheGenerationStepsAreAppendedAsTheyComple
   WaitGeneration(**c, 1, members);
   for (const Member& m : members) ReadAll(**c, m, 0, /*formed=*/1);
   for (int step = 1; step <= 3; ++step) {
-    ASSERT_OK((*c)->Report(Report(**c, GroupKey{"A", "flood", "g", step}, 0, 1, members[0], 100 + step)));
+    ASSERT_OK((*c)->Report(Report(**c, GroupKey{"A", "flood", "g", step, "run"}, 0, 1, members[0], 100 + step)));
   }
   EXPECT_EQ(BatchOrder(ReadAll(**c, members[0], 0)), (std::vector<std::string>{"A1", "A2", "A3"}));
   EXPECT_EQ((*c)->queued_steps(), 0u);

@@ -284,7 +284,7 @@ TEST(ExecutorTest, GroupStepsRunOnEveryGenerationWithTheSameBits) {
   const std::vector<float> expected = Reference(h.backend(), full);
   std::vector<std::shared_ptr<TrainerStep>> steps;
   // W = 4 trainers spread over the three ranks.
-  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1}, {0, 0, 1, 2}, full, &steps)) {
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1, "run"}, {0, 0, 1, 2}, full, &steps)) {
     ASSERT_OK(o.status);
     ASSERT_OK(o.matrices[0]);
   }
@@ -293,13 +293,13 @@ TEST(ExecutorTest, GroupStepsRunOnEveryGenerationWithTheSameBits) {
   // Rank 2 dies: the others go on as a generation of two with identical results.
   h.Kill(2);
   ASSERT_TRUE(h.WaitFormed({0, 1}));
-  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2}, {0, 1, 0, 1}, full, &steps)) ASSERT_OK(o.status);
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2, "run"}, {0, 1, 0, 1}, full, &steps)) ASSERT_OK(o.status);
   EXPECT_EQ(Gather(steps), expected);
 
   // It restarts and is taken back.
   h.Start(2);
   ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
-  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 3}, {2, 2, 1, 0}, full, &steps)) ASSERT_OK(o.status);
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 3, "run"}, {2, 2, 1, 0}, full, &steps)) ASSERT_OK(o.status);
   EXPECT_EQ(Gather(steps), expected);
 }
 
@@ -313,7 +313,7 @@ TEST(ExecutorTest, AStoppedMemberEndsTheBatchAtThePeerTimeoutAndTheRetrySucceeds
   absl::SleepFor(absl::Milliseconds(100));
   std::vector<std::shared_ptr<TrainerStep>> steps;
   const absl::Time start = absl::Now();
-  std::vector<StepOutcome> first = RunStep(h, {"t", "j", "g", 1}, {0, 1}, full, &steps);
+  std::vector<StepOutcome> first = RunStep(h, {"t", "j", "g", 1, "run"}, {0, 1}, full, &steps);
   const absl::Duration took = absl::Now() - start;
   bool any_failed = false;
   for (const StepOutcome& o : first) {
@@ -328,14 +328,14 @@ TEST(ExecutorTest, AStoppedMemberEndsTheBatchAtThePeerTimeoutAndTheRetrySucceeds
   EXPECT_LT(took, kPeer + absl::Seconds(5));
   ASSERT_TRUE(h.WaitFormed({0, 1}));
   if (any_failed) {
-    for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1}, {1, 0}, full, &steps, 1)) ASSERT_OK(o.status);
+    for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1, "run"}, {1, 0}, full, &steps, 1)) ASSERT_OK(o.status);
   }
   EXPECT_EQ(Gather(steps), Reference(h.backend(), full));
 
   // It resumes: it finds itself dropped, joins again and is taken back.
   h.log(2).Freeze(false);
   ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
-  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2}, {2, 0}, full, &steps)) ASSERT_OK(o.status);
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2, "run"}, {2, 0}, full, &steps)) ASSERT_OK(o.status);
 }
 
 TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {
@@ -344,14 +344,14 @@ TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {
   ASSERT_TRUE(h.WaitFormed({0, 1}));
   const std::vector<float> full = RandomMatrix(3);
   std::vector<std::shared_ptr<TrainerStep>> steps;
-  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1}, {0, 1}, full, &steps)) ASSERT_OK(o.status);
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1, "run"}, {0, 1}, full, &steps)) ASSERT_OK(o.status);
   ASSERT_OK(h.rank(1).Leave(absl::Seconds(5)));
   EXPECT_FALSE(h.rank(1).view().member);
   ASSERT_TRUE(h.WaitFormed({0}));
-  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2}, {0, 0}, full, &steps)) ASSERT_OK(o.status);
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2, "run"}, {0, 0}, full, &steps)) ASSERT_OK(o.status);
   EXPECT_EQ(Gather(steps), Reference(h.backend(), full));
   // A rank outside the generation refuses steps with a retryable UNAVAILABLE.
-  std::vector<StepOutcome> refused = RunStep(h, {"t", "j", "g", 3}, {1}, full, &steps);
+  std::vector<StepOutcome> refused = RunStep(h, {"t", "j", "g", 3, "run"}, {1}, full, &steps);
   EXPECT_THAT(refused[0].status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member")));
   EXPECT_TRUE(refused[0].retryable);
 }
@@ -361,7 +361,7 @@ TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
   h.StartAll();
   ASSERT_TRUE(h.WaitFormed({0, 1}));
   const std::vector<float> full = RandomMatrix(5);
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   std::vector<std::shared_ptr<TrainerStep>> steps;
   for (const StepOutcome& o : RunStep(h, key, {0, 1}, full, &steps)) ASSERT_OK(o.status);
   const std::vector<char> first = steps[1]->outputs[0];
@@ -375,7 +375,7 @@ TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
   h.StartAll();
   ASSERT_TRUE(h.WaitFormed({0, 1}));
   const std::vector<float> full = RandomMatrix(7);
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   std::vector<std::shared_ptr<TrainerStep>> steps;
   // Trainer ranks 0 and 1 on fleet rank 0, 2 and 3 on fleet rank 1.
   for (const StepOutcome& o : RunStep(h, key, {0, 0, 1, 1}, full, &steps)) ASSERT_OK(o.status);
@@ -456,7 +456,7 @@ TEST(ExecutorTest, ADividedStepHasTheBitsOfTheWholeStepAndIsReplayedWhole) {
                                              Algorithm::kTpDuplicated, Algorithm::kTpDistributed};
   std::vector<std::vector<float>> fulls;
   for (size_t i = 0; i < algorithms.size(); ++i) fulls.push_back(RandomMatrix(20 + static_cast<int>(i)));
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   MultiRun whole;
   {
     FleetHarness h(2, /*batch_window=*/1);
@@ -517,7 +517,7 @@ TEST(ExecutorTest, AMemberLostBetweenPartsFailsTheStepRetryablyAndTheRetrySuccee
   const std::vector<Algorithm> algorithms(4, Algorithm::kAuto);
   std::vector<std::vector<float>> fulls;
   for (int i = 0; i < 4; ++i) fulls.push_back(RandomMatrix(40 + i));
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   std::vector<std::future<StepOutcome>> futures;
   for (int r = 0; r < 2; ++r) {
     auto promise = std::make_shared<std::promise<StepOutcome>>();
@@ -561,7 +561,7 @@ TEST(ExecutorTest, AReplayTakesEachKeptStepFromOneHolder) {
   h.StartAll();
   ASSERT_TRUE(h.WaitFormed({0, 1}));
   const std::vector<float> full = RandomMatrix(8);
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   std::vector<std::shared_ptr<TrainerStep>> steps;
   for (const StepOutcome& o : RunStep(h, key, {0, 0, 1, 1}, full, &steps)) ASSERT_OK(o.status);
   const std::vector<char> first = steps[0]->outputs[0];
@@ -576,7 +576,7 @@ TEST(ExecutorTest, AReplayWorksAcrossACoordinatorRestart) {
   h.StartAll();
   ASSERT_TRUE(h.WaitFormed({0, 1}));
   const std::vector<float> full = RandomMatrix(6);
-  const GroupKey key{"t", "j", "g", 1};
+  const GroupKey key{"t", "j", "g", 1, "run"};
   std::vector<std::shared_ptr<TrainerStep>> steps;
   for (const StepOutcome& o : RunStep(h, key, {0, 1}, full, &steps)) ASSERT_OK(o.status);
   const std::vector<char> first = steps[1]->outputs[0];
@@ -603,7 +603,7 @@ TEST(ExecutorTest, ALostCoordinatorFailsWaitingStepsWithinThePeerTimeout) {
   // coordinator: the step fails with UNAVAILABLE well before the rendezvous timeout.
   auto promise = std::make_shared<std::promise<StepOutcome>>();
   std::future<StepOutcome> future = promise->get_future();
-  h.rank(1).Submit(MakeStep({"t", "j", "g", 1}, 0, 2, full), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  h.rank(1).Submit(MakeStep({"t", "j", "g", 1, "run"}, 0, 2, full), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
   h.log(1).Freeze(true);
   ASSERT_EQ(future.wait_for(std::chrono::milliseconds(absl::ToInt64Milliseconds(kPeer + absl::Seconds(5)))),
             std::future_status::ready);

@@ -40,7 +40,7 @@ std::unique_ptr<Coordinator> CoordinatorWithBatches() {
   for (int step = 1; step <= kSteps; ++step) {
     for (int r = 0; r < kWorld; ++r) {
       ReadyReport report;
-      report.key = GroupKey{"t", "j", "g", step};
+      report.key = GroupKey{"t", "j", "g", step, "run"};
       report.trainer_rank = r;
       report.trainer_world = kWorld;
       report.fleet_rank = 0;

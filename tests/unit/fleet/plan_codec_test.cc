@@ -212,7 +212,7 @@ TEST(PlanCodecTest, AnUnknownEnumValueIsRefusedNamingTheMatrixAndTheField) {
 
 TEST(PlanCodecTest, AReadyReportRoundTripsBitExactly) {
   ReadyReport report;
-  report.key = GroupKey{"tenant", "job", "group", 41};
+  report.key = GroupKey{"tenant", "job", "group", 41, "run"};
   report.trainer_rank = 3;
   report.trainer_world = 4;
   report.fleet_rank = 1;
@@ -250,7 +250,7 @@ TEST(PlanCodecTest, ABatchEntryRoundTripsBitExactly) {
   LogEntry entry;
   entry.index = 12;
   entry.generation = 3;
-  entry.key = GroupKey{"tenant", "job", "group", 9};
+  entry.key = GroupKey{"tenant", "job", "group", 9, "run"};
   entry.submissions = {5, 6};
   entry.cached = {false, true};
   entry.part_offset = 4;

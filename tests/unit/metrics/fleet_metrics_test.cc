@@ -149,7 +149,7 @@ class FleetMetricsTest : public ::testing::Test {
 TEST_F(FleetMetricsTest, EveryCollectiveCallOfAGlooFleetIsTimedByOpOnEveryRank) {
   StartFleet(2);
   for (Algorithm algorithm : {Algorithm::kAuto, Algorithm::kTpDistributed}) {
-    const GroupKey key{"default", "job", absl::StrCat("g", static_cast<int>(algorithm)), 1};
+    const GroupKey key{"default", "job", absl::StrCat("g", static_cast<int>(algorithm)), 1, "run"};
     std::future<StepOutcome> a = Submit(*fleets_[0], Step(key, 0, 2, algorithm));
     std::future<StepOutcome> b = Submit(*fleets_[1], Step(key, 1, 2, algorithm));
     for (auto* f : {&a, &b}) {
@@ -181,27 +181,27 @@ TEST_F(FleetMetricsTest, EachWayTheCoordinatorFailsAStepHasItsOwnReason) {
   auto reason = [&m](const char* r) { return Value(m, "orthoserve_steps_aborted_total", {{"reason", r}}); };
 
   // timeout: trainer rank 1 of 2 never comes.
-  std::future<StepOutcome> alone = Submit(fleet, Step(GroupKey{"default", "job", "timeout", 1}, 0, 2));
+  std::future<StepOutcome> alone = Submit(fleet, Step(GroupKey{"default", "job", "timeout", 1, "run"}, 0, 2));
   EXPECT_THAT(Wait(alone).status, StatusIs(absl::StatusCode::kAborted, HasSubstr("rendezvous timeout")));
   EXPECT_EQ(reason("timeout"), 1);
   EXPECT_EQ(Value(m, "orthoserve_rendezvous_timeouts_total"), 1);
 
   // cancelled: trainer rank 0's client went away while rank 1 waited.
-  const GroupKey cancelled{"default", "job", "cancelled", 1};
+  const GroupKey cancelled{"default", "job", "cancelled", 1, "run"};
   std::future<StepOutcome> left = Submit(fleet, Step(cancelled, 1, 2));
   fleet.AbortStep(cancelled, 0, absl::CancelledError("the trainer cancelled its stream"), 0);
   EXPECT_THAT(Wait(left).status, StatusIs(absl::StatusCode::kAborted, HasSubstr("trainer rank 0 failed")));
   EXPECT_EQ(reason("cancelled"), 1);
 
   // aborted: trainer rank 0's call failed for another reason (a bad chunk, say).
-  const GroupKey failed{"default", "job", "failed", 1};
+  const GroupKey failed{"default", "job", "failed", 1, "run"};
   std::future<StepOutcome> other = Submit(fleet, Step(failed, 1, 2));
   fleet.AbortStep(failed, 0, absl::InvalidArgumentError("a chunk of 9 bytes"), 0);
   EXPECT_THAT(Wait(other).status, StatusIs(absl::StatusCode::kAborted, HasSubstr("a chunk of 9 bytes")));
   EXPECT_EQ(reason("aborted"), 1);
 
   // invalid: the trainer ranks disagree about the group's world.
-  const GroupKey invalid{"default", "job", "invalid", 1};
+  const GroupKey invalid{"default", "job", "invalid", 1, "run"};
   std::future<StepOutcome> two = Submit(fleet, Step(invalid, 0, 2));
   std::future<StepOutcome> four = Submit(fleet, Step(invalid, 1, 4));
   EXPECT_THAT(Wait(two).status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world")));
@@ -209,7 +209,7 @@ TEST_F(FleetMetricsTest, EachWayTheCoordinatorFailsAStepHasItsOwnReason) {
   EXPECT_EQ(reason("invalid"), 1);
 
   // A drain withdraws its trainer's report: nothing is aborted, the step waits for the retry.
-  const GroupKey drained{"default", "job", "drained", 1};
+  const GroupKey drained{"default", "job", "drained", 1, "run"};
   std::future<StepOutcome> stays = Submit(fleet, Step(drained, 1, 2));
   fleet.AbortStep(drained, 0, absl::UnavailableError("the server drained before the step ran"), 0);
   std::future<StepOutcome> retry = Submit(fleet, Step(drained, 0, 2));
@@ -259,7 +259,7 @@ TEST(AdmissionMetricsTest, StreamsAndTenantBytesFollowWhatIsAdmitted) {
 TEST(FleetCodecTest, AFailuresReasonTravelsToTheOtherRanks) {
   // Ranks other than 0 read the log over gRPC: the reason must survive the codec.
   LogEntry entry;
-  entry.key = GroupKey{"default", "job", "g", 3};
+  entry.key = GroupKey{"default", "job", "g", 3, "run"};
   entry.status = absl::AbortedError("rendezvous timeout");
   entry.failure = kStepFailureTimeout;
   absl::StatusOr<LogEntry> back = LogEntryFromProto(LogEntryToProto(entry));
@@ -271,7 +271,7 @@ TEST(FleetCodecTest, AFailuresReasonTravelsToTheOtherRanks) {
 TEST(FleetCodecTest, APartOfADividedStepTravelsAsAPart) {
   // Where a part starts in its step and whether more follow: members resolve the step after its last part.
   LogEntry entry;
-  entry.key = GroupKey{"default", "job", "g", 4};
+  entry.key = GroupKey{"default", "job", "g", 4, "run"};
   entry.generation = 7;
   entry.plan.trainer_world = 1;
   entry.plan.fleet_world = 2;

@@ -357,12 +357,32 @@ TEST(MetricsTest, TenantLabelsAreOptIn) {
   EXPECT_THAT(ParseTenantLabels("names", &parsed), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("off, name or hash")));
 }
 
+TEST(MetricsTest, IntegrityRefusalsStartWithEveryCauseItsHelpNames) {
+  std::unique_ptr<Metrics> m = NewMetrics();
+  std::vector<MetricFamily> f = m->Collect();
+  const std::set<std::string> expected(std::begin(kIntegrityRefusalCauses), std::end(kIntegrityRefusalCauses));
+  EXPECT_EQ(LabelValues(f, "orthoserve_integrity_refusals_total", "cause"),
+            (std::set<std::string>{"run_mismatch", "digest_mismatch", "not_a_member", "limit"}));
+  const std::string help = Find(f, "orthoserve_integrity_refusals_total")->help;
+  for (const std::string& cause : expected) EXPECT_THAT(help, HasSubstr(cause + " (")) << cause;
+  m->IntegrityRefused("run_mismatch");
+  f = m->Collect();
+  double run_mismatch = -1;
+  for (const auto& metric : Find(f, "orthoserve_integrity_refusals_total")->metric) {
+    for (const auto& label : metric.label) {
+      if (label.name == "cause" && label.value == "run_mismatch") run_mismatch = metric.counter.value;
+    }
+  }
+  EXPECT_EQ(run_mismatch, 1);
+}
+
 TEST(MetricsTest, StepsAbortedStartsWithEveryReasonItsHelpNames) {
   std::unique_ptr<Metrics> m = NewMetrics();
   std::vector<MetricFamily> f = m->Collect();
   const std::set<std::string> expected(std::begin(kStepAbortReasons), std::end(kStepAbortReasons));
   EXPECT_EQ(LabelValues(f, "orthoserve_steps_aborted_total", "reason"),
-            (std::set<std::string>{"timeout", "cancelled", "aborted", "invalid", "collective", "fleet_change"}));
+            (std::set<std::string>{"timeout", "cancelled", "aborted", "invalid", "collective", "fleet_change",
+                                   "run_mismatch", "digest_mismatch", "limit"}));
   EXPECT_EQ(LabelValues(f, "orthoserve_steps_aborted_total", "reason"), expected);
   const std::string help = Find(f, "orthoserve_steps_aborted_total")->help;
   for (const std::string& reason : expected) EXPECT_THAT(help, HasSubstr(reason + " (")) << reason;

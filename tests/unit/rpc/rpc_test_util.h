@@ -88,7 +88,8 @@ struct StreamOutcome {
 };
 
 inline v1::StreamRequest HeaderMessage(int num_matrices, int rank = 0, int world = 1, const std::string& job = "",
-                                       int64_t step = 0, const std::string& group = "g") {
+                                       int64_t step = 0, const std::string& group = "g",
+                                       const std::string& run_id = "run-a") {
   v1::StreamRequest m;
   v1::StepHeader* h = m.mutable_header();
   h->set_num_matrices(num_matrices);
@@ -97,6 +98,7 @@ inline v1::StreamRequest HeaderMessage(int num_matrices, int rank = 0, int world
   h->set_job(job);
   h->set_group(job.empty() ? "" : group);
   h->set_step(step);
+  if (world > 1) h->set_run_id(run_id);
   return m;
 }
 

@@ -1,0 +1,17 @@
+// The run id of a trainer process's group steps (StepHeader.run_id): the ranks of one run share
+// it, and no other run has it, so that the fleet never puts two runs' blocks into one step.
+#pragma once
+
+#include <string>
+
+namespace orthoserve::client {
+
+// This process's default run id: $ORTHOSERVE_RUN_ID when set and non-empty, else
+// $TORCHELASTIC_RUN_ID (torchrun gives every rank of a job the same one), else a random id made
+// once per process. A random id is unique to the process, so the ranks of a run that are separate
+// processes must be given a shared id (one of the variables, or StepOptions::run_id /
+// GroupClient::Options::run_id); otherwise their steps never meet and end in a rendezvous timeout.
+// Thread-safe; the same value for the life of the process.
+const std::string& DefaultRunId();
+
+}  // namespace orthoserve::client
