@@ -198,6 +198,12 @@ class Coordinator {
     FairShares shares;  // Tenants' weights and priority classes in the order of batches.
     // While pacing, steps are appended in parts of about this much work (0: whole; see "Parts").
     absl::Duration part_time = absl::ZeroDuration();
+    // Group steps of one tenant waiting for trainer ranks at once; a report that would open one
+    // more fails its step with RESOURCE_EXHAUSTED (0: no limit).
+    int max_tenant_pending_steps = 0;
+    // Largest encoded log entry (the fleet channel's message limit, less room for framing): a
+    // batch that would not fit fails its step with INVALID_ARGUMENT instead (0: no limit).
+    size_t max_entry_bytes = 0;
   };
 
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const Options& options);

@@ -15,6 +15,7 @@
 #include "server/collective/nccl/nccl_collective.h"
 #endif
 #include "server/fleet/fleet_client.h"
+#include "server/fleet/fleet_codec.h"
 #include "server/fleet/fleet_service.h"
 
 namespace orthoserve {
@@ -71,6 +72,8 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     c.batch_window = options.world > 1 ? options.batch_window : 0;
     c.shares = options.tenant_shares;
     c.part_time = options.batch_part_time;
+    c.max_tenant_pending_steps = options.max_tenant_pending_steps;
+    c.max_entry_bytes = kMaxFleetEntryBytes;
     if (metrics != nullptr) {
       c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
       c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
@@ -181,8 +184,8 @@ absl::Status Fleet::ServeFleetPort() {
   // Without this gRPC binds with SO_REUSEPORT, and a second server on a busy port would start
   // silently and share its traffic; a port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  builder.SetMaxSendMessageSize(256 << 20);
+  builder.SetMaxReceiveMessageSize(kFleetMessageBytes);
+  builder.SetMaxSendMessageSize(kFleetMessageBytes);
   if (options_.rank == 0 && options_.world > 1) {
     fleet_service_ = std::make_unique<FleetService>(store_.get(), coordinator_.get());
     builder.RegisterService(fleet_service_.get());

@@ -67,6 +67,8 @@ class Fleet {
     int batch_window = 1;
     absl::Duration batch_part_time = absl::Milliseconds(100);  // Coordinator::Options::part_time.
     FairShares tenant_shares;
+    // Group steps of one tenant waiting for their trainer ranks at once (Coordinator::Options; 0: no limit).
+    int max_tenant_pending_steps = 256;
     // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
     // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).
     FairPool* compute = nullptr;

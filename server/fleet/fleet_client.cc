@@ -46,8 +46,8 @@ absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
 
 std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
+  args.SetMaxReceiveMessageSize(kFleetMessageBytes);
+  args.SetMaxSendMessageSize(kFleetMessageBytes);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 

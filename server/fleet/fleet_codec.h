@@ -12,6 +12,11 @@ namespace orthoserve {
 // the protocol that carried the public MatrixSpec (its binaries did not announce it); 2 carries
 // the fleet's own MatrixPlan; 3 adds the run to every step key, report digests and the aborting member.
 inline constexpr int kFleetProtocol = 3;
+// The largest message on the fleet port, either way (every rank's server and channels).
+inline constexpr int kFleetMessageBytes = 256 << 20;
+// The largest log entry the coordinator appends: one entry always fits in a ReadLog response,
+// with room for the response's framing.
+inline constexpr size_t kMaxFleetEntryBytes = static_cast<size_t>(kFleetMessageBytes) - (1 << 20);
 // The store key under which a coordinator's fleet service answers its protocol (FleetService::StoreGet).
 inline constexpr char kFleetProtocolKey[] = "fleet/protocol";
 
