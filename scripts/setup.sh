@@ -16,7 +16,7 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  prometheus-cpp-dev libopenblas-dev libgloo-dev
+  prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus yamllint openssl
   python3 python3-venv python3-dev python3-numpy

@@ -97,16 +97,28 @@ absl::Status Coordinator::Report(ReadyReport report) {
   const GroupKey key = report.key;
   const std::string step = key.ToString();
   if (report.trainer_world < 1 || report.trainer_rank < 0 || report.trainer_rank >= report.trainer_world) {
-    pending_.erase(key);
+    ErasePendingLocked(key);
     AppendFailureLocked(key,
                         absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
                                                                 " is out of range for world ", report.trainer_world)),
                         false, kStepFailureInvalid);
     return absl::OkStatus();
   }
+  if (absl::Status other_run = CheckRunLocked(report); !other_run.ok()) {
+    LOG_WARNING("fleet") << other_run;
+    RefusedLocked(kStepFailureRunMismatch);
+    AppendFailureLocked(key, std::move(other_run), false, kStepFailureRunMismatch);
+    return absl::OkStatus();
+  }
   if (report.attempt > 0 && report.trainer_world > 1 && !pending_.contains(key)) {
     auto a = kept_.find(key.Group());
     if (a != kept_.end() && a->second.key == key) {
+      if (absl::Status changed = CheckRetryDigestLocked(report, a->second); !changed.ok()) {
+        LOG_WARNING("fleet") << changed;
+        RefusedLocked(kStepFailureDigestMismatch);
+        AppendFailureLocked(key, std::move(changed), false, kStepFailureDigestMismatch);
+        return absl::OkStatus();
+      }
       StartReplayLocked(std::move(report));
       return absl::OkStatus();
     }
@@ -119,21 +131,30 @@ absl::Status Coordinator::Report(ReadyReport report) {
       return absl::OkStatus();
     }
   }
-  auto [it, inserted] = pending_.try_emplace(key);
-  Pending& p = it->second;
-  if (inserted) {
-    p.first_report = absl::Now();
-    p.first_generation = generation_.number;
-    p.trainer_world = report.trainer_world;
-    p.reports.resize(report.trainer_world);
-    p.cached.assign(report.trainer_world, false);
-    timer_cv_.notify_all();
+  auto it = pending_.find(key);
+  if (it == pending_.end()) {
+    const auto count = tenant_pending_.find(key.tenant);
+    if (options_.max_tenant_pending_steps > 0 && count != tenant_pending_.end() &&
+        count->second >= options_.max_tenant_pending_steps) {
+      RefusedLocked(kStepFailureLimit);
+      AppendFailureLocked(key,
+                          absl::ResourceExhaustedError(absl::StrCat(
+                              "step ", step, ": tenant \"", BoundedText(key.tenant), "\" has ", count->second,
+                              " group steps waiting for their trainer ranks already, the most this fleet allows "
+                              "(--max-tenant-pending-steps = ",
+                              options_.max_tenant_pending_steps, ")")),
+                          false, kStepFailureLimit);
+      return absl::OkStatus();
+    }
+    NewPendingLocked(key, report.trainer_world);
+    it = pending_.find(key);
   }
+  Pending& p = it->second;
   if (report.trainer_world != p.trainer_world) {
     int other = 0;
-    while (other < p.trainer_world && !p.reports[other]) ++other;
+    while (other < p.trainer_world && p.report(other) == nullptr) ++other;
     const int said = p.trainer_world;
-    pending_.erase(it);
+    ErasePendingLocked(it);
     AppendFailureLocked(key,
                         absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
                                                                 " says world = ", report.trainer_world, " but rank ",
@@ -141,28 +162,143 @@ absl::Status Coordinator::Report(ReadyReport report) {
                         false, kStepFailureInvalid);
     return absl::OkStatus();
   }
-  std::optional<Held>& slot = p.reports[report.trainer_rank];
-  if (slot.has_value()) {
-    if (report.attempt <= slot->report.attempt) {
-      pending_.erase(it);
+  const int rank = report.trainer_rank;
+  auto slot = p.reports.find(rank);
+  if (slot != p.reports.end()) {
+    if (report.attempt <= slot->second.report.attempt) {
+      ErasePendingLocked(it);
       AppendFailureLocked(key,
-                          absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", report.trainer_rank,
+                          absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank ", rank,
                                                                   " joined twice (duplicate rank)")),
                           false, kStepFailureInvalid);
       return absl::OkStatus();
     }
+    if (p.cached.contains(rank)) {
+      // A retry of a rank a replay had filled in from a member's cache: the kept original's
+      // blocks went into the results the other ranks got, so the retry must carry the same ones.
+      auto k = kept_.find(key.Group());
+      if (k != kept_.end() && k->second.key == key) {
+        if (absl::Status changed = CheckRetryDigestLocked(report, k->second); !changed.ok()) {
+          LOG_WARNING("fleet") << changed;
+          RefusedLocked(kStepFailureDigestMismatch);
+          ErasePendingLocked(it);
+          AppendFailureLocked(key, std::move(changed), false, kStepFailureDigestMismatch);
+          return absl::OkStatus();
+        }
+      }
+    }
     // A retry replaces the report of the attempt it retries (whose stream is gone), or the
     // original a replay would have taken from a member's cache.
-    VLOG("fleet", 1) << "step " << step << ": trainer rank " << report.trainer_rank << " attempt " << report.attempt
-                     << " replaces attempt " << slot->report.attempt;
-    p.cached[report.trainer_rank] = false;
-    slot = Hold(std::move(report), p.specs);
+    VLOG("fleet", 1) << "step " << step << ": trainer rank " << rank << " attempt " << report.attempt
+                     << " replaces attempt " << slot->second.report.attempt;
+    p.cached.erase(rank);
+    slot->second = Hold(std::move(report), p.specs);
   } else {
-    slot = Hold(std::move(report), p.specs);
-    ++p.arrived;
+    p.reports.emplace(rank, Hold(std::move(report), p.specs));
   }
-  if (p.arrived == p.trainer_world) CompleteLocked(key);
+  if (p.complete()) CompleteLocked(key);
   return absl::OkStatus();
+}
+
+Coordinator::Pending& Coordinator::NewPendingLocked(const GroupKey& key, int world) {
+  Pending& p = pending_[key];
+  p = Pending();
+  p.first_report = absl::Now();
+  p.first_generation = generation_.number;
+  p.trainer_world = world;
+  claims_.try_emplace(key.AnyRun(), key.run);
+  ++tenant_pending_[key.tenant];
+  timer_cv_.notify_all();
+  return p;
+}
+
+void Coordinator::ErasePendingLocked(absl::flat_hash_map<GroupKey, Pending>::iterator it) {
+  const GroupKey& key = it->first;
+  auto claim = claims_.find(key.AnyRun());
+  if (claim != claims_.end() && claim->second == key.run) claims_.erase(claim);
+  auto count = tenant_pending_.find(key.tenant);
+  if (count != tenant_pending_.end() && --count->second <= 0) tenant_pending_.erase(count);
+  pending_.erase(it);
+}
+
+void Coordinator::ErasePendingLocked(const GroupKey& key) {
+  auto it = pending_.find(key);
+  if (it != pending_.end()) ErasePendingLocked(it);
+}
+
+absl::Status Coordinator::CheckRunLocked(const ReadyReport& report) {
+  const GroupKey& key = report.key;
+  auto claim = claims_.find(key.AnyRun());
+  if (claim == claims_.end() || claim->second == key.run) return absl::OkStatus();
+  GroupKey holder = key;
+  holder.run = claim->second;
+  if (!pending_.contains(holder)) {  // Stale: that step is gone (every erasure drops its claim; this is a backstop).
+    claims_.erase(claim);
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", key.ToString(), ": trainer rank ", report.trainer_rank, " of ", RunText(key.run),
+      " is refused: the trainer ranks of ", RunText(claim->second),
+      " are gathering this step of the same job and group right now, and two runs never share a step. Two runs (a "
+      "relaunch, a sweep) are using one job name: give each its own job, or check that every rank of one run has the "
+      "same run id (ORTHOSERVE_RUN_ID / TORCHELASTIC_RUN_ID)"));
+}
+
+absl::Status Coordinator::CheckRetryDigestLocked(const ReadyReport& report, const Kept& kept) const {
+  const int rank = report.trainer_rank;
+  if (rank < 0 || rank >= static_cast<int>(kept.holders.size())) return absl::OkStatus();
+  for (const Held& original : kept.holders[rank]) {
+    if (original.report.digest == report.digest) continue;
+    return absl::AbortedError(absl::StrCat(
+        "step ", report.key.ToString(), " of ", RunText(report.key.run), ": trainer rank ", rank, " retries (attempt ",
+        report.attempt, ") with blocks other than those of the attempt that ran (digest ",
+        absl::Hex(report.digest, absl::kZeroPad16), ", the original's ", absl::Hex(original.report.digest, absl::kZeroPad16),
+        "): the step cannot be answered from the other ranks' kept inputs. The trainer changed its inputs between "
+        "attempts (e.g. a momentum update applied twice)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// An upper bound of the bytes batch `entry` takes in the fleet's log, as fleet_codec encodes it
+// (LogEntryToProto): every varint counted at its widest (10 bytes, 11 with its tag), every
+// length-delimited field with 6 bytes of tag and length, a block as 4 varints. Loose (a
+// placement is ~15 bytes, counted as 62), and cheap: it reads sizes, it encodes nothing.
+size_t EntryBytesBound(const LogEntry& entry) {
+  constexpr size_t kVarint = 11;
+  constexpr size_t kField = 6;
+  constexpr size_t kBlock = kField + 4 * kVarint;
+  size_t bytes = 16 * kVarint + 4 * kField + entry.key.tenant.size() + entry.key.job.size() + entry.key.group.size() +
+                 entry.key.run.size() + std::string(entry.status.message()).size() + entry.failure.size() +
+                 entry.submissions.size() * kVarint + entry.cached.size() * 2;
+  for (const MatrixPlan& m : entry.plan.matrices) {
+    bytes += 2 * kField + 8 * kVarint + kField + m.name.size() + m.shape.size() * kVarint;
+    // NsOptions: every field set, custom triples as 3 doubles each, split_qkv.
+    bytes += kField + 12 * kVarint + m.options.custom_coefficients.size() * (kField + 3 * 9) +
+             m.options.split_qkv.size() * kVarint;
+    bytes += m.blocks.size() * (kField + 2 * kVarint + kBlock);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::Status Coordinator::CheckEntrySizeLocked(const LogEntry& entry) const {
+  if (options_.max_entry_bytes == 0) return absl::OkStatus();
+  const size_t bound = EntryBytesBound(entry);
+  if (bound <= options_.max_entry_bytes) return absl::OkStatus();
+  size_t placements = 0;
+  for (const MatrixPlan& m : entry.plan.matrices) placements += m.blocks.size();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "step ", entry.key.ToString(), ": its plan (", entry.plan.matrices.size(), " matrices, ", placements,
+      " block placements over ", entry.plan.trainer_world, " trainer ranks) could take up to ", bound,
+      " bytes in the fleet's log, more than the ", options_.max_entry_bytes,
+      " one log entry may hold; send fewer matrices per step or use fewer trainer ranks per group"));
+}
+
+void Coordinator::RefusedLocked(const char* cause) const {
+  if (options_.on_refusal) options_.on_refusal(cause);
 }
 
 namespace {
@@ -185,9 +321,9 @@ void Coordinator::CompleteLocked(const GroupKey& key) {
   }
   if (p.queued) return;  // A retry replaced a report of a step already in the queue.
   p.queued = true;
-  const SpecList& specs = *p.reports[0]->specs;
+  const SpecList& specs = *p.report(0)->specs;
   // A replay is not divided (its kept inputs are taken whole).
-  const bool replay = std::find(p.cached.begin(), p.cached.end(), true) != p.cached.end();
+  const bool replay = !p.cached.empty();
   p.part_end = replay ? specs.size() : PartEndLocked(specs, 0, static_cast<int>(generation_.members.size()));
   ready_.Push(key.tenant, key.job, CostOf(specs, 0, p.part_end), Ready{key, false});
   ReleaseLocked();
@@ -210,7 +346,14 @@ void Coordinator::AppendStepLocked(const GroupKey& key) {
   if (it == pending_.end()) return;
   const size_t part_end = it->second.part_end;
   absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, it->second);
-  pending_.erase(it);
+  ErasePendingLocked(it);
+  if (batch.ok()) {
+    if (absl::Status size = CheckEntrySizeLocked(*batch); !size.ok()) {
+      RefusedLocked(kStepFailureLimit);
+      AppendFailureLocked(key, std::move(size), false, kStepFailureLimit);
+      return;
+    }
+  }
   if (!batch.ok()) {
     AppendFailureLocked(key, batch.status(), false, kStepFailureInvalid);
     return;
@@ -285,7 +428,7 @@ void Coordinator::ReleaseLocked() {
     auto it = pending_.find(ready.key);
     // Gone (aborted, or appended already), or a rank was withdrawn meanwhile (it is queued again
     // when it is complete again).
-    if (it == pending_.end() || !it->second.queued || it->second.arrived < it->second.trainer_world) continue;
+    if (it == pending_.end() || !it->second.queued || !it->second.complete()) continue;
     it->second.queued = false;
     AppendStepLocked(ready.key);
   }
@@ -319,17 +462,9 @@ void Coordinator::StartReplayLocked(ReadyReport report) {
   LOG_INFO("fleet") << "step " << key.ToString() << ": trainer rank " << report.trainer_rank << " retries (attempt "
                     << report.attempt << ") a step that was planned before; members' kept inputs stand in for the ranks "
                        "that do not retry";
-  Pending& p = pending_[key];
-  p.first_report = absl::Now();
-  p.first_generation = generation_.number;
-  p.trainer_world = world;
-  p.reports.assign(world, std::nullopt);
-  p.specs.reset();
-  p.cached.assign(world, false);
+  Pending& p = NewPendingLocked(key, world);
   const int rank = report.trainer_rank;
-  p.reports[rank] = Hold(std::move(report), p.specs);
-  p.arrived = 1;
-  timer_cv_.notify_all();
+  p.reports.emplace(rank, Hold(std::move(report), p.specs));
   FillReplayLocked(key);
 }
 
@@ -340,18 +475,28 @@ void Coordinator::FillReplayLocked(const GroupKey& key) {
   Pending& p = it->second;
   const Kept& kept = k->second;
   if (static_cast<int>(kept.holders.size()) != p.trainer_world) return;
+  // The retries that came before this notice must carry their originals' blocks too.
+  for (const auto& [t, held] : p.reports) {
+    if (p.cached.contains(t)) continue;
+    if (absl::Status changed = CheckRetryDigestLocked(held.report, kept); !changed.ok()) {
+      LOG_WARNING("fleet") << changed;
+      RefusedLocked(kStepFailureDigestMismatch);
+      ErasePendingLocked(it);
+      AppendFailureLocked(key, std::move(changed), false, kStepFailureDigestMismatch);
+      return;
+    }
+  }
   for (int t = 0; t < p.trainer_world; ++t) {
-    if (p.reports[t]) continue;
+    if (p.report(t) != nullptr) continue;
     for (const Held& holder : kept.holders[t]) {
       // Its inputs are on that rank only while it is the same process and a member.
       if (!IsMemberLocked(holder.report.fleet_rank, holder.report.incarnation)) continue;
-      p.reports[t] = holder;
-      p.cached[t] = true;
-      ++p.arrived;
+      p.reports.emplace(t, holder);
+      p.cached.insert(t);
       break;
     }
   }
-  if (p.arrived == p.trainer_world) CompleteLocked(key);
+  if (p.complete()) CompleteLocked(key);
 }
 
 Coordinator::Held Coordinator::Hold(ReadyReport report, std::shared_ptr<const SpecList>& shared) {
@@ -376,11 +521,11 @@ Coordinator::Held Coordinator::Hold(ReadyReport report, std::shared_ptr<const Sp
 }
 
 absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pending& p) {
-  const Held& first = *p.reports[0];
+  const Held& first = *p.report(0);
   const SpecList& first_specs = *first.specs;
   const std::string step = key.ToString();
   for (int r = 1; r < p.trainer_world; ++r) {
-    const Held& other = *p.reports[r];
+    const Held& other = *p.report(r);
     if (other.specs == first.specs) continue;  // One list, held once: identical.
     const SpecList& other_specs = *other.specs;
     if (other_specs.size() != first_specs.size()) {
@@ -411,22 +556,23 @@ absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pend
     m.blocks.clear();
     m.blocks.reserve(p.trainer_world);
     for (int r = 0; r < p.trainer_world; ++r) {
-      const ReadyReport& report = p.reports[r]->report;
+      const ReadyReport& report = p.report(r)->report;
       m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.blocks[i]});
     }
   }
-  for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.reports[r]->report.submission);
-  if (std::find(p.cached.begin(), p.cached.end(), true) != p.cached.end()) entry.cached = p.cached;
+  for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.report(r)->report.submission);
+  if (!p.cached.empty()) {
+    entry.cached.assign(p.trainer_world, false);
+    for (int r : p.cached) entry.cached[r] = true;
+  }
   AssignOwners(plan);
   return entry;
 }
 
 void Coordinator::WithdrawLocked(Pending& p, int trainer_rank) {
-  if (trainer_rank < 0 || trainer_rank >= p.trainer_world || !p.reports[trainer_rank]) return;
-  p.reports[trainer_rank].reset();
-  p.cached[trainer_rank] = false;
+  if (p.reports.erase(trainer_rank) == 0) return;
+  p.cached.erase(trainer_rank);
   p.queued = false;  // Its key in ready_ goes stale; complete again, it is queued again.
-  --p.arrived;
 }
 
 void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
@@ -438,14 +584,14 @@ void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Statu
     // lost its fleet): only its own report goes; the other ranks keep waiting for the retry.
     if (it == pending_.end()) return;
     Pending& p = it->second;
-    if (trainer_rank >= 0 && trainer_rank < p.trainer_world && p.reports[trainer_rank] &&
-        (submission == 0 || p.reports[trainer_rank]->report.submission == submission)) {
+    const Held* held = p.report(trainer_rank);
+    if (held != nullptr && (submission == 0 || held->report.submission == submission)) {
       WithdrawLocked(p, trainer_rank);
-      if (p.arrived == 0) pending_.erase(it);
+      if (p.arrived() == 0) ErasePendingLocked(it);
     }
     return;
   }
-  if (it != pending_.end()) pending_.erase(it);
+  if (it != pending_.end()) ErasePendingLocked(it);
   divided_.erase(key);  // The parts still to come: the failure below ends the step on every member.
   AppendFailureLocked(key,
                       absl::AbortedError(absl::StrCat("step ", key.ToString(), " aborted: trainer rank ", trainer_rank,
@@ -537,6 +683,19 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
   return out;
 }
 
+std::string Coordinator::MissingRanks(const Pending& p) {
+  // The first ranks only: a step that claims a world of 65536 and got one report must not cost
+  // a list of 65535.
+  constexpr int kShown = 16;
+  std::vector<int64_t> missing;
+  for (int r = 0; r < p.trainer_world && static_cast<int>(missing.size()) < kShown; ++r) {
+    if (p.report(r) == nullptr) missing.push_back(r);
+  }
+  const int more = p.trainer_world - p.arrived() - static_cast<int>(missing.size());
+  return more > 0 ? absl::StrCat(absl::StrJoin(missing, ", "), ", ... (and ", more, " more)")
+                  : absl::StrJoin(missing, ", ");
+}
+
 void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
   std::vector<GroupKey> expired;
   for (auto& [key, p] : pending_) {
@@ -549,30 +708,22 @@ void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
     next = std::min(next, deadline);
     if (!p.warned && now >= p.first_report + options_.stall_warning) {
       p.warned = true;
-      std::vector<int64_t> missing;
-      for (int r = 0; r < p.trainer_world; ++r) {
-        if (!p.reports[r]) missing.push_back(r);
-      }
       LOG_WARNING("fleet") << "step " << key.ToString() << " has waited " << (now - p.first_report)
-                           << " for trainer ranks [" << ListText(missing) << "] of " << p.trainer_world;
+                           << " for trainer ranks [" << MissingRanks(p) << "] of " << p.trainer_world;
     } else if (!p.warned) {
       next = std::min(next, p.first_report + options_.stall_warning);
     }
   }
   for (const GroupKey& key : expired) {
     Pending& p = pending_[key];
-    std::vector<int64_t> missing;
-    for (int r = 0; r < p.trainer_world; ++r) {
-      if (!p.reports[r]) missing.push_back(r);
-    }
     // A missing rank whose fleet rank dropped out while the step waited was cut off by the
     // fleet change, not by its trainer: a retry may well succeed.
     const bool fleet_changed = p.first_generation != generation_.number;
     absl::Status status = absl::AbortedError(absl::StrCat(
         "step ", key.ToString(), " aborted: rendezvous timeout after ", absl::FormatDuration(options_.rendezvous_timeout),
-        ": trainer ranks [", ListText(missing), "] of ", p.trainer_world, " did not arrive",
+        ": trainer ranks [", MissingRanks(p), "] of ", p.trainer_world, " did not arrive",
         fleet_changed ? " (the fleet's membership changed meanwhile)" : ""));
-    pending_.erase(key);
+    ErasePendingLocked(key);
     AppendFailureLocked(key, std::move(status), fleet_changed, kStepFailureTimeout);
     if (options_.on_rendezvous_timeout) options_.on_rendezvous_timeout();
   }
@@ -599,6 +750,16 @@ void Coordinator::TimerLoop() {
       stalled = true;
     }
     if (stalled) ReleaseLocked();
+    // Claims whose step is gone (a backstop: every erasure drops its claim).
+    for (auto it = claims_.begin(); it != claims_.end();) {
+      GroupKey holder = it->first;
+      holder.run = it->second;
+      if (pending_.contains(holder)) {
+        ++it;
+      } else {
+        claims_.erase(it++);
+      }
+    }
     for (auto it = kept_.begin(); it != kept_.end();) {
       if (now - it->second.at > options_.rendezvous_timeout) {
         kept_.erase(it++);

@@ -21,7 +21,24 @@
 // starts a replay: the trainer ranks whose inputs a member holds are filled in from there
 // ("cached"), retries fill the rest, and the batch runs again with the same specs (the same
 // bits), results going to the retried ranks only. A retry of a step older than the group's last
-// kept one fails at once with ABORTED.
+// kept one fails at once with ABORTED. Kept steps are the run's own (the group key carries the
+// run): another run's retry of the same step number never finds them and gathers its own ranks.
+// And a retry is answered from the kept inputs only with the blocks the original sent: its report's
+// digest (ReadyReport::digest, of every block's bytes) must equal that of the kept original of its
+// trainer rank, or the replay fails with ABORTED ("digest_mismatch") — the other ranks' kept
+// blocks were combined with the original's, so a result from different blocks would be no step's.
+//
+// Runs. Every step key carries the trainers' run (GroupKey::run, the client's StepHeader.run_id).
+// Reports of two runs are never put into one step: while a step's ranks of one run gather, a
+// report of another run for the same (tenant, job, group, step) is refused — its step fails with
+// FAILED_PRECONDITION naming the step and both runs ("run_mismatch") — and the first run's step
+// goes on. An old client's run "" is a run like any other here.
+//
+// Limits. A tenant has at most `max_tenant_pending_steps` steps gathering at once (a report that
+// would open one more fails its step with RESOURCE_EXHAUSTED, "limit"); a pending step holds
+// memory for the reports that arrived, not for the world they claim; a batch whose log entry would
+// exceed `max_entry_bytes` fails with INVALID_ARGUMENT ("limit") instead of being appended, so no
+// entry is ever too large for a member to read.
 //
 // Steps. A fleet rank reports a trainer rank ready once it holds all of that trainer's blocks
 // for a (group, step). When all W trainer ranks of the step have reported, the coordinator
@@ -71,6 +88,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -193,6 +211,10 @@ class Coordinator {
     // into the coordinator); `reason` is one of joined, restarted, left, lost,
     // collective_failed. May be empty.
     std::function<void(const Generation&, const std::string& reason)> on_generation;
+    // Called, under the coordinator's lock, for each refusal that keeps answers their callers'
+    // own or metadata bounded; `cause` is run_mismatch, digest_mismatch or limit
+    // (Metrics::IntegrityRefused). May be empty.
+    std::function<void(const char* cause)> on_refusal;
     // Batches appended but not yet run on rank 0 at most (0: no pacing; see "Order of batches").
     int batch_window = 0;
     FairShares shares;  // Tenants' weights and priority classes in the order of batches.
@@ -273,14 +295,23 @@ class Coordinator {
     absl::Time first_report;
     int64_t first_generation = 0;  // The generation at the first report.
     int trainer_world = 1;
-    std::vector<std::optional<Held>> reports;
+    // The reports that arrived, by trainer rank: memory in proportion to the ranks that reported,
+    // not to the world the first report claimed.
+    absl::flat_hash_map<int, Held> reports;
     // The first spec list held, which the identical ones share.
     std::shared_ptr<const SpecList> specs;
-    std::vector<bool> cached;  // Replay: the report is the original, its inputs in a member's cache.
-    int arrived = 0;
+    absl::flat_hash_set<int> cached;  // Replay: trainer ranks whose report is the original, its inputs in a member's cache.
     bool warned = false;
-    bool queued = false;  // Complete, in ready_ (a withdrawal takes it out: arrived < trainer_world).
+    bool queued = false;  // Complete, in ready_ (a withdrawal takes it out: not every rank has a report).
     size_t part_end = 0;  // Queued: the end of the first part it was charged for (0: whole).
+
+    int arrived() const { return static_cast<int>(reports.size()); }
+    bool complete() const { return arrived() == trainer_world; }
+    // Trainer rank r's report; null when it has not arrived.
+    const Held* report(int r) const {
+      auto it = reports.find(r);
+      return it == reports.end() ? nullptr : &it->second;
+    }
   };
   // The last step of a group (key step = 0) that members keep: by trainer rank, the reports of
   // every member that keeps its inputs (the one it ran on, and a copy on the next member when
@@ -291,6 +322,21 @@ class Coordinator {
     std::vector<std::vector<Held>> holders;
     std::shared_ptr<const SpecList> specs;  // As Pending::specs.
   };
+  // A new pending step of `key` for trainer world `world` (the first report of it, or a replay's):
+  // claims the step for key.run (see "Runs") and counts it for its tenant.
+  Pending& NewPendingLocked(const GroupKey& key, int world);
+  // Forgets pending step `it`: its claim and its tenant's count go with it.
+  void ErasePendingLocked(absl::flat_hash_map<GroupKey, Pending>::iterator it);
+  void ErasePendingLocked(const GroupKey& key);
+  // FAILED_PRECONDITION when another run's ranks are gathering the same step (see "Runs").
+  absl::Status CheckRunLocked(const ReadyReport& report);
+  // ABORTED when `report` retries a kept step with blocks whose digest differs from its kept
+  // original's (see "Replays"); OK when they agree or no original of its rank is kept.
+  absl::Status CheckRetryDigestLocked(const ReadyReport& report, const Kept& kept) const;
+  // Counts a refusal (Options::on_refusal).
+  void RefusedLocked(const char* cause) const;
+  // INVALID_ARGUMENT when batch `entry` would not fit in one log read (Options::max_entry_bytes).
+  absl::Status CheckEntrySizeLocked(const LogEntry& entry) const;
   // A retried report of the step its group's members keep: starts the replay.
   void StartReplayLocked(ReadyReport report);
   // Fills replay slots from what members keep; appends the batch when every slot is filled.
@@ -337,6 +383,8 @@ class Coordinator {
   void WithdrawLocked(Pending& pending, int trainer_rank);
   void CheckLivenessLocked(absl::Time now);
   void CheckPendingLocked(absl::Time now, absl::Time& next);
+  // "r1, r2, ..." of the trainer ranks `p` still waits for (the first few, and how many more).
+  static std::string MissingRanks(const Pending& p);
   void TimerLoop();
 
   const Options options_;
@@ -350,6 +398,9 @@ class Coordinator {
   std::string reform_reason_;
   bool reform_forced_ = false;  // The next reform happens even with unchanged members.
   absl::flat_hash_map<GroupKey, Pending> pending_;
+  // By GroupKey::AnyRun(): the run whose ranks the pending step of that key gathers (see "Runs").
+  absl::flat_hash_map<GroupKey, std::string> claims_;
+  absl::flat_hash_map<std::string, int> tenant_pending_;  // Pending steps by tenant.
   absl::flat_hash_map<GroupKey, Kept> kept_;  // By GroupKey::Group().
   FairQueue<Ready> ready_;  // Complete steps and parts for their turn; stale keys are skipped.
   absl::flat_hash_map<GroupKey, Divided> divided_;

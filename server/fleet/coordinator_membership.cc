@@ -130,13 +130,13 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
   // streams fail, and the trainers retry on a member).
   for (auto it = pending_.begin(); it != pending_.end();) {
     Pending& p = it->second;
-    for (int r = 0; r < p.trainer_world; ++r) {
-      if (p.reports[r] && !IsMemberLocked(p.reports[r]->report.fleet_rank, p.reports[r]->report.incarnation)) {
-        WithdrawLocked(p, r);
-      }
+    std::vector<int> gone;
+    for (const auto& [r, held] : p.reports) {
+      if (!IsMemberLocked(held.report.fleet_rank, held.report.incarnation)) gone.push_back(r);
     }
-    if (p.arrived == 0) {
-      pending_.erase(it++);
+    for (int r : gone) WithdrawLocked(p, r);
+    if (p.arrived() == 0) {
+      ErasePendingLocked(it++);
     } else {
       ++it;
     }

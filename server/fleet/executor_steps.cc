@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_digest.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "server/fleet/executor.h"
@@ -180,6 +181,8 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
     step->trainer_rank = t;
     step->trainer_world = world;
     step->submission = entry.submissions[t];
+    std::vector<DigestedBlock> digested;
+    digested.reserve(plan.matrices.size());
     for (const MatrixPlan& m : plan.matrices) {
       MatrixPlan spec = m;
       spec.blocks = {BlockPlacement{t, prev, m.blocks[t].block}};
@@ -188,8 +191,14 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
       step->inputs.emplace_back(recv.begin() + static_cast<std::ptrdiff_t>(offset),
                                 recv.begin() + static_cast<std::ptrdiff_t>(offset + n));
       offset += n;
+      // The copy's digest, as the member that received the blocks from the trainer made it (the
+      // log does not carry digests): what a replay compares a retry of this rank with.
+      StreamDigest bytes;
+      bytes.Update(absl::string_view(step->inputs.back().data(), step->inputs.back().size()));
+      digested.push_back(DigestedBlock{m.blocks[t].block, m.dtype, bytes.Value()});
       step->matrices.push_back(std::move(spec));
     }
+    step->digest = StepDigest(digested);
     copies.push_back(std::move(step));
   }
   return copies;

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     if (metrics != nullptr) {
       c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
       c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
+      c.on_refusal = [metrics](const char* cause) { metrics->IntegrityRefused(cause); };
     }
     ASSIGN_OR_RETURN(fleet->coordinator_, Coordinator::Create(c));
     fleet->store_ = std::make_shared<InMemoryStore>();

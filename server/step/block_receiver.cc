@@ -17,6 +17,7 @@ void BlockReceiver::Append(absl::string_view bytes) {
   for (size_t offset = 0; offset < bytes.size(); offset += kPiece) {
     const size_t n = std::min(kPiece, bytes.size() - offset);
     std::memcpy(dst_ + received_, bytes.data() + offset, n);
+    if (digest_ != nullptr) digest_->Update(absl::string_view(dst_ + received_, n));
     received_ += static_cast<int64_t>(n);
     if (first_non_finite_ >= 0) continue;
     const int64_t whole = received_ / elem;

@@ -1,20 +1,25 @@
 // Receives one matrix block's bytes, chunk after chunk, into its final buffer (one copy, no
-// zero fill) and looks for NaN and Inf while the bytes are still in the cache: the server's only
-// pass over an input before compute (docs/architecture.md). Not thread-safe; one per matrix.
+// zero fill) and looks for NaN and Inf — and, for a group step, digests them (block_digest.h) —
+// while the bytes are still in the cache: the server's only pass over an input before compute
+// (docs/architecture.md). Not thread-safe; one per matrix.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
+#include "common/block_digest.h"
 
 namespace orthoserve {
 
 class BlockReceiver {
  public:
   BlockReceiver() = default;
-  // Receives `size` bytes of `dtype` elements into `dst` (not owned; `size` bytes long).
-  BlockReceiver(DType dtype, char* dst, int64_t size) : dtype_(dtype), dst_(dst), size_(size) {}
+  // Receives `size` bytes of `dtype` elements into `dst` (not owned; `size` bytes long), and
+  // digests them when `digest`.
+  BlockReceiver(DType dtype, char* dst, int64_t size, bool digest = false)
+      : dtype_(dtype), dst_(dst), size_(size), digest_(digest ? std::make_unique<StreamDigest>() : nullptr) {}
 
   // Copies `bytes` after those received so far. Requires received() + bytes.size() <= size().
   void Append(absl::string_view bytes);
@@ -24,6 +29,8 @@ class BlockReceiver {
   bool complete() const { return received_ == size_; }
   // The index of the first NaN or Inf among the whole elements received so far, or -1.
   int64_t first_non_finite() const { return first_non_finite_; }
+  // The StreamDigest of the bytes received so far; 0 when not digesting.
+  uint64_t digest() const { return digest_ == nullptr ? 0 : digest_->Value(); }
 
  private:
   DType dtype_ = DType::kF32;
@@ -32,6 +39,7 @@ class BlockReceiver {
   int64_t received_ = 0;
   int64_t scanned_ = 0;  // Elements looked at.
   int64_t first_non_finite_ = -1;
+  std::unique_ptr<StreamDigest> digest_;  // Null: not digesting.
 };
 
 }  // namespace orthoserve

@@ -4,6 +4,7 @@
 // deadline passed, or the server's drain deadline cut the call) ends it at once, and the fleet
 // drops its copy later.
 #include "absl/strings/str_cat.h"
+#include "common/block_digest.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
@@ -33,6 +34,10 @@ void FleetStep::InputEnded() {
   step->trainer_world = request_.world;
   step->attempt = request_.attempt;
   step->submitted = absl::Now();
+  std::vector<DigestedBlock> digested;
+  digested.reserve(matrices_.size());
+  for (const Matrix& m : matrices_) digested.push_back(DigestedBlock{m.spec.block, m.spec.plan.dtype, m.receiver.digest()});
+  step->digest = StepDigest(digested);
   for (Matrix& m : matrices_) {
     MatrixPlan plan = m.spec.plan;
     plan.blocks = {BlockPlacement{request_.rank, s_.fleet->rank(), m.spec.block}};

@@ -84,7 +84,8 @@ absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_
   m.spec = *std::move(spec);
   m.parsed = true;
   ASSIGN_OR_RETURN(char* dst, Destination(m));
-  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes);
+  // A group step's blocks are digested as they arrive (a retry must carry the same ones).
+  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes, /*digest=*/!lone());
   if (m.spec.block_bytes == 0) return Completed(index);
   return absl::OkStatus();
 }

@@ -15,6 +15,7 @@ namespace orthoserve {
 namespace {
 
 using ::orthoserve::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -423,6 +424,201 @@ TEST(CoordinatorTest, ARetryOfAStepThatRanIsReplayedFromWhatMembersKept) {
   ASSERT_EQ(old.size(), 3u);
   EXPECT_THAT(old[2].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("older than the last one")));
   EXPECT_EQ(old[2].failure, kStepFailureAborted);
+}
+
+// Two formed members 0 and 1 of a fresh coordinator with `o`.
+struct TwoMembers {
+  std::unique_ptr<Coordinator> c;
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+};
+TwoMembers StartTwo(Coordinator::Options o) {
+  TwoMembers t;
+  auto c = Coordinator::Create(o);
+  EXPECT_OK(c.status());
+  t.c = *std::move(c);
+  for (const Member& m : t.members) EXPECT_OK(t.c->Join(m).status());
+  WaitGeneration(*t.c, 1, t.members);
+  return t;
+}
+
+GroupKey OfRun(GroupKey key, const std::string& run) {
+  key.run = run;
+  return key;
+}
+
+TEST(CoordinatorTest, AnotherRunsReportForAStepBeingGatheredIsRefusedAndTheFirstRunGoesOn) {
+  Coordinator::Options o = TestOptions(2);
+  std::vector<std::string> refusals;
+  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
+  TwoMembers t = StartTwo(o);
+  Coordinator& c = *t.c;
+  const GroupKey a{"t", "sweep", "g", 0, "run-a"};
+  const GroupKey b = OfRun(a, "run-b");
+  // Interleaved as two runs of one script would arrive: A0, B0, A1, B1.
+  ASSERT_OK(c.Report(Report(c, a, 0, 2, t.members[0], 100)));
+  ASSERT_OK(c.Report(Report(c, b, 0, 2, t.members[1], 200)));
+  std::vector<LogEntry> refused = EntriesFor(ReadAll(c, t.members[0], 0), b);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_THAT(refused[0].status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          AllOf(HasSubstr("t/sweep/g@0"), HasSubstr("run \"run-b\""),
+                                                HasSubstr("run \"run-a\""), HasSubstr("never share a step"))));
+  EXPECT_EQ(refused[0].failure, kStepFailureRunMismatch);
+  EXPECT_FALSE(refused[0].retryable);
+  EXPECT_EQ(refusals, (std::vector<std::string>{"run_mismatch"}));
+  // A's step is untouched: its rank 1 completes it with A's two reports only.
+  ASSERT_OK(c.Report(Report(c, a, 1, 2, t.members[1], 101)));
+  std::vector<LogEntry> batch = EntriesFor(ReadAll(c, t.members[0], 0), a);
+  ASSERT_EQ(batch.size(), 1u);
+  ASSERT_OK(batch[0].status);
+  EXPECT_EQ(batch[0].submissions, (std::vector<uint64_t>{100, 101}));
+  // Once A's step is out of the way, B's ranks gather their own step of the same number.
+  ASSERT_OK(c.Report(Report(c, b, 1, 2, t.members[1], 201)));
+  ASSERT_OK(c.Report(Report(c, b, 0, 2, t.members[0], 202, /*attempt=*/1)));
+  std::vector<LogEntry> own = EntriesFor(ReadAll(c, t.members[0], 0), b);
+  ASSERT_EQ(own.size(), 2u);
+  ASSERT_OK(own[1].status);
+  EXPECT_EQ(own[1].submissions, (std::vector<uint64_t>{202, 201}));
+  EXPECT_TRUE(own[1].cached.empty());
+  EXPECT_EQ(c.pending_steps(), 0u);
+  // A client without a run id is a run of its own ("").
+  const GroupKey anonymous = OfRun(GroupKey{"t", "sweep", "g", 1, ""}, "");
+  ASSERT_OK(c.Report(Report(c, OfRun(anonymous, "run-a"), 0, 2, t.members[0], 300)));
+  ASSERT_OK(c.Report(Report(c, anonymous, 1, 2, t.members[1], 301)));
+  std::vector<LogEntry> old = EntriesFor(ReadAll(c, t.members[0], 0), anonymous);
+  ASSERT_EQ(old.size(), 1u);
+  EXPECT_THAT(old[0].status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a client that sent no run id")));
+}
+
+TEST(CoordinatorTest, ANewRunsRetryOfAnotherRunsFinishedStepIsNeverAnsweredFromItsKeptInputs) {
+  TwoMembers t = StartTwo(TestOptions(2));
+  Coordinator& c = *t.c;
+  const GroupKey a{"t", "j", "g", 0, "run-a"};
+  const GroupKey b = OfRun(a, "run-b");
+  ASSERT_OK(c.Report(Report(c, a, 0, 2, t.members[0], 100)));
+  ASSERT_OK(c.Report(Report(c, a, 1, 2, t.members[1], 101)));
+  // Both members keep A's step.
+  ASSERT_OK(c.Read(ReaderState{0, c.epoch(), 10, 0, 0, {Report(c, a, 0, 2, t.members[0], 100)}}, 0,
+                   absl::Milliseconds(1))
+                .status());
+  ASSERT_OK(c.Read(ReaderState{1, c.epoch(), 11, 0, 0, {Report(c, a, 1, 2, t.members[1], 101)}}, 0,
+                   absl::Milliseconds(1))
+                .status());
+  // B's rank 0 sends step 0 as a retry: it gathers B's own step, it is no replay of A's.
+  ASSERT_OK(c.Report(Report(c, b, 0, 2, t.members[0], 200, /*attempt=*/1)));
+  EXPECT_TRUE(EntriesFor(ReadAll(c, t.members[0], 0), b).empty());
+  EXPECT_EQ(c.pending_steps(), 1u);
+  ASSERT_OK(c.Report(Report(c, b, 1, 2, t.members[1], 201)));
+  std::vector<LogEntry> entries = EntriesFor(ReadAll(c, t.members[0], 0), b);
+  ASSERT_EQ(entries.size(), 1u);
+  ASSERT_OK(entries[0].status);
+  EXPECT_EQ(entries[0].submissions, (std::vector<uint64_t>{200, 201}));
+  EXPECT_TRUE(entries[0].cached.empty());
+}
+
+TEST(CoordinatorTest, AReplayNeedsTheRetrysBlocksToMatchTheKeptOriginals) {
+  Coordinator::Options o = TestOptions(2);
+  std::vector<std::string> refusals;
+  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
+  TwoMembers t = StartTwo(o);
+  Coordinator& c = *t.c;
+  auto with_digest = [](ReadyReport r, uint64_t digest) {
+    r.digest = digest;
+    return r;
+  };
+  const GroupKey key{"t", "j", "g", 3, "run"};
+  ASSERT_OK(c.Report(with_digest(Report(c, key, 0, 2, t.members[0], 100), 0xA0)));
+  ASSERT_OK(c.Report(with_digest(Report(c, key, 1, 2, t.members[1], 101), 0xA1)));
+  ASSERT_OK(c.Read(ReaderState{0, c.epoch(), 10, 0, 0, {with_digest(Report(c, key, 0, 2, t.members[0], 100), 0xA0)}},
+                   0, absl::Milliseconds(1))
+                .status());
+  ASSERT_OK(c.Read(ReaderState{1, c.epoch(), 11, 0, 0, {with_digest(Report(c, key, 1, 2, t.members[1], 101), 0xA1)}},
+                   0, absl::Milliseconds(1))
+                .status());
+  // Trainer rank 1 retries with other blocks (its momentum moved on): no replay, an error.
+  ASSERT_OK(c.Report(with_digest(Report(c, key, 1, 2, t.members[0], 200, 1), 0xB1)));
+  std::vector<LogEntry> entries = EntriesFor(ReadAll(c, t.members[0], 0), key);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_THAT(entries[1].status, StatusIs(absl::StatusCode::kAborted,
+                                          AllOf(HasSubstr("trainer rank 1 retries (attempt 1) with blocks other than"),
+                                                HasSubstr("00000000000000b1"), HasSubstr("00000000000000a1"))));
+  EXPECT_EQ(entries[1].failure, kStepFailureDigestMismatch);
+  EXPECT_EQ(refusals, (std::vector<std::string>{"digest_mismatch"}));
+  EXPECT_EQ(c.pending_steps(), 0u);
+  // With its own blocks it is replayed from what rank 0 kept.
+  ASSERT_OK(c.Report(with_digest(Report(c, key, 1, 2, t.members[0], 201, 2), 0xA1)));
+  entries = EntriesFor(ReadAll(c, t.members[0], 0), key);
+  ASSERT_EQ(entries.size(), 3u);
+  ASSERT_OK(entries[2].status);
+  EXPECT_EQ(entries[2].cached, (std::vector<bool>{true, false}));
+  EXPECT_EQ(entries[2].submissions, (std::vector<uint64_t>{100, 201}));
+}
+
+TEST(CoordinatorTest, ATenantsPendingStepsAreCappedAndOthersAreNot) {
+  Coordinator::Options o = TestOptions(2);
+  o.max_tenant_pending_steps = 2;
+  std::vector<std::string> refusals;
+  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
+  TwoMembers t = StartTwo(o);
+  Coordinator& c = *t.c;
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_OK(c.Report(Report(c, GroupKey{"heavy", "j", "g", step, "run"}, 0, 2, t.members[0], 100 + step)));
+  }
+  // A third waiting step of the tenant is refused; another tenant's is not; a report for a
+  // step already waiting is no new step.
+  const GroupKey third{"heavy", "j", "g", 2, "run"};
+  ASSERT_OK(c.Report(Report(c, third, 0, 2, t.members[0], 102)));
+  std::vector<LogEntry> refused = EntriesFor(ReadAll(c, t.members[0], 0), third);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_THAT(refused[0].status, StatusIs(absl::StatusCode::kResourceExhausted,
+                                          AllOf(HasSubstr("tenant \"heavy\" has 2 group steps waiting"),
+                                                HasSubstr("--max-tenant-pending-steps = 2"))));
+  EXPECT_EQ(refused[0].failure, kStepFailureLimit);
+  EXPECT_EQ(refusals, (std::vector<std::string>{"limit"}));
+  ASSERT_OK(c.Report(Report(c, GroupKey{"light", "j", "g", 0, "run"}, 0, 2, t.members[0], 200)));
+  EXPECT_EQ(c.pending_steps(), 3u);
+  // A completed step makes room.
+  ASSERT_OK(c.Report(Report(c, GroupKey{"heavy", "j", "g", 0, "run"}, 1, 2, t.members[1], 300)));
+  ASSERT_OK(c.Report(Report(c, third, 0, 2, t.members[0], 301, 1)));
+  EXPECT_EQ(c.pending_steps(), 3u);
+  EXPECT_EQ(refusals.size(), 1u);
+}
+
+TEST(CoordinatorTest, APlanTooLargeForOneLogEntryFailsItsStepAndTheNextStepRuns) {
+  Coordinator::Options o = TestOptions(2);
+  o.max_entry_bytes = 64 << 10;
+  std::vector<std::string> refusals;
+  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
+  TwoMembers t = StartTwo(o);
+  Coordinator& c = *t.c;
+  auto with_matrices = [](ReadyReport r, int n) {
+    const MatrixPlan m = r.matrices[0];
+    const Block b = r.blocks[0];
+    r.matrices.clear();
+    r.blocks.clear();
+    for (int i = 0; i < n; ++i) {
+      r.matrices.push_back(m);
+      r.matrices.back().name = absl::StrCat("layers.", i, ".weight");
+      r.blocks.push_back(b);
+    }
+    return r;
+  };
+  const GroupKey big{"t", "j", "g", 1, "run"};
+  ASSERT_OK(c.Report(with_matrices(Report(c, big, 0, 2, t.members[0], 100), 1000)));
+  ASSERT_OK(c.Report(with_matrices(Report(c, big, 1, 2, t.members[1], 101), 1000)));
+  std::vector<LogEntry> failed = EntriesFor(ReadAll(c, t.members[0], 0), big);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(failed[0].status,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("1000 matrices, 2000 block placements over 2 trainer ranks"),
+                             HasSubstr("more than the 65536 one log entry may hold"))));
+  EXPECT_EQ(failed[0].failure, kStepFailureLimit);
+  EXPECT_EQ(refusals, (std::vector<std::string>{"limit"}));
+  const GroupKey small{"t", "j", "g", 2, "run"};
+  ASSERT_OK(c.Report(with_matrices(Report(c, small, 0, 2, t.members[0], 200), 10)));
+  ASSERT_OK(c.Report(with_matrices(Report(c, small, 1, 2, t.members[1], 201), 10)));
+  std::vector<LogEntry> ran = EntriesFor(ReadAll(c, t.members[0], 0), small);
+  ASSERT_EQ(ran.size(), 1u);
+  EXPECT_OK(ran[0].status);
 }
 
 TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers) {

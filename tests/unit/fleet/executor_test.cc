@@ -403,6 +403,7 @@ std::shared_ptr<TrainerStep> MultiStep(const GroupKey& key, int r, int world, co
     step->matrices.push_back(one->matrices[0]);
     step->inputs.push_back(one->inputs[0]);
   }
+  testing::SetDigest(*step);
   return step;
 }
 

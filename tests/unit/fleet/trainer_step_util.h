@@ -6,10 +6,23 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/block_digest.h"
 #include "server/fleet/group_step.h"
 
 namespace orthoserve::testing {
+
+// Sets step.digest as the RPC layer computes it from the blocks it received (FleetStep).
+inline void SetDigest(TrainerStep& step) {
+  std::vector<DigestedBlock> blocks;
+  for (size_t i = 0; i < step.matrices.size(); ++i) {
+    StreamDigest bytes;
+    bytes.Update(absl::string_view(step.inputs[i].data(), step.inputs[i].size()));
+    blocks.push_back(DigestedBlock{step.matrices[i].blocks[0].block, step.matrices[i].dtype, bytes.Value()});
+  }
+  step.digest = StepDigest(blocks);
+}
 
 // Trainer rank `r` of `world`'s row block (rows / world rows) of the rows x cols row-major
 // `full`, as a one-matrix step named "w" with `options` and `algorithm`.
@@ -33,6 +46,7 @@ inline std::shared_ptr<TrainerStep> RowBlockStep(const GroupKey& key, int r, int
   step->matrices = {m};
   const char* begin = reinterpret_cast<const char*>(full.data() + r * block_rows * cols);
   step->inputs = {std::vector<char>(begin, begin + block_rows * cols * sizeof(float))};
+  SetDigest(*step);
   return step;
 }
 

@@ -75,5 +75,24 @@ TEST(BlockReceiverTest, AnEmptyBlockIsCompleteAndFinite) {
   EXPECT_EQ(receiver.first_non_finite(), -1);
 }
 
+
+TEST(BlockReceiverTest, ADigestingReceiverDigestsExactlyTheBytesWhateverTheChunks) {
+  const std::vector<char> bytes = Floats(50000);
+  StreamDigest whole;
+  whole.Update(absl::string_view(bytes.data(), bytes.size()));
+  for (size_t piece : {size_t{7}, size_t{32768}, size_t{100001}, bytes.size()}) {
+    std::vector<char> dst(bytes.size());
+    BlockReceiver receiver(DType::kF32, dst.data(), static_cast<int64_t>(bytes.size()), /*digest=*/true);
+    for (size_t offset = 0; offset < bytes.size(); offset += piece) {
+      receiver.Append(absl::string_view(bytes.data() + offset, std::min(piece, bytes.size() - offset)));
+    }
+    EXPECT_EQ(receiver.digest(), whole.Value()) << piece;
+  }
+  std::vector<char> dst(bytes.size());
+  BlockReceiver plain(DType::kF32, dst.data(), static_cast<int64_t>(bytes.size()));
+  plain.Append(absl::string_view(bytes.data(), bytes.size()));
+  EXPECT_EQ(plain.digest(), 0u);  // A lone step's receiver does not digest.
+}
+
 }  // namespace
 }  // namespace orthoserve
