@@ -253,6 +253,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(const v1:
     r->clear_data();
     ASSIGN_OR_RETURN(MatrixOutput out, FromResult(*r));
     RETURN_IF_ERROR(CheckLayoutEchoed(inputs[i], out));
+    RETURN_IF_ERROR(CheckResultIsFor(inputs[i], i, out));
     if (data.size() != ExpectedBytes(out)) {
       return absl::InternalError(absl::StrCat("server protocol error: result ", i, " \"", r->name(), "\" has ",
                                               data.size(), " bytes, its block needs ", ExpectedBytes(out)));
@@ -319,7 +320,9 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
     }
     if (!done->has_value()) continue;
     const int index = **done;
-    if (absl::Status echoed = CheckLayoutEchoed(inputs[index], assembler.output(index)); !echoed.ok()) {
+    absl::Status echoed = CheckLayoutEchoed(inputs[index], assembler.output(index));
+    if (echoed.ok()) echoed = CheckResultIsFor(inputs[index], index, assembler.output(index));
+    if (!echoed.ok()) {
       protocol_error = echoed;
       context.TryCancel();
       break;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert/grpc_status.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
 
@@ -101,6 +102,32 @@ absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& out
       "matrix \"", input.name, "\": the server did not read it as a batch of matrices (its result does not echo "
       "nd_layout batch: the server predates MatrixSpec.nd_layout and computed the flattened matrix); upgrade the "
       "server, or send it flattened"));
+}
+
+absl::Status CheckResultIsFor(const MatrixInput& input, int index, const MatrixOutput& output) {
+  auto mismatch = [&](absl::string_view what, const std::string& got, const std::string& sent) {
+    return absl::InternalError(absl::StrCat("server protocol error: the result for matrix ", index, " (\"",
+                                            BoundedText(input.name), "\") is not for what this client sent: its ",
+                                            what, " is ", got, ", sent ", sent));
+  };
+  if (output.index != index) return mismatch("index", absl::StrCat(output.index), absl::StrCat(index));
+  if (output.name != input.name) {
+    return mismatch("name", absl::StrCat("\"", BoundedText(output.name), "\""),
+                    absl::StrCat("\"", BoundedText(input.name), "\""));
+  }
+  if (output.shape != input.shape) {
+    return mismatch("shape", absl::StrCat("[", ListText(output.shape), "]"), absl::StrCat("[", ListText(input.shape), "]"));
+  }
+  if (!output.status.ok()) return absl::OkStatus();  // An error names no block.
+  absl::StatusOr<Block> sent = CheckInput(input);
+  if (!sent.ok()) return absl::InternalError(sent.status().message());
+  if (!(output.block == *sent)) {
+    auto text = [](const Block& b) {
+      return absl::StrCat("rows ", b.row_offset, "+", b.rows, ", cols ", b.col_offset, "+", b.cols);
+    };
+    return mismatch("block", text(output.block), text(*sent));
+  }
+  return absl::OkStatus();
 }
 
 size_t ExpectedBytes(const MatrixOutput& output) {

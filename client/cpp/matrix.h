@@ -86,6 +86,12 @@ absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result);
 // flattened matrix instead, a different answer of the same size. OK otherwise.
 absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& output);
 
+// INTERNAL ("server protocol error") unless `output`, the result at position `index`, is the
+// result of `input` as this client sent it: the same index, name and global shape, and (when OK)
+// the block that was sent (CheckInput's: the whole 2-D view when unset). A group step's answer is
+// thereby provably this rank's own blocks of this plan; a mismatch is never returned as data.
+absl::Status CheckResultIsFor(const MatrixInput& input, int index, const MatrixOutput& output);
+
 // Bytes the data of an OK output must have: block.numel() · ElementSize(dtype); 0 on error.
 size_t ExpectedBytes(const MatrixOutput& output);
 

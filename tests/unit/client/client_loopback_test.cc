@@ -127,6 +127,26 @@ TEST_F(ClientLoopbackTest, ABatchAnsweredByAServerThatIgnoresTheLayoutIsRefused)
   EXPECT_OK(client->Step(StepOptions{}, {&flat, 1}));
 }
 
+TEST_F(ClientLoopbackTest, AResultForAnotherMatrixOrAnotherRanksBlockIsNeverReturned) {
+  auto client = Connect(server_);
+  const std::vector<float> a = Ramp(16, 1.0f);
+  MatrixInput rows = F32Input("w", {4, 4}, a);
+  rows.block = Block{0, 0, 2, 4};
+  rows.bytes = 8 * sizeof(float);
+  const StepOptions group{"job", "tp", 1, 0, 2, "run"};
+  ASSERT_OK(client->Step(group, {&rows, 1}));
+  server_.service->result_row_shift = 2;  // Rank 1's block: same size, not ours.
+  EXPECT_THAT(client->Step(group, {&rows, 1}),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("its block is rows 2+2, cols 0+4, sent rows 0+2, cols 0+4")));
+  server_.service->result_row_shift = 0;
+  server_.service->result_name = "other";
+  EXPECT_THAT(client->Step(group, {&rows, 1}),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("result 0 is named \"other\", but matrix 0 is \"w\"")));
+  MatrixInput whole = F32Input("w", {4, 4}, a);
+  EXPECT_THAT(client->Orthogonalize({&whole, 1}), StatusIs(absl::StatusCode::kInternal, HasSubstr("result 0 is for matrix 0 \"other\"")));
+}
+
 TEST_F(ClientLoopbackTest, StreamFailureReturnsTheServersStatus) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);

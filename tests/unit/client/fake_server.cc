@@ -19,7 +19,7 @@ namespace {
 
 // 2·X of `data` (spec.dtype) in the result dtype. Returns false with `message` for bad specs.
 bool Compute(const v1::MatrixSpec& spec, const std::string& data, v1::MatrixResult* result, std::string* out,
-             bool echo_nd_layout) {
+             bool echo_nd_layout, const std::string& result_name = "", int64_t result_row_shift = 0) {
   result->set_name(spec.name());
   if (echo_nd_layout) result->set_nd_layout(spec.nd_layout());
   *result->mutable_shape() = spec.shape();
@@ -39,6 +39,8 @@ bool Compute(const v1::MatrixSpec& spec, const std::string& data, v1::MatrixResu
   out->resize(n * ElementSize(*out_dtype));
   ConvertFromF32(*out_dtype, values.data(), n, out->data());
   *result->mutable_block() = spec.block();
+  if (!result_name.empty()) result->set_name(result_name);
+  if (result_row_shift != 0) result->mutable_block()->set_row_offset(spec.block().row_offset() + result_row_shift);
   return true;
 }
 
@@ -110,7 +112,8 @@ grpc::Status FakeOrthogonalizer::Orthogonalize(grpc::ServerContext* context, con
     v1::MatrixResult* r = response->add_results();
     r->set_index(i);
     std::string out;
-    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out, echo_nd_layout)) {
+    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out, echo_nd_layout, result_name,
+                result_row_shift)) {
       r->set_data(out);
     }
   }
@@ -163,7 +166,7 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
     v1::MatrixResult* r = response.mutable_result();
     r->set_index(i);
     std::string out;
-    const bool computed = Compute(spec, data, r, &out, echo_nd_layout);
+    const bool computed = Compute(spec, data, r, &out, echo_nd_layout, result_name, result_row_shift);
     computed ? ++ok : ++failed;
     if (send_extra_byte) out.push_back('x');
     stream->Write(response);
