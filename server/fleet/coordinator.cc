@@ -110,15 +110,19 @@ absl::Status Coordinator::Report(ReadyReport report) {
     AppendFailureLocked(key, std::move(other_run), false, kStepFailureRunMismatch);
     return absl::OkStatus();
   }
+  if (report.attempt > 0) {
+    // A retry of a step that ran must carry the blocks it ran with (see "Replays").
+    if (absl::Status changed = CheckRetryDigestLocked(report); !changed.ok()) {
+      LOG_WARNING("fleet") << changed;
+      RefusedLocked(kStepFailureDigestMismatch);
+      ErasePendingLocked(key);
+      AppendFailureLocked(key, std::move(changed), false, kStepFailureDigestMismatch);
+      return absl::OkStatus();
+    }
+  }
   if (report.attempt > 0 && report.trainer_world > 1 && !pending_.contains(key)) {
     auto a = kept_.find(key.Group());
     if (a != kept_.end() && a->second.key == key) {
-      if (absl::Status changed = CheckRetryDigestLocked(report, a->second); !changed.ok()) {
-        LOG_WARNING("fleet") << changed;
-        RefusedLocked(kStepFailureDigestMismatch);
-        AppendFailureLocked(key, std::move(changed), false, kStepFailureDigestMismatch);
-        return absl::OkStatus();
-      }
       StartReplayLocked(std::move(report));
       return absl::OkStatus();
     }
@@ -172,20 +176,6 @@ absl::Status Coordinator::Report(ReadyReport report) {
                                                                   " joined twice (duplicate rank)")),
                           false, kStepFailureInvalid);
       return absl::OkStatus();
-    }
-    if (p.cached.contains(rank)) {
-      // A retry of a rank a replay had filled in from a member's cache: the kept original's
-      // blocks went into the results the other ranks got, so the retry must carry the same ones.
-      auto k = kept_.find(key.Group());
-      if (k != kept_.end() && k->second.key == key) {
-        if (absl::Status changed = CheckRetryDigestLocked(report, k->second); !changed.ok()) {
-          LOG_WARNING("fleet") << changed;
-          RefusedLocked(kStepFailureDigestMismatch);
-          ErasePendingLocked(it);
-          AppendFailureLocked(key, std::move(changed), false, kStepFailureDigestMismatch);
-          return absl::OkStatus();
-        }
-      }
     }
     // A retry replaces the report of the attempt it retries (whose stream is gone), or the
     // original a replay would have taken from a member's cache.
@@ -244,19 +234,29 @@ absl::Status Coordinator::CheckRunLocked(const ReadyReport& report) {
       "same run id (ORTHOSERVE_RUN_ID / TORCHELASTIC_RUN_ID)"));
 }
 
-absl::Status Coordinator::CheckRetryDigestLocked(const ReadyReport& report, const Kept& kept) const {
-  const int rank = report.trainer_rank;
-  if (rank < 0 || rank >= static_cast<int>(kept.holders.size())) return absl::OkStatus();
-  for (const Held& original : kept.holders[rank]) {
-    if (original.report.digest == report.digest) continue;
-    return absl::AbortedError(absl::StrCat(
-        "step ", report.key.ToString(), " of ", RunText(report.key.run), ": trainer rank ", rank, " retries (attempt ",
-        report.attempt, ") with blocks other than those of the attempt that ran (digest ",
-        absl::Hex(report.digest, absl::kZeroPad16), ", the original's ", absl::Hex(original.report.digest, absl::kZeroPad16),
-        "): the step cannot be answered from the other ranks' kept inputs. The trainer changed its inputs between "
-        "attempts (e.g. a momentum update applied twice)"));
+std::optional<uint64_t> Coordinator::OriginalDigestLocked(const GroupKey& key, int trainer_rank) const {
+  const GroupKey group = key.Group();
+  if (auto ran = ran_.find(group); ran != ran_.end() && ran->second.key == key && trainer_rank >= 0 &&
+                                    trainer_rank < static_cast<int>(ran->second.digests.size())) {
+    return ran->second.digests[trainer_rank];
   }
-  return absl::OkStatus();
+  if (auto kept = kept_.find(group); kept != kept_.end() && kept->second.key == key && trainer_rank >= 0 &&
+                                     trainer_rank < static_cast<int>(kept->second.holders.size()) &&
+                                     !kept->second.holders[trainer_rank].empty()) {
+    return kept->second.holders[trainer_rank].front().report.digest;
+  }
+  return std::nullopt;
+}
+
+absl::Status Coordinator::CheckRetryDigestLocked(const ReadyReport& report) const {
+  const std::optional<uint64_t> original = OriginalDigestLocked(report.key, report.trainer_rank);
+  if (!original.has_value() || *original == report.digest) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "step ", report.key.ToString(), " of ", RunText(report.key.run), ": trainer rank ", report.trainer_rank,
+      " retries (attempt ", report.attempt, ") with blocks other than those of the attempt that ran (digest ",
+      absl::Hex(report.digest, absl::kZeroPad16), ", the original's ", absl::Hex(*original, absl::kZeroPad16),
+      "): the step cannot be answered from the other ranks' kept inputs. The trainer changed its inputs between "
+      "attempts (e.g. a momentum update applied twice)"));
 }
 
 namespace {
@@ -346,6 +346,14 @@ void Coordinator::AppendStepLocked(const GroupKey& key) {
   if (it == pending_.end()) return;
   const size_t part_end = it->second.part_end;
   absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, it->second);
+  if (batch.ok() && it->second.trainer_world > 1) {
+    // What each trainer rank's blocks were, for its retries (see "Replays").
+    Ran& ran = ran_[key.Group()];
+    ran.key = key;
+    ran.at = absl::Now();
+    ran.digests.resize(it->second.trainer_world);
+    for (int r = 0; r < it->second.trainer_world; ++r) ran.digests[r] = it->second.report(r)->report.digest;
+  }
   ErasePendingLocked(it);
   if (batch.ok()) {
     if (absl::Status size = CheckEntrySizeLocked(*batch); !size.ok()) {
@@ -475,10 +483,19 @@ void Coordinator::FillReplayLocked(const GroupKey& key) {
   Pending& p = it->second;
   const Kept& kept = k->second;
   if (static_cast<int>(kept.holders.size()) != p.trainer_world) return;
-  // The retries that came before this notice must carry their originals' blocks too.
+  // A replay combines the retries with the originals' kept blocks: each retry must be known to
+  // carry its own original's blocks (checked as it arrived, while the step's record lasts; again
+  // here against what the members keep).
   for (const auto& [t, held] : p.reports) {
     if (p.cached.contains(t)) continue;
-    if (absl::Status changed = CheckRetryDigestLocked(held.report, kept); !changed.ok()) {
+    absl::Status changed = CheckRetryDigestLocked(held.report);
+    if (changed.ok() && !OriginalDigestLocked(key, t).has_value()) {
+      changed = absl::AbortedError(absl::StrCat(
+          "step ", key.ToString(), " of ", RunText(key.run), ": trainer rank ", t,
+          " retries a step that ran, but the blocks it ran with are no longer known here, so the retry cannot be "
+          "answered from the other ranks' kept inputs"));
+    }
+    if (!changed.ok()) {
       LOG_WARNING("fleet") << changed;
       RefusedLocked(kStepFailureDigestMismatch);
       ErasePendingLocked(it);
@@ -758,6 +775,16 @@ void Coordinator::TimerLoop() {
         ++it;
       } else {
         claims_.erase(it++);
+      }
+    }
+    // A ran step's digests last while members keep it, and at least a few rendezvous timeouts.
+    for (auto it = ran_.begin(); it != ran_.end();) {
+      auto kept = kept_.find(it->first);
+      const bool kept_still = kept != kept_.end() && kept->second.key == it->second.key;
+      if (!kept_still && now - it->second.at > 3 * options_.rendezvous_timeout) {
+        ran_.erase(it++);
+      } else {
+        ++it;
       }
     }
     for (auto it = kept_.begin(); it != kept_.end();) {

@@ -330,9 +330,12 @@ class Coordinator {
   void ErasePendingLocked(const GroupKey& key);
   // FAILED_PRECONDITION when another run's ranks are gathering the same step (see "Runs").
   absl::Status CheckRunLocked(const ReadyReport& report);
-  // ABORTED when `report` retries a kept step with blocks whose digest differs from its kept
-  // original's (see "Replays"); OK when they agree or no original of its rank is kept.
-  absl::Status CheckRetryDigestLocked(const ReadyReport& report, const Kept& kept) const;
+  // The digest of trainer rank `trainer_rank`'s blocks in step `key` as it ran: from the batch
+  // appended for it, or from what members keep of it; nullopt when neither is known.
+  std::optional<uint64_t> OriginalDigestLocked(const GroupKey& key, int trainer_rank) const;
+  // ABORTED when `report` retries a step that ran with blocks whose digest differs from its
+  // original's (see "Replays"); OK when they agree or the step is not known to have run.
+  absl::Status CheckRetryDigestLocked(const ReadyReport& report) const;
   // Counts a refusal (Options::on_refusal).
   void RefusedLocked(const char* cause) const;
   // INVALID_ARGUMENT when batch `entry` would not fit in one log read (Options::max_entry_bytes).
@@ -402,6 +405,14 @@ class Coordinator {
   absl::flat_hash_map<GroupKey, std::string> claims_;
   absl::flat_hash_map<std::string, int> tenant_pending_;  // Pending steps by tenant.
   absl::flat_hash_map<GroupKey, Kept> kept_;  // By GroupKey::Group().
+  // The last step of a group appended as a batch: each trainer rank's digest (ReadyReport::digest),
+  // what its retries are compared with. By GroupKey::Group().
+  struct Ran {
+    GroupKey key;
+    absl::Time at;
+    std::vector<uint64_t> digests;
+  };
+  absl::flat_hash_map<GroupKey, Ran> ran_;
   FairQueue<Ready> ready_;  // Complete steps and parts for their turn; stale keys are skipped.
   absl::flat_hash_map<GroupKey, Divided> divided_;
   // Appended batches not yet run on rank 0: their index, when appended, their estimated cost.
