@@ -6,9 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
-#include "proto/convert/grpc_status.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "proto/convert/grpc_status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "proto/convert/raw_message.h"
 #include "server/fleet/spec_codec.h"
@@ -133,10 +134,13 @@ absl::Status UnaryCall::Run() {
   const int n = static_cast<int>(request_.size());
   if (n == 0) return absl::InvalidArgumentError("the request holds no matrices");
   if (n > s_.options.max_matrices_per_step) {
+    s_.metrics->IntegrityRefused("limit");
     return absl::InvalidArgumentError(absl::StrCat("the request holds ", n, " matrices; at most ",
-                                                   s_.options.max_matrices_per_step, " are accepted per call"));
+                                                   s_.options.max_matrices_per_step,
+                                                   " are accepted per call (--max-matrices-per-step)"));
   }
   // Validate everything (sizes before any allocation), then admit the bytes, then compute.
+  const SpecLimits limits = SpecLimitsOf(s_.options);
   std::vector<ParsedSpec> parsed;
   int64_t bytes = 0;
   int64_t out_bytes = 0;
@@ -146,8 +150,12 @@ absl::Status UnaryCall::Run() {
     if (!spec.ParseFromString(m.spec)) {
       return absl::InvalidArgumentError(absl::StrCat("matrix ", i, ": its spec is not a MatrixSpec"));
     }
-    ASSIGN_OR_RETURN(ParsedSpec p, ParseMatrixSpec(spec, i, s_.options.max_matrix_elements, /*whole_if_unset=*/true));
-    const std::string what = absl::StrCat("matrix ", i, " (\"", spec.name(), "\")");
+    if (absl::Status over = CheckSpecLimits(spec, i, limits); !over.ok()) {
+      s_.metrics->IntegrityRefused("limit");
+      return over;
+    }
+    ASSIGN_OR_RETURN(ParsedSpec p, ParseMatrixSpec(spec, i, limits, /*whole_if_unset=*/true));
+    const std::string what = MatrixLabel(i, spec.name());
     if (!(p.block == WholeBlock(p.plan.view))) {
       return absl::InvalidArgumentError(absl::StrCat(what, " block: a unary call carries whole matrices; send blocks "
                                                            "of a group through OrthogonalizeStream"));

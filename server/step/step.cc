@@ -2,15 +2,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
-namespace {
-
-std::string Named(int index, const std::string& name) { return absl::StrCat("matrix ", index, " (\"", name, "\")"); }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink) {
@@ -65,7 +61,7 @@ absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_
                                   std::vector<int64_t> shape) {
   if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
-    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": received ",
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": received ",
                                                    m.receiver.received(), " of its ", m.spec.block_bytes,
                                                    " bytes before the next spec"));
   }
@@ -99,7 +95,7 @@ absl::Status StepBase::TakeData(int index, absl::Span<const absl::string_view> d
   int64_t size = 0;
   for (absl::string_view piece : data) size += static_cast<int64_t>(piece.size());
   if (m.receiver.received() + size > m.spec.block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": received more than its ",
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": received more than its ",
                                                    m.spec.block_bytes, " bytes (block ", m.spec.block.rows, "x",
                                                    m.spec.block.cols, " of ", DTypeName(m.spec.plan.dtype), ")"));
   }
@@ -112,7 +108,7 @@ absl::Status StepBase::Completed(int index) {
   Matrix& m = matrices_[index];
   const int64_t bad = m.receiver.first_non_finite();
   if (bad >= 0) {
-    return Reject(index, absl::InvalidArgumentError(absl::StrCat(Named(index, m.spec.plan.name),
+    return Reject(index, absl::InvalidArgumentError(absl::StrCat(MatrixLabel(index, m.spec.plan.name),
                                                                  " data holds a non-finite value (NaN or Inf) at "
                                                                  "element ",
                                                                  bad, " of its block")));
@@ -127,7 +123,7 @@ absl::Status StepBase::CheckWhole() const {
   }
   if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
-    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": the step ended after ",
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": the step ended after ",
                                                    m.receiver.received(), " of its ", m.spec.block_bytes, " bytes"));
   }
   return absl::OkStatus();
