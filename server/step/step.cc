@@ -26,9 +26,7 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
 }
 
 StepBase::StepBase(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink)
-    : s_(services), request_(std::move(request)), sink_(std::move(sink)) {
-  matrices_.reserve(static_cast<size_t>(request_.num_matrices));
-}
+    : s_(services), request_(std::move(request)), sink_(std::move(sink)) {}
 
 bool StepBase::AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) {
   if (finishing()) return false;
