@@ -140,7 +140,13 @@ bool StreamCall::OnSpec(const v1::MatrixSpec& spec) {
     Fail(std::move(limits));
     return false;
   }
+  // Its metadata is admitted like data before the step stores it (the step keeps the name and
+  // shape of a spec that does not parse too, for its in-band answer).
   const std::string what = MatrixLabel(index, spec.name());
+  if (absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, SpecMetadataBytes(spec), what); !admitted.ok()) {
+    Fail(std::move(admitted));
+    return false;
+  }
   absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(spec, index, spec_limits_, /*whole_if_unset=*/world_ == 1);
   if (parsed.ok()) {
     const int64_t out_bytes = parsed->block.numel() * static_cast<int64_t>(ElementSize(parsed->plan.result_dtype));

@@ -62,6 +62,12 @@ absl::Status CheckHeaderLimits(const v1::StepHeader& header, const ServiceOption
   return absl::OkStatus();
 }
 
+int64_t SpecMetadataBytes(const v1::MatrixSpec& spec) {
+  return static_cast<int64_t>(spec.name().size()) + int64_t{8} * spec.shape_size() +
+         int64_t{24} * spec.options().custom_coefficients_size() + int64_t{8} * spec.options().split_qkv_size() +
+         kMatrixOverheadBytes;
+}
+
 absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant,
                                                   const ServiceOptions& options) {
   RETURN_IF_ERROR(CheckHeaderLimits(header, options));

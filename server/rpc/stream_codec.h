@@ -62,6 +62,12 @@ inline SpecLimits SpecLimitsOf(const ServiceOptions& options) {
   return SpecLimits{options.max_matrix_elements, options.max_name_bytes, options.max_shape_dims};
 }
 
+// The bytes admission counts for holding `spec`'s metadata (the stream and unary paths add them
+// to what the call holds, Admission::AddBytes): its name, 8 per dim of its shape, 24 per custom
+// coefficient triple, 8 per split_qkv entry, and kMatrixOverheadBytes for the server's own
+// structures of one matrix. Reads only sizes; call it after CheckSpecLimits, which bounds them.
+int64_t SpecMetadataBytes(const v1::MatrixSpec& spec);
+
 // Matrix `index`'s result as StreamResponses: its MatrixResult and, when `status` is OK, `data`
 // in DataChunks of at most `chunk_bytes` that refer to it (`owner` keeps it alive).
 std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan, const Block& block,

@@ -61,6 +61,12 @@ grpc::ServerGenericBidiReactor* UnaryCall::Start(ServiceState& state, grpc::Call
 UnaryCall::UnaryCall(ServiceState& state, grpc::CallbackServerContext* context)
     : s_(state), context_(context), services_(state.steps) {
   services_.method = kMethod;
+  // The RPC layer's half of kMatrixOverheadBytes (server/step/step.h): a matrix's view of the
+  // request, its parsed spec (moved into the step, its shell kept), its result slot and its
+  // response header.
+  static_assert(
+      sizeof(MatrixInPlace) + sizeof(ParsedSpec) + sizeof(Slot) + sizeof(UnaryResult) <= kMatrixOverheadBytes / 2,
+      "kMatrixOverheadBytes no longer covers a unary call's structures of one matrix");
 }
 
 void UnaryCall::Begin() {
@@ -139,7 +145,8 @@ absl::Status UnaryCall::Run() {
                                                    s_.options.max_matrices_per_step,
                                                    " are accepted per call (--max-matrices-per-step)"));
   }
-  // Validate everything (sizes before any allocation), then admit the bytes, then compute.
+  // Validate everything (sizes before any allocation), then admit the bytes (data and metadata),
+  // then compute. The request itself is within the reservation already.
   const SpecLimits limits = SpecLimitsOf(s_.options);
   std::vector<ParsedSpec> parsed;
   int64_t bytes = 0;
@@ -173,7 +180,7 @@ absl::Status UnaryCall::Run() {
     }
     const int64_t result_bytes = p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
     out_bytes += result_bytes;
-    bytes += p.block_bytes + result_bytes;
+    bytes += SpecMetadataBytes(spec) + p.block_bytes + result_bytes;
     parsed.push_back(std::move(p));
   }
   if (out_bytes > s_.options.max_message_bytes) {

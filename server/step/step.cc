@@ -26,7 +26,14 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
 }
 
 StepBase::StepBase(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink)
-    : s_(services), request_(std::move(request)), sink_(std::move(sink)) {}
+    : s_(services), request_(std::move(request)), sink_(std::move(sink)) {
+  // The step layer's half of kMatrixOverheadBytes (step.h): a Matrix, and a group step's
+  // submitted copy of its plan with its placement, input and output buffers and status.
+  static_assert(sizeof(Matrix) + sizeof(MatrixPlan) + sizeof(BlockPlacement) + 2 * sizeof(std::vector<char>) +
+                        sizeof(absl::Status) <=
+                    kMatrixOverheadBytes / 2,
+                "kMatrixOverheadBytes no longer covers a step's structures of one matrix");
+}
 
 bool StepBase::AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) {
   if (finishing()) return false;

@@ -1,8 +1,8 @@
 // The metadata limits of the public service end to end in process on 127.0.0.1:0: names, dims,
 // matrices per step and world per group are refused at the first offending field with
 // INVALID_ARGUMENT naming the field and its flag (and counted as integrity refusals), on the
-// stream and the unary path; messages about a huge name stay small; GetServerInfo lists the
-// limits.
+// stream and the unary path; messages about a huge name stay small; every spec's metadata is
+// admitted like its bytes; GetServerInfo lists the limits.
 #include <map>
 #include <string>
 #include <vector>
@@ -264,6 +264,49 @@ TEST_F(MetadataLimitsTest, ARefusalAboutA64KiBNameFitsInASmallMessage) {
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(out.status.error_message(), HasSubstr("the step ended after 50 of its 96 bytes"));
   EXPECT_LT(out.status.error_message().size(), kSmallMessage);
+}
+
+// 200 one-element matrices hold 1.6 KB of data, but over 400 KB of metadata (their structures'
+// overhead): a tenant allowed 256 KiB in flight is refused part way, naming the matrix.
+TEST_F(MetadataLimitsTest, MetadataIsAdmittedLikeData) {
+  ServerOptions options = TestServerOptions();
+  options.service.admission.max_tenant_inflight_bytes = 256 << 10;
+  Start(options);
+  constexpr int kMatrices = 200;
+  const std::string one = Bytes({0.5f}, DType::kF32);
+  std::vector<v1::StreamRequest> messages = {HeaderMessage(kMatrices)};
+  for (int i = 0; i < kMatrices; ++i) {
+    AppendMatrix(messages, i, Spec("m" + std::to_string(i), {1, 1}, DType::kF32, NsOptions()), one);
+  }
+  messages.push_back(EndMessage());
+  StreamOutcome out = RunStream(*stub_, messages);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << out.status.error_message();
+  EXPECT_THAT(out.status.error_message(), AllOf(HasSubstr("--max-tenant-inflight-bytes"), HasSubstr("(\"m")));
+  EXPECT_LT(out.results.size(), static_cast<size_t>(kMatrices));
+  WaitUntilNothingHeld();
+
+  v1::OrthogonalizeRequest request;
+  for (int i = 0; i < kMatrices; ++i) {
+    v1::Matrix* m = request.add_matrices();
+    *m->mutable_spec() = Spec("m" + std::to_string(i), {1, 1}, DType::kF32, NsOptions());
+    m->set_data(one);
+  }
+  grpc::Status status = Unary(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  WaitUntilNothingHeld();
+  // Half as many fit.
+  request.mutable_matrices()->DeleteSubrange(kMatrices / 2, kMatrices / 2);
+  status = Unary(request);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  WaitUntilNothingHeld();
+  messages = {HeaderMessage(kMatrices / 2)};
+  for (int i = 0; i < kMatrices / 2; ++i) {
+    AppendMatrix(messages, i, Spec("m" + std::to_string(i), {1, 1}, DType::kF32, NsOptions()), one);
+  }
+  messages.push_back(EndMessage());
+  out = RunStream(*stub_, messages);
+  EXPECT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.results.size(), static_cast<size_t>(kMatrices / 2));
 }
 
 TEST_F(MetadataLimitsTest, GetServerInfoListsTheLimits) {
