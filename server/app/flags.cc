@@ -56,6 +56,17 @@ ABSL_FLAG(int64_t, stream_buffer_idle_bytes, int64_t{512} << 20,
           "Bytes of released stream matrix buffers kept for reuse by later steps (at most --max-inflight-bytes); 0 "
           "keeps none.");
 ABSL_FLAG(int, max_matrices_per_step, 4096, "Matrices in one step or unary call at most.");
+ABSL_FLAG(int, max_name_bytes, 1024,
+          "Longest matrix name, and longest job, group and run_id of a step header, in bytes; longer ones are "
+          "refused with INVALID_ARGUMENT before anything is allocated for them.");
+ABSL_FLAG(int, max_shape_dims, 16,
+          "Dims of one matrix shape at most; more are refused with INVALID_ARGUMENT before the shape is copied.");
+ABSL_FLAG(int, max_group_world, 16384,
+          "Trainer ranks of one group step (StepHeader.world) at most, up to 65536; more are refused with "
+          "INVALID_ARGUMENT.");
+ABSL_FLAG(int, max_tenant_pending_steps, 256,
+          "Group steps of one tenant waiting on the fleet for their trainer ranks at once; more are refused with "
+          "RESOURCE_EXHAUSTED (0: no limit).");
 ABSL_FLAG(bool, allow_group_steps_without_run_id, false,
           "Serve group steps (world > 1) whose header has no run_id (clients that predate run ids, grpcurl) as one "
           "run of their own: they never share a step with a run that has an id, but two such runs of one job can "
@@ -104,7 +115,8 @@ const char* const kFlagNames[] = {
     "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
-    "max_matrices_per_step", "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
+    "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
+    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
@@ -200,6 +212,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   o.service.buffers.max_idle_bytes = absl::GetFlag(FLAGS_stream_buffer_idle_bytes);
   o.service.max_matrices_per_step = absl::GetFlag(FLAGS_max_matrices_per_step);
+  o.service.max_name_bytes = absl::GetFlag(FLAGS_max_name_bytes);
+  o.service.max_shape_dims = absl::GetFlag(FLAGS_max_shape_dims);
+  o.service.max_group_world = absl::GetFlag(FLAGS_max_group_world);
+  o.service.max_tenant_pending_steps = absl::GetFlag(FLAGS_max_tenant_pending_steps);
   o.service.allow_group_steps_without_run_id = absl::GetFlag(FLAGS_allow_group_steps_without_run_id);
   o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
   o.service.stream_progress_timeout = absl::GetFlag(FLAGS_stream_progress_timeout);

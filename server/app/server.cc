@@ -13,6 +13,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/fleet/fleet_codec.h"
+#include "server/rpc/service_state.h"
 
 namespace orthoserve {
 namespace {
@@ -102,6 +103,21 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--max-message-bytes must be between 4096 and 2^31 - 1");
   }
   if (o.service.max_matrices_per_step < 1) return absl::InvalidArgumentError("--max-matrices-per-step must be >= 1");
+  if (o.service.max_name_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-name-bytes = ", o.service.max_name_bytes, " must be >= 1"));
+  }
+  if (o.service.max_shape_dims < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-shape-dims = ", o.service.max_shape_dims, " must be >= 2 (a matrix has two dims)"));
+  }
+  if (o.service.max_group_world < 1 || o.service.max_group_world > kMaxGroupWorld) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-group-world = ", o.service.max_group_world, " must be between 1 and ", kMaxGroupWorld));
+  }
+  if (o.service.max_tenant_pending_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-tenant-pending-steps = ", o.service.max_tenant_pending_steps,
+                                                   " must be >= 0 (0: no per-tenant limit)"));
+  }
   if (o.workers < 1) return absl::InvalidArgumentError(absl::StrCat("--workers = ", o.workers, " must be >= 1"));
   if (o.service.buffers.max_idle_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--stream-buffer-idle-bytes = ", o.service.buffers.max_idle_bytes,
@@ -158,6 +174,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.limits.message_bytes = o.service.max_message_bytes;
   m.limits.matrix_elements = o.service.max_matrix_elements;
   m.limits.matrices_per_step = o.service.max_matrices_per_step;
+  m.limits.name_bytes = o.service.max_name_bytes;
+  m.limits.shape_dims = o.service.max_shape_dims;
+  m.limits.group_world = o.service.max_group_world;
+  m.limits.tenant_pending_steps = o.service.max_tenant_pending_steps;
   m.limits.compute_workers = o.workers;
   m.limits.rendezvous_timeout = o.service.rendezvous_timeout;
   m.limits.collective_timeout = o.collective_timeout;
@@ -194,6 +214,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.batch_window = o.batch_window;
   f.batch_part_time = o.batch_part_time;
   f.peer_timeout = o.peer_timeout;
+  f.max_tenant_pending_steps = o.service.max_tenant_pending_steps;
   f.collective = ResolveCollective(o);
   f.device = o.backend.device;
   f.backend = server->backend_.get();

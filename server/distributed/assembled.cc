@@ -2,6 +2,7 @@
 #include "server/distributed/assembled.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "server/engine/newton_schulz.h"
 
@@ -10,7 +11,7 @@ namespace orthoserve::distributed_internal {
 absl::StatusOr<Assembled> MakeAssembled(BatchContext& ctx, int m) {
   const MatrixPlan& mp = ctx.matrix(m);
   const Block whole = WholeBlock(mp.view);
-  const std::string what = absl::StrCat("matrix \"", mp.name, "\" assembled");
+  const std::string what = absl::StrCat("matrix \"", BoundedText(mp.name), "\" assembled");
   Assembled a;
   a.matrix = m;
   ASSIGN_OR_RETURN(a.in, ctx.Allocate(InBytes(mp, whole), true, what));

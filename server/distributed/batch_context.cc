@@ -3,9 +3,9 @@
 
 #include <cstring>
 
-#include "common/status.h"
-
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
+#include "common/status.h"
 
 namespace orthoserve::distributed_internal {
 
@@ -52,7 +52,7 @@ void BatchContext::IndexLocal(absl::Span<const LocalBlock> local) {
     }
     if (!valid_[lb.matrix]) continue;
     const MatrixPlan& mp = plan_.matrices[lb.matrix];
-    const std::string what = absl::StrCat("matrix \"", mp.name, "\"");
+    const std::string what = absl::StrCat("matrix \"", BoundedText(mp.name), "\"");
     if (lb.trainer_rank < 0 || lb.trainer_rank >= plan_.trainer_world) {
       Fail(lb.matrix,
            absl::InvalidArgumentError(absl::StrCat(what, ": local block for trainer rank ", lb.trainer_rank,
@@ -88,7 +88,7 @@ void BatchContext::IndexLocal(absl::Span<const LocalBlock> local) {
     for (int t : TrainersOn(m, rank())) {
       if (local_index_[m][t] == nullptr && !plan_.matrices[m].blocks[t].block.empty()) {
         Fail(m,
-             absl::InvalidArgumentError(absl::StrCat("matrix \"", plan_.matrices[m].name,
+             absl::InvalidArgumentError(absl::StrCat("matrix \"", BoundedText(plan_.matrices[m].name),
                                                      "\": the block of trainer rank ", t, " is missing on fleet rank ",
                                                      rank())),
              FailureKind::kPrimary);
@@ -150,7 +150,10 @@ void BatchContext::ReadBlock(int m, int t, void* dst, int64_t ld) {
     status = memory_->Copy2d(
         BlockCopy(block, ElementSize(mp.dtype), ld, dst, memory_->space(), lb->in, MemorySpace::kHost, true));
   }
-  if (!status.ok()) Fail(m, Annotate(status, absl::StrCat("matrix \"", mp.name, "\" block upload")), FailureKind::kPrimary);
+  if (!status.ok()) {
+    Fail(m, Annotate(status, absl::StrCat("matrix \"", BoundedText(mp.name), "\" block upload")),
+         FailureKind::kPrimary);
+  }
 }
 
 void BatchContext::WriteBlock(int m, int t, const void* src, int64_t ld) {
@@ -161,7 +164,8 @@ void BatchContext::WriteBlock(int m, int t, const void* src, int64_t ld) {
   const absl::Status status = memory_->Copy2d(
       BlockCopy(block, ElementSize(mp.result_dtype), ld, lb->out, MemorySpace::kHost, src, memory_->space(), false));
   if (!status.ok()) {
-    Fail(m, Annotate(status, absl::StrCat("matrix \"", mp.name, "\" result download")), FailureKind::kPrimary);
+    Fail(m, Annotate(status, absl::StrCat("matrix \"", BoundedText(mp.name), "\" result download")),
+         FailureKind::kPrimary);
   }
 }
 
@@ -171,7 +175,9 @@ void BatchContext::MoveBlock(int m, const Block& block, const void* src, void* d
   const size_t elem = ElementSize(into ? mp.dtype : mp.result_dtype);
   const absl::Status status =
       memory_->Copy2d(BlockCopy(block, elem, mp.view.cols, dst, memory_->space(), src, memory_->space(), into));
-  if (!status.ok()) Fail(m, Annotate(status, absl::StrCat("matrix \"", mp.name, "\" block copy")), FailureKind::kPrimary);
+  if (!status.ok()) {
+    Fail(m, Annotate(status, absl::StrCat("matrix \"", BoundedText(mp.name), "\" block copy")), FailureKind::kPrimary);
+  }
 }
 
 double EngineFlops(Matrix2d shape, const NsOptions& options, int64_t batch_rows) {

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "server/distributed/batch.h"
 
@@ -14,7 +15,7 @@ bool IsTp(Algorithm a) { return a == Algorithm::kTpDuplicated || a == Algorithm:
 }  // namespace
 
 std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
-  if (a.name != b.name) return absl::StrCat("name (\"", a.name, "\" vs \"", b.name, "\")");
+  if (a.name != b.name) return absl::StrCat("name (\"", BoundedText(a.name), "\" vs \"", BoundedText(b.name), "\")");
   if (a.shape != b.shape) {
     return absl::StrCat("shape ([", ListText(a.shape), "] vs [", ListText(b.shape), "])");
   }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "server/distributed/batch.h"
 
@@ -170,7 +171,7 @@ absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what) {
 namespace {
 
 absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
-  const std::string what = absl::StrCat("matrix \"", m.name, "\"");
+  const std::string what = absl::StrCat("matrix \"", BoundedText(m.name), "\"");
   const int world = plan.trainer_world;
   if (!ValidAlgorithm(m.algorithm)) {
     return absl::InvalidArgumentError(
@@ -266,7 +267,8 @@ std::vector<absl::Status> ValidatePlan(const BatchPlan& plan) {
   std::vector<absl::Status> statuses;
   statuses.reserve(plan.matrices.size());
   for (const MatrixPlan& m : plan.matrices) {
-    statuses.push_back(group.ok() ? ValidateMatrix(plan, m) : Annotate(group, absl::StrCat("matrix \"", m.name, "\"")));
+    statuses.push_back(group.ok() ? ValidateMatrix(plan, m)
+                                  : Annotate(group, absl::StrCat("matrix \"", BoundedText(m.name), "\"")));
   }
   return statuses;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "server/distributed/algorithms.h"
 #include "server/distributed/guarded_reducer.h"
@@ -16,7 +17,7 @@ namespace {
 
 absl::Status RunOne(BatchContext& ctx, int m) {
   const MatrixPlan& mp = ctx.matrix(m);
-  const std::string what = absl::StrCat("matrix \"", mp.name, "\"");
+  const std::string what = absl::StrCat("matrix \"", BoundedText(mp.name), "\"");
   GuardedReducer reducer(ctx, what);
   absl::Status status = ctx.status(m);
   if (status.ok()) {

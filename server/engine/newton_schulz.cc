@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 
 namespace orthoserve {
@@ -45,7 +46,7 @@ int64_t QkvPartRows(int64_t rows, const std::vector<int64_t>& split, int part) {
 }
 
 absl::Status CheckJob(const MatrixJob& job) {
-  const std::string what = absl::StrCat("matrix \"", job.name, "\"");
+  const std::string what = absl::StrCat("matrix \"", BoundedText(job.name), "\"");
   if (job.options == nullptr || job.in == nullptr || job.out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": missing options, input or output buffer"));
   }
@@ -109,7 +110,9 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
   for (size_t j = 0; j < jobs.size(); ++j) {
     const MatrixJob& job = jobs[j];
     results[j] = CheckJob(job);
-    if (results[j].ok()) results[j] = CheckSpace(backend, job.space, absl::StrCat("matrix \"", job.name, "\""));
+    if (results[j].ok()) {
+      results[j] = CheckSpace(backend, job.space, absl::StrCat("matrix \"", BoundedText(job.name), "\""));
+    }
     if (!results[j].ok()) continue;
     const NsOptions& o = *job.options;
     if (job.batch_rows > 0) {
@@ -135,7 +138,7 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
     }
     // Q, K and V: each part gathered into a buffer of the job's memory.
     Memory& memory = MemoryOf(backend, job.space, host);
-    const std::string what = absl::StrCat("matrix \"", job.name, "\" split_qkv part");
+    const std::string what = absl::StrCat("matrix \"", BoundedText(job.name), "\" split_qkv part");
     std::vector<Staged> parts;
     for (int part = 0; part < 3 && results[j].ok(); ++part) {
       Matrix2d shape{QkvPartRows(job.shape.rows, o.split_qkv, part), job.shape.cols};
@@ -174,7 +177,9 @@ std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const Matri
   for (size_t t = 0; t < tasks.size(); ++t) {
     const size_t j = task_job[t];
     if (!task_results[t].ok()) {
-      if (results[j].ok()) results[j] = Annotate(task_results[t], absl::StrCat("matrix \"", jobs[j].name, "\""));
+      if (results[j].ok()) {
+        results[j] = Annotate(task_results[t], absl::StrCat("matrix \"", BoundedText(jobs[j].name), "\""));
+      }
       continue;
     }
     if (staged[t].part >= 0) {
@@ -194,7 +199,7 @@ absl::Status OrthogonalizeOne(Backend& backend, const MatrixJob& job) {
 
 absl::Status OrthogonalizeSharded(Backend& backend, const std::string& name, Matrix2d global, int partition_dim,
                                   const NsOptions& options, absl::Span<const NsShard> shards, SumReducer& reducer) {
-  const std::string what = absl::StrCat("matrix \"", name, "\"");
+  const std::string what = absl::StrCat("matrix \"", BoundedText(name), "\"");
   if (partition_dim != 0 && partition_dim != 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": partition_dim = ", partition_dim, " must be 0 or 1"));
   }

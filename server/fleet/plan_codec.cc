@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "server/fleet/spec_codec.h"
@@ -49,7 +50,7 @@ absl::StatusOr<MatrixPlan> MatrixPlanFromProto(const fleet::v1::MatrixPlan& prot
   static const std::string kUnnamed;
   absl::StatusOr<MatrixPlan> plan = Decode(proto, kUnnamed);
   if (plan.ok()) return plan;
-  absl::StatusOr<MatrixPlan> named = Decode(proto, absl::StrCat("matrix ", index, " (\"", proto.name(), "\")"));
+  absl::StatusOr<MatrixPlan> named = Decode(proto, MatrixLabel(index, proto.name()));
   return named.ok() ? plan.status() : named.status();
 }
 

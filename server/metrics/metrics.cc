@@ -200,6 +200,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
         static_cast<double>(l.matrix_elements));
   limit("orthoserve_limit_matrices_per_step", "--max-matrices-per-step: matrices in one step or unary call at most.",
         static_cast<double>(l.matrices_per_step));
+  limit("orthoserve_limit_name_bytes",
+        "--max-name-bytes: longest matrix name, job, group or run id accepted, in bytes.",
+        static_cast<double>(l.name_bytes));
+  limit("orthoserve_limit_shape_dims", "--max-shape-dims: dims of one matrix shape at most.",
+        static_cast<double>(l.shape_dims));
+  limit("orthoserve_limit_group_world", "--max-group-world: trainer ranks of one group step at most.",
+        static_cast<double>(l.group_world));
+  limit("orthoserve_limit_tenant_pending_steps",
+        "--max-tenant-pending-steps: group steps of one tenant pending on the fleet at once (absent: no limit).",
+        static_cast<double>(l.tenant_pending_steps));
   limit("orthoserve_limit_compute_workers", "--workers: concurrent compute jobs for lone clients.",
         static_cast<double>(l.compute_workers));
   limit("orthoserve_limit_rendezvous_timeout_seconds",

@@ -83,6 +83,11 @@ class Metrics {
     int64_t message_bytes = 0;          // --max-message-bytes: orthoserve_limit_message_bytes
     int64_t matrix_elements = 0;        // --max-matrix-elements: orthoserve_limit_matrix_elements
     int64_t matrices_per_step = 0;      // --max-matrices-per-step: orthoserve_limit_matrices_per_step
+    int64_t name_bytes = 0;             // --max-name-bytes: orthoserve_limit_name_bytes
+    int64_t shape_dims = 0;             // --max-shape-dims: orthoserve_limit_shape_dims
+    int64_t group_world = 0;            // --max-group-world: orthoserve_limit_group_world
+    int64_t tenant_pending_steps = 0;   // --max-tenant-pending-steps (0: none, not exported):
+                                        // orthoserve_limit_tenant_pending_steps
     int64_t compute_workers = 0;        // --workers: orthoserve_limit_compute_workers
     absl::Duration rendezvous_timeout;  // --rendezvous-timeout: orthoserve_limit_rendezvous_timeout_seconds
     absl::Duration collective_timeout;  // --collective-timeout: orthoserve_limit_collective_timeout_seconds

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 
 namespace orthoserve {
 
@@ -37,10 +38,10 @@ absl::Status Admission::AdmitCall(const std::string& tenant) {
   if (static_cast<double>(calls.size()) + 1 > limit) {
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_call_rate");
     const absl::Duration wait = calls.empty() ? absl::Seconds(1) : calls.front() + absl::Seconds(1) - now;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant \"", tenant, "\" started ", calls.size(), " calls in the last second, its limit of ", limit,
-        " per second (--max-tenant-calls-per-second); retry in ",
-        absl::FormatDuration(absl::Ceil(wait, absl::Milliseconds(1)))));
+    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", BoundedText(tenant), "\" started ", calls.size(),
+                                                     " calls in the last second, its limit of ", limit,
+                                                     " per second (--max-tenant-calls-per-second); retry in ",
+                                                     absl::FormatDuration(absl::Ceil(wait, absl::Milliseconds(1)))));
   }
   calls.push_back(now);
   // Tenants that went quiet are forgotten, once a second rather than on every call.
@@ -66,9 +67,9 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& te
   int& mine = tenant_streams_[tenant];
   if (options_.max_tenant_concurrent_streams > 0 && mine >= options_.max_tenant_concurrent_streams) {
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_concurrent_streams");
-    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenant, "\" has ", mine, " streams open, its limit of ",
-                                                     options_.max_tenant_concurrent_streams,
-                                                     " (--max-tenant-concurrent-streams); close one or retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant \"", BoundedText(tenant), "\" has ", mine, " streams open, its limit of ",
+        options_.max_tenant_concurrent_streams, " (--max-tenant-concurrent-streams); close one or retry later"));
   }
   ++streams_;
   ++mine;
@@ -90,8 +91,8 @@ absl::Status Admission::TryAddLocked(Ticket& ticket, const std::string& tenant, 
                                      bool refuse, Short* shortage) {
   *shortage = Short::kNone;
   if (ticket.owner_ != nullptr && ticket.tenant_ != tenant) {
-    return absl::InternalError(absl::StrCat("admission ticket of tenant \"", ticket.tenant_,
-                                            "\" used for tenant \"", tenant, "\""));
+    return absl::InternalError(absl::StrCat("admission ticket of tenant \"", BoundedText(ticket.tenant_),
+                                            "\" used for tenant \"", BoundedText(tenant), "\""));
   }
   int64_t& tenant_total = tenant_bytes_[tenant];
   if (bytes > options_.max_inflight_bytes - bytes_) {
@@ -105,10 +106,9 @@ absl::Status Admission::TryAddLocked(Ticket& ticket, const std::string& tenant, 
   if (bytes > options_.max_tenant_inflight_bytes - tenant_total) {
     *shortage = Short::kTenant;
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_inflight_bytes");
-    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but tenant \"", tenant,
-                                                     "\" holds ", tenant_total, " of its ",
-                                                     options_.max_tenant_inflight_bytes,
-                                                     " in flight (--max-tenant-inflight-bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", bytes, " bytes but tenant \"", BoundedText(tenant), "\" holds ", tenant_total,
+                     " of its ", options_.max_tenant_inflight_bytes, " in flight (--max-tenant-inflight-bytes)"));
   }
   bytes_ += bytes;
   tenant_total += bytes;

@@ -94,6 +94,11 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   limits->set_stream_progress_timeout_seconds(
       std::max(0.0, absl::ToDoubleSeconds(state_->options.stream_progress_timeout)));
   limits->set_max_steps(kMaxSteps);
+  limits->set_max_name_bytes(state_->options.max_name_bytes);
+  limits->set_max_shape_dims(state_->options.max_shape_dims);
+  limits->set_max_matrices_per_step(state_->options.max_matrices_per_step);
+  limits->set_max_group_world(state_->options.max_group_world);
+  limits->set_max_tenant_pending_steps(state_->options.max_tenant_pending_steps);
   limits->set_rendezvous_timeout_seconds(absl::ToDoubleSeconds(state_->options.rendezvous_timeout));
   info->set_auth_required(state_->auth->required());
   info->set_ready(fleet_->ready() && !state_->draining.load());

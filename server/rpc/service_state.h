@@ -19,11 +19,22 @@
 
 namespace orthoserve {
 
+// The largest --max-group-world a server accepts (the trainer ranks of one group step).
+inline constexpr int kMaxGroupWorld = 1 << 16;
+
 struct ServiceOptions {
   int64_t max_matrix_elements = int64_t{1} << 28;  // Per matrix (global shape).
   int64_t chunk_bytes = int64_t{4} << 20;          // Largest DataChunk accepted and sent.
   int64_t max_message_bytes = int64_t{64} << 20;   // gRPC message limit (reported in GetServerInfo).
   int max_matrices_per_step = 4096;                // num_matrices of one step or unary call.
+  // Metadata bounds, checked at ingress before anything is allocated for the field
+  // (INVALID_ARGUMENT naming the field and the flag beyond):
+  int max_name_bytes = 1024;    // Bytes of a matrix name, and of the header's job, group and run_id.
+  int max_shape_dims = 16;      // Dims of one MatrixSpec.shape.
+  int max_group_world = 16384;  // StepHeader.world; at most kMaxGroupWorld.
+  // Group steps of one tenant pending on the fleet at once (Fleet::Options, which enforces it;
+  // 0: no limit). Here to be reported in GetServerInfo.
+  int max_tenant_pending_steps = 256;
   // Serve group steps (world > 1) whose header has no run_id, as the run "" (which never shares a
   // step with a run that has an id); false: refuse them with INVALID_ARGUMENT.
   bool allow_group_steps_without_run_id = false;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/message_text.h"
 #include "proto/convert/grpc_status.h"
 #include "server/fleet/spec_codec.h"
 
@@ -24,7 +25,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamCall::Start(S
 }
 
 StreamCall::StreamCall(ServiceState& state, grpc::CallbackServerContext* context)
-    : s_(state), context_(context), services_(state.steps) {
+    : s_(state), context_(context), services_(state.steps), spec_limits_(SpecLimitsOf(state.options)) {
   services_.method = kMethod;
 }
 
@@ -96,8 +97,12 @@ bool StreamCall::OnHeader() {
     return false;
   }
   const v1::StepHeader& header = message.header();
-  absl::StatusOr<StepRequest> request =
-      StepRequestFromHeader(header, tenant_, s_.options);
+  if (absl::Status limits = CheckHeaderLimits(header, s_.options); !limits.ok()) {
+    s_.metrics->IntegrityRefused("limit");
+    Fail(std::move(limits));
+    return false;
+  }
+  absl::StatusOr<StepRequest> request = StepRequestFromHeader(header, tenant_, s_.options);
   if (!request.ok()) {
     Fail(request.status());
     return false;
@@ -128,12 +133,24 @@ bool StreamCall::OnHeader() {
 
 bool StreamCall::OnSpec(const v1::MatrixSpec& spec) {
   const int index = specs_++;
-  absl::StatusOr<ParsedSpec> parsed =
-      ParseMatrixSpec(spec, index, s_.options.max_matrix_elements, /*whole_if_unset=*/world_ == 1);
+  // A spec over a metadata limit fails the stream (even a lone one, whose other bad specs are
+  // answered in-band): its sizes are checked before anything is copied from it.
+  if (absl::Status limits = CheckSpecLimits(spec, index, spec_limits_); !limits.ok()) {
+    s_.metrics->IntegrityRefused("limit");
+    Fail(std::move(limits));
+    return false;
+  }
+  // Its metadata is admitted like data before the step stores it (the step keeps the name and
+  // shape of a spec that does not parse too, for its in-band answer).
+  const std::string what = MatrixLabel(index, spec.name());
+  if (absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, SpecMetadataBytes(spec), what); !admitted.ok()) {
+    Fail(std::move(admitted));
+    return false;
+  }
+  absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(spec, index, spec_limits_, /*whole_if_unset=*/world_ == 1);
   if (parsed.ok()) {
     const int64_t out_bytes = parsed->block.numel() * static_cast<int64_t>(ElementSize(parsed->plan.result_dtype));
-    absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, parsed->block_bytes + out_bytes,
-                                                  absl::StrCat("matrix ", index, " (\"", parsed->plan.name, "\")"));
+    absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, parsed->block_bytes + out_bytes, what);
     if (!admitted.ok()) {
       Fail(std::move(admitted));
       return false;
@@ -315,7 +332,7 @@ void StreamCall::ProgressTimedOut(absl::Duration stalled) {
       "the stream made no progress for ", absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
       writing ? ": the client did not read its results" : ": the client sent nothing while its next message was awaited",
       " (--stream-progress-timeout = ", absl::FormatDuration(limit), ")");
-  LOG_INFO("rpc") << "tenant " << tenant_ << ": " << message;
+  LOG_INFO("rpc") << "tenant " << BoundedText(tenant_) << ": " << message;
   s_.metrics->TenantRefused(tenant_, "stream_progress");
   if (writing) {
     // A write the client does not read never completes, and Finish would queue behind it: the

@@ -75,6 +75,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   ServiceState& s_;
   grpc::CallbackServerContext* const context_;
   StepServices services_;
+  const SpecLimits spec_limits_;
   const absl::Time start_ = absl::Now();
   std::shared_ptr<StreamCall> self_;  // gRPC's hold, until OnDone.
   uint64_t watch_id_ = 0;

@@ -5,9 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/convert/chunk_wire.h"
+#include "common/message_text.h"
+#include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/support/slice.h"
+#include "proto/convert/chunk_wire.h"
 #include "proto/convert/ns_options_proto.h"
 #include "proto/convert/raw_message.h"
 
@@ -16,7 +18,13 @@ namespace {
 
 void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
 
-constexpr int kMaxTrainerWorld = 1 << 16;
+// INVALID_ARGUMENT when header field `field` (job, group, run_id) is longer than the limit.
+absl::Status CheckNameLength(absl::string_view field, const std::string& value, int max_name_bytes) {
+  if (value.size() <= static_cast<size_t>(max_name_bytes)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("header ", field, " (\"", BoundedText(value), "\") has ", value.size(),
+                                                 " bytes; at most ", max_name_bytes,
+                                                 " are accepted (--max-name-bytes)"));
+}
 
 }  // namespace
 
@@ -38,21 +46,44 @@ grpc::ByteBuffer ChunkResponse(int index, absl::string_view data, std::shared_pt
   return grpc::ByteBuffer(slices, 2);
 }
 
+absl::Status CheckHeaderLimits(const v1::StepHeader& header, const ServiceOptions& options) {
+  if (header.world() > options.max_group_world) {
+    return absl::InvalidArgumentError(absl::StrCat("header world = ", header.world(), " is over the limit of ",
+                                                   options.max_group_world, " trainer ranks (--max-group-world)"));
+  }
+  if (header.num_matrices() > options.max_matrices_per_step) {
+    return absl::InvalidArgumentError(absl::StrCat("header num_matrices = ", header.num_matrices(),
+                                                   " is over the limit of ", options.max_matrices_per_step,
+                                                   " (--max-matrices-per-step)"));
+  }
+  RETURN_IF_ERROR(CheckNameLength("job", header.job(), options.max_name_bytes));
+  RETURN_IF_ERROR(CheckNameLength("group", header.group(), options.max_name_bytes));
+  RETURN_IF_ERROR(CheckNameLength("run_id", header.run_id(), options.max_name_bytes));
+  return absl::OkStatus();
+}
+
+int64_t SpecMetadataBytes(const v1::MatrixSpec& spec) {
+  return static_cast<int64_t>(spec.name().size()) + int64_t{8} * spec.shape_size() +
+         int64_t{24} * spec.options().custom_coefficients_size() + int64_t{8} * spec.options().split_qkv_size() +
+         kMatrixOverheadBytes;
+}
+
 absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant,
                                                   const ServiceOptions& options) {
+  RETURN_IF_ERROR(CheckHeaderLimits(header, options));
   const int max_matrices = options.max_matrices_per_step;
   StepRequest r;
   r.world = header.world() == 0 ? 1 : header.world();
-  if (r.world < 1 || r.world > kMaxTrainerWorld) {
+  if (r.world < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("header world = ", header.world(), " is out of range; use 1 to ", kMaxTrainerWorld));
+        absl::StrCat("header world = ", header.world(), " is out of range; use 1 to ", options.max_group_world));
   }
   if (header.rank() < 0 || header.rank() >= r.world) {
     return absl::InvalidArgumentError(
         absl::StrCat("header rank = ", header.rank(), " is out of range for world = ", r.world));
   }
   if (header.step() < 0) return absl::InvalidArgumentError(absl::StrCat("header step = ", header.step(), " is negative"));
-  if (header.num_matrices() < 1 || header.num_matrices() > max_matrices) {
+  if (header.num_matrices() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("header num_matrices = ", header.num_matrices(),
                                                    " is out of range; use 1 to ", max_matrices));
   }

@@ -15,6 +15,7 @@
 #include "orthoserve/v1/orthogonalizer.pb.h"
 #include "proto/convert/raw_message.h"
 #include "server/distributed/batch.h"
+#include "server/fleet/spec_codec.h"
 #include "server/rpc/service_state.h"
 #include "server/step/step.h"
 
@@ -43,12 +44,29 @@ inline int64_t ResultChunkBytes(int64_t requested, int64_t limit) {
   return std::min(requested > 0 ? requested : kDefaultResultChunkBytes, limit);
 }
 
-// The step of a StepHeader sent by `tenant`, validated against `options`: INVALID_ARGUMENT
-// naming the field for world, rank, step, num_matrices (1 to max_matrices_per_step), job
-// (required for world > 1), run_id (required for world > 1 unless
+// Checks the header's sizes against the metadata limits of `options`, in this order:
+// INVALID_ARGUMENT naming the field, its size and the flag for world over max_group_world,
+// num_matrices over max_matrices_per_step, then job, group and run_id longer than max_name_bytes
+// (their text bounded, common/message_text.h).
+absl::Status CheckHeaderLimits(const v1::StepHeader& header, const ServiceOptions& options);
+
+// The step of a StepHeader sent by `tenant`, validated against `options`: CheckHeaderLimits
+// first, then INVALID_ARGUMENT naming the field for world (>= 1), rank, step, num_matrices (>= 1),
+// job (required for world > 1), run_id (required for world > 1 unless
 // allow_group_steps_without_run_id), attempt and result_chunk_bytes.
 absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, std::string tenant,
                                                   const ServiceOptions& options);
+
+// The bounds of `options` that every spec from a client is checked against.
+inline SpecLimits SpecLimitsOf(const ServiceOptions& options) {
+  return SpecLimits{options.max_matrix_elements, options.max_name_bytes, options.max_shape_dims};
+}
+
+// The bytes admission counts for holding `spec`'s metadata (the stream and unary paths add them
+// to what the call holds, Admission::AddBytes): its name, 8 per dim of its shape, 24 per custom
+// coefficient triple, 8 per split_qkv entry, and kMatrixOverheadBytes for the server's own
+// structures of one matrix. Reads only sizes; call it after CheckSpecLimits, which bounds them.
+int64_t SpecMetadataBytes(const v1::MatrixSpec& spec);
 
 // Matrix `index`'s result as StreamResponses: its MatrixResult and, when `status` is OK, `data`
 // in DataChunks of at most `chunk_bytes` that refer to it (`owner` keeps it alive).

@@ -6,9 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
-#include "proto/convert/grpc_status.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "proto/convert/grpc_status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "proto/convert/raw_message.h"
 #include "server/fleet/spec_codec.h"
@@ -60,6 +61,12 @@ grpc::ServerGenericBidiReactor* UnaryCall::Start(ServiceState& state, grpc::Call
 UnaryCall::UnaryCall(ServiceState& state, grpc::CallbackServerContext* context)
     : s_(state), context_(context), services_(state.steps) {
   services_.method = kMethod;
+  // The RPC layer's half of kMatrixOverheadBytes (server/step/step.h): a matrix's view of the
+  // request, its parsed spec (moved into the step, its shell kept), its result slot and its
+  // response header.
+  static_assert(
+      sizeof(MatrixInPlace) + sizeof(ParsedSpec) + sizeof(Slot) + sizeof(UnaryResult) <= kMatrixOverheadBytes / 2,
+      "kMatrixOverheadBytes no longer covers a unary call's structures of one matrix");
 }
 
 void UnaryCall::Begin() {
@@ -133,10 +140,14 @@ absl::Status UnaryCall::Run() {
   const int n = static_cast<int>(request_.size());
   if (n == 0) return absl::InvalidArgumentError("the request holds no matrices");
   if (n > s_.options.max_matrices_per_step) {
+    s_.metrics->IntegrityRefused("limit");
     return absl::InvalidArgumentError(absl::StrCat("the request holds ", n, " matrices; at most ",
-                                                   s_.options.max_matrices_per_step, " are accepted per call"));
+                                                   s_.options.max_matrices_per_step,
+                                                   " are accepted per call (--max-matrices-per-step)"));
   }
-  // Validate everything (sizes before any allocation), then admit the bytes, then compute.
+  // Validate everything (sizes before any allocation), then admit the bytes (data and metadata),
+  // then compute. The request itself is within the reservation already.
+  const SpecLimits limits = SpecLimitsOf(s_.options);
   std::vector<ParsedSpec> parsed;
   int64_t bytes = 0;
   int64_t out_bytes = 0;
@@ -146,8 +157,12 @@ absl::Status UnaryCall::Run() {
     if (!spec.ParseFromString(m.spec)) {
       return absl::InvalidArgumentError(absl::StrCat("matrix ", i, ": its spec is not a MatrixSpec"));
     }
-    ASSIGN_OR_RETURN(ParsedSpec p, ParseMatrixSpec(spec, i, s_.options.max_matrix_elements, /*whole_if_unset=*/true));
-    const std::string what = absl::StrCat("matrix ", i, " (\"", spec.name(), "\")");
+    if (absl::Status over = CheckSpecLimits(spec, i, limits); !over.ok()) {
+      s_.metrics->IntegrityRefused("limit");
+      return over;
+    }
+    ASSIGN_OR_RETURN(ParsedSpec p, ParseMatrixSpec(spec, i, limits, /*whole_if_unset=*/true));
+    const std::string what = MatrixLabel(i, spec.name());
     if (!(p.block == WholeBlock(p.plan.view))) {
       return absl::InvalidArgumentError(absl::StrCat(what, " block: a unary call carries whole matrices; send blocks "
                                                            "of a group through OrthogonalizeStream"));
@@ -165,7 +180,7 @@ absl::Status UnaryCall::Run() {
     }
     const int64_t result_bytes = p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
     out_bytes += result_bytes;
-    bytes += p.block_bytes + result_bytes;
+    bytes += SpecMetadataBytes(spec) + p.block_bytes + result_bytes;
     parsed.push_back(std::move(p));
   }
   if (out_bytes > s_.options.max_message_bytes) {

@@ -29,59 +29,59 @@ absl::Status LoneStep::Complete(int index) {
   if (job_.empty()) {
     job_ = request_.job.empty() ? absl::StrCat("step ", reinterpret_cast<uintptr_t>(this)) : request_.job;
   }
-  std::shared_ptr<const Fleet::LoneTarget> target = s_.fleet->PickLoneRank(EstimatedCost(matrices_[index].spec.plan));
+  Matrix& m = matrices_[index];  // On the reader's thread: the reference goes to the others.
+  std::shared_ptr<const Fleet::LoneTarget> target = s_.fleet->PickLoneRank(EstimatedCost(m.spec.plan));
   s_.metrics->LoneMatrix(target->here() ? "here" : "peer");
   if (target->here()) {
-    ComputeHere(index, std::move(target));
+    ComputeHere(index, m, std::move(target));
   } else {
-    Forward(index, std::move(target));
+    Forward(index, m, std::move(target));
   }
   return absl::OkStatus();
 }
 
-void LoneStep::ComputeHere(int index, std::shared_ptr<const Fleet::LoneTarget> target) {
+void LoneStep::ComputeHere(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target) {
   BeginWork();
   s_.metrics->queue_depth().Increment();
   const absl::Time queued = absl::Now();
   std::shared_ptr<StepBase> self = shared_from_this();
-  s_.compute->Schedule(request_.tenant, job_, EstimatedCost(matrices_[index].spec.plan),
-                       [this, self, index, queued, target] {
-                         Compute(index, queued);
-                         EndWork();
-                       });
+  Matrix* matrix = &m;
+  s_.compute->Schedule(request_.tenant, job_, EstimatedCost(m.spec.plan), [this, self, index, matrix, queued, target] {
+    Compute(index, *matrix, queued);
+    EndWork();
+  });
 }
 
-void LoneStep::Forward(int index, std::shared_ptr<const Fleet::LoneTarget> target) {
-  Matrix& m = matrices_[index];
+void LoneStep::Forward(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target) {
   BeginWork();
   std::shared_ptr<StepBase> self = shared_from_this();
   const PeerMatrix matrix{request_.tenant, job_, m.spec.plan, m.spec.block,
                           absl::string_view(m.input->data(), m.input->size())};
-  s_.fleet->ComputeOnPeer(*target, matrix, [this, self, index, target](absl::StatusOr<PeerResult> result) {
+  Matrix* held = &m;
+  s_.fleet->ComputeOnPeer(*target, matrix, [this, self, index, held, target](absl::StatusOr<PeerResult> result) {
     if (!result.ok()) {
       // The member is gone or could not take it: this rank computes the matrix itself (the same
       // computation, so the same bits).
       LOG_WARNING("step") << "fleet rank " << target->rank << " did not compute a lone matrix (" << result.status()
                           << "); computing it here";
       s_.metrics->LoneMatrix("fallback");
-      if (!cancelled_.load()) ComputeHere(index, nullptr);
+      if (!cancelled_.load()) ComputeHere(index, *held, nullptr);
       EndWork();
       return;
     }
-    matrices_[index].input.reset();
+    held->input.reset();
     auto owner = std::make_shared<PeerResult>(*std::move(result));
     const absl::string_view data = owner->status.ok() ? absl::string_view(owner->data) : absl::string_view();
-    Deliver(index, owner->status, data, owner);
+    Deliver(index, *held, owner->status, data, owner);
     EndWork();
   });
 }
 
-void LoneStep::Compute(int index, absl::Time queued) {
+void LoneStep::Compute(int index, Matrix& m, absl::Time queued) {
   s_.metrics->queue_depth().Decrement();
   const absl::Duration wait = absl::Now() - queued;
   s_.metrics->StageTime(Stage::kQueue, wait);
   s_.metrics->TenantQueueWait(request_.tenant, wait);
-  Matrix& m = matrices_[index];
   // The client is gone (cancelled, or its deadline passed): nothing is computed for nobody.
   if (cancelled_.load()) {
     m.input.reset();
@@ -106,12 +106,11 @@ void LoneStep::Compute(int index, absl::Time queued) {
   }
   if (!status.ok()) out.reset();
   const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
-  Deliver(index, status, data, std::move(out));
+  Deliver(index, m, status, data, std::move(out));
 }
 
-void LoneStep::Deliver(int index, const absl::Status& status, absl::string_view data,
+void LoneStep::Deliver(int index, const Matrix& m, const absl::Status& status, absl::string_view data,
                        std::shared_ptr<const void> owner) {
-  const Matrix& m = matrices_[index];
   s_.metrics->MatrixDone(s_.method, AlgorithmName(m.spec.plan.algorithm), DTypeName(m.spec.plan.dtype),
                          absl::StatusCodeToString(status.code()));
   sink_->Result(index, m.spec.plan, m.spec.block, status, data, std::move(owner));

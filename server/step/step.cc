@@ -2,15 +2,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/message_text.h"
 #include "common/status.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
-namespace {
-
-std::string Named(int index, const std::string& name) { return absl::StrCat("matrix ", index, " (\"", name, "\")"); }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink) {
@@ -31,7 +27,12 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
 
 StepBase::StepBase(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink)
     : s_(services), request_(std::move(request)), sink_(std::move(sink)) {
-  matrices_.reserve(static_cast<size_t>(request_.num_matrices));
+  // The step layer's half of kMatrixOverheadBytes (step.h): a Matrix, and a group step's
+  // submitted copy of its plan with its placement, input and output buffers and status.
+  static_assert(sizeof(Matrix) + sizeof(MatrixPlan) + sizeof(BlockPlacement) + 2 * sizeof(std::vector<char>) +
+                        sizeof(absl::Status) <=
+                    kMatrixOverheadBytes / 2,
+                "kMatrixOverheadBytes no longer covers a step's structures of one matrix");
 }
 
 bool StepBase::AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) {
@@ -65,7 +66,7 @@ absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_
                                   std::vector<int64_t> shape) {
   if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
-    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": received ",
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": received ",
                                                    m.receiver.received(), " of its ", m.spec.block_bytes,
                                                    " bytes before the next spec"));
   }
@@ -100,7 +101,7 @@ absl::Status StepBase::TakeData(int index, absl::Span<const absl::string_view> d
   int64_t size = 0;
   for (absl::string_view piece : data) size += static_cast<int64_t>(piece.size());
   if (m.receiver.received() + size > m.spec.block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": received more than its ",
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": received more than its ",
                                                    m.spec.block_bytes, " bytes (block ", m.spec.block.rows, "x",
                                                    m.spec.block.cols, " of ", DTypeName(m.spec.plan.dtype), ")"));
   }
@@ -113,7 +114,7 @@ absl::Status StepBase::Completed(int index) {
   Matrix& m = matrices_[index];
   const int64_t bad = m.receiver.first_non_finite();
   if (bad >= 0) {
-    return Reject(index, absl::InvalidArgumentError(absl::StrCat(Named(index, m.spec.plan.name),
+    return Reject(index, absl::InvalidArgumentError(absl::StrCat(MatrixLabel(index, m.spec.plan.name),
                                                                  " data holds a non-finite value (NaN or Inf) at "
                                                                  "element ",
                                                                  bad, " of its block")));
@@ -128,7 +129,7 @@ absl::Status StepBase::CheckWhole() const {
   }
   if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
-    return absl::InvalidArgumentError(absl::StrCat(Named(current_, m.spec.plan.name), ": the step ended after ",
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": the step ended after ",
                                                    m.receiver.received(), " of its ", m.spec.block_bytes, " bytes"));
   }
   return absl::OkStatus();

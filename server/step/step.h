@@ -18,6 +18,7 @@
 // the reader's thread, compute threads and fleet threads, never after Finished.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,17 @@
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
+
+// What admission counts for the server's own structures of one matrix, on top of its variable
+// metadata (name, dims, coefficients: SpecMetadataBytes in server/rpc/stream_codec.h), so that a
+// step of many tiny matrices is charged for what it holds. Half is the step layer's: a step's
+// StepBase::Matrix (360 bytes on x86-64 with libstdc++) and, for a group step, the copy of its
+// plan it submits with the placement, buffer headers and status (320 bytes); half the RPC
+// layer's: a unary call's request view, parsed spec, result slot and response header (750
+// bytes), or a stream's queued result messages. The rest of each half covers the allocator's
+// headers of these objects' separate allocations. step.cc and unary_call.cc check with
+// static_asserts that their half covers what they hold.
+inline constexpr int64_t kMatrixOverheadBytes = 2048;
 
 // A step header, as the RPC layer validated it.
 struct StepRequest {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,7 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
 
   // Matrix `index` could not be taken (bad spec or data): OK when the step answers it in-band
   // and goes on (matrices_[index].failed is then set), or the status that fails the step.
+  // Reject, Destination, Complete and InputEnded run on the reader's thread.
   virtual absl::Status Reject(int index, absl::Status status) = 0;
   // Where matrix `index`'s block bytes go.
   virtual absl::StatusOr<char*> Destination(Matrix& m) = 0;
@@ -56,7 +58,12 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   const StepRequest request_;
   const std::shared_ptr<StepSink> sink_;
   const absl::Time start_ = absl::Now();
-  std::vector<Matrix> matrices_;  // Reserved for every matrix: never reallocated.
+  // One per spec received so far, appended by the reader only. Nothing is reserved from the
+  // header's num_matrices (it is not admitted): a deque grows as specs arrive (each admitted
+  // first) without moving its elements, so a Matrix& stays valid for the step's life. Compute
+  // and fleet threads use such references (taken on the reader's thread) and never index the
+  // deque, whose bookkeeping an append on the reader's thread may change meanwhile.
+  std::deque<Matrix> matrices_;
 
  private:
   absl::Status TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape);
@@ -88,14 +95,16 @@ class LoneStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int index) override;
   void InputEnded() override;
-  // Computes matrix `index` here, in the compute queue; `target` (this rank's load, or null for a
-  // matrix a peer could not compute) is held until done.
-  void ComputeHere(int index, std::shared_ptr<const Fleet::LoneTarget> target);
-  void Compute(int index, absl::Time queued);
+  // Computes matrix `index` (`m`, matrices_[index]) here, in the compute queue; `target` (this
+  // rank's load, or null for a matrix a peer could not compute) is held until done. Callable
+  // from any thread.
+  void ComputeHere(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target);
+  void Compute(int index, Matrix& m, absl::Time queued);
   // Has a peer compute matrix `index` (it is computed here if the peer cannot).
-  void Forward(int index, std::shared_ptr<const Fleet::LoneTarget> target);
+  void Forward(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target);
   // Hands matrix `index`'s result to the sink.
-  void Deliver(int index, const absl::Status& status, absl::string_view data, std::shared_ptr<const void> owner);
+  void Deliver(int index, const Matrix& m, const absl::Status& status, absl::string_view data,
+               std::shared_ptr<const void> owner);
 
   std::string job_;  // The compute queue's job: the header's, or this step alone.
   std::atomic<bool> cancelled_{false};

@@ -114,7 +114,12 @@ void PrintInfo(const v1::ServerInfo& info, std::ostream& out) {
       << "  max_concurrent_streams     " << l.max_concurrent_streams() << "\n"
       << "  max_tenant_concurrent_streams " << l.max_tenant_concurrent_streams() << "\n"
       << "  max_steps                  " << l.max_steps() << "\n"
-      << "  rendezvous_timeout_seconds " << l.rendezvous_timeout_seconds() << "\n";
+      << "  rendezvous_timeout_seconds " << l.rendezvous_timeout_seconds() << "\n"
+      << "  max_name_bytes             " << l.max_name_bytes() << "\n"
+      << "  max_shape_dims             " << l.max_shape_dims() << "\n"
+      << "  max_matrices_per_step      " << l.max_matrices_per_step() << "\n"
+      << "  max_group_world            " << l.max_group_world() << "\n"
+      << "  max_tenant_pending_steps   " << l.max_tenant_pending_steps() << "\n";
 }
 
 }  // namespace

@@ -72,6 +72,16 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        absl::StatusCode::kInvalidArgument, "--max-message-bytes"},
       {"idle buffers", [](ServerOptions& o) { o.service.buffers.max_idle_bytes = -1; },
        absl::StatusCode::kInvalidArgument, "--stream-buffer-idle-bytes"},
+      {"name bytes", [](ServerOptions& o) { o.service.max_name_bytes = 0; }, absl::StatusCode::kInvalidArgument,
+       "--max-name-bytes = 0 must be >= 1"},
+      {"shape dims", [](ServerOptions& o) { o.service.max_shape_dims = 1; }, absl::StatusCode::kInvalidArgument,
+       "--max-shape-dims = 1 must be >= 2"},
+      {"group world too large", [](ServerOptions& o) { o.service.max_group_world = 65537; },
+       absl::StatusCode::kInvalidArgument, "--max-group-world = 65537 must be between 1 and 65536"},
+      {"group world zero", [](ServerOptions& o) { o.service.max_group_world = 0; }, absl::StatusCode::kInvalidArgument,
+       "--max-group-world = 0"},
+      {"tenant pending steps", [](ServerOptions& o) { o.service.max_tenant_pending_steps = -1; },
+       absl::StatusCode::kInvalidArgument, "--max-tenant-pending-steps = -1 must be >= 0"},
   };
   for (const BadCase& c : cases) {
     ServerOptions o = Fleet2("cpu");

@@ -125,6 +125,10 @@ TEST(MetricsScrapeTest, TrafficShowsUpInTheScrapedFamilies) {
   EXPECT_EQ(s["orthoserve_limit_message_bytes"], static_cast<double>(o.service.max_message_bytes));
   EXPECT_EQ(s["orthoserve_limit_matrix_elements"], static_cast<double>(o.service.max_matrix_elements));
   EXPECT_EQ(s["orthoserve_limit_matrices_per_step"], o.service.max_matrices_per_step);
+  EXPECT_EQ(s["orthoserve_limit_name_bytes"], o.service.max_name_bytes);
+  EXPECT_EQ(s["orthoserve_limit_shape_dims"], o.service.max_shape_dims);
+  EXPECT_EQ(s["orthoserve_limit_group_world"], o.service.max_group_world);
+  EXPECT_EQ(s["orthoserve_limit_tenant_pending_steps"], o.service.max_tenant_pending_steps);
   EXPECT_EQ(s["orthoserve_limit_compute_workers"], o.workers);
   EXPECT_EQ(s["orthoserve_limit_rendezvous_timeout_seconds"], absl::ToDoubleSeconds(o.service.rendezvous_timeout));
   EXPECT_EQ(s["orthoserve_limit_collective_timeout_seconds"], absl::ToDoubleSeconds(o.collective_timeout));

@@ -83,7 +83,7 @@ TEST(RequestFuzz, ParseMatrixSpecAcceptsOnlyConsistentSpecs) {
   int accepted = 0;
   for (int i = 0; i < 20000; ++i) {
     v1::MatrixSpec spec = RandomSpec(rng, /*utf8_names=*/false);
-    absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(spec, i, int64_t{1} << 28, /*whole_if_unset=*/rng() % 2);
+    absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(spec, i, SpecLimits{}, /*whole_if_unset=*/rng() % 2);
     if (!parsed.ok()) {
       EXPECT_THAT(parsed.status().code(), ::testing::AnyOf(absl::StatusCode::kInvalidArgument,
                                                            absl::StatusCode::kResourceExhausted))

@@ -377,7 +377,9 @@ TEST_F(ServiceTest, GetServerInfoDescribesTheServer) {
 
 TEST_F(ServiceTest, InflightByteLimitGivesResourceExhausted) {
   ServerOptions options = TestServerOptions();
-  options.service.admission.max_inflight_bytes = 1000;
+  // Room for one small matrix: its 512 bytes in and out, and its metadata (kMatrixOverheadBytes
+  // and a little more), but not for the 2 KiB of a 16x16 one on top.
+  options.service.admission.max_inflight_bytes = 4000;
   Start(options);
   v1::OrthogonalizeRequest request;
   v1::Matrix* m = request.add_matrices();
