@@ -40,8 +40,10 @@ def run(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         y = torch.tanh(torch.tanh(x @ teacher[0].T) @ teacher[1].T) @ teacher[2].T
 
     with orthoserve.Client(args.address, timeout=120) as client:
+        # Every rank constructs Muon here: with no ORTHOSERVE_RUN_ID / TORCHELASTIC_RUN_ID the ranks agree on a
+        # random run id over the process group now, and the default job is "muon-<run id>", one per run.
         opt = Muon(weights, client=client, lr=args.lr, momentum=0.95, nesterov=True, weight_decay=0.0,
-                   scale_mode="shape_scaling", job=f"dtensor-example-{port}")
+                   scale_mode="shape_scaling")
         for step in range(args.steps):
             opt.zero_grad()
             w = [p.full_tensor() for p in weights]

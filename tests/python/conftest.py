@@ -2,10 +2,14 @@
 
 The server binary is $ORTHOSERVE_BUILD_DIR/bin/orthoserve (default build/bin/orthoserve), built by
 scripts/setup.sh. Tests that need a server fail (they do not skip) when it is missing.
+
+Deadlines: `@pytest.mark.deadline(seconds)` fails a test that runs longer than `seconds` (its own fixtures' set-up
+included), printing every thread's stack first (see _deadline).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pathlib
 import signal
@@ -208,3 +212,40 @@ def client(server):
 
     with orthoserve.Client(server.address, timeout=60) as c:
         yield c
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "deadline(seconds): fail the test when it runs longer than `seconds` (with "
+                                       "every thread's stack on stderr)")
+
+
+class DeadlineExceeded(Exception):
+    """Raised in the main thread when a test outlives its deadline marker."""
+
+
+@pytest.fixture(autouse=True)
+def _deadline(request):
+    """A test marked `deadline(seconds)` is interrupted after `seconds`: SIGALRM raises DeadlineExceeded in the main
+    thread (at its next Python instruction: grpc, subprocess, thread and multiprocessing waits all return to Python
+    often enough), after faulthandler has dumped every thread's stack. Its fixtures' finalizers still run, so the
+    processes a test started are stopped by their own teardown. Unmarked tests have no deadline."""
+    marker = request.node.get_closest_marker("deadline")
+    if marker is None:
+        yield
+        return
+    seconds = float(marker.args[0])
+    if not seconds > 0:
+        raise ValueError(f"deadline must be > 0 seconds, got {marker.args[0]!r}")
+
+    def expired(signum, frame):
+        raise DeadlineExceeded(f"{request.node.nodeid} ran past its deadline of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    faulthandler.dump_traceback_later(seconds, exit=False)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, previous)

@@ -3,7 +3,9 @@ chunk sizes, headers, blocks, routing, error mapping, retries) without the C++ s
 bytes back; numerics are tested against the real server elsewhere.
 
 Failures are injected with fail(): each queued Failure fails the next call of its method (or of any method)
-with its code, message and trailing metadata, after the call was recorded."""
+with its code, message and trailing metadata, after the call was recorded. Wrong answers are injected with
+`servicer.tamper` (see TAMPERS): every call's result for its highest index is altered that way, so that the client's
+integrity checks can be shown to catch each."""
 
 from __future__ import annotations
 
@@ -21,6 +23,52 @@ from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
 
 FLEET_CHANGE = (("orthoserve-retryable", "fleet-change"),)
+
+# How servicer.tamper alters the result of the highest index of each call (None: answers are faithful):
+#   "block"      another block (one row further down, or the wrong extent)     "name"   another matrix's name
+#   "shape"      another global shape                                          "nd_layout"  batch for flatten
+#   "duplicate"  the result (and its data) sent twice                          "index"  an index out of range
+TAMPERS = ("block", "name", "shape", "nd_layout", "duplicate", "index")
+
+
+def whole_block(spec: pb.MatrixSpec, echo_nd_layout: bool = True) -> pb.Block:
+    """The block a server's result names: the spec's own for a group step, else the whole 2-D view of the shape (by
+    spec.nd_layout; flattened when the server predates NdLayout, echo_nd_layout False)."""
+    if spec.HasField("block"):
+        return spec.block
+    shape = list(spec.shape)
+    if len(shape) < 2:
+        return pb.Block()
+    if echo_nd_layout and spec.nd_layout == pb.ND_LAYOUT_BATCH:
+        rows, cols = 1, shape[-1]
+        for d in shape[:-1]:
+            rows *= d
+    else:
+        rows, cols = shape[0], 1
+        for d in shape[1:]:
+            cols *= d
+    return pb.Block(row_offset=0, col_offset=0, rows=rows, cols=cols)
+
+
+def tampered(result: pb.MatrixResult, how: str, count: int) -> pb.MatrixResult:
+    """A copy of `result` altered as TAMPERS says (a call of `count` matrices; "duplicate": an unaltered copy)."""
+    out = pb.MatrixResult()
+    out.CopyFrom(result)
+    if how == "block":
+        out.block.row_offset += 1
+    elif how == "name":
+        out.name = result.name + "-of-another-run"
+    elif how == "shape":
+        out.shape[0] += 1
+    elif how == "nd_layout":
+        out.nd_layout = pb.ND_LAYOUT_BATCH
+    elif how == "duplicate":
+        pass
+    elif how == "index":
+        out.index = count
+    else:
+        raise ValueError(f"fake_server: unknown tamper {how!r}; one of {TAMPERS}")
+    return out
 
 
 @dataclasses.dataclass
@@ -46,6 +94,7 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         # Whether results echo MatrixSpec.nd_layout, as servers do since NdLayout exists (False: an
         # older server, which reads every tensor flattened and leaves MatrixResult.nd_layout unset).
         self.echo_nd_layout = True
+        self.tamper: Optional[str] = None  # One of TAMPERS, or None.
 
     def fail(self, *failures: Failure) -> None:
         with self.lock:
@@ -75,9 +124,17 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         self.metadata.append(dict(context.invocation_metadata()))
         self._maybe_fail("unary", context)
         out = pb.OrthogonalizeResponse()
+        count = len(request.matrices)
         for i, m in enumerate(request.matrices):
-            out.results.add(index=i, name=m.spec.name, dtype=m.spec.dtype, shape=m.spec.shape, data=m.data,
-                            nd_layout=m.spec.nd_layout if self.echo_nd_layout else 0)
+            r = pb.MatrixResult(index=i, name=m.spec.name, dtype=m.spec.dtype, shape=m.spec.shape, data=m.data,
+                                nd_layout=m.spec.nd_layout if self.echo_nd_layout else 0,
+                                block=whole_block(m.spec, self.echo_nd_layout))
+            if self.tamper is not None and i == count - 1:
+                if self.tamper == "duplicate":
+                    out.results.add().CopyFrom(r)
+                else:
+                    r = tampered(r, self.tamper, count)
+            out.results.add().CopyFrom(r)
         return out
 
     def OrthogonalizeStream(self, request_iterator, context):
@@ -100,19 +157,28 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
                 data[m.chunk.index] = data.get(m.chunk.index, b"") + m.chunk.data
         # Answer in reverse order: results may come in any order.
         failed = 0
-        for i in reversed(range(len(specs))):
+        count = len(specs)
+        for i in reversed(range(count)):
             spec = specs[i]
             if spec.name.startswith("bad"):
                 failed += 1
                 yield pb.StreamResponse(result=pb.MatrixResult(index=i, name=spec.name, code=3,
                                                                message="block rows out of range"))
                 continue
-            yield pb.StreamResponse(result=pb.MatrixResult(index=i, name=spec.name, dtype=spec.dtype,
-                                                           shape=spec.shape, block=spec.block,
-                                                           nd_layout=spec.nd_layout if self.echo_nd_layout else 0))
+            result = pb.MatrixResult(index=i, name=spec.name, dtype=spec.dtype, shape=spec.shape,
+                                     block=whole_block(spec, self.echo_nd_layout),
+                                     nd_layout=spec.nd_layout if self.echo_nd_layout else 0)
+            answers = [result]
+            if self.tamper is not None and i == count - 1:
+                answers = [tampered(result, self.tamper, count)]
+                if self.tamper == "duplicate":
+                    answers.insert(0, result)
             payload = data.get(i, b"")
-            for start in range(0, len(payload), self.chunk_bytes):
-                yield pb.StreamResponse(chunk=pb.DataChunk(index=i, data=payload[start:start + self.chunk_bytes]))
+            for answer in answers:
+                yield pb.StreamResponse(result=answer)
+                for start in range(0, len(payload), self.chunk_bytes):
+                    yield pb.StreamResponse(chunk=pb.DataChunk(index=answer.index,
+                                                               data=payload[start:start + self.chunk_bytes]))
         yield pb.StreamResponse(summary=pb.StepSummary(matrices_ok=len(specs) - failed, matrices_failed=failed,
                                                        fleet_rank=self.fleet_rank))
 

@@ -35,3 +35,29 @@ def newton_schulz(x: torch.Tensor, steps: int = 5, coefficient_type: str = "quin
 def scaled(x: torch.Tensor, scale_mode: str, extra: float = 1.0, **kw) -> torch.Tensor:
     rows, cols = x.shape[0], x[0].numel()
     return newton_schulz(x.reshape(rows, cols), **kw).reshape(x.shape) * get_muon_scale_factor(rows, cols, scale_mode) * extra
+
+
+def newton_schulz_float64(x, steps: int = 5, coefficient_type: str = "quintic", eps: float = 1e-7):
+    """Emerging-Optimizers' Newton–Schulz loop (its coefficient sets and their iteration order) in float64 with
+    numpy: transposed to the wide side, x / max(‖x‖_F, eps), then X = aX + (bA + cA²)X with A = XXᵀ per step; no
+    scale factor. The reference an fp32 HIGHEST result is compared with (relative Frobenius error ~1e-6)."""
+    import numpy as np
+
+    sets = muon_utils._COEFFICIENT_SETS[coefficient_type]
+    mode = "repeat_last" if coefficient_type in ("polar_express", "cans", "deepseekv4") else "cycle"
+    x = np.asarray(x, dtype=np.float64)
+    transpose = x.shape[0] > x.shape[1]
+    X = x.T if transpose else x
+    X = X / max(float(np.linalg.norm(X)), eps)
+    for a, b, c in muon_utils.get_coefficient_iterator(steps, sets, mode=mode):
+        A = X @ X.T
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.T if transpose else X
+
+
+def relative_error(got, ref) -> float:
+    """‖got − ref‖_F / ‖ref‖_F in float64."""
+    import numpy as np
+
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))

@@ -37,6 +37,7 @@ def test_stream_order_chunking_and_reassembly(fake):
     assert kinds(messages) == ["header", "spec", "chunk", "chunk", "chunk", "spec", "chunk", "spec", "chunk", "end"]
     header = messages[0].header
     assert header.num_matrices == 3 and header.world == 1 and header.job == "" and header.group == ""
+    assert header.run_id == ""  # A lone step sends no run id.
     chunks = [m.chunk for m in messages if m.WhichOneof("kind") == "chunk"]
     assert all(len(ch.data) <= 1000 for ch in chunks)
     assert [ch.index for ch in chunks] == [0, 0, 0, 1, 2]
@@ -72,7 +73,7 @@ def test_per_matrix_error_names_the_matrix(fake):
 def test_stream_status_becomes_coded_exception(fake):
     with orthoserve.Client(fake.address) as client:
         with pytest.raises(orthoserve.AbortedError) as err:
-            client.group("abort", "g", 0, 2).step(3, [orthoserve.Shard("w", (4, 2), (0, 0), np.ones((2, 2), np.float32))])
+            client.group("abort", "g", 0, 2, run_id="run-1").step(3, [orthoserve.Shard("w", (4, 2), (0, 0), np.ones((2, 2), np.float32))])
     assert err.value.code == grpc.StatusCode.ABORTED
     assert err.value.message == "step 3 of group g aborted: trainer ranks [1] missing"
     assert isinstance(err.value, orthoserve.OrthoserveError)
@@ -102,7 +103,7 @@ def test_group_routes_rank_r_to_fleet_rank_floor_r_s_over_w(world, fleet):
         full = np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape)
         for rank in range(world):
             with orthoserve.Client(servers[0].address) as client:
-                group = client.group("job", "tp", rank, world)
+                group = client.group("job", "tp", rank, world, run_id="run-7")
                 (r0, c0), (rows, cols) = blocks[rank]
                 block = full[r0:r0 + rows, c0:c0 + cols]
                 [out] = group.step(7, [orthoserve.Shard("w", shape, (r0, c0), block, algorithm="row_sharded")])
@@ -114,6 +115,7 @@ def test_group_routes_rank_r_to_fleet_rank_floor_r_s_over_w(world, fleet):
             for messages in s.servicer.streams:
                 h = messages[0].header
                 assert (h.job, h.group, h.step, h.world, h.num_matrices) == ("job", "tp", 7, world, 1)
+                assert h.run_id == "run-7"
                 spec = messages[1].spec
                 (r0, c0), (rows, cols) = blocks[h.rank]
                 assert spec.block == pb.Block(row_offset=r0, col_offset=c0, rows=rows, cols=cols)

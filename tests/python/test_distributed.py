@@ -78,7 +78,7 @@ def _train_rank(rank, world, fleet_address, out_path):
             torch.nn.functional.mse_loss(forward(full, x), y).backward()
             opt.step()
             history.append([(w.full_tensor() if hasattr(w, "full_tensor") else w).detach().clone() for w in weights])
-        fleet_rank = client.info(client.group("test-distributed", "x", rank, world).address).fleet_rank
+        fleet_rank = client.info(client.group("test-distributed", "x", rank, world, run_id=opt.run_id).address).fleet_rank
     if rank == 0:
         ref = reference_run()
         errors = [[(a - b).abs().max().item() for a, b in zip(step_ours, step_ref)]

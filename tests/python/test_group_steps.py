@@ -1,9 +1,10 @@
 """Group steps through the real server: W trainer ranks (threads) each send their block of the same matrices;
 the assembled results of the exact algorithms equal Emerging-Optimizers' whole-matrix computation and each
 other bit for bit, TP_DISTRIBUTED agrees within fp32 tolerance, TP_BLOCKWISE is each block alone; a missing
-rank aborts the step with ABORTED naming it."""
+rank aborts the step with ABORTED naming it. Each group step is one run's (a run id drawn per step)."""
 
 import threading
+import uuid
 
 import grpc
 import pytest
@@ -45,12 +46,13 @@ def run_group(client, world, dim, algorithm, step, job="group-test", partition_d
     """Every rank's step in its own thread; returns the assembled result."""
     full = full_matrix(shape=shape)
     blocks = orthoserve.chunk_blocks(shape, world, dim)
+    run_id = uuid.uuid4().hex  # Shared by this step's trainer ranks.
 
     def rank_main(rank):
         (r0, c0), (rows, cols) = blocks[rank]
         shard = orthoserve.Shard(name, shape, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
                                  algorithm=algorithm, partition_dim=partition_dim, precision="highest")
-        [result] = client.group(job, f"{algorithm}-{dim}-{world}", rank, world).step(step, [shard])
+        [result] = client.group(job, f"{algorithm}-{dim}-{world}", rank, world, run_id=run_id).step(step, [shard])
         return result
 
     results = on_every_rank(world, rank_main)
@@ -102,7 +104,7 @@ def test_missing_rank_aborts_the_step(tmp_path):
         with orthoserve.Client(server.address, timeout=60) as client:
             shard = orthoserve.Shard("w", SHAPE, (0, 0), full[:10].clone())
             with pytest.raises(orthoserve.AbortedError) as err:
-                client.group("job", "lonely", 0, 2).step(1, [shard])
+                client.group("job", "lonely", 0, 2, run_id="lonely-run").step(1, [shard])
         assert err.value.code == grpc.StatusCode.ABORTED
         assert "trainer ranks [1] of 2" in err.value.message, err.value.message
     finally:
@@ -112,7 +114,7 @@ def test_missing_rank_aborts_the_step(tmp_path):
 def test_fleet_group_steps_are_exact(fleet2):
     """W = 4 trainer ranks on a 2-rank fleet (ranks 0,1 -> fleet 0; 2,3 -> fleet 1)."""
     with orthoserve.Client(fleet2[0].address, timeout=60) as client:
-        assert [client.group("j", "g", r, 4).address for r in range(4)] == [fleet2[0].address] * 2 + [
+        assert [client.group("j", "g", r, 4, run_id="routing").address for r in range(4)] == [fleet2[0].address] * 2 + [
             fleet2[1].address] * 2
         ref = oracle.scaled(full_matrix(), "spectral")
         a = run_group(client, 4, 0, "auto", 1, job="fleet-groups")
@@ -130,13 +132,14 @@ def run_multi_step(client, step, job):
     """One W = 2 group step of five 20x14 matrices, one per algorithm (row blocks); the assembled results."""
     fulls = [full_matrix(seed=10 + i) for i in range(len(MULTI))]
     blocks = orthoserve.chunk_blocks(SHAPE, 2, 0)
+    run_id = uuid.uuid4().hex
 
     def rank_main(rank):
         (r0, c0), (rows, cols) = blocks[rank]
         shards = [orthoserve.Shard(f"w{i}", SHAPE, (r0, c0), full[r0:r0 + rows, c0:c0 + cols].clone(),
                                    algorithm=algorithm, partition_dim=pdim, precision="highest")
                   for i, (full, (algorithm, pdim)) in enumerate(zip(fulls, MULTI))]
-        return client.group(job, "multi", rank, 2).step(step, shards)
+        return client.group(job, "multi", rank, 2, run_id=run_id).step(step, shards)
 
     results = on_every_rank(2, rank_main)
     outs = []

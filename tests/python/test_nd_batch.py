@@ -135,19 +135,21 @@ def test_group_step_with_the_batch_layout(client):
     """Two trainer ranks each hold two of the four matrices of a (4, 6, 8) batch: row blocks of its 2-D view
     prod(shape[:-1]) x shape[-1] = 24 x 8 (Shard(nd="batch")); together they get the lone client's result."""
     import threading
+    import uuid
 
     import orthoserve
 
     x = rand(4, 6, 8, seed=12)
     whole = client.orthogonalize([x], nd="batch", precision="highest")[0]
     results, errors = [None, None], []
+    run_id = f"test-nd-batch-{uuid.uuid4().hex}"  # Both trainer ranks are one run.
 
     def trainer(rank):
         try:
             shard = orthoserve.Shard("x", x.shape, (12 * rank, 0), x[2 * rank:2 * rank + 2], nd="batch",
                                      precision="highest")
             assert shard.block == (12, 8)
-            [results[rank]] = client.group("test-nd-batch", "g", rank, 2).step(0, [shard])
+            [results[rank]] = client.group("test-nd-batch", "g", rank, 2, run_id=run_id).step(0, [shard])
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

@@ -264,7 +264,7 @@ def test_group_step_rerouted_after_ready_flags_change():
         b.servicer.fail(Failure(grpc.StatusCode.ABORTED, "member left", FLEET_CHANGE, method="stream",
                                 before=lambda: members(False, 2)))
         with orthoserve.Client(a.address, retry=FAST) as client:
-            group = client.group("job", "g", 1, 2)
+            group = client.group("job", "g", 1, 2, run_id="run-r")
             assert group.address == b.address
             [out] = group.step(9, [orthoserve.Shard("w", (6, 4), (3, 0), M)])
             assert np.array_equal(out, M)
@@ -276,6 +276,7 @@ def test_group_step_rerouted_after_ready_flags_change():
             assert group.address == b.address
         assert [(h.step, h.rank, h.attempt) for h in b.headers] == [(9, 1, 0), (10, 1, 1)]
         assert [(h.step, h.rank, h.attempt) for h in a.headers] == [(9, 1, 1), (10, 1, 0)]
+        assert {h.run_id for h in a.headers + b.headers} == {"run-r"}  # The run id on every attempt.
     finally:
         a.stop()
         b.stop()
@@ -288,7 +289,7 @@ def test_group_membership_is_read_from_any_reachable_address():
             s.servicer.members = [pb.FleetMember(rank=0, address=a.address, ready=True),
                                   pb.FleetMember(rank=1, address=b.address, ready=True)]
         with orthoserve.Client(a.address, retry=FAST) as client:
-            group = client.group("job", "g", 0, 2)
+            group = client.group("job", "g", 0, 2, run_id="run-m")
             assert group.address == a.address
             a.stop()  # The client's only address is gone; b still knows the membership.
             for s in (b,):
@@ -296,7 +297,7 @@ def test_group_membership_is_read_from_any_reachable_address():
                                       pb.FleetMember(rank=1, address=b.address, ready=True)]
             [out] = group.step(1, [orthoserve.Shard("w", (6, 4), (0, 0), M)])
             assert np.array_equal(out, M) and group.address == b.address
-        assert [(h.rank, h.attempt) for h in b.headers] == [(0, 1)]
+        assert [(h.rank, h.attempt, h.run_id) for h in b.headers] == [(0, 1, "run-m")]
     finally:
         a.stop()
         b.stop()

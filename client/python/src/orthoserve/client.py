@@ -3,7 +3,11 @@ its messages: proto/orthoserve/v1/orthogonalizer.proto; group steps and algorith
 
 A Client holds one gRPC channel per server address; it is safe to share between threads (gRPC channels are),
 and a Group may be used by one thread at a time. Calls retry retryable failures under the client's RetryPolicy
-(orthoserve.retry).
+(orthoserve.retry). A group step carries its run's id (StepHeader.run_id; orthoserve.runs).
+
+Every result is checked against what this rank sent before its data is returned: MatrixResult.index in range and
+not repeated, and name, global shape, N-d layout and block equal to the spec sent at that index (for a whole matrix
+the block is its whole 2-D view). A mismatch raises orthoserve.IntegrityError and returns nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Type
 
 import grpc
 
-from orthoserve import arrays, errors, layout, options as options_lib, retry as retry_lib, routing
+from orthoserve import arrays, errors, layout, options as options_lib, retry as retry_lib, routing, runs
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
@@ -58,16 +62,81 @@ def _credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
     raise TypeError(f"orthoserve: tls must be None, True, a dict or grpc.ChannelCredentials, got {type(tls)}")
 
 
+_FLATTEN_LAYOUTS = (pb.ND_LAYOUT_UNSPECIFIED, pb.ND_LAYOUT_FLATTEN)  # Both mean "flatten" on the wire.
+
+
+def _layout_name(value: int) -> str:
+    return "batch" if value == pb.ND_LAYOUT_BATCH else "flatten" if value in _FLATTEN_LAYOUTS else f"unknown ({value})"
+
+
+def _block_text(b: pb.Block) -> str:
+    return f"{b.rows}x{b.cols} at ({b.row_offset}, {b.col_offset})"
+
+
 class _Entry:
-    """One matrix of a step: its spec, the bytes to send, and how to rebuild its result."""
+    """One matrix of a step: its spec, the bytes to send, how to rebuild its result, and the block its result must
+    say it holds (the spec's block for a group step, the whole 2-D view for a whole matrix)."""
 
-    __slots__ = ("spec", "payload", "info", "result_shape")
+    __slots__ = ("spec", "payload", "info", "result_shape", "block")
 
-    def __init__(self, spec: pb.MatrixSpec, payload: memoryview, info: arrays.ArrayInfo, result_shape):
+    def __init__(self, spec: pb.MatrixSpec, payload: memoryview, info: arrays.ArrayInfo, result_shape,
+                 block: Optional[pb.Block] = None):
         self.spec = spec
         self.payload = payload
         self.info = info
         self.result_shape = result_shape
+        if block is None:
+            if spec.HasField("block"):
+                block = spec.block
+            else:
+                nd = "batch" if spec.nd_layout == pb.ND_LAYOUT_BATCH else "flatten"
+                rows, cols = arrays.matrix_view(tuple(spec.shape), nd)
+                block = pb.Block(row_offset=0, col_offset=0, rows=rows, cols=cols)
+        self.block = block
+
+
+def _check_index(index: int, entries: Sequence[_Entry], seen: Any) -> None:
+    """IntegrityError unless 0 <= index < len(entries) and index is not in `seen` (the indices answered so far)."""
+    count = len(entries)
+    if not 0 <= index < count:
+        raise errors.integrity_error(f"the server answered with result index {index}, but this request has "
+                                     f"{count} matrices (indices 0..{count - 1}); its results are not this "
+                                     "caller's", index=index)
+    if index in seen:
+        raise errors.integrity_error(f"the server answered index {index} twice; its results are not this caller's",
+                                     entries[index].spec.name, index)
+
+
+def _check_batch_echo(entry: _Entry, result: pb.MatrixResult) -> None:
+    """FailedPreconditionError when a batch (nd_layout=batch) was answered without nd_layout=batch."""
+    if entry.spec.nd_layout == pb.ND_LAYOUT_BATCH and result.nd_layout != pb.ND_LAYOUT_BATCH:
+        # A server that predates NdLayout ignores the field and answers for the flattened matrix: a different
+        # computation, of the same size. Never return it as the batch's answer.
+        raise errors.FailedPreconditionError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "the server did not read this tensor as a batch of matrices (its result does not echo nd_layout=batch: "
+            "it predates MatrixSpec.nd_layout and computed the flattened matrix); upgrade the server, or send "
+            "nd='flatten' if that is what you mean", entry.spec.name)
+
+
+def _check_result(entry: _Entry, index: int, result: pb.MatrixResult) -> None:
+    """IntegrityError unless `result` (a successful one) names what `entry` sent at `index`: name, global shape,
+    N-d layout and block. FailedPreconditionError for a batch answered as a flattened matrix (Client._rebuild)."""
+    _check_batch_echo(entry, result)  # A server that predates NdLayout: its own, clearer error.
+    spec, problems = entry.spec, []
+    sent_batch = spec.nd_layout == pb.ND_LAYOUT_BATCH
+    if result.name != spec.name:
+        problems.append(f"name {result.name!r} (sent {spec.name!r})")
+    if tuple(result.shape) != tuple(spec.shape):
+        problems.append(f"shape {list(result.shape)} (sent {list(spec.shape)})")
+    if result.nd_layout not in (*_FLATTEN_LAYOUTS, pb.ND_LAYOUT_BATCH) or (
+            result.nd_layout == pb.ND_LAYOUT_BATCH and not sent_batch):
+        problems.append(f"nd_layout {_layout_name(result.nd_layout)} (sent {_layout_name(spec.nd_layout)})")
+    if result.block != entry.block:
+        problems.append(f"block {_block_text(result.block)} (sent {_block_text(entry.block)})")
+    if problems:
+        raise errors.integrity_error(f"result index {index} is not the result of what this rank sent there: it has "
+                                     f"{', '.join(problems)}; refusing to return it", spec.name, index)
 
 
 class Client:
@@ -332,7 +401,10 @@ class Client:
             response = self._stub(address).Orthogonalize(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.error_from_rpc(e) from None
-        by_index = {r.index: r for r in response.results}
+        by_index: Dict[int, pb.MatrixResult] = {}
+        for r in response.results:
+            _check_index(r.index, entries, by_index)
+            by_index[r.index] = r
         out = []
         for i, e in enumerate(entries):
             r = by_index.get(i)
@@ -340,6 +412,7 @@ class Client:
                 raise errors.InternalError(grpc.StatusCode.INTERNAL, "the server returned no result", e.spec.name)
             if r.code != 0:
                 raise errors.error_from_code(r.code, r.message, e.spec.name)
+            _check_result(e, i, r)
             out.append(self._rebuild(e, r, bytearray(r.data)))
         return out
 
@@ -352,17 +425,9 @@ class Client:
     @staticmethod
     def _rebuild(entry: _Entry, result: pb.MatrixResult, buf: bytearray) -> Any:
         if result.dtype not in (pb.DTYPE_UNSPECIFIED, entry.spec.dtype):
-            raise errors.InternalError(grpc.StatusCode.INTERNAL,
-                                       f"result dtype {result.dtype} differs from the sent {entry.spec.dtype}",
-                                       entry.spec.name)
-        if entry.spec.nd_layout == pb.ND_LAYOUT_BATCH and result.nd_layout != pb.ND_LAYOUT_BATCH:
-            # A server that predates NdLayout ignores the field and answers for the flattened matrix: a
-            # different computation, of the same size. Never return it as the batch's answer.
-            raise errors.FailedPreconditionError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "the server did not read this tensor as a batch of matrices (its result does not echo "
-                "nd_layout=batch: it predates MatrixSpec.nd_layout and computed the flattened matrix); upgrade "
-                "the server, or send nd='flatten' if that is what you mean", entry.spec.name)
+            raise errors.integrity_error(f"result dtype {result.dtype} differs from the sent {entry.spec.dtype}",
+                                         entry.spec.name)
+        _check_batch_echo(entry, result)
         expected = Client._expected_bytes(entry, result)
         if len(buf) != expected:
             raise errors.InternalError(grpc.StatusCode.INTERNAL,
@@ -388,16 +453,17 @@ class Client:
         buffers: Dict[int, bytearray] = {}
         filled: Dict[int, int] = {}
         summary = None
+        call = self._stub(address).OrthogonalizeStream(requests(), timeout=timeout, metadata=self._metadata)
         try:
-            for response in self._stub(address).OrthogonalizeStream(
-                    requests(), timeout=timeout, metadata=self._metadata):
+            for response in call:
                 kind = response.WhichOneof("kind")
                 if kind == "result":
                     r = response.result
-                    if not 0 <= r.index < len(entries) or r.index in results:
-                        raise errors.InternalError(grpc.StatusCode.INTERNAL, f"unexpected result index {r.index}")
+                    _check_index(r.index, entries, results)
                     results[r.index] = r
                     if r.code == 0:
+                        # Checked before any of its bytes are taken: data of another matrix is never assembled.
+                        _check_result(entries[r.index], r.index, r)
                         buffers[r.index] = bytearray(self._expected_bytes(entries[r.index], r))
                         filled[r.index] = 0
                 elif kind == "chunk":
@@ -412,6 +478,9 @@ class Client:
                     summary = response.summary
         except grpc.RpcError as e:
             raise errors.error_from_rpc(e) from None
+        except errors.OrthoserveError:
+            call.cancel()  # The answer is refused (a wrong index, result or chunk): nothing more of it is read.
+            raise
         if summary is None:
             raise errors.InternalError(grpc.StatusCode.INTERNAL, "the stream ended without a step summary")
         failed = [i for i in sorted(results) if results[i].code != 0]
@@ -431,9 +500,13 @@ class Client:
 
     # -- groups --------------------------------------------------------------------------------------------
 
-    def group(self, job: str, name: str, rank: int, world: int) -> "Group":
-        """This trainer rank's handle on group (job, name) of `world` ranks (see Group)."""
-        return Group(self, job, name, rank, world)
+    def group(self, job: str, name: str, rank: int, world: int, *, run_id: Optional[str] = None) -> "Group":
+        """This trainer rank's handle on group (job, name) of `world` ranks (see Group).
+
+        run_id: the run these steps belong to, the same on every rank of this run and no other run's (see Group);
+        None takes it from $ORTHOSERVE_RUN_ID, $TORCHELASTIC_RUN_ID or torch.distributed (orthoserve.runs). ValueError
+        when world > 1 and there is none."""
+        return Group(self, job, name, rank, world, run_id=run_id)
 
 
 class Group:
@@ -445,9 +518,22 @@ class Group:
     sorted by rank (all members when none is marked ready). A step that fails retryably is retried under the
     client's policy: the membership is re-read (GetServerInfo from any reachable address), the rank re-routed
     by the same rule and the whole step sent again with StepHeader.attempt one higher.
+
+    Run id (StepHeader.run_id, sent on every attempt of every step when world > 1): the fleet keys a group step by
+    tenant, job, group, step and run, so the reports of two runs (a relaunch, two members of a sweep) that use the
+    same job, group and step numbers are never combined, and a retry is answered from kept inputs only for its own
+    run. Every rank of one run must use the same id, and no other run the same. It is the explicit `run_id`, else
+    $ORTHOSERVE_RUN_ID, else $TORCHELASTIC_RUN_ID (set by torchrun; its placeholder "none" is skipped), else, when
+    torch.distributed is initialized, a random id agreed over the default process group (orthoserve.runs.agree_run_id:
+    a collective on the first Group of the process, so every rank must make its first group at the same point, or
+    call agree_run_id first); else ValueError. With world 1 no run id is sent (a lone step needs none).
+    Two runs that share a job and group may still meet at the same step: the fleet then refuses the later one
+    (FAILED_PRECONDITION naming both runs), so give concurrent runs their own job names too.
+
+    Every result is checked against the spec this rank sent (orthoserve.IntegrityError on a mismatch).
     """
 
-    def __init__(self, client: Client, job: str, name: str, rank: int, world: int):
+    def __init__(self, client: Client, job: str, name: str, rank: int, world: int, *, run_id: Optional[str] = None):
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"orthoserve: group rank {rank} out of range for world {world}")
         self.client = client
@@ -455,6 +541,10 @@ class Group:
         self.name = str(name)
         self.rank = int(rank)
         self.world = int(world)
+        # None for a lone group (world 1): no run id is sent.
+        self.run_id: Optional[str] = (
+            runs.resolve_run_id(run_id, what=f"group {self.job}/{self.name}")
+            if self.world > 1 else None)
         self._address: Optional[str] = None
 
     @property
@@ -494,7 +584,7 @@ class Group:
         attempts = self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")
         while True:
             header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
-                                   num_matrices=len(entries), attempt=attempts.number)
+                                   num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "")
             try:
                 if attempts.number > 0:
                     self._reroute(attempts.timeout())

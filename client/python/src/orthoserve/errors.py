@@ -19,6 +19,7 @@ __all__ = [
     "FailedPreconditionError",
     "InternalError",
     "UnimplementedError",
+    "IntegrityError",
     "error_from_rpc",
     "error_from_code",
     "RETRYABLE_METADATA_KEY",
@@ -114,6 +115,38 @@ class InternalError(OrthoserveError):
 
 class UnimplementedError(OrthoserveError):
     pass
+
+
+class IntegrityError(OrthoserveError):
+    """A result that is provably not this caller's: its MatrixResult names another matrix, global shape, N-d layout
+    or block than the one this rank sent at that index, or comes with an index that is out of range or repeated.
+    The client never returns such data. Its code is DATA_LOSS (the server's answer is corrupt, not the request) and
+    it is never retried: a server that answers one attempt with another caller's data cannot be trusted to answer
+    the next one with this caller's.
+
+    Attributes (besides OrthoserveError's): index, the MatrixResult.index the check failed on (None when the
+    failure is not about one result).
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, matrix: Optional[str] = None, *,
+                 fleet_change: bool = False, attempts: int = 1, note: str = "", index: Optional[int] = None):
+        super().__init__(code, message, matrix, fleet_change=fleet_change, attempts=attempts, note=note)
+        self.index = index
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+    def after_attempts(self, attempts: int, note: str = "") -> "OrthoserveError":
+        out = IntegrityError(self.code, self.message, self.matrix, fleet_change=self.fleet_change,
+                             attempts=attempts, note=note, index=self.index)
+        out.__cause__ = self.__cause__
+        return out
+
+
+def integrity_error(message: str, matrix: Optional[str] = None, index: Optional[int] = None) -> IntegrityError:
+    """An IntegrityError (code DATA_LOSS) saying `message` about `matrix` (result `index`)."""
+    return IntegrityError(grpc.StatusCode.DATA_LOSS, message, matrix, index=index)
 
 
 _BY_CODE = {

@@ -11,6 +11,12 @@ decay ("decoupled" p -= lr·wd·p, "independent" p -= wd·p, "l2" grad += wd·p)
 and extra scale), p -= lr·update — which is also torch.optim.Muon's step (decoupled weight decay, an lr adjusted
 by adjust_lr_fn instead of a scale factor). The orthogonalization of every parameter of a step is one remote
 request (whole tensors in one stream; DTensor shards as one group step per shard group).
+
+Group steps carry a run id (StepHeader.run_id; orthoserve.runs): Muon's `run_id=`, else $ORTHOSERVE_RUN_ID, else
+$TORCHELASTIC_RUN_ID (torchrun), else a random id agreed over the default torch.distributed process group — a
+collective that Muon's constructor makes, so construct Muon on every rank of the job, as training scripts do.
+newton_schulz(tp_group=...) takes $ORTHOSERVE_RUN_ID / $TORCHELASTIC_RUN_ID or an id agreed before, else the random
+key its tp_group agrees on first use (a collective of that group only).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ except ImportError as e:  # pragma: no cover - exercised by the client-only inst
     raise ImportError("orthoserve.torch needs PyTorch, which is not installed (the orthoserve client itself does "
                       "not): pip install torch, or the package's extra: pip install 'orthoserve[torch]'") from e
 
-from orthoserve import errors, layout, local_ns, options as options_lib
+from orthoserve import errors, layout, local_ns, options as options_lib, runs
 from orthoserve.client import Client
 
 __all__ = ["newton_schulz", "set_default_client", "get_default_client", "RemoteNewtonSchulz", "Muon",
@@ -103,13 +109,15 @@ def _client_or_default(client: Optional[Client]) -> Client:
 
 class _TpGroup:
     """What the ranks of one torch.distributed process group share for newton_schulz(tp_group=...): the group
-    key (agreed once: group rank 0 draws it and broadcasts it) and the number of calls so far (the step number of
-    the next group step; every rank makes the same calls in the same order, as with EO's collectives)."""
+    key (agreed once: group rank 0 draws it and broadcasts it), the run id of its steps, and the number of calls so
+    far (the step number of the next group step; every rank makes the same calls in the same order, as with EO's
+    collectives)."""
 
-    __slots__ = ("name", "calls")
+    __slots__ = ("name", "run_id", "calls")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, run_id: str):
         self.name = name
+        self.run_id = run_id
         self.calls = 0
 
 
@@ -130,7 +138,11 @@ def _tp_state(tp_group: Any, device: torch.device) -> _TpGroup:
                          dtype=torch.int64, device=device)
     dist.broadcast(words, group=tp_group, group_src=0)
     key = "".join(f"{int(w):016x}" for w in words.tolist())
-    state = _TpGroup(f"newton_schulz/tp{dist.get_world_size(tp_group)}/{key}")
+    # The run id: $ORTHOSERVE_RUN_ID / $TORCHELASTIC_RUN_ID, or one agreed over the default group before (no new
+    # collective here: not every rank of the default group need call newton_schulz with a tp_group), else the key
+    # just agreed, which only this run's ranks of this group hold.
+    run_id = runs.find_run_id(agree=False) or f"tp-{key}"
+    state = _TpGroup(f"newton_schulz/tp{dist.get_world_size(tp_group)}/{key}", run_id)
     with _tp_lock:
         _tp_groups[tp_group] = state
     return state
@@ -162,7 +174,7 @@ def _newton_schulz_tp(x: torch.Tensor, opts: Dict[str, Any], partition_dim: int,
     client = get_default_client()
     shard = layout.Shard("x", global_shape, offset, x, algorithm="tp_distributed", partition_dim=partition_dim,
                          **opts)
-    [out] = client.group(job, state.name, rank, world).step(step, [shard])
+    [out] = client.group(job, state.name, rank, world, run_id=state.run_id).step(step, [shard])
     return out
 
 
@@ -187,7 +199,9 @@ def newton_schulz(x: torch.Tensor, steps: int, coefficient_type: str = "quintic"
             with its block, and the group's ranks make one TP_DISTRIBUTED group step. As EO's, the blocks must split
             the dim that the Gram contracts: rows (dim 0) when transpose, else columns (dim 1), in group-rank order.
             The group's key is agreed on first use (a broadcast from group rank 0); each call is the group's next
-            step. A 3-D x with tp_group must hold one matrix (B = 1).
+            step. Its run id (StepHeader.run_id): $ORTHOSERVE_RUN_ID, else $TORCHELASTIC_RUN_ID, else one agreed over
+            the default process group before (orthoserve.runs.agree_run_id, Muon's constructor), else the group's
+            key. A 3-D x with tp_group must hold one matrix (B = 1).
         use_syrk: accepted (EO's Triton SYRK kernel choice); the server picks its own kernels, so the numbers are
             the same either way. As EO's, with 3-D input under "medium" precision it raises TypeError.
 
@@ -428,6 +442,17 @@ _ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped", "no
 _MAX_NS_STEPS = 100
 
 
+# Muon's default job: "muon-<run id>", or a digest of a run id too long to be read in a job name.
+_MAX_READABLE_RUN_ID = 64
+
+
+def _default_job(run_id: str) -> str:
+    """Muon's job for run `run_id` when none is given: one per run."""
+    if len(run_id.encode()) <= _MAX_READABLE_RUN_ID:
+        return f"muon-{run_id}"
+    return f"muon-{hashlib.sha256(run_id.encode()).hexdigest()[:32]}"
+
+
 def _triples(value: Any) -> List[Tuple[float, float, float]]:
     """ns_coefficients as a list of (a, b, c): one triple (torch.optim.Muon's form) or a sequence of them."""
     items = list(value)
@@ -486,7 +511,17 @@ class Muon(torch.optim.Optimizer):
         is_qkv_fn(p) is true are orthogonalized per Q, K and V ([q, k, v] rows per query group).
       client: an orthoserve.Client; None: orthoserve.torch.get_default_client() at each step
         (set_default_client(...) or $ORTHOSERVE_ADDRESS).
-      job: the trainer job id for group steps (default $ORTHOSERVE_JOB or "muon").
+      run_id: the run id of its group steps (StepHeader.run_id), the same on every rank of this run and no other
+        run's; None: $ORTHOSERVE_RUN_ID, else $TORCHELASTIC_RUN_ID (torchrun), else — when torch.distributed is
+        initialized — a random id agreed over the default process group, in this constructor: a COLLECTIVE, so
+        construct Muon on every rank of the job at the same point (as training scripts do), or give run_id /
+        $ORTHOSERVE_RUN_ID. A Muon with no run id still steps whole tensors; its first group step (a sharded
+        DTensor) tries the agreement again and raises ValueError when there is none. Kept in `run_id`.
+      job: the trainer job id for group steps (default $ORTHOSERVE_JOB, else "muon-<run id>": unique per run, so
+        that two runs of one script, e.g. a sweep, never meet on a step). With an explicit job shared by two runs
+        the fleet still never mixes them (steps are keyed by run too) but refuses the later of two that meet on
+        the same step (FAILED_PRECONDITION), so give each run its own job. Kept in `job` (None until the run id is
+        known).
       tp_mode: None (DTensors by the "auto" algorithm), "duplicated", "distributed" or "blockwise" (TP
         algorithms for sharded DTensors); a parameter's own `tp_mode` attribute overrides it.
       algorithm: the algorithm for sharded DTensors when no TP mode applies (default "auto"); a parameter's
@@ -513,7 +548,8 @@ class Muon(torch.optim.Optimizer):
                  split_qkv: bool = False, is_qkv_fn: Optional[Callable[[torch.Tensor], bool]] = None,
                  qkv_split_shapes: Optional[Sequence[int]] = None, tp_mode: Optional[str] = None,
                  algorithm: str = "auto", client: Optional[Client] = None, job: Optional[str] = None,
-                 timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None):
+                 timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None,
+                 run_id: Optional[str] = None):
         if isinstance(lr, Client):
             raise TypeError("Muon: pass the client by keyword (client=...); the second positional argument is lr")
         given = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -549,7 +585,9 @@ class Muon(torch.optim.Optimizer):
         self.qkv_split_shapes = list(qkv_split_shapes) if qkv_split_shapes is not None else None
         self.tp_mode = tp_mode
         self.algorithm = algorithm
-        self.job = job or os.environ.get("ORTHOSERVE_JOB") or "muon"
+        # The run id now, while every rank is here (the agreement over torch.distributed is a collective).
+        self.run_id: Optional[str] = runs.find_run_id(run_id, agree=True)
+        self._job = job or os.environ.get("ORTHOSERVE_JOB") or None
         self.timeout = timeout
         self.fallback = bool(fallback)
         self._names: Dict[int, str] = {}
@@ -559,6 +597,21 @@ class Muon(torch.optim.Optimizer):
         defaults.update(self._canonical(given))
         self._check(defaults, "Muon")
         super().__init__(params, defaults)
+
+    @property
+    def job(self) -> Optional[str]:
+        """The job of this optimizer's group steps: the explicit job or $ORTHOSERVE_JOB, else "muon-<run id>"
+        (None while there is no run id)."""
+        if self._job is not None:
+            return self._job
+        return None if self.run_id is None else _default_job(self.run_id)
+
+    def _group_identity(self) -> Tuple[str, str]:
+        """(job, run id) of a group step; the run id resolved now if the constructor found none. ValueError when
+        there is none."""
+        if self.run_id is None:
+            self.run_id = runs.resolve_run_id(None, what="Muon's group step of sharded DTensor parameters")
+        return self.job, self.run_id  # type: ignore[return-value]
 
     # -- settings ------------------------------------------------------------------------------------------
 
@@ -725,6 +778,7 @@ class Muon(torch.optim.Optimizer):
             else:
                 whole.append(i)
         client = _client_or_default(self.client) if params else None
+        job, run_id = self._group_identity() if groups else ("", "")
         if whole:
             tensors = [updates[i].to_local() if is_dtensor(updates[i]) else updates[i] for i in whole]
             opts = [dict(self._options_for(params[i]), name=self._names.get(id(params[i]), f"p{i}")) for i in whole]
@@ -748,7 +802,7 @@ class Muon(torch.optim.Optimizer):
                     kwargs.update(algorithm=getattr(p, "orthoserve_algorithm", None) or self.algorithm)
                 local = updates[i].to_local() if is_dtensor(updates[i]) else updates[i]
                 shards.append(dtensor_shard(self._names.get(id(p), f"p{i}"), p, data=local, **kwargs))
-            group = client.group(self.job, name, rank, world)
+            group = client.group(job, name, rank, world, run_id=run_id)
             out = group.step(self._remote_steps, shards, timeout=self.timeout)
             for i, o in zip(indices, out):
                 results[i] = self._like(updates[i], o)
