@@ -4,7 +4,7 @@ The server binary is $ORTHOSERVE_BUILD_DIR/bin/orthoserve (default build/bin/ort
 scripts/setup.sh. Tests that need a server fail (they do not skip) when it is missing.
 
 Deadlines: `@pytest.mark.deadline(seconds)` fails a test that runs longer than `seconds` (its own fixtures' set-up
-included), printing every thread's stack first (see _deadline).
+included), printing every thread's stack first (see _deadline); an unmarked test has a default deadline of 300 s.
 """
 
 from __future__ import annotations
@@ -219,6 +219,11 @@ def pytest_configure(config):
                                        "every thread's stack on stderr)")
 
 
+# The deadline of a test without a deadline marker: generous (the slowest tests take about a minute on two cores),
+# but a hang fails in minutes and names the test instead of waiting for CI's limit.
+DEFAULT_DEADLINE_SECONDS = float(os.environ.get("ORTHOSERVE_TEST_DEADLINE", "300"))
+
+
 class DeadlineExceeded(Exception):
     """Raised in the main thread when a test outlives its deadline marker."""
 
@@ -228,12 +233,10 @@ def _deadline(request):
     """A test marked `deadline(seconds)` is interrupted after `seconds`: SIGALRM raises DeadlineExceeded in the main
     thread (at its next Python instruction: grpc, subprocess, thread and multiprocessing waits all return to Python
     often enough), after faulthandler has dumped every thread's stack. Its fixtures' finalizers still run, so the
-    processes a test started are stopped by their own teardown. Unmarked tests have no deadline."""
+    processes a test started are stopped by their own teardown. Unmarked tests get DEFAULT_DEADLINE_SECONDS
+    ($ORTHOSERVE_TEST_DEADLINE overrides it), so that no test can hang the suite."""
     marker = request.node.get_closest_marker("deadline")
-    if marker is None:
-        yield
-        return
-    seconds = float(marker.args[0])
+    seconds = float(marker.args[0]) if marker is not None else DEFAULT_DEADLINE_SECONDS
     if not seconds > 0:
         raise ValueError(f"deadline must be > 0 seconds, got {marker.args[0]!r}")
 
