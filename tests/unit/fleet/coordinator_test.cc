@@ -426,13 +426,15 @@ TEST(CoordinatorTest, ARetryOfAStepThatRanIsReplayedFromWhatMembersKept) {
   EXPECT_EQ(old[2].failure, kStepFailureAborted);
 }
 
-// Two formed members 0 and 1 of a fresh coordinator with `o`.
+// Two formed members 0 and 1 of a fresh coordinator with `o`, and the refusals it counted.
 struct TwoMembers {
   std::unique_ptr<Coordinator> c;
   std::vector<Member> members = {M(0, 10), M(1, 11)};
+  std::shared_ptr<std::vector<std::string>> refusals = std::make_shared<std::vector<std::string>>();
 };
 TwoMembers StartTwo(Coordinator::Options o) {
   TwoMembers t;
+  o.on_refusal = [refusals = t.refusals](const char* cause) { refusals->push_back(cause); };
   auto c = Coordinator::Create(o);
   EXPECT_OK(c.status());
   t.c = *std::move(c);
@@ -447,10 +449,8 @@ GroupKey OfRun(GroupKey key, const std::string& run) {
 }
 
 TEST(CoordinatorTest, AnotherRunsReportForAStepBeingGatheredIsRefusedAndTheFirstRunGoesOn) {
-  Coordinator::Options o = TestOptions(2);
-  std::vector<std::string> refusals;
-  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
-  TwoMembers t = StartTwo(o);
+  TwoMembers t = StartTwo(TestOptions(2));
+  const std::vector<std::string>& refusals = *t.refusals;
   Coordinator& c = *t.c;
   const GroupKey a{"t", "sweep", "g", 0, "run-a"};
   const GroupKey b = OfRun(a, "run-b");
@@ -516,10 +516,8 @@ TEST(CoordinatorTest, ANewRunsRetryOfAnotherRunsFinishedStepIsNeverAnsweredFromI
 }
 
 TEST(CoordinatorTest, AReplayNeedsTheRetrysBlocksToMatchTheKeptOriginals) {
-  Coordinator::Options o = TestOptions(2);
-  std::vector<std::string> refusals;
-  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
-  TwoMembers t = StartTwo(o);
+  TwoMembers t = StartTwo(TestOptions(2));
+  const std::vector<std::string>& refusals = *t.refusals;
   Coordinator& c = *t.c;
   auto with_digest = [](ReadyReport r, uint64_t digest) {
     r.digest = digest;
@@ -556,9 +554,8 @@ TEST(CoordinatorTest, AReplayNeedsTheRetrysBlocksToMatchTheKeptOriginals) {
 TEST(CoordinatorTest, ATenantsPendingStepsAreCappedAndOthersAreNot) {
   Coordinator::Options o = TestOptions(2);
   o.max_tenant_pending_steps = 2;
-  std::vector<std::string> refusals;
-  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
   TwoMembers t = StartTwo(o);
+  const std::vector<std::string>& refusals = *t.refusals;
   Coordinator& c = *t.c;
   for (int step = 0; step < 2; ++step) {
     ASSERT_OK(c.Report(Report(c, GroupKey{"heavy", "j", "g", step, "run"}, 0, 2, t.members[0], 100 + step)));
@@ -586,9 +583,8 @@ TEST(CoordinatorTest, ATenantsPendingStepsAreCappedAndOthersAreNot) {
 TEST(CoordinatorTest, APlanTooLargeForOneLogEntryFailsItsStepAndTheNextStepRuns) {
   Coordinator::Options o = TestOptions(2);
   o.max_entry_bytes = 64 << 10;
-  std::vector<std::string> refusals;
-  o.on_refusal = [&refusals](const char* cause) { refusals.push_back(cause); };
   TwoMembers t = StartTwo(o);
+  const std::vector<std::string>& refusals = *t.refusals;
   Coordinator& c = *t.c;
   auto with_matrices = [](ReadyReport r, int n) {
     const MatrixPlan m = r.matrices[0];

@@ -90,17 +90,22 @@ v1::MatrixSpec WithDims(int dims) {
   return Spec("w", shape, DType::kF32, NsOptions());
 }
 
-TEST_F(MetadataLimitsTest, StreamRefusesASpecOverALimitAtThatSpec) {
-  struct Case {
-    std::string name;
-    v1::MatrixSpec spec;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
+// A spec over one of the default limits (as matrix 1, after a good one), and the refusal's message.
+struct OverLimit {
+  std::string name;
+  v1::MatrixSpec spec;
+  std::string message;
+};
+std::vector<OverLimit> OverLimitCases() {
+  return {
       {"name", SmallSpec(std::string(1025, 'n')), "name has 1025 bytes; at most 1024 are accepted (--max-name-bytes)"},
       {"dims", WithDims(17), "matrix 1 (\"w\") shape has 17 dims; at most 16 are accepted (--max-shape-dims)"},
   };
-  for (const Case& c : cases) {
+}
+
+TEST_F(MetadataLimitsTest, StreamRefusesASpecOverALimitAtThatSpec) {
+  const std::vector<OverLimit> cases = OverLimitCases();
+  for (const OverLimit& c : cases) {
     const double before = LimitRefusals();
     StreamOutcome out = RunStream(*stub_, GoodThenBad(c.spec));
     EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
@@ -175,16 +180,8 @@ TEST_F(MetadataLimitsTest, ConfiguredLimitsAreTheOnesApplied) {
 }
 
 TEST_F(MetadataLimitsTest, UnaryRefusesAMatrixOverALimit) {
-  struct Case {
-    std::string name;
-    v1::MatrixSpec spec;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
-      {"name", SmallSpec(std::string(1025, 'n')), "name has 1025 bytes; at most 1024 are accepted (--max-name-bytes)"},
-      {"dims", WithDims(17), "matrix 1 (\"w\") shape has 17 dims; at most 16 are accepted (--max-shape-dims)"},
-  };
-  for (const Case& c : cases) {
+  const std::vector<OverLimit> cases = OverLimitCases();
+  for (const OverLimit& c : cases) {
     const double before = LimitRefusals();
     v1::OrthogonalizeRequest request;
     v1::Matrix* good = request.add_matrices();
