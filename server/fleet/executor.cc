@@ -147,6 +147,25 @@ void Executor::Reset(const absl::Status& reason) {
   FailAll(failed, absl::StrCat(reason.message(), "; retry"));
 }
 
+void Executor::TakeNoticesLocked(std::vector<ReadyReport>& into) {
+  // A read carries a bounded part of what is kept, so that its request stays far below the
+  // fleet's message limit however many groups this rank keeps steps of (each report is one
+  // trainer rank's spec list: at most --max-matrices-per-step bounded specs); the rest goes with
+  // the next reads, a poll apart.
+  constexpr size_t kMaxNotices = 16;
+  constexpr size_t kMaxNoticeMatrices = size_t{1} << 16;
+  size_t taken = 0;
+  size_t matrices = 0;
+  while (taken < advertise_.size() && taken < kMaxNotices &&
+         (taken == 0 || matrices + advertise_[taken].matrices.size() <= kMaxNoticeMatrices)) {
+    matrices += advertise_[taken].matrices.size();
+    ++taken;
+  }
+  into.assign(std::make_move_iterator(advertise_.begin()),
+              std::make_move_iterator(advertise_.begin() + static_cast<std::ptrdiff_t>(taken)));
+  advertise_.erase(advertise_.begin(), advertise_.begin() + static_cast<std::ptrdiff_t>(taken));
+}
+
 void Executor::SendAborts() {
   for (;;) {
     PendingAbort a;
@@ -200,7 +219,7 @@ void Executor::ReaderLoop() {
       joined = joined_;
       state = ReaderState{options_.self.rank, epoch_, options_.self.incarnation, formed_generation_,
                           failed_generation_, {}};
-      if (joined) state.kept.swap(advertise_);
+      if (joined) TakeNoticesLocked(state.kept);
     }
     if (!joined) {
       absl::StatusOr<LogSource::Joined> j = options_.log->Join(options_.self);

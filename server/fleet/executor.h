@@ -177,6 +177,8 @@ class Executor {
   // applier forgets the generation. Called by the reader.
   void Reset(const absl::Status& reason);
   void SendAborts();
+  // Moves the next notices of kept steps to send (a bounded part of advertise_) into `into`.
+  void TakeNoticesLocked(std::vector<ReadyReport>& into);
   // A member of the generation applied, with its collective joined and intact.
   bool FormedLocked() const { return member_ && collective_ != nullptr && formed_generation_ == generation_; }
   // A retryable UNAVAILABLE "step <key>: <why>".
