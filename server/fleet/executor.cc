@@ -156,7 +156,8 @@ void Executor::SendAborts() {
       a = std::move(aborts_.front());
       aborts_.pop_front();
     }
-    absl::Status sent = options_.log->Abort(a.key, a.trainer_rank, a.reason, a.submission);
+    absl::Status sent = options_.log->Abort(a.key, a.trainer_rank, a.reason, a.submission, options_.self.rank,
+                                            options_.self.incarnation);
     if (!sent.ok()) LOG_WARNING("fleet") << "could not report the abort of " << a.key.ToString() << ": " << sent;
   }
 }

@@ -164,7 +164,7 @@ absl::Status RemoteLogSource::Report(const ReadyReport& report) {
 }
 
 absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason,
-                                    uint64_t submission) {
+                                    uint64_t submission, int fleet_rank, uint64_t incarnation) {
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
   fleet::v1::AbortRequest request;
@@ -173,6 +173,8 @@ absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const
   request.set_code(static_cast<int>(reason.code()));
   request.set_message(std::string(reason.message()));
   request.set_submission(submission);
+  request.set_fleet_rank(fleet_rank);
+  request.set_incarnation(incarnation);
   fleet::v1::AbortResponse response;
   grpc::Status status = stub_->Abort(&context, request, &response);
   return status.ok() ? absl::OkStatus() : FleetError("Abort", status);

@@ -37,7 +37,8 @@ class RemoteLogSource final : public LogSource {
   absl::StatusOr<Joined> Join(const Member& me) override;
   absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) override;
   absl::Status Report(const ReadyReport& report) override;
-  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override;
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                     int fleet_rank, uint64_t incarnation) override;
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override;
 
  private:

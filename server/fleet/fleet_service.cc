@@ -91,10 +91,10 @@ grpc::Status FleetService::Report(grpc::ServerContext*, const fleet::v1::ReadyRe
 
 grpc::Status FleetService::Abort(grpc::ServerContext*, const fleet::v1::AbortRequest* request,
                                  fleet::v1::AbortResponse*) {
-  coordinator_->Abort(GroupKeyFromProto(request->key()), request->trainer_rank(),
-                      absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()),
-                      request->submission());
-  return grpc::Status::OK;
+  return ToGrpcStatus(
+      coordinator_->Abort(GroupKeyFromProto(request->key()), request->trainer_rank(),
+                          absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()),
+                          request->submission(), request->fleet_rank(), request->incarnation()));
 }
 
 grpc::Status FleetService::ReadLog(grpc::ServerContext*, const fleet::v1::ReadLogRequest* request,
