@@ -44,11 +44,13 @@ absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address, const FleetTls* tls, int rank) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kFleetMessageBytes);
   args.SetMaxSendMessageSize(kFleetMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (tls == nullptr) return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  tls->ExpectServerRank(rank, args);
+  return grpc::CreateCustomChannel(address, tls->ChannelCredentials(), args);
 }
 
 GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel) : stub_(fleet::v1::Fleet::NewStub(channel)) {}
