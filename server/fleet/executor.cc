@@ -206,9 +206,10 @@ void Executor::ReaderLoop() {
     if (!joined) {
       absl::StatusOr<LogSource::Joined> j = options_.log->Join(options_.self);
       if (!j.ok()) {
-        if (absl::IsFailedPrecondition(j.status())) {
-          // A coordinator of another release (its protocol): not a passing fault, so it is said
-          // at once and then once a minute while it lasts.
+        if (absl::IsFailedPrecondition(j.status()) || absl::IsPermissionDenied(j.status())) {
+          // A coordinator of another release (its protocol), or one that does not take this
+          // rank's fleet certificate as this rank: not a passing fault, so it is said at once and
+          // then once a minute while it lasts.
           const absl::Time now = absl::Now();
           if (now - last_refusal_log_ >= absl::Minutes(1)) {
             LOG_WARNING("fleet") << "not joining the fleet: " << j.status().message();
