@@ -61,6 +61,11 @@ absl::StatusOr<FleetMemberNames> FleetMemberNames::Create(absl::string_view patt
         "\" is not a DNS name (a URI?): members are named by DNS SANs, since gRPC checks the certificate of the "
         "rank a channel dials against DNS names only"));
   }
+  if (const std::string rest = absl::StrReplaceAll(pattern, {{kFleetRankPlaceholder, ""}});
+      absl::StrContains(rest, '{') || absl::StrContains(rest, '}')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fleet-tls-member-name \"", pattern, "\" has a brace outside {rank}, the only placeholder"));
+  }
   FleetMemberNames names;
   names.pattern_ = std::string(pattern);
   names.per_rank_ = absl::StrContains(pattern, kFleetRankPlaceholder);

@@ -43,7 +43,7 @@ struct CertificateNames {
 class FleetMemberNames {
  public:
   // INVALID_ARGUMENT (naming --fleet-tls-member-name) for an empty pattern, one with whitespace,
-  // a control character, '*' or ':' (a URI), or a `world` < 1.
+  // a control character, '*', ':' (a URI) or a brace outside "{rank}", or a `world` < 1.
   static absl::StatusOr<FleetMemberNames> Create(absl::string_view pattern, int world);
 
   int world() const { return static_cast<int>(names_.size()); }
@@ -75,7 +75,7 @@ class FleetMemberNames {
   absl::flat_hash_map<std::string, std::vector<int>> by_parent_;
 };
 
-// "2", "0, 1 and 3", "no member" — the ranks for a refusal's message.
+// "rank 2", "ranks 0, 1 and 3", "ranks 0 to 63", "no fleet member": ranks for a refusal's message.
 std::string DescribeRanks(const std::vector<int>& ranks);
 
 }  // namespace orthoserve

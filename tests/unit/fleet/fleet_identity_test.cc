@@ -80,7 +80,7 @@ TEST(FleetIdentityTest, APatternWithoutRankIsOneNameForEveryRank) {
 
 TEST(FleetIdentityTest, BadPatternsAreRefusedNamingTheFlag) {
   for (absl::string_view bad : {"", "orthoserve rank {rank}", "*.orthoserve-fleet.ml.svc", "rank-{rank}\n",
-                                "spiffe://cluster.local/ns/ml/orthoserve/{rank}"}) {
+                                "spiffe://cluster.local/ns/ml/orthoserve/{rank}", "orthoserve-{r}", "rank-{rank}}"}) {
     EXPECT_THAT(FleetMemberNames::Create(bad, 2).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--fleet-tls-member-name")))
         << bad;
