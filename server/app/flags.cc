@@ -95,6 +95,18 @@ ABSL_FLAG(absl::Duration, stall_warning, absl::Seconds(60), "Warn about trainer 
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
+ABSL_FLAG(std::string, fleet_tls_cert, "",
+          "PEM certificate chain of this rank for mutual TLS on the fleet port (with --fleet-tls-key and "
+          "--fleet-tls-ca): it must carry this rank's --fleet-tls-member-name. Without the three the fleet port is "
+          "plaintext and trusts anything that reaches it.");
+ABSL_FLAG(std::string, fleet_tls_key, "", "PEM private key for --fleet-tls-cert.");
+ABSL_FLAG(std::string, fleet_tls_ca, "",
+          "PEM CA bundle that signs every fleet member's certificate: the fleet port admits only certificates it "
+          "signed, and only as the ranks they name.");
+ABSL_FLAG(std::string, fleet_tls_member_name, "orthoserve-rank-{rank}",
+          "With fleet TLS: the DNS name that fleet rank r's certificate carries as a subject alternative name, {rank} "
+          "replaced by r (a wildcard SAN covers one leftmost label). Without {rank} it is one name for the whole "
+          "fleet, and any member's certificate may claim any rank (weaker).");
 ABSL_FLAG(std::string, token_file, "", "File of \"TOKEN TENANT\" lines; when set, every call needs a bearer token.");
 ABSL_FLAG(std::string, tenant_labels, "off",
           "How the per-tenant metrics (orthoserve_tenant_*) name tenants: off (every tenant is \"all\"), name (the "
@@ -117,7 +129,8 @@ const char* const kFlagNames[] = {
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
     "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
-    "tls_key", "tls_client_ca", "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
+    "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
+    "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
   FairPool::Shares shares;
@@ -228,6 +241,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.fleet_tls.cert_file = absl::GetFlag(FLAGS_fleet_tls_cert);
+  o.fleet_tls.key_file = absl::GetFlag(FLAGS_fleet_tls_key);
+  o.fleet_tls.ca_file = absl::GetFlag(FLAGS_fleet_tls_ca);
+  o.fleet_tls.member_name = absl::GetFlag(FLAGS_fleet_tls_member_name);
   o.token_file = absl::GetFlag(FLAGS_token_file);
 
   LogLevel level;

@@ -13,6 +13,8 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/fleet/fleet_codec.h"
+#include "server/fleet/fleet_identity.h"
+#include "server/fleet/fleet_tls.h"
 #include "server/rpc/service_state.h"
 
 namespace orthoserve {
@@ -143,6 +145,13 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--max-inflight-bytes and --max-tenant-inflight-bytes must be >= 1");
   }
   RETURN_IF_ERROR(Credentials(o).status());
+  RETURN_IF_ERROR(FleetMemberNames::Create(o.fleet_tls.member_name, o.world).status());
+  if (o.fleet_tls.enabled()) {
+    if (o.fleet_listen.empty()) {
+      return absl::InvalidArgumentError("--fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca need --fleet-listen");
+    }
+    RETURN_IF_ERROR(FleetTls::Load(o.fleet_tls, o.world).status());
+  }
   if (!o.token_file.empty()) RETURN_IF_ERROR(TokenAuth::FromFile(o.token_file).status());
   return absl::OkStatus();
 }
@@ -220,6 +229,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.backend = server->backend_.get();
   f.tenant_shares = o.tenant_shares;
   f.compute = server->compute_.get();
+  f.tls = o.fleet_tls;
   f.metrics = server->metrics_.get();
   o.service.version = ORTHOSERVE_VERSION;
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));

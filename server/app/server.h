@@ -13,6 +13,7 @@
 #include "server/engine/backend.h"
 #include "server/engine/backend_factory.h"
 #include "server/fleet/fleet.h"
+#include "server/fleet/fleet_tls.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/orthogonalizer_service.h"
@@ -46,6 +47,7 @@ struct ServerOptions {
   std::string tls_cert;       // PEM certificate chain; with tls_key enables TLS.
   std::string tls_key;        // PEM private key.
   std::string tls_client_ca;  // PEM CA bundle; set: clients must present a certificate (mTLS).
+  FleetTlsOptions fleet_tls;  // --fleet-tls-*: mutual TLS between fleet members on the fleet port.
   std::string token_file;     // "TOKEN TENANT" lines; set: every call needs a bearer token.
 };
 

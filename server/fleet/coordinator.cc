@@ -592,21 +592,36 @@ void Coordinator::WithdrawLocked(Pending& p, int trainer_rank) {
   p.queued = false;  // Its key in ready_ goes stale; complete again, it is queued again.
 }
 
-void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
+absl::Status Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                                int fleet_rank, uint64_t incarnation) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (shutdown_) return;
+  if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
+  if (!IsMemberLocked(fleet_rank, incarnation)) {
+    return absl::FailedPreconditionError(absl::StrCat("fleet rank ", fleet_rank, " (incarnation ", incarnation,
+                                                      ") is not a member of generation ", generation_.number,
+                                                      ": its abort of step ", key.ToString(), " is ignored"));
+  }
   auto it = pending_.find(key);
+  // The report of the failed submission, when the step holds it: only the member that sent it
+  // may take it back or abort the step for it.
+  const Held* held = it != pending_.end() && submission != 0 ? it->second.report(trainer_rank) : nullptr;
+  if (held != nullptr && held->report.submission != submission) held = nullptr;
+  if (held != nullptr && held->report.fleet_rank != fleet_rank) {
+    return absl::PermissionDeniedError(absl::StrCat("fleet rank ", fleet_rank, " aborts trainer rank ", trainer_rank,
+                                                    " of step ", key.ToString(), ", whose report fleet rank ",
+                                                    held->report.fleet_rank, " holds: only that member may"));
+  }
   if (reason.code() == absl::StatusCode::kUnavailable) {
     // The trainer's stream failed for a reason a retry cures (its fleet rank is draining or
     // lost its fleet): only its own report goes; the other ranks keep waiting for the retry.
-    if (it == pending_.end()) return;
+    if (it == pending_.end()) return absl::OkStatus();
     Pending& p = it->second;
-    const Held* held = p.report(trainer_rank);
-    if (held != nullptr && (submission == 0 || held->report.submission == submission)) {
+    const Held* report = p.report(trainer_rank);
+    if (report != nullptr && (submission == 0 || report->report.submission == submission)) {
       WithdrawLocked(p, trainer_rank);
       if (p.arrived() == 0) ErasePendingLocked(it);
     }
-    return;
+    return absl::OkStatus();
   }
   if (it != pending_.end()) ErasePendingLocked(it);
   divided_.erase(key);  // The parts still to come: the failure below ends the step on every member.
@@ -614,6 +629,7 @@ void Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Statu
                       absl::AbortedError(absl::StrCat("step ", key.ToString(), " aborted: trainer rank ", trainer_rank,
                                                       " failed: ", reason.ToString())),
                       false, reason.code() == absl::StatusCode::kCancelled ? kStepFailureCancelled : kStepFailureAborted);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reader, int64_t from,

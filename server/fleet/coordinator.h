@@ -246,8 +246,14 @@ class Coordinator {
   // reporting rank is not a member of the current generation or after Shutdown (the step can
   // be retried elsewhere); FAILED_PRECONDITION for another epoch (the rank must join again).
   absl::Status Report(ReadyReport report);
-  // `submission` identifies the failed submission (0: it never reported).
-  void Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission = 0);
+  // Trainer rank `trainer_rank`'s call of step `key` failed with `reason` on fleet rank
+  // `fleet_rank` (incarnation `incarnation`), the member sending this; `submission` identifies
+  // the failed submission (0: it never reported). Accepted only from a member of the current
+  // generation (FAILED_PRECONDITION otherwise: a rank that was dropped or replaced has had its
+  // reports withdrawn already), and, when the step holds the report of `submission`, only from
+  // the member that reported it (PERMISSION_DENIED otherwise). UNAVAILABLE after Shutdown.
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                     int fleet_rank, uint64_t incarnation);
 
   // Entries with index >= `from`, waiting up to `timeout` for at least one; also the reader's
   // heartbeat and formation report. FAILED_PRECONDITION when the reader's epoch or incarnation

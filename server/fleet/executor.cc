@@ -175,7 +175,8 @@ void Executor::SendAborts() {
       a = std::move(aborts_.front());
       aborts_.pop_front();
     }
-    absl::Status sent = options_.log->Abort(a.key, a.trainer_rank, a.reason, a.submission);
+    absl::Status sent = options_.log->Abort(a.key, a.trainer_rank, a.reason, a.submission, options_.self.rank,
+                                            options_.self.incarnation);
     if (!sent.ok()) LOG_WARNING("fleet") << "could not report the abort of " << a.key.ToString() << ": " << sent;
   }
 }
@@ -224,9 +225,10 @@ void Executor::ReaderLoop() {
     if (!joined) {
       absl::StatusOr<LogSource::Joined> j = options_.log->Join(options_.self);
       if (!j.ok()) {
-        if (absl::IsFailedPrecondition(j.status())) {
-          // A coordinator of another release (its protocol): not a passing fault, so it is said
-          // at once and then once a minute while it lasts.
+        if (absl::IsFailedPrecondition(j.status()) || absl::IsPermissionDenied(j.status())) {
+          // A coordinator of another release (its protocol), or one that does not take this
+          // rank's fleet certificate as this rank: not a passing fault, so it is said at once and
+          // then once a minute while it lasts.
           const absl::Time now = absl::Now();
           if (now - last_refusal_log_ >= absl::Minutes(1)) {
             LOG_WARNING("fleet") << "not joining the fleet: " << j.status().message();

@@ -54,6 +54,16 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     return absl::InvalidArgumentError("--fleet-listen is required when --world > 1 (this rank's internal address)");
   }
   std::unique_ptr<Fleet> fleet(new Fleet(options));
+  if (options.tls.enabled()) {
+    ASSIGN_OR_RETURN(fleet->tls_, FleetTls::Load(options.tls, options.world));
+  } else if (options.world > 1) {
+    LOG_WARNING("fleet") << "the fleet port " << options.fleet_listen
+                         << " is plaintext and trusts anything that reaches it (joins as any rank, aborts, the "
+                            "rendezvous store, peer compute): give --fleet-tls-cert, --fleet-tls-key and "
+                            "--fleet-tls-ca (mutual TLS between members; docs/operations.md, \"Security\"), or keep "
+                            "the port behind a network policy that admits the fleet's own ranks only";
+  }
+  fleet->access_ = std::make_unique<FleetAccess>(fleet->tls_, options.metrics);
   fleet->self_address_ = options.advertise_address;
   fleet->addresses_.resize(options.world);
   Metrics* metrics = options.metrics;
@@ -83,7 +93,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     fleet->store_ = std::make_shared<InMemoryStore>();
     fleet->log_ = std::make_unique<LocalLogSource>(fleet->coordinator_.get());
   } else {
-    auto channel = MakeFleetChannel(options.coordinator);
+    auto channel = MakeFleetChannel(options.coordinator, fleet->tls_.get(), /*rank=*/0);
     fleet->store_ = std::make_shared<GrpcStore>(channel);
     fleet->log_ = std::make_unique<RemoteLogSource>(channel);
   }
@@ -92,7 +102,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   Executor::Options e;
   e.self = Member{options.rank, options.advertise_address, RandomNonZeroId(),
                   fleet->peer_service_ != nullptr ? fleet->fleet_port_ : 0};
-  fleet->peers_ = std::make_unique<PeerClient>(options.collective_timeout);
+  fleet->peers_ = std::make_unique<PeerClient>(options.collective_timeout, fleet->tls_.get());
   e.backend = options.backend;
   e.log = fleet->log_.get();
   e.metrics = metrics;
@@ -178,26 +188,32 @@ absl::Status Fleet::ServeFleetPort() {
   if (options_.fleet_listen.empty()) return absl::OkStatus();
   // Every rank answers grpc.health.v1 here while its process runs and is not wedged (the
   // liveness signal, independent of membership); rank 0 of a multi-rank fleet also serves the
-  // fleet service.
+  // fleet service, and every member of one the Peer service. With fleet TLS all of it, health
+  // included, is mutual TLS: a liveness probe presents a fleet certificate too.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.fleet_listen, grpc::InsecureServerCredentials(), &fleet_port_);
+  builder.AddListeningPort(options_.fleet_listen,
+                           tls_ != nullptr ? tls_->ServerCredentials() : grpc::InsecureServerCredentials(),
+                           &fleet_port_);
   // Without this gRPC binds with SO_REUSEPORT, and a second server on a busy port would start
   // silently and share its traffic; a port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kFleetMessageBytes);
   builder.SetMaxSendMessageSize(kFleetMessageBytes);
   if (options_.rank == 0 && options_.world > 1) {
-    fleet_service_ = std::make_unique<FleetService>(store_.get(), coordinator_.get());
+    fleet_service_ =
+        std::make_unique<FleetService>(store_.get(), coordinator_.get(), FleetService::kMaxReadBytes, access_.get());
     builder.RegisterService(fleet_service_.get());
   }
   if (options_.world > 1 && options_.compute != nullptr) {
-    peer_service_ = std::make_unique<PeerService>(options_.backend, options_.compute, options_.metrics);
+    peer_service_ = std::make_unique<PeerService>(options_.backend, options_.compute, options_.metrics, access_.get());
     builder.RegisterService(peer_service_.get());
   }
   fleet_server_ = builder.BuildAndStart();
   if (fleet_server_ == nullptr || fleet_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("--fleet-listen ", options_.fleet_listen, " cannot be bound"));
+    return absl::UnavailableError(
+        absl::StrCat("--fleet-listen ", options_.fleet_listen, " cannot be bound",
+                     tls_ != nullptr ? " (or --fleet-tls-key is not the key of --fleet-tls-cert)" : ""));
   }
   return absl::OkStatus();
 }
@@ -303,7 +319,7 @@ std::shared_ptr<const Fleet::LoneTarget> Fleet::PickLoneRank(double cost) {
 
 void Fleet::ComputeOnPeer(const LoneTarget& target, const PeerMatrix& matrix,
                           std::function<void(absl::StatusOr<PeerResult>)> done) {
-  peers_->Compute(target.address, matrix, std::move(done));
+  peers_->Compute(target.address, target.rank, matrix, std::move(done));
 }
 
 }  // namespace orthoserve

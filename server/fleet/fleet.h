@@ -9,10 +9,11 @@
 // Nothing of an old generation can be joined or confused with a new one.
 //
 // Rank 0 serves the orthoserve.fleet.v1 service on its fleet address; the other ranks reach it
-// there. When rank 0 itself is gone, the others cannot serve group steps (UNAVAILABLE, which
-// clients retry) but serve lone clients on their own until it is back; they then join its new
-// epoch. S = 1 (the embedded default) needs no network: the coordinator is local and the
-// collective is LocalCollective. Thread-safe.
+// there (with fleet TLS over mutual TLS, each member proving its rank with its certificate).
+// When rank 0 itself is gone, the others cannot serve group steps (UNAVAILABLE, which clients
+// retry) but serve lone clients on their own until it is back; they then join its new epoch.
+// S = 1 (the embedded default) needs no network: the coordinator is local and the collective is
+// LocalCollective. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -31,6 +32,8 @@
 #include "server/engine/backend.h"
 #include "server/fleet/coordinator.h"
 #include "server/fleet/executor.h"
+#include "server/fleet/fleet_access.h"
+#include "server/fleet/fleet_tls.h"
 #include "server/fleet/group_step.h"
 #include "server/fleet/log_source.h"
 #include "server/fleet/peer.h"
@@ -72,6 +75,10 @@ class Fleet {
     // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
     // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).
     FairPool* compute = nullptr;
+    // The fleet port's mutual TLS (--fleet-tls-*; server/fleet/fleet_tls.h): when enabled, the
+    // fleet port (fleet service, Peer service, health) and every channel to it speak mutual TLS
+    // and only members are let in (fleet_access.h). Not enabled: plaintext, trusting anyone.
+    FleetTlsOptions tls;
   };
 
   // Where a lone client's matrix is computed (PickLoneRank): this rank, or a member's fleet
@@ -82,9 +89,9 @@ class Fleet {
     bool here() const { return address.empty(); }
   };
 
-  // INVALID_ARGUMENT for inconsistent options (naming the flag); UNAVAILABLE when the fleet
-  // address cannot be bound. A one-rank fleet is formed when this returns; a larger one forms
-  // in the background.
+  // INVALID_ARGUMENT for inconsistent options (naming the flag), fleet TLS files included;
+  // UNAVAILABLE when the fleet address cannot be bound. A one-rank fleet is formed when this
+  // returns; a larger one forms in the background.
   static absl::StatusOr<std::unique_ptr<Fleet>> Create(const Options& options);
   ~Fleet();
 
@@ -143,6 +150,8 @@ class Fleet {
   CollectiveFactory MakeCollectiveFactory() const;
 
   const Options options_;
+  std::shared_ptr<const FleetTls> tls_;  // Null without fleet TLS.
+  std::unique_ptr<FleetAccess> access_;  // Who may call the fleet port; outlives its services.
   std::shared_ptr<Store> store_;  // Shared with joins that may outlive a generation.
   std::unique_ptr<Coordinator> coordinator_;  // Rank 0 only.
   // This rank's estimated cost outstanding on each member (PickLoneRank); shared with the

@@ -44,11 +44,13 @@ absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address, const FleetTls* tls, int rank) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kFleetMessageBytes);
   args.SetMaxSendMessageSize(kFleetMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (tls == nullptr) return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  tls->ExpectServerRank(rank, args);
+  return grpc::CreateCustomChannel(address, tls->ChannelCredentials(), args);
 }
 
 GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel) : stub_(fleet::v1::Fleet::NewStub(channel)) {}
@@ -164,7 +166,7 @@ absl::Status RemoteLogSource::Report(const ReadyReport& report) {
 }
 
 absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason,
-                                    uint64_t submission) {
+                                    uint64_t submission, int fleet_rank, uint64_t incarnation) {
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
   fleet::v1::AbortRequest request;
@@ -173,6 +175,8 @@ absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const
   request.set_code(static_cast<int>(reason.code()));
   request.set_message(std::string(reason.message()));
   request.set_submission(submission);
+  request.set_fleet_rank(fleet_rank);
+  request.set_incarnation(incarnation);
   fleet::v1::AbortResponse response;
   grpc::Status status = stub_->Abort(&context, request, &response);
   return status.ok() ? absl::OkStatus() : FleetError("Abort", status);

@@ -8,13 +8,18 @@
 
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/store.h"
+#include "server/fleet/fleet_tls.h"
 #include "server/fleet/log_source.h"
 
 namespace orthoserve {
 
-// A channel to the coordinator's fleet address (plaintext: the fleet port is internal and is
-// fenced by the deployment's network policy).
-std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address);
+// A channel to the fleet address `address` of fleet rank `rank` (0: the coordinator). With
+// `tls` it speaks mutual TLS, presenting this rank's certificate, and its handshake fails unless
+// the server's certificate carries rank `rank`'s member name; without, it is plaintext (the fleet
+// port then trusts anyone who reaches it, and the deployment's network policy is its only fence).
+// `tls` is not owned and must outlive the call only.
+std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address, const FleetTls* tls = nullptr,
+                                                int rank = 0);
 
 class GrpcStore final : public Store {
  public:
@@ -37,7 +42,8 @@ class RemoteLogSource final : public LogSource {
   absl::StatusOr<Joined> Join(const Member& me) override;
   absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) override;
   absl::Status Report(const ReadyReport& report) override;
-  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override;
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                     int fleet_rank, uint64_t incarnation) override;
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override;
 
  private:

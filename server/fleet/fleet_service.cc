@@ -22,8 +22,19 @@ absl::Duration WaitOf(int64_t timeout_ms) {
 
 }  // namespace
 
-grpc::Status FleetService::Join(grpc::ServerContext*, const fleet::v1::JoinRequest* request,
+absl::Status FleetService::RequireRank(const grpc::ServerContext* context, absl::string_view call, int rank) const {
+  return access_ == nullptr ? absl::OkStatus() : access_->RequireRank(*context, call, rank);
+}
+
+absl::Status FleetService::RequireMember(const grpc::ServerContext* context, absl::string_view call) const {
+  return access_ == nullptr ? absl::OkStatus() : access_->RequireMember(*context, call);
+}
+
+grpc::Status FleetService::Join(grpc::ServerContext* context, const fleet::v1::JoinRequest* request,
                                 fleet::v1::JoinResponse* response) {
+  if (absl::Status allowed = RequireRank(context, "Join", request->member().rank()); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   if (request->protocol() != kFleetProtocol) {
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
         "rank ", request->member().rank(), " speaks fleet protocol ", request->protocol(),
@@ -37,18 +48,27 @@ grpc::Status FleetService::Join(grpc::ServerContext*, const fleet::v1::JoinReque
   return grpc::Status::OK;
 }
 
-grpc::Status FleetService::Leave(grpc::ServerContext*, const fleet::v1::LeaveRequest* request,
+grpc::Status FleetService::Leave(grpc::ServerContext* context, const fleet::v1::LeaveRequest* request,
                                  fleet::v1::LeaveResponse*) {
+  if (absl::Status allowed = RequireRank(context, "Leave", request->rank()); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   return ToGrpcStatus(coordinator_->Leave(request->rank(), request->incarnation(), request->epoch()));
 }
 
-grpc::Status FleetService::StoreSet(grpc::ServerContext*, const fleet::v1::StoreSetRequest* request,
+grpc::Status FleetService::StoreSet(grpc::ServerContext* context, const fleet::v1::StoreSetRequest* request,
                                     fleet::v1::StoreSetResponse*) {
+  if (absl::Status allowed = RequireMember(context, "StoreSet"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   return ToGrpcStatus(store_->Set(request->key(), request->value()));
 }
 
 grpc::Status FleetService::StoreGet(grpc::ServerContext* context, const fleet::v1::StoreGetRequest* request,
                                     fleet::v1::StoreGetResponse* response) {
+  if (absl::Status allowed = RequireMember(context, "StoreGet"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   // The coordinator's protocol, for ranks to read before they join (fleet.proto, "Versions").
   if (request->key() == kFleetProtocolKey) {
     response->set_found(true);
@@ -74,31 +94,43 @@ grpc::Status FleetService::StoreGet(grpc::ServerContext* context, const fleet::v
   return grpc::Status::OK;
 }
 
-grpc::Status FleetService::StoreAdd(grpc::ServerContext*, const fleet::v1::StoreAddRequest* request,
+grpc::Status FleetService::StoreAdd(grpc::ServerContext* context, const fleet::v1::StoreAddRequest* request,
                                     fleet::v1::StoreAddResponse* response) {
+  if (absl::Status allowed = RequireMember(context, "StoreAdd"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   absl::StatusOr<int64_t> value = store_->Add(request->key(), request->delta());
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*value);
   return grpc::Status::OK;
 }
 
-grpc::Status FleetService::Report(grpc::ServerContext*, const fleet::v1::ReadyReport* request,
+grpc::Status FleetService::Report(grpc::ServerContext* context, const fleet::v1::ReadyReport* request,
                                   fleet::v1::ReportResponse*) {
+  if (absl::Status allowed = RequireRank(context, "Report", request->fleet_rank()); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   absl::StatusOr<ReadyReport> report = ReadyReportFromProto(*request);
   if (!report.ok()) return ToGrpcStatus(report.status());
   return ToGrpcStatus(coordinator_->Report(std::move(*report)));
 }
 
-grpc::Status FleetService::Abort(grpc::ServerContext*, const fleet::v1::AbortRequest* request,
+grpc::Status FleetService::Abort(grpc::ServerContext* context, const fleet::v1::AbortRequest* request,
                                  fleet::v1::AbortResponse*) {
-  coordinator_->Abort(GroupKeyFromProto(request->key()), request->trainer_rank(),
-                      absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()),
-                      request->submission());
-  return grpc::Status::OK;
+  if (absl::Status allowed = RequireRank(context, "Abort", request->fleet_rank()); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
+  return ToGrpcStatus(
+      coordinator_->Abort(GroupKeyFromProto(request->key()), request->trainer_rank(),
+                          absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()),
+                          request->submission(), request->fleet_rank(), request->incarnation()));
 }
 
-grpc::Status FleetService::ReadLog(grpc::ServerContext*, const fleet::v1::ReadLogRequest* request,
+grpc::Status FleetService::ReadLog(grpc::ServerContext* context, const fleet::v1::ReadLogRequest* request,
                                    fleet::v1::ReadLogResponse* response) {
+  if (absl::Status allowed = RequireRank(context, "ReadLog", request->reader()); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   ReaderState reader;
   reader.rank = request->reader();
   reader.epoch = request->epoch();

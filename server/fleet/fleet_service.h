@@ -1,5 +1,8 @@
 // The orthoserve.fleet.v1.Fleet gRPC service that fleet rank 0 serves to the other ranks: its
-// Store and its Coordinator, carried over the wire. A thin adapter; thread-safe.
+// Store and its Coordinator, carried over the wire. A thin adapter; thread-safe. With fleet TLS
+// (`access` enforcing) only members call it, each only as itself (server/fleet/fleet_access.h):
+// Join, Leave, ReadLog, Report and Abort need the caller's certificate to name the rank they
+// speak for, the store calls one that names some member; others get PERMISSION_DENIED.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +10,7 @@
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/store.h"
 #include "server/fleet/coordinator.h"
+#include "server/fleet/fleet_access.h"
 
 namespace orthoserve {
 
@@ -19,9 +23,11 @@ class FleetService final : public fleet::v1::Fleet::Service {
   // otherwise get a response over the limit with every retry.
   static constexpr size_t kMaxReadBytes = 64 << 20;
 
-  // Neither is owned; both must outlive the service.
-  FleetService(Store* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes)
-      : store_(store), coordinator_(coordinator), max_read_bytes_(max_read_bytes) {}
+  // None is owned; all must outlive the service. `access` null: every call is let through (a
+  // plaintext fleet port).
+  FleetService(Store* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes,
+               const FleetAccess* access = nullptr)
+      : store_(store), coordinator_(coordinator), max_read_bytes_(max_read_bytes), access_(access) {}
 
   grpc::Status Join(grpc::ServerContext* context, const fleet::v1::JoinRequest* request,
                     fleet::v1::JoinResponse* response) override;
@@ -41,9 +47,14 @@ class FleetService final : public fleet::v1::Fleet::Service {
                        fleet::v1::ReadLogResponse* response) override;
 
  private:
+  // OK, or the refusal of `access_` (PERMISSION_DENIED).
+  absl::Status RequireRank(const grpc::ServerContext* context, absl::string_view call, int rank) const;
+  absl::Status RequireMember(const grpc::ServerContext* context, absl::string_view call) const;
+
   Store* store_;
   Coordinator* coordinator_;
   const size_t max_read_bytes_;
+  const FleetAccess* access_;
 };
 
 }  // namespace orthoserve

@@ -29,7 +29,9 @@ class LogSource {
   virtual absl::StatusOr<Joined> Join(const Member& me) = 0;
   virtual absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) = 0;
   virtual absl::Status Report(const ReadyReport& report) = 0;
-  virtual absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) = 0;
+  // Sent by fleet rank `fleet_rank` (this rank), incarnation `incarnation`: see Coordinator::Abort.
+  virtual absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                             int fleet_rank, uint64_t incarnation) = 0;
   // Entries from index `from`, waiting up to `timeout` for one; empty on timeout.
   virtual absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from,
                                                      absl::Duration timeout) = 0;
@@ -47,9 +49,9 @@ class LocalLogSource final : public LogSource {
     return coordinator_->Leave(rank, incarnation, epoch);
   }
   absl::Status Report(const ReadyReport& report) override { return coordinator_->Report(report); }
-  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override {
-    coordinator_->Abort(key, trainer_rank, reason, submission);
-    return absl::OkStatus();
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                     int fleet_rank, uint64_t incarnation) override {
+    return coordinator_->Abort(key, trainer_rank, reason, submission, fleet_rank, incarnation);
   }
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override {
     return coordinator_->Read(reader, from, timeout);

@@ -46,6 +46,12 @@ grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* cont
                                                const fleet::v1::ComputeRequest* request,
                                                fleet::v1::ComputeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (access_ != nullptr) {
+    if (absl::Status allowed = access_->RequireMember(*context, "Peer Compute"); !allowed.ok()) {
+      reactor->Finish(ToGrpcStatus(allowed));
+      return reactor;
+    }
+  }
   absl::StatusOr<PeerMatrix> checked = CheckRequest(*request);
   if (!checked.ok()) {
     reactor->Finish(ToGrpcStatus(checked.status()));
@@ -80,14 +86,14 @@ grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* cont
   return reactor;
 }
 
-fleet::v1::Peer::Stub& PeerClient::StubFor(const std::string& target) {
+fleet::v1::Peer::Stub& PeerClient::StubFor(const std::string& target, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::unique_ptr<fleet::v1::Peer::Stub>& stub = stubs_[target];
-  if (stub == nullptr) stub = fleet::v1::Peer::NewStub(MakeFleetChannel(target));
+  std::unique_ptr<fleet::v1::Peer::Stub>& stub = stubs_[absl::StrCat(rank, "@", target)];
+  if (stub == nullptr) stub = fleet::v1::Peer::NewStub(MakeFleetChannel(target, tls_, rank));
   return *stub;
 }
 
-void PeerClient::Compute(const std::string& target, const PeerMatrix& matrix,
+void PeerClient::Compute(const std::string& target, int rank, const PeerMatrix& matrix,
                          std::function<void(absl::StatusOr<PeerResult>)> done) {
   struct Call {
     grpc::ClientContext context;
@@ -100,7 +106,7 @@ void PeerClient::Compute(const std::string& target, const PeerMatrix& matrix,
   call->request.set_job(matrix.job);
   *call->request.mutable_plan() = MatrixPlanToProto(matrix.plan);
   call->request.set_data(std::string(matrix.data));
-  StubFor(target).async()->Compute(
+  StubFor(target, rank).async()->Compute(
       &call->context, &call->request, &call->response, [call, done = std::move(done)](grpc::Status status) {
         if (!status.ok()) {
           done(FromGrpcStatus(status));

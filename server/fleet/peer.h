@@ -21,6 +21,8 @@
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/distributed/batch.h"
 #include "server/engine/backend.h"
+#include "server/fleet/fleet_access.h"
+#include "server/fleet/fleet_tls.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -44,11 +46,13 @@ struct PeerResult {
 };
 
 // The Peer service of a member. Thread-safe; no thread is held while a matrix waits or computes.
+// With fleet TLS (`access` enforcing) it computes only for callers whose certificate names a
+// fleet member (PERMISSION_DENIED otherwise, before anything is queued).
 class PeerService final : public fleet::v1::Peer::CallbackService {
  public:
-  // None owned; all outlive the service. `metrics` may be null.
-  PeerService(Backend* backend, FairPool* compute, Metrics* metrics)
-      : backend_(backend), compute_(compute), metrics_(metrics) {}
+  // None owned; all outlive the service. `metrics` may be null; `access` null lets every call through.
+  PeerService(Backend* backend, FairPool* compute, Metrics* metrics, const FleetAccess* access = nullptr)
+      : backend_(backend), compute_(compute), metrics_(metrics), access_(access) {}
 
   grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, const fleet::v1::ComputeRequest* request,
                                     fleet::v1::ComputeResponse* response) override;
@@ -57,26 +61,32 @@ class PeerService final : public fleet::v1::Peer::CallbackService {
   Backend* backend_;
   FairPool* compute_;
   Metrics* metrics_;
+  const FleetAccess* access_;
 };
 
-// Calls peers' Peer services (one channel per peer address, kept). Thread-safe.
+// Calls peers' Peer services (one channel per peer address and rank, kept). Thread-safe.
 class PeerClient {
  public:
-  // Each call gives up after `deadline` (DEADLINE_EXCEEDED).
-  explicit PeerClient(absl::Duration deadline) : deadline_(deadline) {}
+  // Each call gives up after `deadline` (DEADLINE_EXCEEDED). `tls` (not owned, outlives the
+  // client) makes every channel mutual TLS (MakeFleetChannel); null: plaintext.
+  explicit PeerClient(absl::Duration deadline, const FleetTls* tls = nullptr) : deadline_(deadline), tls_(tls) {}
 
-  // Has the member at `target` (HOST:PORT of its fleet address) compute `matrix`; `done` gets its
-  // result, or the call's failure (UNAVAILABLE when the member is gone, ...), on a gRPC thread.
+  // Has fleet rank `rank`, the member at `target` (HOST:PORT of its fleet address), compute
+  // `matrix`; `done` gets its result, or the call's failure (UNAVAILABLE when the member is gone
+  // or, with fleet TLS, its certificate does not carry rank `rank`'s member name), on a gRPC thread.
   // `matrix.data` is copied before this returns. The request carries the plan and the data, not
   // the block: the member computes the whole matrix, and fails the call with INVALID_ARGUMENT
   // when `matrix.block` is not all of it (the data's size does not match).
-  void Compute(const std::string& target, const PeerMatrix& matrix, std::function<void(absl::StatusOr<PeerResult>)> done);
+  void Compute(const std::string& target, int rank, const PeerMatrix& matrix,
+               std::function<void(absl::StatusOr<PeerResult>)> done);
 
  private:
-  fleet::v1::Peer::Stub& StubFor(const std::string& target);
+  fleet::v1::Peer::Stub& StubFor(const std::string& target, int rank);
 
   const absl::Duration deadline_;
+  const FleetTls* const tls_;
   std::mutex mu_;
+  // By "RANK@HOST:PORT"; under mu_ (a std::mutex, which clang's thread-safety analysis cannot see).
   absl::flat_hash_map<std::string, std::unique_ptr<fleet::v1::Peer::Stub>> stubs_;
 };
 

@@ -406,8 +406,9 @@ def check_statefulset(objs, sts):
 
     # Probes. Readiness: the public port's health (SERVING while the rank takes calls, fleet member
     # or not; NOT_SERVING once it drains), natively or, under TLS, through `orthoctl health`.
-    # Liveness: the fleet port's health, NOT_SERVING only when the rank is wedged, and plaintext
-    # under TLS; the public port's turns NOT_SERVING during a drain, which must not kill the pod.
+    # Liveness: the fleet port's health, NOT_SERVING only when the rank is wedged, natively or,
+    # under fleet TLS, through `orthoctl health` with the fleet certificate; the public port's
+    # turns NOT_SERVING during a drain, which must not kill the pod.
     listen_port = int(cm.get("ORTHOSERVE_LISTEN", ":50051").rsplit(":", 1)[1])
     ready, live = c.get("readinessProbe"), c.get("livenessProbe")
     expect(ready is not None and live is not None, "needs a readinessProbe and a livenessProbe")
@@ -420,15 +421,29 @@ def check_statefulset(objs, sts):
         expect("orthoctl health" in cmd and f":{listen_port}" in cmd,
                f"readinessProbe must be a gRPC probe or `orthoctl health` on port {listen_port}")
         expect(not cm.get("ORTHOSERVE_TLS_CERT") or "--tls-ca" in cmd, "readinessProbe must use TLS like the server")
-    if live:
+    fleet_tls = {k: cm.get(f"ORTHOSERVE_FLEET_TLS_{k}") for k in ("CERT", "KEY", "CA")}
+    if live and fleet_tls["CERT"]:
+        # Under fleet TLS the fleet port's health speaks mutual TLS, which the kubelet's gRPC
+        # probe cannot: `orthoctl health` with the fleet certificate, checking this rank's name.
+        cmd = " ".join(live.get("exec", {}).get("command", []))
+        expect("grpc" not in live, "livenessProbe is a plaintext gRPC probe but the fleet port is under fleet TLS")
+        expect("orthoctl health" in cmd and f":{fleet_port}" in cmd and "--tls-server-name" in cmd
+               and all(f"{flag}={fleet_tls[k]}" in cmd for flag, k in
+                       (("--tls-ca", "CA"), ("--tls-cert", "CERT"), ("--tls-key", "KEY"))),
+               f"livenessProbe must be `orthoctl health` on the fleet port {fleet_port} with the fleet certificate "
+               "the server uses (--tls-ca, --tls-cert, --tls-key) and --tls-server-name")
+    elif live:
         expect(live.get("grpc", {}).get("port") == fleet_port and not live["grpc"].get("service"),
                f"livenessProbe must be gRPC on the fleet port {fleet_port} (service \"\")")
+    errors += check_fleet_tls(objs, sts, cm, fleet_tls)
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
     expect(bool(shm) and volumes.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory",
            "/dev/shm must be a memory emptyDir")
     for key, value in cm.items():
-        if key.endswith("_FILE") or key in ("ORTHOSERVE_TLS_CERT", "ORTHOSERVE_TLS_KEY", "ORTHOSERVE_TLS_CLIENT_CA"):
+        if key.endswith("_FILE") or key in ("ORTHOSERVE_TLS_CERT", "ORTHOSERVE_TLS_KEY", "ORTHOSERVE_TLS_CLIENT_CA",
+                                            "ORTHOSERVE_FLEET_TLS_CERT", "ORTHOSERVE_FLEET_TLS_KEY",
+                                            "ORTHOSERVE_FLEET_TLS_CA"):
             expect(any(value.startswith(m["mountPath"].rstrip("/") + "/") for m in c.get("volumeMounts", [])),
                    f"{key}={value} is on no mounted volume")
     if cm.get("ORTHOSERVE_BACKEND") == "cuda":
@@ -479,6 +494,92 @@ def check_statefulset(objs, sts):
                 other = [x for x in objs if x["kind"] == "Service" and x["metadata"]["name"] == o["spec"]["serviceName"]]
                 expect(not (other and selects(sel, other[0]["metadata"].get("labels", {}))),
                        f"ServiceMonitor {m['metadata']['name']} also selects {o['metadata']['name']}'s Service")
+    return errors
+
+
+# The namespace the examples are applied to (`kubectl apply -k ... -n orthoserve`): certificates
+# name it, since a pod's DNS name does.
+EXAMPLE_NAMESPACE = "orthoserve"
+FLEET_TLS_SECRET = "orthoserve-fleet-tls"
+
+
+def dns_name_matches(name, san):
+    """Whether DNS SAN `san` covers `name` (exact, or a wildcard over one leftmost label)."""
+    name, san = name.lower().rstrip("."), san.lower().rstrip(".")
+    if san.startswith("*."):
+        first, _, rest = name.partition(".")
+        return bool(first) and rest == san[2:] and san[2:].count(".") >= 1
+    return name == san
+
+
+def check_fleet_tls(objs, sts, cm, fleet_tls):
+    """The fleet port's mutual TLS: on (the base turns it on), its files from the mounted Secret
+    orthoserve-fleet-tls, every rank's member name the pod's DNS name, and a cert-manager
+    Certificate for that Secret (components/fleet-tls-cert-manager), where there is one, issued
+    for every pod's member name with both TLS usages by an Issuer of the render."""
+    name, spec = sts["metadata"]["name"], sts["spec"]
+    where = f"StatefulSet {name}"
+    c = container(sts)
+    errors = []
+
+    def expect(ok, message):
+        if not ok:
+            errors.append(f"{where}: {message}")
+
+    expect(all(fleet_tls.values()), "the fleet port must run with mutual TLS: ORTHOSERVE_FLEET_TLS_CERT, "
+           f"ORTHOSERVE_FLEET_TLS_KEY and ORTHOSERVE_FLEET_TLS_CA are {fleet_tls}")
+    if not all(fleet_tls.values()):
+        return errors
+    replicas = int(spec.get("replicas", 1))
+    for index in sorted({0, replicas - 1}):
+        env = pod_env(objs, sts, index, EXAMPLE_NAMESPACE)
+        member = env.get("ORTHOSERVE_FLEET_TLS_MEMBER_NAME", "orthoserve-rank-{rank}").replace("{rank}", str(index))
+        pod_dns = f"{name}-{index}.{spec.get('serviceName')}.{EXAMPLE_NAMESPACE}.svc"
+        expect(member == pod_dns, f"pod {index}'s fleet member name is {member!r}, not its DNS name {pod_dns!r} "
+               "(ORTHOSERVE_FLEET_TLS_MEMBER_NAME: $(FLEET_STATEFULSET)-{rank}.$(FLEET_SERVICE).$(POD_NAMESPACE).svc)")
+    # The Secret mounted where the fleet TLS files are.
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"].get("volumes", [])}
+    secret = None
+    for m in c.get("volumeMounts", []):
+        if fleet_tls["CERT"].startswith(m["mountPath"].rstrip("/") + "/"):
+            secret = volumes.get(m["name"], {}).get("secret", {}).get("secretName")
+    expect(secret == FLEET_TLS_SECRET, f"the fleet TLS files must come from the Secret {FLEET_TLS_SECRET}, not {secret!r}")
+    issuers = {o["metadata"]["name"] for o in objs if o["kind"] in ("Issuer", "ClusterIssuer")}
+    for cert in (o for o in objs if o["kind"] == "Certificate" and o["spec"].get("secretName") == secret):
+        cname, cspec = cert["metadata"]["name"], cert["spec"]
+        usages = set(cspec.get("usages", []))
+        expect({"server auth", "client auth"} <= usages,
+               f"Certificate {cname} needs the usages server auth and client auth (a member is both), has {sorted(usages)}")
+        expect(cspec.get("issuerRef", {}).get("name") in issuers,
+               f"Certificate {cname}'s issuer {cspec.get('issuerRef', {}).get('name')!r} is not in the render")
+        for index in sorted({0, replicas - 1}):
+            pod_dns = f"{name}-{index}.{spec.get('serviceName')}.{EXAMPLE_NAMESPACE}.svc"
+            expect(any(dns_name_matches(pod_dns, san) for san in cspec.get("dnsNames", [])),
+                   f"Certificate {cname}'s dnsNames {cspec.get('dnsNames')} do not cover pod {index}'s member name {pod_dns}")
+    return errors
+
+
+def check_cert_manager_object(obj):
+    """Required fields of cert-manager.io/v1 Issuer and Certificate (CRDs the schema validator lacks)."""
+    where = f"{obj['kind']} {obj.get('metadata', {}).get('name')}"
+    spec = obj.get("spec", {})
+    if obj["kind"] == "Issuer":
+        kinds = [k for k in ("selfSigned", "ca", "acme", "vault", "venafi") if k in spec]
+        if len(kinds) != 1:
+            return [f"{where}: spec needs exactly one of selfSigned, ca, acme, vault, venafi"]
+        if kinds == ["ca"] and not spec["ca"].get("secretName"):
+            return [f"{where}: spec.ca.secretName is required"]
+        return []
+    errors = []
+    if not spec.get("secretName"):
+        errors.append(f"{where}: spec.secretName is required")
+    if not spec.get("issuerRef", {}).get("name"):
+        errors.append(f"{where}: spec.issuerRef.name is required")
+    if not (spec.get("dnsNames") or spec.get("commonName") or spec.get("uris") or spec.get("ipAddresses")):
+        errors.append(f"{where}: needs dnsNames (or commonName, uris, ipAddresses)")
+    known = {"digital signature", "key encipherment", "server auth", "client auth", "cert sign", "crl sign"}
+    if not set(spec.get("usages", [])) <= known:
+        errors.append(f"{where}: unknown usages {sorted(set(spec.get('usages', [])) - known)}")
     return errors
 
 
@@ -544,7 +645,8 @@ def print_pod_env(path, statefulset, index, namespace):
 
 # Kinds served by custom resource definitions: the Kubernetes schema validator does not know them,
 # so they are checked here instead (required fields, see check_servicemonitor/check_prometheusrule).
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+             ("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
 
 
 def check_prometheusrule_object(obj):
@@ -580,6 +682,8 @@ def split_rendered(path, builtin_out, crd_out):
             errors += check_servicemonitor(o)
         elif o["kind"] == "PrometheusRule":
             errors += check_prometheusrule_object(o)
+        elif o["apiVersion"] == "cert-manager.io/v1":
+            errors += check_cert_manager_object(o)
     if errors:
         raise CheckError("\n".join(errors))
     pathlib.Path(builtin_out).write_text(yaml.safe_dump_all(builtin, sort_keys=False))

@@ -42,7 +42,8 @@ CheckError = dc.CheckError
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
 # Every kustomization scripts/check_deploy.sh renders, relative to deploy/k8s.
-KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "examples/cells", "examples/tls", "examples/monitoring"]
+KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "examples/cells", "examples/tls", "examples/monitoring",
+                  "examples/fleet-tls-cert-manager"]
 # Those that must apply on a cluster without the Prometheus Operator's CRDs.
 OPERATOR_FREE = ["base", "overlays/cpu", "overlays/gpu", "examples/tls"]
 MONITORING_COMPONENT = "components/monitoring"

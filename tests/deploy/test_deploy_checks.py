@@ -202,13 +202,88 @@ class RenderedTest(TempDir):
         with self.assertRaisesRegex(dc.CheckError, "ServiceMonitor orthoserve-a also selects orthoserve-b"):
             self.check(objs)
 
+    def configmap(self, objs, sts):
+        ref = dc.container(sts)["envFrom"][0]["configMapRef"]["name"]
+        return next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == ref)
+
     def test_liveness_on_the_public_port_fails(self):
         # The public port's health turns NOT_SERVING for the drain: liveness there would kill
         # draining ranks (and it says nothing about a wedged fleet executor).
         objs = self.load()
-        dc.container(self.sts(objs))["livenessProbe"]["grpc"]["port"] = 50051
-        with self.assertRaisesRegex(dc.CheckError, "livenessProbe must be gRPC on the fleet port 50061"):
+        command = dc.container(self.sts(objs))["livenessProbe"]["exec"]["command"]
+        command[2] = command[2].replace("127.0.0.1:50061", "127.0.0.1:50051")
+        with self.assertRaisesRegex(dc.CheckError, "livenessProbe must be `orthoctl health` on the fleet port 50061"):
             self.check(objs)
+        dc.container(self.sts(objs))["livenessProbe"] = {"grpc": {"port": 50051}}
+        with self.assertRaisesRegex(dc.CheckError, "plaintext gRPC probe but the fleet port is under fleet TLS"):
+            self.check(objs)
+
+    def test_plaintext_liveness_under_fleet_tls_fails(self):
+        objs = self.load()
+        dc.container(self.sts(objs))["livenessProbe"] = {"grpc": {"port": 50061}, "periodSeconds": 10}
+        with self.assertRaisesRegex(dc.CheckError, "orthoserve-a: livenessProbe is a plaintext gRPC probe but the "
+                                                   "fleet port is under fleet TLS"):
+            self.check(objs)
+
+    def test_liveness_must_present_the_fleet_certificate(self):
+        objs = self.load()
+        command = dc.container(self.sts(objs))["livenessProbe"]["exec"]["command"]
+        command[2] = command[2].replace("--tls-cert=/etc/orthoserve/fleet-tls/tls.crt",
+                                        "--tls-cert=/etc/orthoserve/tls/tls.crt")
+        with self.assertRaisesRegex(dc.CheckError, "with the fleet certificate the server uses"):
+            self.check(objs)
+
+    def test_fleet_tls_must_be_on(self):
+        objs = self.load()
+        del self.configmap(objs, self.sts(objs))["data"]["ORTHOSERVE_FLEET_TLS_CA"]
+        with self.assertRaisesRegex(dc.CheckError, "orthoserve-a: the fleet port must run with mutual TLS"):
+            self.check(objs)
+
+    def test_member_name_must_be_the_pods_dns_name(self):
+        objs = self.load()
+        env = dc.container(self.sts(objs, "orthoserve-b"))["env"]
+        next(e for e in env if e["name"] == "ORTHOSERVE_FLEET_TLS_MEMBER_NAME")["value"] = "orthoserve-rank-{rank}"
+        with self.assertRaisesRegex(dc.CheckError, "orthoserve-b: pod 0's fleet member name is 'orthoserve-rank-0', "
+                                                   "not its DNS name 'orthoserve-b-0.orthoserve-fleet-b.orthoserve.svc'"):
+            self.check(objs)
+        # Without {rank}, one name for every pod: not the pods' DNS names either.
+        next(e for e in env if e["name"] == "ORTHOSERVE_FLEET_TLS_MEMBER_NAME")["value"] = "orthoserve-b.svc"
+        with self.assertRaisesRegex(dc.CheckError, "fleet member name is 'orthoserve-b.svc'"):
+            self.check(objs)
+
+    def test_fleet_tls_files_must_come_from_the_fleet_secret(self):
+        objs = self.load()
+        volumes = self.sts(objs)["spec"]["template"]["spec"]["volumes"]
+        next(v for v in volumes if v["name"] == "fleet-tls")["secret"]["secretName"] = "orthoserve-tls"
+        with self.assertRaisesRegex(dc.CheckError, "must come from the Secret orthoserve-fleet-tls, not 'orthoserve-tls'"):
+            self.check(objs)
+        mounts = dc.container(self.sts(objs))["volumeMounts"]
+        mounts[:] = [m for m in mounts if m["name"] != "fleet-tls"]
+        with self.assertRaisesRegex(dc.CheckError, "ORTHOSERVE_FLEET_TLS_CERT=/etc/orthoserve/fleet-tls/tls.crt is on "
+                                                   "no mounted volume"):
+            self.check(objs)
+
+    def test_cert_manager_certificate_covers_every_pod_with_both_usages(self):
+        objs = dc.load_objects(RENDER_DIR / "examples_fleet-tls-cert-manager.yaml")
+        dc.check_rendered(self.write("ok.yaml", yaml.safe_dump_all(objs)))
+        cert = next(o for o in objs if o["kind"] == "Certificate" and o["metadata"]["name"] == "orthoserve-fleet-tls")
+        for bad, message in (({"dnsNames": ["*.orthoserve-fleet.other.svc"]}, "do not cover pod 0's member name"),
+                             ({"dnsNames": ["*.svc"]}, "do not cover pod 0's member name"),
+                             ({"usages": ["digital signature", "server auth"]}, "needs the usages server auth and "
+                                                                                 "client auth"),
+                             ({"issuerRef": {"name": "elsewhere", "kind": "Issuer"}}, "issuer 'elsewhere' is not in")):
+            broken = copy.deepcopy(objs)
+            next(o for o in broken if o is not None and o.get("kind") == "Certificate"
+                 and o["metadata"]["name"] == "orthoserve-fleet-tls")["spec"].update(bad)
+            with self.assertRaisesRegex(dc.CheckError, message):
+                self.check(broken)
+        self.assertTrue(dc.dns_name_matches("orthoserve-1.orthoserve-fleet.orthoserve.svc",
+                                            "*.orthoserve-fleet.orthoserve.svc"))
+        self.assertFalse(dc.dns_name_matches("a.orthoserve-1.orthoserve-fleet.orthoserve.svc",
+                                             "*.orthoserve-fleet.orthoserve.svc"))
+        del cert["spec"]["secretName"]
+        with self.assertRaisesRegex(dc.CheckError, "Certificate orthoserve-fleet-tls: spec.secretName is required"):
+            dc.split_rendered(self.write("r.yaml", yaml.safe_dump_all(objs)), self.tmp / "b", self.tmp / "c")
 
     def test_plaintext_readiness_under_tls_fails(self):
         objs = dc.load_objects(RENDER_DIR / "examples_tls.yaml")

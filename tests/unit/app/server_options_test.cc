@@ -82,6 +82,25 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        "--max-group-world = 0"},
       {"tenant pending steps", [](ServerOptions& o) { o.service.max_tenant_pending_steps = -1; },
        absl::StatusCode::kInvalidArgument, "--max-tenant-pending-steps = -1 must be >= 0"},
+      {"fleet TLS files not all given", [](ServerOptions& o) { o.fleet_tls.cert_file = "/no/such/rank1.crt"; },
+       absl::StatusCode::kInvalidArgument, "missing: --fleet-tls-key, --fleet-tls-ca"},
+      {"fleet TLS file unreadable",
+       [](ServerOptions& o) {
+         o.fleet_tls.cert_file = "/no/such/rank1.crt";
+         o.fleet_tls.key_file = "/no/such/rank1.key";
+         o.fleet_tls.ca_file = "/no/such/ca.crt";
+       },
+       absl::StatusCode::kInvalidArgument, "--fleet-tls-cert /no/such/rank1.crt cannot be read"},
+      {"fleet TLS without a fleet port",
+       [](ServerOptions& o) {
+         o.world = 1;
+         o.rank = 0;
+         o.fleet_listen = "";
+         o.fleet_tls.cert_file = o.fleet_tls.key_file = o.fleet_tls.ca_file = "/no/such/file";
+       },
+       absl::StatusCode::kInvalidArgument, "need --fleet-listen"},
+      {"fleet member name", [](ServerOptions& o) { o.fleet_tls.member_name = "orthoserve rank {rank}"; },
+       absl::StatusCode::kInvalidArgument, "--fleet-tls-member-name"},
   };
   for (const BadCase& c : cases) {
     ServerOptions o = Fleet2("cpu");

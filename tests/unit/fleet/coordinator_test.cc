@@ -296,7 +296,7 @@ TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
   // (A complete step runs; use a fresh one for the aborts.)
   const GroupKey k2{"t", "j", "g", 2, "run"};
   ASSERT_OK((*c)->Report(Report(**c, k2, 0, 2, me, 3)));
-  (*c)->Abort(k2, 0, absl::UnavailableError("draining"), 3);
+  ASSERT_OK((*c)->Abort(k2, 0, absl::UnavailableError("draining"), 3, me.rank, me.incarnation));
   EXPECT_EQ((*c)->pending_steps(), 0u);
   EXPECT_TRUE(EntriesFor(ReadAll(**c, me, 0), k2).empty());
   // The retry and the other rank complete it.
@@ -308,7 +308,7 @@ TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
 
   const GroupKey k3{"t", "j", "g", 3, "run"};
   ASSERT_OK((*c)->Report(Report(**c, k3, 1, 2, me, 6)));
-  (*c)->Abort(k3, 0, absl::CancelledError("client went away"), 0);
+  ASSERT_OK((*c)->Abort(k3, 0, absl::CancelledError("client went away"), 0, me.rank, me.incarnation));
   std::vector<LogEntry> aborted = EntriesFor(ReadAll(**c, me, 0), k3);
   ASSERT_EQ(aborted.size(), 1u);
   EXPECT_THAT(aborted[0].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("trainer rank 0 failed")));
@@ -814,6 +814,48 @@ TEST(CoordinatorTest, WithoutRankZeroInTheGenerationStepsAreAppendedAsTheyComple
   }
   EXPECT_EQ(BatchOrder(ReadAll(**c, members[0], 0)), (std::vector<std::string>{"A1", "A2", "A3"}));
   EXPECT_EQ((*c)->queued_steps(), 0u);
+}
+
+}  // namespace
+}  // namespace orthoserve
+
+namespace orthoserve {
+namespace {
+
+TEST(CoordinatorTest, AnAbortIsTakenOnlyFromAMemberAndOnlyFromTheMemberThatHoldsItsReport) {
+  auto c = Coordinator::Create(TestOptions(3));
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  const GroupKey key{"t", "j", "g", 1, "run"};
+  ASSERT_OK((*c)->Report(Report(**c, key, 0, 2, members[0], 7)));
+  // Not a member: a rank that never joined, and a member's rank with another incarnation.
+  EXPECT_THAT((*c)->Abort(key, 0, absl::CancelledError("x"), 7, 2, 22),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a member of generation 1")));
+  EXPECT_THAT((*c)->Abort(key, 0, absl::CancelledError("x"), 7, 0, 99),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("fleet rank 0 (incarnation 99)")));
+  // A member aborting (or withdrawing) the report another member holds.
+  EXPECT_THAT((*c)->Abort(key, 0, absl::CancelledError("x"), 7, 1, 11),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("whose report fleet rank 0 holds")));
+  EXPECT_THAT((*c)->Abort(key, 0, absl::UnavailableError("x"), 7, 1, 11),
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_EQ((*c)->pending_steps(), 1u);
+  EXPECT_TRUE(EntriesFor(ReadAll(**c, members[0], 0), key).empty());
+  // Trainer rank 1 never reported: its own member aborts it (submission 0), which ends the step.
+  ASSERT_OK((*c)->Abort(key, 1, absl::CancelledError("client went away"), 0, 1, 11));
+  std::vector<LogEntry> aborted = EntriesFor(ReadAll(**c, members[0], 0), key);
+  ASSERT_EQ(aborted.size(), 1u);
+  EXPECT_THAT(aborted[0].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("trainer rank 1 failed")));
+  EXPECT_EQ((*c)->pending_steps(), 0u);
+  // The member that holds a report takes it back.
+  const GroupKey k2{"t", "j", "g", 2, "run"};
+  ASSERT_OK((*c)->Report(Report(**c, k2, 1, 2, members[1], 8)));
+  ASSERT_OK((*c)->Abort(k2, 1, absl::UnavailableError("draining"), 8, 1, 11));
+  EXPECT_EQ((*c)->pending_steps(), 0u);
+  (*c)->Shutdown();
+  EXPECT_THAT((*c)->Abort(k2, 1, absl::CancelledError("x"), 0, 1, 11),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
 }  // namespace

@@ -50,9 +50,10 @@ class FreezableLog final : public LogSource {
     RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
     return Local().Report(report);
   }
-  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override {
+  absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
+                     int fleet_rank, uint64_t incarnation) override {
     RETURN_IF_ERROR(Gate(absl::Milliseconds(100)));
-    return Local().Abort(key, trainer_rank, reason, submission);
+    return Local().Abort(key, trainer_rank, reason, submission, fleet_rank, incarnation);
   }
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override {
     RETURN_IF_ERROR(Gate(timeout));

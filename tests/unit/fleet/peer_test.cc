@@ -55,7 +55,7 @@ class PeerTest : public ::testing::Test {
   absl::StatusOr<PeerResult> Forward(const PeerMatrix& matrix) {
     PeerClient client(absl::Seconds(30));
     std::promise<absl::StatusOr<PeerResult>> done;
-    client.Compute(target_, matrix, [&](absl::StatusOr<PeerResult> r) { done.set_value(std::move(r)); });
+    client.Compute(target_, /*rank=*/1, matrix, [&](absl::StatusOr<PeerResult> r) { done.set_value(std::move(r)); });
     return done.get_future().get();
   }
 
