@@ -23,6 +23,7 @@ import pathlib
 import sys
 import threading
 import time
+import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client/python/src"))
@@ -33,6 +34,9 @@ import numpy as np  # noqa: E402
 import orthoserve  # noqa: E402
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb  # noqa: E402
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc  # noqa: E402
+
+# The run of this script's group steps: its two trainer threads share it, and no other run has it.
+RUN_ID = f"check-deploy-{uuid.uuid4().hex}"
 
 TIMEOUT = 60.0
 
@@ -97,7 +101,7 @@ def main(argv):
                 (r0, c0), (rows, cols) = blocks[rank]
                 shard = orthoserve.Shard("w", g.shape, (r0, c0), g[r0:r0 + rows, c0:c0 + cols],
                                          algorithm="tp_distributed", partition_dim=0, precision="highest")
-                [results[rank]] = fleet.group("check-deploy", "tp", rank, 2).step(1, [shard])
+                [results[rank]] = fleet.group("check-deploy", "tp", rank, 2, run_id=RUN_ID).step(1, [shard])
             except Exception as e:  # noqa: BLE001
                 errors.append(f"trainer rank {rank}: {e}")
 
@@ -126,7 +130,7 @@ def main(argv):
             bad = orthoserve.Shard("bad", g.shape, (0, 16 * rank), g[:, 16 * rank:16 * rank + 16],
                                    algorithm="row_sharded")
             try:
-                fleet.group("check-deploy", "tp", rank, 2).step(2, [good, bad])
+                fleet.group("check-deploy", "tp", rank, 2, run_id=RUN_ID).step(2, [good, bad])
                 errors[rank] = "the step succeeded"
             except orthoserve.OrthoserveError as e:
                 errors[rank] = e
