@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DURATION = float(os.environ.get("DURATION", "30"))
@@ -65,6 +66,8 @@ def trainer(args) -> int:
     fulls = [rng.standard_normal((rows, cols), dtype=np.float32) for _ in range(args.matrices)]
     blocks = orthoserve.chunk_blocks((rows, cols), WORLD, 0)
     client = orthoserve.Client(args.addresses.split(","), token=args.token, timeout=600, retry=False)
+    # This process's trainer threads are one run; another groups.py process is another run.
+    run_id = f"bench-tenants-{uuid.uuid4().hex}"
     barrier = threading.Barrier(WORLD)
     stop = [False]
     latencies, failures = [], []
@@ -74,7 +77,7 @@ def trainer(args) -> int:
         (r0, c0), (n, m) = blocks[rank]
         shards = [orthoserve.Shard(f"w{i}", (rows, cols), (r0, c0), full[r0:r0 + n, c0:c0 + m].copy(),
                                    precision=args.precision) for i, full in enumerate(fulls)]
-        group = client.group(args.job, args.group, rank, WORLD)
+        group = client.group(args.job, args.group, rank, WORLD, run_id=run_id)
         step = 0
         try:
             while True:
