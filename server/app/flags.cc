@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "server/fleet/fleet_codec.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "Public gRPC address HOST:PORT (port 0 picks a free port).");
 ABSL_FLAG(std::string, advertise_address, "",
@@ -67,6 +68,10 @@ ABSL_FLAG(int, max_group_world, 16384,
 ABSL_FLAG(int, max_tenant_pending_steps, 256,
           "Group steps of one tenant waiting on the fleet for their trainer ranks at once; more are refused with "
           "RESOURCE_EXHAUSTED (0: no limit).");
+ABSL_FLAG(int64_t, fleet_max_log_entry_bytes, static_cast<int64_t>(orthoserve::kMaxFleetEntryBytes),
+          "Fleets of several ranks: the largest plan of a group step the coordinator puts into the fleet's log, in "
+          "bytes as encoded (an upper bound is estimated); a larger one fails its step with INVALID_ARGUMENT. At most "
+          "the default, which keeps every entry readable within the fleet port's 256 MiB message limit.");
 ABSL_FLAG(bool, allow_group_steps_without_run_id, false,
           "Serve group steps (world > 1) whose header has no run_id (clients that predate run ids, grpcurl) as one "
           "run of their own: they never share a step with a run that has an id, but two such runs of one job can "
@@ -128,6 +133,7 @@ const char* const kFlagNames[] = {
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
+    "fleet_max_log_entry_bytes",
     "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
@@ -229,6 +235,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.max_shape_dims = absl::GetFlag(FLAGS_max_shape_dims);
   o.service.max_group_world = absl::GetFlag(FLAGS_max_group_world);
   o.service.max_tenant_pending_steps = absl::GetFlag(FLAGS_max_tenant_pending_steps);
+  o.fleet_max_log_entry_bytes = absl::GetFlag(FLAGS_fleet_max_log_entry_bytes);
   o.service.allow_group_steps_without_run_id = absl::GetFlag(FLAGS_allow_group_steps_without_run_id);
   o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
   o.service.stream_progress_timeout = absl::GetFlag(FLAGS_stream_progress_timeout);

@@ -116,6 +116,10 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-group-world = ", o.service.max_group_world, " must be between 1 and ", kMaxGroupWorld));
   }
+  if (o.fleet_max_log_entry_bytes < 1 || o.fleet_max_log_entry_bytes > static_cast<int64_t>(kMaxFleetEntryBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("--fleet-max-log-entry-bytes = ", o.fleet_max_log_entry_bytes,
+                                                   " must be between 1 and ", kMaxFleetEntryBytes));
+  }
   if (o.service.max_tenant_pending_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--max-tenant-pending-steps = ", o.service.max_tenant_pending_steps,
                                                    " must be >= 0 (0: no per-tenant limit)"));
@@ -224,6 +228,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.batch_part_time = o.batch_part_time;
   f.peer_timeout = o.peer_timeout;
   f.max_tenant_pending_steps = o.service.max_tenant_pending_steps;
+  f.max_entry_bytes = static_cast<size_t>(o.fleet_max_log_entry_bytes);
   f.collective = ResolveCollective(o);
   f.device = o.backend.device;
   f.backend = server->backend_.get();

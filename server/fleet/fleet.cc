@@ -1,6 +1,8 @@
 // Implementation of server/fleet/fleet.h.
 #include "server/fleet/fleet.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -83,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     c.shares = options.tenant_shares;
     c.part_time = options.batch_part_time;
     c.max_tenant_pending_steps = options.max_tenant_pending_steps;
-    c.max_entry_bytes = kMaxFleetEntryBytes;
+    c.max_entry_bytes = std::min(options.max_entry_bytes, kMaxFleetEntryBytes);
     if (metrics != nullptr) {
       c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
       c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };

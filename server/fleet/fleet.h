@@ -33,6 +33,7 @@
 #include "server/fleet/coordinator.h"
 #include "server/fleet/executor.h"
 #include "server/fleet/fleet_access.h"
+#include "server/fleet/fleet_codec.h"
 #include "server/fleet/fleet_tls.h"
 #include "server/fleet/group_step.h"
 #include "server/fleet/log_source.h"
@@ -72,6 +73,9 @@ class Fleet {
     FairShares tenant_shares;
     // Group steps of one tenant waiting for their trainer ranks at once (Coordinator::Options; 0: no limit).
     int max_tenant_pending_steps = 256;
+    // Largest log entry the coordinator appends (Coordinator::Options::max_entry_bytes), at most
+    // kMaxFleetEntryBytes (server/fleet/fleet_codec.h).
+    size_t max_entry_bytes = kMaxFleetEntryBytes;
     // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
     // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).
     FairPool* compute = nullptr;

@@ -80,6 +80,8 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        absl::StatusCode::kInvalidArgument, "--max-group-world = 65537 must be between 1 and 65536"},
       {"group world zero", [](ServerOptions& o) { o.service.max_group_world = 0; }, absl::StatusCode::kInvalidArgument,
        "--max-group-world = 0"},
+      {"log entry bytes", [](ServerOptions& o) { o.fleet_max_log_entry_bytes = 0; }, absl::StatusCode::kInvalidArgument,
+       "--fleet-max-log-entry-bytes = 0 must be between 1 and"},
       {"tenant pending steps", [](ServerOptions& o) { o.service.max_tenant_pending_steps = -1; },
        absl::StatusCode::kInvalidArgument, "--max-tenant-pending-steps = -1 must be >= 0"},
       {"fleet TLS files not all given", [](ServerOptions& o) { o.fleet_tls.cert_file = "/no/such/rank1.crt"; },

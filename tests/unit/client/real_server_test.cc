@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/group_client.h"
@@ -300,33 +302,44 @@ int FreePort() {
   return port;
 }
 
-TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
-  const int fleet_port = FreePort();
+// Two in-process ranks of one fleet on loopback, formed; `adjust` changes each rank's options.
+struct TwoRankFleet {
   std::vector<std::unique_ptr<Server>> ranks;
   std::vector<std::string> addresses;
+};
+void StartTwoRankFleet(TwoRankFleet& fleet, const std::function<void(ServerOptions&)>& adjust = nullptr) {
+  const int fleet_port = FreePort();
   for (int rank = 0; rank < 2; ++rank) {
-    addresses.push_back("127.0.0.1:" + std::to_string(FreePort()));
+    fleet.addresses.push_back("127.0.0.1:" + std::to_string(FreePort()));
     ServerOptions o;
-    o.listen = addresses.back();
+    o.listen = fleet.addresses.back();
     o.metrics_address = "";
     o.rank = rank;
     o.world = 2;
     // Every rank has its own internal address; rank 0's is the coordinator.
     o.fleet_listen = "127.0.0.1:" + std::to_string(rank == 0 ? fleet_port : FreePort());
     o.coordinator = "127.0.0.1:" + std::to_string(fleet_port);
-    o.service.chunk_bytes = 2048;
+    if (adjust) adjust(o);
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(o);
     ASSERT_OK(server);
-    ranks.push_back(*std::move(server));
+    fleet.ranks.push_back(*std::move(server));
   }
   // Both ranks in the formed generation, so that each trainer rank's first attempt is served by
   // its own fleet rank (a rank not yet formed answers UNAVAILABLE and the retry goes elsewhere).
+  std::vector<std::unique_ptr<Server>>& ranks = fleet.ranks;
   for (int i = 0; i < 600 && !(ranks[0]->fleet().ready() && ranks[1]->fleet().ready() &&
                                ranks[1]->fleet().generation_size() == 2);
        ++i) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_TRUE(ranks[0]->fleet().ready() && ranks[1]->fleet().ready()) << "the 2-rank fleet did not form";
+}
+
+TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
+  TwoRankFleet fleet;
+  ASSERT_NO_FATAL_FAILURE(StartTwoRankFleet(fleet, [](ServerOptions& o) { o.service.chunk_bytes = 2048; }));
+  std::vector<std::unique_ptr<Server>>& ranks = fleet.ranks;
+  const std::vector<std::string>& addresses = fleet.addresses;
   GroupClient::Options options;
   options.client.address = addresses[1];  // Discover through rank 1.
   options.client.timeout = absl::Seconds(60);
@@ -380,6 +393,53 @@ TEST(RealFleetTest, GroupClientRoutesTrainerRanksAcrossATwoRankFleet) {
     EXPECT_LE(worst, 1e-5) << "rank " << rank;
   }
   for (auto& server : ranks) server->Drain();
+}
+
+TEST(RealFleetTest, APlanTooLargeForTheFleetsLogFailsItsStepAndTheNextStepRuns) {
+  TwoRankFleet fleet;
+  ASSERT_NO_FATAL_FAILURE(StartTwoRankFleet(fleet, [](ServerOptions& o) { o.fleet_max_log_entry_bytes = 32 << 10; }));
+  GroupClient::Options options;
+  options.client.address = fleet.addresses[0];
+  options.client.timeout = absl::Seconds(30);
+  options.client.retry.deadline = absl::Seconds(10);
+  options.run_id = "too-large";
+  absl::StatusOr<std::unique_ptr<GroupClient>> group = GroupClient::Create(options);
+  ASSERT_OK(group);
+  // Trainer rank r's row block of `count` 4 x 8 matrices.
+  const std::vector<float> g = Random(4 * 8, 9);
+  auto step = [&](int64_t number, int count) {
+    std::vector<absl::StatusOr<std::vector<MatrixOutput>>> results(2, absl::UnknownError("not run"));
+    std::vector<std::thread> trainers;
+    for (int rank = 0; rank < 2; ++rank) {
+      trainers.emplace_back([&, rank] {
+        std::vector<MatrixInput> inputs;
+        for (int i = 0; i < count; ++i) {
+          MatrixInput in = Input(absl::StrCat("layers.", i, ".weight"), {4, 8}, g);
+          in.block = Block{2 * rank, 0, 2, 8};
+          in.data = g.data() + 2 * 8 * rank;
+          in.bytes = 2 * 8 * sizeof(float);
+          inputs.push_back(in);
+        }
+        results[rank] = (*group)->Step("client-test", "too-large", number, rank, 2, inputs);
+      });
+    }
+    for (std::thread& t : trainers) t.join();
+    return results;
+  };
+  // 400 matrices of 2 placements: within every ingress limit, over the 32 KiB log entry.
+  for (const auto& result : step(1, 400)) {
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("400 matrices, 800 block placements over 2 trainer ranks")));
+  }
+  EXPECT_TRUE(fleet.ranks[0]->fleet().ready());
+  EXPECT_TRUE(fleet.ranks[1]->fleet().ready());
+  const absl::Time next = absl::Now();
+  for (const auto& result : step(2, 4)) {
+    ASSERT_OK(result);
+    for (const MatrixOutput& out : *result) EXPECT_OK(out.status);
+  }
+  EXPECT_LT(absl::Now() - next, absl::Seconds(5));
+  for (auto& server : fleet.ranks) server->Drain();
 }
 
 }  // namespace
