@@ -816,12 +816,6 @@ TEST(CoordinatorTest, WithoutRankZeroInTheGenerationStepsAreAppendedAsTheyComple
   EXPECT_EQ((*c)->queued_steps(), 0u);
 }
 
-}  // namespace
-}  // namespace orthoserve
-
-namespace orthoserve {
-namespace {
-
 TEST(CoordinatorTest, AnAbortIsTakenOnlyFromAMemberAndOnlyFromTheMemberThatHoldsItsReport) {
   auto c = Coordinator::Create(TestOptions(3));
   ASSERT_OK(c);
