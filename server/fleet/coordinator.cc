@@ -348,11 +348,7 @@ void Coordinator::AppendStepLocked(const GroupKey& key) {
   absl::StatusOr<LogEntry> batch = BuildBatchLocked(key, it->second);
   if (batch.ok() && it->second.trainer_world > 1) {
     // What each trainer rank's blocks were, for its retries (see "Replays").
-    Ran& ran = ran_[key.Group()];
-    ran.key = key;
-    ran.at = absl::Now();
-    ran.digests.resize(it->second.trainer_world);
-    for (int r = 0; r < it->second.trainer_world; ++r) ran.digests[r] = it->second.report(r)->report.digest;
+    ran_[key.Group()] = Ran{key, absl::Now(), batch->digests};
   }
   ErasePendingLocked(it);
   if (batch.ok()) {
@@ -398,6 +394,7 @@ void Coordinator::AppendPartLocked(const GroupKey& key, bool rest) {
   part.plan.matrices.assign(all.begin() + static_cast<std::ptrdiff_t>(d.next),
                             all.begin() + static_cast<std::ptrdiff_t>(d.end));
   part.submissions = d.batch.submissions;
+  part.digests = d.batch.digests;
   part.part_offset = static_cast<int64_t>(d.next);
   part.more_parts = d.end < all.size();
   part.generation = d.batch.generation;  // Planned for that generation's collective ranks.
@@ -533,6 +530,7 @@ Coordinator::Held Coordinator::Hold(ReadyReport report, std::shared_ptr<const Sp
     if (shared == nullptr) shared = held.specs;
   }
   report.blocks.shrink_to_fit();  // Decoded one by one: up to twice the room they need.
+  report.step_digests = std::vector<uint64_t>();  // A notice's: taken into ran_, not held W times.
   held.report = std::move(report);
   return held;
 }
@@ -577,7 +575,10 @@ absl::StatusOr<LogEntry> Coordinator::BuildBatchLocked(const GroupKey& key, Pend
       m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.blocks[i]});
     }
   }
-  for (int r = 0; r < p.trainer_world; ++r) entry.submissions.push_back(p.report(r)->report.submission);
+  for (int r = 0; r < p.trainer_world; ++r) {
+    entry.submissions.push_back(p.report(r)->report.submission);
+    entry.digests.push_back(p.report(r)->report.digest);
+  }
   if (!p.cached.empty()) {
     entry.cached.assign(p.trainer_world, false);
     for (int r : p.cached) entry.cached[r] = true;
@@ -653,6 +654,12 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
     }
     if (!(kept.key == r.key)) continue;
     kept.at = absl::Now();
+    if (static_cast<int>(r.step_digests.size()) == r.trainer_world) {
+      // The step's digests as its batch carried them: what a coordinator that did not plan it
+      // (it restarted since) compares retries with.
+      Ran& ran = ran_[r.key.Group()];
+      if (ran.digests.empty() || ran.key.step < r.key.step) ran = Ran{r.key, absl::Now(), r.step_digests};
+    }
     std::vector<Held>& holders = kept.holders[r.trainer_rank];
     auto same = std::find_if(holders.begin(), holders.end(),
                              [&](const Held& h) { return h.report.fleet_rank == r.fleet_rank; });

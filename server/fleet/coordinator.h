@@ -126,6 +126,9 @@ struct ReadyReport {
   uint64_t epoch = 0;        // The coordinator epoch the fleet rank joined.
   uint64_t incarnation = 0;  // The reporting fleet rank's incarnation.
   uint64_t digest = 0;       // Of the trainer rank's blocks (TrainerStep::digest).
+  // A notice of a kept step (ReaderState::kept) may carry every trainer rank's digest of the step
+  // (LogEntry::digests); empty otherwise.
+  std::vector<uint64_t> step_digests;
   std::vector<MatrixPlan> matrices;  // Placements empty.
   std::vector<Block> blocks;         // One per matrix.
 };
@@ -165,6 +168,7 @@ struct LogEntry {
   bool retryable = false;
   BatchPlan plan;
   std::vector<uint64_t> submissions;
+  std::vector<uint64_t> digests;  // Batch: each trainer rank's blocks' digest (ReadyReport::digest), in rank order.
   std::vector<bool> cached;  // Batch: trainer ranks whose inputs come from the members' caches (a replay).
   // Batch of a divided step (see "Parts" above): `plan` holds the step's matrices from index
   // `part_offset` of its spec list; `more_parts` when parts of it follow. 0 and false for a whole step.

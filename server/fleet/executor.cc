@@ -254,7 +254,7 @@ void Executor::ReaderLoop() {
       for (const auto& [group, batch] : cache_) {
         // Only what stays here for as long as the coordinator may count on it.
         if (batch.at + options_.cache_ttl - now < options_.notice_ttl) continue;
-        for (const std::shared_ptr<TrainerStep>& s : batch.steps) advertise_.push_back(ReportOf(*s));
+        AdvertiseLocked(batch, batch.steps);
       }
       joined_ = true;
       lost_ = false;

@@ -138,6 +138,7 @@ class Executor {
     GroupKey key;
     absl::Time at;
     std::vector<std::shared_ptr<TrainerStep>> steps;
+    std::vector<uint64_t> digests;  // Every trainer rank's, as the batch carried them (LogEntry::digests).
   };
   // A divided step (LogEntry::more_parts) whose earlier parts ran here: their plan and results,
   // and its steps here, resolved after the last part.
@@ -169,7 +170,9 @@ class Executor {
       const LogEntry& entry, const BatchResult& result, const std::vector<std::shared_ptr<TrainerStep>>& here,
       Collective& collective);
   // Keeps the steps of a group's batch that ran here (for a replay) and queues their notice.
-  void Keep(const GroupKey& key, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached);
+  void Keep(const LogEntry& entry, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached);
+  // Queues the notices of what `batch` keeps here; the first carries the step's digests.
+  void AdvertiseLocked(const CachedBatch& batch, const std::vector<std::shared_ptr<TrainerStep>>& steps);
   // Joins `group` on a helper thread; gives up when `deadline` passes, a newer generation is
   // queued, or the executor resets or stops.
   absl::StatusOr<std::shared_ptr<Collective>> JoinCollective(const CollectiveGroup& group, absl::Time deadline);

@@ -87,8 +87,16 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
   }
 }
 
-void Executor::Keep(const GroupKey& key, const std::vector<Waiting>& ran,
+void Executor::AdvertiseLocked(const CachedBatch& batch, const std::vector<std::shared_ptr<TrainerStep>>& steps) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    advertise_.push_back(ReportOf(*steps[i]));
+    if (i == 0) advertise_.back().step_digests = batch.digests;
+  }
+}
+
+void Executor::Keep(const LogEntry& entry, const std::vector<Waiting>& ran,
                     const std::vector<std::shared_ptr<TrainerStep>>& cached) {
+  const GroupKey& key = entry.key;
   const absl::Time now = absl::Now();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = cache_.begin(); it != cache_.end();) {
@@ -107,6 +115,7 @@ void Executor::Keep(const GroupKey& key, const std::vector<Waiting>& ran,
     batch.steps.clear();
   }
   batch.at = now;
+  if (!entry.digests.empty()) batch.digests = entry.digests;
   std::vector<std::shared_ptr<TrainerStep>> steps = cached;
   for (const Waiting& w : ran) steps.push_back(w.step);
   for (const std::shared_ptr<TrainerStep>& s : steps) {
@@ -117,8 +126,8 @@ void Executor::Keep(const GroupKey& key, const std::vector<Waiting>& ran,
     } else {
       batch.steps.push_back(s);
     }
-    advertise_.push_back(ReportOf(*s));
   }
+  AdvertiseLocked(batch, steps);
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMember(
@@ -395,7 +404,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
     outcome.compute_time = result->compute_time;
     if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty() || !copies.empty())) {
       cached.insert(cached.end(), copies.begin(), copies.end());
-      Keep(entry.key, mine, cached);
+      Keep(entry, mine, cached);
     }
   }
   resolve(mine, outcome);

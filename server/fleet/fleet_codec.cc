@@ -30,6 +30,7 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
   p.set_epoch(report.epoch);
   p.set_incarnation(report.incarnation);
   p.set_digest(report.digest);
+  for (uint64_t d : report.step_digests) p.add_step_digests(d);
   p.mutable_matrices()->Reserve(static_cast<int>(report.matrices.size()));
   for (size_t i = 0; i < report.matrices.size(); ++i) {
     fleet::v1::ReportedMatrix* m = p.add_matrices();
@@ -50,6 +51,7 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
   report.epoch = p.epoch();
   report.incarnation = p.incarnation();
   report.digest = p.digest();
+  report.step_digests.assign(p.step_digests().begin(), p.step_digests().end());
   report.matrices.reserve(p.matrices_size());
   report.blocks.reserve(p.matrices_size());
   for (int i = 0; i < p.matrices_size(); ++i) {
@@ -80,6 +82,7 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   p.set_retryable(entry.retryable);
   for (const Member& m : entry.members) *p.add_members() = MemberToProto(m);
   for (uint64_t s : entry.submissions) p.add_submissions(s);
+  for (uint64_t d : entry.digests) p.add_digests(d);
   for (bool c : entry.cached) p.add_cached(c);
   p.set_graceful(entry.graceful);
   *p.mutable_key() = GroupKeyToProto(entry.key);
@@ -113,6 +116,7 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   entry.retryable = p.retryable();
   for (const fleet::v1::Member& m : p.members()) entry.members.push_back(MemberFromProto(m));
   entry.submissions.assign(p.submissions().begin(), p.submissions().end());
+  entry.digests.assign(p.digests().begin(), p.digests().end());
   entry.cached.assign(p.cached().begin(), p.cached().end());
   entry.graceful = p.graceful();
   entry.key = GroupKeyFromProto(p.key());

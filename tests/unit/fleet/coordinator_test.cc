@@ -551,6 +551,32 @@ TEST(CoordinatorTest, AReplayNeedsTheRetrysBlocksToMatchTheKeptOriginals) {
   EXPECT_EQ(entries[2].submissions, (std::vector<uint64_t>{100, 201}));
 }
 
+TEST(CoordinatorTest, ARestartedCoordinatorLearnsAStepsDigestsFromWhatMembersKeep) {
+  // This coordinator never planned step 4 (its predecessor did): member 0 keeps trainer rank 0's
+  // inputs and the step's digests, and trainer rank 1, whose member died, retries.
+  TwoMembers t = StartTwo(TestOptions(2));
+  Coordinator& c = *t.c;
+  const GroupKey key{"t", "j", "g", 4, "run"};
+  ReadyReport notice = Report(c, key, 0, 2, t.members[0], 100);
+  notice.digest = 0xA0;
+  notice.step_digests = {0xA0, 0xA1};
+  ASSERT_OK(c.Read(ReaderState{0, c.epoch(), 10, 0, 0, {notice}}, 0, absl::Milliseconds(1)).status());
+  ReadyReport changed = Report(c, key, 1, 2, t.members[0], 200, 1);
+  changed.digest = 0xB1;
+  ASSERT_OK(c.Report(changed));
+  std::vector<LogEntry> entries = EntriesFor(ReadAll(c, t.members[0], 0), key);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_THAT(entries[0].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("00000000000000a1")));
+  ReadyReport same = Report(c, key, 1, 2, t.members[0], 201, 2);
+  same.digest = 0xA1;
+  ASSERT_OK(c.Report(same));
+  entries = EntriesFor(ReadAll(c, t.members[0], 0), key);
+  ASSERT_EQ(entries.size(), 2u);
+  ASSERT_OK(entries[1].status);
+  EXPECT_EQ(entries[1].cached, (std::vector<bool>{true, false}));
+  EXPECT_EQ(entries[1].digests, (std::vector<uint64_t>{0xA0, 0xA1}));
+}
+
 TEST(CoordinatorTest, ATenantsPendingStepsAreCappedAndOthersAreNot) {
   Coordinator::Options o = TestOptions(2);
   o.max_tenant_pending_steps = 2;
