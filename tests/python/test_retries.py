@@ -154,7 +154,7 @@ def test_a_retry_cut_short_by_the_deadline_reports_the_unavailable_service():
         if not attempts.back_off(error):
             final = attempts.give_up(error)
             break
-    assert timeouts[0] is None and all(t is not None and t >= 0.03 for t in timeouts[1:]), timeouts
+    assert timeouts[0] is None and all(t is not None and t >= 0.03 - 0.005 for t in timeouts[1:]), timeouts
     assert isinstance(final, errors.UnavailableError) and final.attempts == 3
     assert "after 3 attempts (retry deadline of 0.3 s reached)" in str(final)
     # The call's own timeout (shorter than what remains of the deadline) running out is final as it is.
@@ -168,7 +168,9 @@ def test_a_retry_cut_short_by_the_deadline_reports_the_unavailable_service():
     attempts = retry.Attempts(orthoserve.RetryPolicy(deadline=0.3, initial_backoff=0.02, max_backoff=0.02), None,
                               "call")
     while attempts.back_off(unavailable_error):
-        assert attempts.timeout() >= 0.03
+        # back_off checked the tenth when it decided; timeout() reads the clock a moment later (5 ms of slack: a
+        # loaded 2-core CI machine once took 0.14 ms to get there, and 0.0299 s were left).
+        assert attempts.timeout() >= 0.03 - 0.005
 
 
 def test_max_attempts(fake):
