@@ -2,6 +2,7 @@
 #include "common/ns_options.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "absl/strings/numbers.h"
@@ -151,7 +152,14 @@ const std::vector<CoefficientTriple>& CoefficientTable(CoefficientType type) {
   return kNone;
 }
 
+namespace {
+std::atomic<int64_t> validations{0};
+}  // namespace
+
+int64_t NsOptionsValidations() { return validations.load(std::memory_order_relaxed); }
+
 absl::Status ValidateNsOptions(const NsOptions& o, const std::string& what) {
+  validations.fetch_add(1, std::memory_order_relaxed);
   if (o.steps < 0 || o.steps > kMaxSteps) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": steps = ", o.steps, " is out of range; use 0 to ", kMaxSteps));
@@ -204,6 +212,11 @@ absl::Status ValidateNsOptions(const NsOptions& o, const std::string& what) {
 
 absl::Status ValidateNsOptionsForShape(const NsOptions& o, Matrix2d m, const std::string& what) {
   if (o.split_qkv.empty()) return absl::OkStatus();
+  // A guard, not the options' validation: what ValidateNsOptions refuses cannot divide anything.
+  if (o.split_qkv.size() != 3 || o.split_qkv[0] <= 0 || o.split_qkv[1] <= 0 || o.split_qkv[2] <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": split_qkv [", absl::StrJoin(o.split_qkv, ", "),
+                                                   "] must be three positive sizes"));
+  }
   const int64_t group = o.split_qkv[0] + o.split_qkv[1] + o.split_qkv[2];
   if (m.rows % group != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": split_qkv [", absl::StrJoin(o.split_qkv, ", "),

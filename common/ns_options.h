@@ -78,10 +78,17 @@ absl::StatusOr<std::vector<CoefficientTriple>> ParseCustomCoefficients(absl::str
 const std::vector<CoefficientTriple>& CoefficientTable(CoefficientType type);
 
 // Checks the shape-independent options. INVALID_ARGUMENT names the field (prefixed by `what`,
-// for example "matrix \"w1\" options") and says what to change.
+// for example "matrix \"w1\" options") and says what to change. The server runs it once per
+// matrix, where the matrix enters the process (server/plan/matrix_checks.h).
 absl::Status ValidateNsOptions(const NsOptions& options, const std::string& what);
 
-// Checks the options that depend on the 2-D view of the matrix (split_qkv divisibility).
+// How many times ValidateNsOptions has run in this process: tests count that a matrix is
+// validated once on its way.
+int64_t NsOptionsValidations();
+
+// Checks the options that depend on the 2-D view of the matrix (split_qkv divisibility; a
+// split_qkv that is not three positive sizes is refused too, so that the check is safe on
+// options that were not validated).
 absl::Status ValidateNsOptionsForShape(const NsOptions& options, Matrix2d matrix, const std::string& what);
 
 // One triple per step: the set's list followed by its tail rule (cycle, or repeat the last).

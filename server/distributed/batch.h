@@ -1,5 +1,6 @@
-// A batch: the matrices of one (group, step) as the fleet executes it, and the distributed
-// algorithms of docs/architecture.md that run it over a Backend and a Collective. No gRPC here.
+// A batch: the matrices of one (group, step) as the fleet executes it (their description is
+// server/plan/matrix_plan.h), and the distributed algorithms of docs/architecture.md that run it
+// over a Backend and a Collective. No gRPC here.
 //
 // Every fleet rank receives the same BatchPlan (from the coordinator log) and calls
 // ExecuteBatch with the blocks its own trainer ranks sent. The plan is a pure description, so
@@ -19,51 +20,17 @@
 #include "common/shape.h"
 #include "server/collective/collective.h"
 #include "server/engine/backend.h"
+#include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
 
-enum class Algorithm { kAuto, kRowSharded, kGathered, kTpDuplicated, kTpDistributed, kTpBlockwise };
-
-absl::string_view AlgorithmName(Algorithm algorithm);  // "auto", "row_sharded", ...
-absl::Status ParseAlgorithm(absl::string_view text, Algorithm* algorithm);
-
-// Where one trainer rank's block of a matrix lives.
-struct BlockPlacement {
-  int trainer_rank = 0;
-  int fleet_rank = 0;  // The collective rank holding the block: any rank (clients prefer FleetRankOfTrainer).
-  Block block;         // In the matrix's 2-D view; may be empty.
-};
-
-struct MatrixPlan {
-  std::string name;
-  std::vector<int64_t> shape;  // Global shape as sent (N-d allowed).
-  NdLayout layout = NdLayout::kFlatten;  // How `shape` is read as matrices.
-  Matrix2d view;               // ViewAs2d(shape, layout).
-  DType dtype = DType::kF32;   // Dtype of the blocks' bytes.
-  DType result_dtype = DType::kF32;
-  NsOptions options;
-  Algorithm algorithm = Algorithm::kAuto;
-  int partition_dim = 0;               // TP modes only: 0 or 1.
-  std::vector<BlockPlacement> blocks;  // One per trainer rank, ordered by trainer rank.
-  int owner = -1;                      // AUTO: the fleet rank that assembles it (AssignOwners).
-};
-
-struct BatchPlan {
-  int trainer_world = 1;  // W.
-  int fleet_world = 1;    // S.
-  std::vector<MatrixPlan> matrices;
-};
-
 // Per-matrix validation of a plan, identical on every rank. Returns one status per matrix, OK or
 // INVALID_ARGUMENT with a message that starts with `matrix "name"` and names the field:
-//  - "algorithm", "dtype", "result_dtype": known enum values;
-//  - "shape" (ViewAs2d) and "view" (must equal ViewAs2d(shape, layout));
-//  - "nd_layout": a batch of several matrices (BatchRows > 0) takes neither split_qkv nor
-//    TP_DISTRIBUTED or TP_BLOCKWISE (whose blocks are orthogonalized without the whole matrix);
-//  - "options": ValidateNsOptions and ValidateNsOptionsForShape (split_qkv divisibility of the
-//    whole matrix, and of every non-empty block for TP_BLOCKWISE and for TP_DISTRIBUTED with
-//    partition_dim 0, whose blocks are split locally);
-//  - "partition_dim": 0 or 1 for TP_DUPLICATED and TP_DISTRIBUTED (ignored otherwise);
+//  - unless the matrix is `checked` (it passed them where it entered this process), CheckMatrix
+//    (server/plan/matrix_checks.h): "algorithm", "dtype", "result_dtype", "view", "options",
+//    "nd_layout", "partition_dim";
+//  - "options" of the blocks: ValidateNsOptionsForShape of every non-empty block for
+//    TP_BLOCKWISE and for TP_DISTRIBUTED with partition_dim 0, whose blocks are split locally;
 //  - "owner": AUTO only, -1 (not assigned yet) or a fleet rank;
 //  - "blocks": one placement per trainer rank 0..W-1 in order, each on a fleet rank in [0, S) (any rank: the
 //    clients' spreading rule is a preference, not a requirement); the blocks inside the matrix and tiling it
@@ -73,29 +40,6 @@ struct BatchPlan {
 //    partition_dim spanning the other dim. A trainer rank whose chunk is empty may hold any empty block.
 // A plan-level error (trainer_world or fleet_world < 1) is reported for every matrix.
 std::vector<absl::Status> ValidatePlan(const BatchPlan& plan);
-
-// The "nd_layout" check of ValidatePlan on its own, for ingress: `what` starts the message.
-absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what);
-
-// The engine's batch_rows for `m` (BatchRows of its shape and layout).
-inline int64_t BatchRowsOf(const MatrixPlan& m) { return BatchRows(m.shape, m.layout); }
-
-// One sender's block of a matrix, as validated at ingress (server/fleet/spec_codec.h parses it
-// from the wire): the matrix and the block this sender holds.
-struct ParsedSpec {
-  MatrixPlan plan;          // Without placements.
-  Block block;              // The sender's block (the whole matrix for a lone client).
-  int64_t block_bytes = 0;  // block.numel() · ElementSize(plan.dtype).
-};
-
-// Empty when `a` and `b` describe the same computation (everything but placements and owner);
-// otherwise names the first field that differs, e.g. "options.steps (5 vs 6)".
-std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b);
-
-// The estimated compute cost of `m`: NsFlops of what the engine computes (Q, K and V separately
-// under split_qkv, each matrix of a batch) plus 2 per element for the normalization and scaling
-// passes, so that steps = 0 matrices still count; 0 for a matrix that will fail validation.
-double EstimatedCost(const MatrixPlan& m);
 
 // AUTO owner choice: matrices ordered by EstimatedCost, largest first (ties by index), each to the
 // least-loaded fleet rank (ties to the lowest rank). Sets MatrixPlan::owner for every AUTO

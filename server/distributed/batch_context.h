@@ -131,8 +131,4 @@ inline size_t OutBytes(const MatrixPlan& m, const Block& b) {
   return static_cast<size_t>(b.numel()) * ElementSize(m.result_dtype);
 }
 
-// NS FLOPs the engine spends on a rows × cols matrix with `options` (Q, K and V separately
-// under split_qkv; each matrix of a batch when batch_rows > 0, see MatrixJob).
-double EngineFlops(Matrix2d shape, const NsOptions& options, int64_t batch_rows = 0);
-
 }  // namespace orthoserve::distributed_internal

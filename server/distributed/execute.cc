@@ -20,20 +20,26 @@ absl::StatusOr<BatchResult> ExecuteBatch(const BatchPlan& plan, absl::Span<const
     return absl::InvalidArgumentError(
         absl::StrCat("collective rank ", collective.rank(), " outside a world of ", collective.world()));
   }
+  std::vector<absl::Status> statuses = ValidatePlan(plan);
   // A plan whose AUTO owners were not chosen yet gets them here: the choice is a deterministic
-  // function of the plan, so every rank makes the same one.
+  // function of the plan, so every rank makes the same one. The copy carries ValidatePlan's
+  // verdict, so that the owners' cost estimate does not check the matrices again.
   const BatchPlan* effective = &plan;
   BatchPlan with_owners;
   for (const MatrixPlan& m : plan.matrices) {
     if (m.algorithm == Algorithm::kAuto && m.owner == -1) {
       with_owners = plan;
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        if (statuses[i].ok()) with_owners.matrices[i].checked = true;
+      }
       AssignOwners(with_owners);
       effective = &with_owners;
       break;
     }
   }
 
-  BatchContext ctx(*effective, ValidatePlan(*effective), local, backend, collective, options);
+  // Owners chosen here are fleet ranks, which ValidatePlan accepts as it accepted -1.
+  BatchContext ctx(*effective, std::move(statuses), local, backend, collective, options);
   // Phases in a fixed order; within each, collective calls depend only on the plan.
   distributed_internal::RunTpBlockwise(ctx);
   RETURN_IF_ERROR(distributed_internal::RunAuto(ctx));

@@ -1,19 +1,11 @@
-// EstimatedCost and AssignOwners (batch.h): AUTO matrices to fleet ranks by estimated NS cost, largest first, each
+// AssignOwners (batch.h): AUTO matrices to fleet ranks by estimated NS cost, largest first, each
 // to the least-loaded rank — the longest-processing-time rule, deterministic for a given plan.
 #include <algorithm>
 #include <vector>
 
 #include "server/distributed/batch.h"
-#include "server/distributed/batch_context.h"
 
 namespace orthoserve {
-
-double EstimatedCost(const MatrixPlan& m) {
-  if (m.view.rows <= 0 || m.view.cols <= 0) return 0;
-  if (!ValidateNsOptions(m.options, "").ok() || !ValidateNsOptionsForShape(m.options, m.view, "").ok()) return 0;
-  if (!ValidateNdLayout(m, "").ok()) return 0;
-  return 2.0 * static_cast<double>(m.view.numel()) + distributed_internal::EngineFlops(m.view, m.options, BatchRowsOf(m));
-}
 
 void AssignOwners(BatchPlan& plan) {
   std::vector<size_t> order;

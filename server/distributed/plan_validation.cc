@@ -1,5 +1,6 @@
 // ValidatePlan (batch.h): per-matrix checks of a batch plan, a pure function of the plan so that
-// every fleet rank reaches the same verdicts.
+// every fleet rank reaches the same verdicts. The checks that do not depend on placements are
+// CheckMatrix (server/plan/matrix_checks.h), skipped for a plan that passed them already.
 #include <algorithm>
 #include <iterator>
 #include <map>
@@ -11,19 +12,13 @@
 #include "common/message_text.h"
 #include "common/status.h"
 #include "server/distributed/batch.h"
+#include "server/plan/matrix_checks.h"
 
 namespace orthoserve {
 namespace {
 
 // "(6, 4, 3)": the shape as Python prints a tuple, as in the seed's row-count message.
 std::string ShapeTuple(const std::vector<int64_t>& shape) { return absl::StrCat("(", ListText(shape), ")"); }
-
-bool ValidDType(DType dtype) { return static_cast<int>(dtype) >= 0 && static_cast<int>(dtype) <= 2; }
-
-bool ValidAlgorithm(Algorithm algorithm) {
-  return static_cast<int>(algorithm) >= static_cast<int>(Algorithm::kAuto) &&
-         static_cast<int>(algorithm) <= static_cast<int>(Algorithm::kTpBlockwise);
-}
 
 // Whether the blocks lie inside `m` and tile it exactly — CheckTiling's verdict when that is OK —
 // in O(n log n) for n blocks, O(n) for bands already in order (the torch.chunk shards of FSDP,
@@ -146,58 +141,14 @@ absl::Status CheckTpLayout(const MatrixPlan& m, int world, const std::string& wh
 
 }  // namespace
 
-absl::Status ValidateNdLayout(const MatrixPlan& m, const std::string& what) {
-  if (m.layout != NdLayout::kFlatten && m.layout != NdLayout::kBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " nd_layout: ", static_cast<int>(m.layout), " is not a known layout"));
-  }
-  const int64_t batch_rows = BatchRows(m.shape, m.layout);
-  if (batch_rows == 0) return absl::OkStatus();
-  const std::string matrices =
-      absl::StrCat(m.view.rows / batch_rows, " matrices of ", batch_rows, "x", m.view.cols, " (nd_layout batch of ",
-                   ShapeTuple(m.shape), ")");
-  if (!m.options.split_qkv.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " nd_layout: split_qkv applies to one matrix, not to ", matrices));
-  }
-  if (m.algorithm == Algorithm::kTpDistributed || m.algorithm == Algorithm::kTpBlockwise) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " nd_layout: ", AlgorithmName(m.algorithm),
-                                                   " orthogonalizes one matrix from its blocks, not ", matrices,
-                                                   "; use auto, row_sharded, gathered or tp_duplicated"));
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
   const std::string what = absl::StrCat("matrix \"", BoundedText(m.name), "\"");
   const int world = plan.trainer_world;
-  if (!ValidAlgorithm(m.algorithm)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " algorithm: ", static_cast<int>(m.algorithm), " is not a known algorithm"));
-  }
-  if (!ValidDType(m.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " dtype: ", static_cast<int>(m.dtype), " is not a dtype"));
-  }
-  if (!ValidDType(m.result_dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " result_dtype: ", static_cast<int>(m.result_dtype), " is not a dtype"));
-  }
-  ASSIGN_OR_RETURN(Matrix2d view, ViewAs2d(m.shape, absl::StrCat(what, " shape"), m.layout));
-  if (!(view == m.view)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " view: ", m.view.rows, "x", m.view.cols,
-                                                   " is not the 2-D view ", view.rows, "x", view.cols, " of shape ",
-                                                   ShapeTuple(m.shape)));
-  }
-  RETURN_IF_ERROR(ValidateNsOptions(m.options, absl::StrCat(what, " options")));
-  RETURN_IF_ERROR(ValidateNsOptionsForShape(m.options, view, absl::StrCat(what, " options")));
-  RETURN_IF_ERROR(ValidateNdLayout(m, what));
-  const bool tp_sharded = m.algorithm == Algorithm::kTpDuplicated || m.algorithm == Algorithm::kTpDistributed;
-  if (tp_sharded && m.partition_dim != 0 && m.partition_dim != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " partition_dim: ", m.partition_dim, " must be 0 or 1 for ", AlgorithmName(m.algorithm)));
-  }
+  // What does not depend on placements was checked once, where the plan entered this process
+  // (the public ingress), or is checked here (a plan from the wire).
+  if (!m.checked) RETURN_IF_ERROR(CheckMatrix(m, what));
   if (m.algorithm == Algorithm::kAuto && (m.owner < -1 || m.owner >= plan.fleet_world)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " owner: ", m.owner, " is not a fleet rank of a ", plan.fleet_world, "-rank fleet"));
@@ -226,7 +177,7 @@ absl::Status ValidateMatrix(const BatchPlan& plan, const MatrixPlan& m) {
     // preference, and a retry after a fleet change goes wherever a member is ready).
     blocks.push_back(p.block);
   }
-  if (!TilesExactly(view, blocks)) RETURN_IF_ERROR(CheckTiling(view, blocks, absl::StrCat(what, " blocks")));
+  if (!TilesExactly(m.view, blocks)) RETURN_IF_ERROR(CheckTiling(m.view, blocks, absl::StrCat(what, " blocks")));
 
   switch (m.algorithm) {
     case Algorithm::kRowSharded:

@@ -59,7 +59,8 @@ absl::Status CheckJob(const MatrixJob& job) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": scale_shape ", job.scale_shape.rows, "x",
                                                    job.scale_shape.cols, " must be positive"));
   }
-  RETURN_IF_ERROR(ValidateNsOptions(*job.options, absl::StrCat(what, " options")));
+  // The options were validated where the matrix entered the server (ValidateNsOptions, once):
+  // what is checked here are the shapes they are applied to.
   RETURN_IF_ERROR(ValidateNsOptionsForShape(*job.options, job.shape, absl::StrCat(what, " options")));
   if (!job.options->split_qkv.empty()) {
     RETURN_IF_ERROR(ValidateNsOptionsForShape(*job.options, job.scale_shape, absl::StrCat(what, " options")));
@@ -203,7 +204,6 @@ absl::Status OrthogonalizeSharded(Backend& backend, const std::string& name, Mat
   if (partition_dim != 0 && partition_dim != 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": partition_dim = ", partition_dim, " must be 0 or 1"));
   }
-  RETURN_IF_ERROR(ValidateNsOptions(options, absl::StrCat(what, " options")));
   RETURN_IF_ERROR(ValidateNsOptionsForShape(options, global, absl::StrCat(what, " options")));
   for (const NsShard& s : shards) {
     RETURN_IF_ERROR(ValidateNsOptionsForShape(options, s.shape, absl::StrCat(what, " shard options")));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/message_text.h"
+#include "server/distributed/batch.h"
 
 namespace orthoserve {
 uint64_t RandomNonZeroId() {

@@ -95,7 +95,7 @@
 #include "common/fair_queue.h"
 #include "common/shape.h"
 #include "common/status.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 #include "server/fleet/group_step.h"
 
 namespace orthoserve {

@@ -19,17 +19,10 @@
 #include "server/fleet/fleet_client.h"
 #include "server/fleet/fleet_codec.h"
 #include "server/fleet/fleet_service.h"
+#include "server/fleet/address.h"
 
 namespace orthoserve {
 namespace {
-
-// "host:port" or "[v6]:port" → host (brackets removed).
-std::string HostOf(const std::string& address) {
-  size_t colon = address.rfind(':');
-  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
-}
 
 bool IsWildcard(const std::string& host) { return host.empty() || host == "0.0.0.0" || host == "::"; }
 
@@ -283,40 +276,13 @@ void Fleet::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status&
   executor_->AbortStep(key, trainer_rank, reason, submission);
 }
 
-std::shared_ptr<const Fleet::LoneTarget> Fleet::PickLoneRank(double cost) {
-  auto target = std::make_unique<LoneTarget>();
-  target->rank = options_.rank;
+std::shared_ptr<const LoneTarget> Fleet::PickLoneRank(double cost) {
+  std::vector<Member> members;
   if (options_.world > 1 && executor_ != nullptr && !shutdown_.load()) {
-    const Executor::View view = executor_->view();
-    if (view.member && view.formed) {
-      std::lock_guard<std::mutex> lock(lone_->mu);
-      double best = lone_->outstanding[options_.rank];
-      for (const Member& m : view.members) {
-        if (m.rank == options_.rank || m.fleet_port == 0) continue;
-        const double load = lone_->outstanding[m.rank];
-        if (load < best || (load == best && !target->here() && m.rank < target->rank)) {
-          best = load;
-          target->rank = m.rank;
-          const std::string host = HostOf(m.address);
-          target->address = absl::StrCat(host.find(':') == std::string::npos ? host : absl::StrCat("[", host, "]"), ":",
-                                         m.fleet_port);
-        }
-      }
-    }
+    Executor::View view = executor_->view();
+    if (view.member && view.formed) members = std::move(view.members);
   }
-  std::shared_ptr<LoneLoad> load = lone_;
-  {
-    std::lock_guard<std::mutex> lock(load->mu);
-    load->outstanding[target->rank] += cost;
-  }
-  (target->here() ? load->here : load->forwarded).fetch_add(1);
-  return std::shared_ptr<const LoneTarget>(target.release(), [load, cost](const LoneTarget* t) {
-    {
-      std::lock_guard<std::mutex> lock(load->mu);
-      load->outstanding[t->rank] -= cost;
-    }
-    delete t;
-  });
+  return lone_.Pick(members, cost);
 }
 
 void Fleet::ComputeOnPeer(const LoneTarget& target, const PeerMatrix& matrix,

@@ -37,7 +37,9 @@
 #include "server/fleet/fleet_tls.h"
 #include "server/fleet/group_step.h"
 #include "server/fleet/log_source.h"
+#include "server/fleet/lone_placement.h"
 #include "server/fleet/peer.h"
+#include "server/fleet/step_fleet.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -48,7 +50,7 @@ struct FleetMemberInfo {
   bool ready = false;   // A member of the current generation.
 };
 
-class Fleet {
+class Fleet final : public StepFleet {
  public:
   struct Options {
     int rank = 0;                          // This rank, 0 <= rank < world.
@@ -85,25 +87,16 @@ class Fleet {
     FleetTlsOptions tls;
   };
 
-  // Where a lone client's matrix is computed (PickLoneRank): this rank, or a member's fleet
-  // address.
-  struct LoneTarget {
-    int rank = 0;
-    std::string address;  // The member's fleet HOST:PORT; empty for this rank.
-    bool here() const { return address.empty(); }
-  };
-
   // INVALID_ARGUMENT for inconsistent options (naming the flag), fleet TLS files included;
   // UNAVAILABLE when the fleet address cannot be bound. A one-rank fleet is formed when this
   // returns; a larger one forms in the background.
   static absl::StatusOr<std::unique_ptr<Fleet>> Create(const Options& options);
   ~Fleet();
 
-  int rank() const { return options_.rank; }
-  int world() const { return options_.world; }
-  // This rank is a member of a formed generation: it serves group steps (and lone clients
-  // through the fleet). When false it serves lone clients on its own.
-  bool ready() const;
+  // StepFleet.
+  int rank() const override { return options_.rank; }
+  int world() const override { return options_.world; }
+  bool ready() const override;
   // The generation this rank is in (0: none), and how many members it has.
   int64_t generation() const;
   size_t generation_size() const;
@@ -122,24 +115,20 @@ class Fleet {
   // where nobody else has read it yet).
   void SetLocalAddress(const std::string& address);
 
-  // See Executor::Submit / AbortStep.
-  void Submit(std::shared_ptr<TrainerStep> step, StepCallback done);
-  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission);
+  // StepFleet: through the executor (Executor::Submit / AbortStep).
+  void Submit(std::shared_ptr<TrainerStep> step, StepCallback done) override;
+  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) override;
   // Steps waiting in the executor.
   size_t waiting() const;
 
-  // Where to compute a lone client's matrix of estimated `cost` (EstimatedCost): on a formed
-  // fleet of S > 1, the member of the generation with the least estimated cost this rank has
-  // given it and not yet got back (ties to this rank, then the lowest rank); otherwise this rank.
-  // The cost is counted until the returned target is released.
-  std::shared_ptr<const LoneTarget> PickLoneRank(double cost);
-  // Has the member `target` (not here()) compute `matrix` (Peer service); `done` gets the result
-  // or the call's failure (UNAVAILABLE: the member is gone; compute it here then).
+  // StepFleet: on a formed fleet of S > 1, the member the LonePlacement policy picks among the
+  // generation's members; otherwise this rank. ComputeOnPeer calls the member's Peer service.
+  std::shared_ptr<const LoneTarget> PickLoneRank(double cost) override;
   void ComputeOnPeer(const LoneTarget& target, const PeerMatrix& matrix,
-                     std::function<void(absl::StatusOr<PeerResult>)> done);
+                     std::function<void(absl::StatusOr<PeerResult>)> done) override;
   // Lone matrices this rank has computed for itself and sent to peers since it started.
-  int64_t lone_here() const { return lone_->here.load(); }
-  int64_t lone_forwarded() const { return lone_->forwarded.load(); }
+  int64_t lone_here() const { return lone_.here(); }
+  int64_t lone_forwarded() const { return lone_.forwarded(); }
 
   // Graceful leave before shutdown (rolling update, node drain): see Executor::Leave. Rank 0
   // leaves the membership too, but goes on coordinating until it shuts down (it cannot hand
@@ -158,15 +147,7 @@ class Fleet {
   std::unique_ptr<FleetAccess> access_;  // Who may call the fleet port; outlives its services.
   std::shared_ptr<Store> store_;  // Shared with joins that may outlive a generation.
   std::unique_ptr<Coordinator> coordinator_;  // Rank 0 only.
-  // This rank's estimated cost outstanding on each member (PickLoneRank); shared with the
-  // targets handed out, which may outlive the fleet.
-  struct LoneLoad {
-    std::mutex mu;
-    std::map<int, double> outstanding;
-    std::atomic<int64_t> here{0};
-    std::atomic<int64_t> forwarded{0};
-  };
-  std::shared_ptr<LoneLoad> lone_ = std::make_shared<LoneLoad>();
+  LonePlacement lone_{options_.rank};
   std::unique_ptr<PeerClient> peers_;
   std::unique_ptr<grpc::Service> fleet_service_;
   std::unique_ptr<PeerService> peer_service_;

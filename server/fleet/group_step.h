@@ -10,7 +10,7 @@
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
 

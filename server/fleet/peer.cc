@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "proto/convert/grpc_status.h"
-#include "server/distributed/local_batch.h"
 #include "grpcpp/channel.h"
 #include "server/fleet/fleet_client.h"
+#include "server/fleet/lone_compute.h"
 #include "server/fleet/plan_codec.h"
 
 namespace orthoserve {
@@ -66,18 +66,11 @@ grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* cont
                        }
                        std::string out(static_cast<size_t>(spec.block.numel()) * ElementSize(spec.plan.result_dtype),
                                        '\0');
-                       absl::StatusOr<BatchResult> result = RunLocalBatch(
-                           {LocalMatrix{spec.plan, spec.block, request->data().data(), out.data()}}, *backend_);
-                       const absl::Status status = result.ok() ? result->matrices[0] : result.status();
-                       if (result.ok()) {
-                         response->set_compute_seconds(absl::ToDoubleSeconds(result->compute_time));
-                         response->set_flops(result->flops);
-                         if (metrics_ != nullptr) {
-                           metrics_->StageTime(Stage::kCompute, result->compute_time);
-                           metrics_->TenantCompute(request->tenant(), result->compute_time);
-                           metrics_->Flops(result->flops);
-                         }
-                       }
+                       const LoneComputation c = ComputeLoneMatrix(spec.plan, spec.block, request->data().data(),
+                                                                   out.data(), *backend_, metrics_, request->tenant());
+                       const absl::Status& status = c.status;
+                       response->set_compute_seconds(absl::ToDoubleSeconds(c.compute_time));
+                       response->set_flops(c.flops);
                        response->set_code(static_cast<int>(status.code()));
                        response->set_message(std::string(status.message()));
                        if (status.ok()) response->set_data(std::move(out));

@@ -19,31 +19,14 @@
 #include "absl/time/time.h"
 #include "common/fair_pool.h"
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 #include "server/engine/backend.h"
 #include "server/fleet/fleet_access.h"
 #include "server/fleet/fleet_tls.h"
+#include "server/fleet/step_fleet.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
-
-// A lone client's matrix to compute on a peer: the whole matrix (`block` is all of it). On the
-// wire, ComputeRequest's MatrixPlan (server/fleet/plan_codec.h) and the data.
-struct PeerMatrix {
-  std::string tenant;
-  std::string job;
-  MatrixPlan plan;  // Without placements.
-  Block block;
-  absl::string_view data;  // block.numel() elements of plan.dtype; read before Compute returns.
-};
-
-// The peer's answer: the matrix's status and, when OK, its result in plan.result_dtype.
-struct PeerResult {
-  absl::Status status;
-  std::string data;
-  absl::Duration compute_time;
-  double flops = 0;
-};
 
 // The Peer service of a member. Thread-safe; no thread is held while a matrix waits or computes.
 // With fleet TLS (`access` enforcing) it computes only for callers whose certificate names a

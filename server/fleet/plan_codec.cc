@@ -7,7 +7,7 @@
 #include "common/message_text.h"
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
-#include "server/fleet/spec_codec.h"
+#include "proto/convert/algorithm_proto.h"
 
 namespace orthoserve {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "orthoserve/fleet/v1/fleet.pb.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
 

@@ -5,9 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "common/message_text.h"
 #include "proto/convert/grpc_status.h"
-#include "server/fleet/spec_codec.h"
+#include "server/rpc/spec_codec.h"
 
 namespace orthoserve {
 namespace {

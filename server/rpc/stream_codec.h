@@ -14,8 +14,8 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "orthoserve/v1/orthogonalizer.pb.h"
 #include "proto/convert/raw_message.h"
-#include "server/distributed/batch.h"
-#include "server/fleet/spec_codec.h"
+#include "server/plan/matrix_plan.h"
+#include "server/rpc/spec_codec.h"
 #include "server/rpc/service_state.h"
 #include "server/step/step.h"
 

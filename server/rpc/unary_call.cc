@@ -12,7 +12,7 @@
 #include "proto/convert/grpc_status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "proto/convert/raw_message.h"
-#include "server/fleet/spec_codec.h"
+#include "server/rpc/spec_codec.h"
 #include "server/rpc/stream_codec.h"
 
 namespace orthoserve {

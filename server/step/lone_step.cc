@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "server/distributed/local_batch.h"
+#include "server/fleet/lone_compute.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
@@ -30,7 +30,7 @@ absl::Status LoneStep::Complete(int index) {
     job_ = request_.job.empty() ? absl::StrCat("step ", reinterpret_cast<uintptr_t>(this)) : request_.job;
   }
   Matrix& m = matrices_[index];  // On the reader's thread: the reference goes to the others.
-  std::shared_ptr<const Fleet::LoneTarget> target = s_.fleet->PickLoneRank(EstimatedCost(m.spec.plan));
+  std::shared_ptr<const LoneTarget> target = s_.fleet->PickLoneRank(m.spec.cost);
   s_.metrics->LoneMatrix(target->here() ? "here" : "peer");
   if (target->here()) {
     ComputeHere(index, m, std::move(target));
@@ -40,19 +40,19 @@ absl::Status LoneStep::Complete(int index) {
   return absl::OkStatus();
 }
 
-void LoneStep::ComputeHere(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target) {
+void LoneStep::ComputeHere(int index, Matrix& m, std::shared_ptr<const LoneTarget> target) {
   BeginWork();
   s_.metrics->queue_depth().Increment();
   const absl::Time queued = absl::Now();
   std::shared_ptr<StepBase> self = shared_from_this();
   Matrix* matrix = &m;
-  s_.compute->Schedule(request_.tenant, job_, EstimatedCost(m.spec.plan), [this, self, index, matrix, queued, target] {
+  s_.compute->Schedule(request_.tenant, job_, m.spec.cost, [this, self, index, matrix, queued, target] {
     Compute(index, *matrix, queued);
     EndWork();
   });
 }
 
-void LoneStep::Forward(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target) {
+void LoneStep::Forward(int index, Matrix& m, std::shared_ptr<const LoneTarget> target) {
   BeginWork();
   std::shared_ptr<StepBase> self = shared_from_this();
   const PeerMatrix matrix{request_.tenant, job_, m.spec.plan, m.spec.block,
@@ -88,22 +88,18 @@ void LoneStep::Compute(int index, Matrix& m, absl::Time queued) {
     return;
   }
   std::shared_ptr<PooledBuffer> out;
-  absl::StatusOr<BatchResult> result;
+  absl::Status status;
   absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer =
       s_.buffers->Get(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
   if (buffer.ok()) {
     out = *std::move(buffer);
-    result = RunLocalBatch({LocalMatrix{m.spec.plan, m.spec.block, m.input->data(), out->data()}}, *s_.backend);
+    status = ComputeLoneMatrix(m.spec.plan, m.spec.block, m.input->data(), out->data(), *s_.backend, s_.metrics,
+                               request_.tenant)
+                 .status;
   } else {
-    result = buffer.status();
+    status = buffer.status();
   }
   m.input.reset();  // The input is no longer needed.
-  const absl::Status status = result.ok() ? result->matrices[0] : result.status();
-  if (result.ok()) {
-    s_.metrics->StageTime(Stage::kCompute, result->compute_time);
-    s_.metrics->TenantCompute(request_.tenant, result->compute_time);
-    s_.metrics->Flops(result->flops);
-  }
   if (!status.ok()) out.reset();
   const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
   Deliver(index, m, status, data, std::move(out));

@@ -10,7 +10,7 @@ namespace orthoserve {
 
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink) {
-  Fleet& fleet = *services.fleet;
+  StepFleet& fleet = *services.fleet;
   // A lone client is pipelined on this rank; on a formed fleet of S > 1 its matrices spread over
   // the members as they arrive (LoneStep asks the fleet where each goes).
   if (request.world == 1) return std::make_shared<LoneStep>(services, std::move(request), std::move(sink));

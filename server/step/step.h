@@ -6,7 +6,7 @@
 // Two implementations behind one interface, chosen by OpenStep:
 //  - a lone step (W = 1) is pipelined: each matrix goes, as soon as its bytes are in, to this
 //    rank's compute queue or, on a formed fleet of S > 1, to the member the fleet picks
-//    (Fleet::PickLoneRank, the Peer service), and its result goes to the sink as soon as it is
+//    (StepFleet::PickLoneRank, the Peer service), and its result goes to the sink as soon as it is
 //    done, while later matrices still arrive. A matrix with a bad spec or data is answered
 //    in-band (its result carries the error) and the step goes on.
 //  - a group step (W > 1) is handed to the fleet once every matrix has arrived; results come
@@ -28,9 +28,9 @@
 #include "absl/types/span.h"
 #include "common/buffer_pool.h"
 #include "common/fair_pool.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 #include "server/engine/backend.h"
-#include "server/fleet/fleet.h"
+#include "server/fleet/step_fleet.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -61,7 +61,7 @@ struct StepRequest {
 
 // What a step needs of the server. None of the pointers is owned; all outlive every step.
 struct StepServices {
-  Fleet* fleet = nullptr;
+  StepFleet* fleet = nullptr;
   FairPool* compute = nullptr;
   Backend* backend = nullptr;
   BufferPool* buffers = nullptr;  // Lone steps' input and result buffers.

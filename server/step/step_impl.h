@@ -98,10 +98,10 @@ class LoneStep final : public StepBase {
   // Computes matrix `index` (`m`, matrices_[index]) here, in the compute queue; `target` (this
   // rank's load, or null for a matrix a peer could not compute) is held until done. Callable
   // from any thread.
-  void ComputeHere(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target);
+  void ComputeHere(int index, Matrix& m, std::shared_ptr<const LoneTarget> target);
   void Compute(int index, Matrix& m, absl::Time queued);
   // Has a peer compute matrix `index` (it is computed here if the peer cannot).
-  void Forward(int index, Matrix& m, std::shared_ptr<const Fleet::LoneTarget> target);
+  void Forward(int index, Matrix& m, std::shared_ptr<const LoneTarget> target);
   // Hands matrix `index`'s result to the sink.
   void Deliver(int index, const Matrix& m, const absl::Status& status, absl::string_view data,
                std::shared_ptr<const void> owner);

@@ -1,18 +1,12 @@
-// FirstSpecDifference of server/distributed/batch.h.
+// FirstSpecDifference of server/plan/matrix_plan.h.
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/message_text.h"
 #include "common/status.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
-namespace {
-
-// The modes whose partition_dim matters.
-bool IsTp(Algorithm a) { return a == Algorithm::kTpDuplicated || a == Algorithm::kTpDistributed; }
-
-}  // namespace
 
 std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
   if (a.name != b.name) return absl::StrCat("name (\"", BoundedText(a.name), "\" vs \"", BoundedText(b.name), "\")");
@@ -29,7 +23,7 @@ std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
   if (a.algorithm != b.algorithm) {
     return absl::StrCat("algorithm (", AlgorithmName(a.algorithm), " vs ", AlgorithmName(b.algorithm), ")");
   }
-  if (a.partition_dim != b.partition_dim && IsTp(a.algorithm)) {
+  if (a.partition_dim != b.partition_dim && IsTpSharded(a.algorithm)) {
     return absl::StrCat("partition_dim (", a.partition_dim, " vs ", b.partition_dim, ")");
   }
   const NsOptions& x = a.options;

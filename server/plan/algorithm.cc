@@ -1,7 +1,7 @@
-// Names of the distributed algorithms (batch.h): as used in requests, flags and messages.
+// Names of the distributed algorithms (server/plan/matrix_plan.h): as used in requests, flags and messages.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
 namespace {

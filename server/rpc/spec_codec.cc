@@ -1,47 +1,15 @@
-// Implementation of server/fleet/spec_codec.h.
-#include "server/fleet/spec_codec.h"
+// Implementation of server/rpc/spec_codec.h.
+#include "server/rpc/spec_codec.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/message_text.h"
 #include "common/status.h"
+#include "proto/convert/algorithm_proto.h"
 #include "proto/convert/ns_options_proto.h"
+#include "server/plan/matrix_checks.h"
 
 namespace orthoserve {
-namespace {
-
-bool IsTp(Algorithm a) {
-  return a == Algorithm::kTpDuplicated || a == Algorithm::kTpDistributed;
-}
-
-}  // namespace
-
-absl::StatusOr<Algorithm> AlgorithmFromProto(v1::Algorithm algorithm, const std::string& what) {
-  switch (algorithm) {
-    case v1::ALGORITHM_UNSPECIFIED:
-    case v1::ALGORITHM_AUTO: return Algorithm::kAuto;
-    case v1::ALGORITHM_ROW_SHARDED: return Algorithm::kRowSharded;
-    case v1::ALGORITHM_GATHERED: return Algorithm::kGathered;
-    case v1::ALGORITHM_TP_DUPLICATED: return Algorithm::kTpDuplicated;
-    case v1::ALGORITHM_TP_DISTRIBUTED: return Algorithm::kTpDistributed;
-    case v1::ALGORITHM_TP_BLOCKWISE: return Algorithm::kTpBlockwise;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": algorithm = ", static_cast<int>(algorithm), " is not a value this server knows"));
-  }
-}
-
-v1::Algorithm AlgorithmToProto(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kAuto: return v1::ALGORITHM_AUTO;
-    case Algorithm::kRowSharded: return v1::ALGORITHM_ROW_SHARDED;
-    case Algorithm::kGathered: return v1::ALGORITHM_GATHERED;
-    case Algorithm::kTpDuplicated: return v1::ALGORITHM_TP_DUPLICATED;
-    case Algorithm::kTpDistributed: return v1::ALGORITHM_TP_DISTRIBUTED;
-    case Algorithm::kTpBlockwise: return v1::ALGORITHM_TP_BLOCKWISE;
-  }
-  return v1::ALGORITHM_UNSPECIFIED;
-}
 
 absl::Status CheckSpecLimits(const v1::MatrixSpec& spec, int index, const SpecLimits& limits) {
   if (spec.name().size() > static_cast<size_t>(limits.max_name_bytes)) {
@@ -96,7 +64,7 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
   RETURN_IF_ERROR(ValidateNsOptionsForShape(plan.options, plan.view, options_what));
   ASSIGN_OR_RETURN(plan.algorithm, AlgorithmFromProto(spec.algorithm(), what));
   plan.partition_dim = spec.partition_dim();
-  if (IsTp(plan.algorithm) && plan.partition_dim != 0 && plan.partition_dim != 1) {
+  if (IsTpSharded(plan.algorithm) && plan.partition_dim != 0 && plan.partition_dim != 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": partition_dim = ", plan.partition_dim, " must be 0 or 1 for ",
                                                    AlgorithmName(plan.algorithm)));
   }
@@ -106,6 +74,9 @@ absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index
   parsed.block = unset && whole_if_unset ? WholeBlock(plan.view) : block;
   RETURN_IF_ERROR(CheckBlockInside(parsed.block, plan.view, absl::StrCat(what, " block")));
   parsed.block_bytes = parsed.block.numel() * static_cast<int64_t>(ElementSize(plan.dtype));
+  // Everything CheckMatrix checks has passed above: the plan carries the verdict, and its cost.
+  plan.checked = true;
+  parsed.cost = EstimatedCost(plan);
   return parsed;
 }
 

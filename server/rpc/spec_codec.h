@@ -1,6 +1,9 @@
-// Parsing and validation of the public API's MatrixSpecs (from clients, at ingress in server/rpc)
-// into the distributed layer's MatrixPlan. Ranks describe matrices to each other with the fleet's
-// own MatrixPlan message instead (server/fleet/plan_codec.h), which is not validated again.
+// The public ingress of a matrix: parsing and validation of the public API's MatrixSpecs (from
+// clients) into the plan vocabulary's ParsedSpec (server/plan/matrix_plan.h). This is where a
+// client's matrix is validated, once: the plan it makes is `checked`, and what comes after (cost,
+// owners, ValidatePlan, the engine) consumes that verdict. Ranks describe matrices to each other
+// with the fleet's own MatrixPlan message instead (server/fleet/wire/plan_codec.h), whose plans
+// ValidatePlan checks where they arrive.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/shape.h"
 #include "orthoserve/v1/orthogonalizer.pb.h"
-#include "server/distributed/batch.h"
+#include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
 
@@ -35,13 +38,8 @@ absl::Status CheckSpecLimits(const v1::MatrixSpec& spec, int index, const SpecLi
 // known, ranges valid, split_qkv divisibility), algorithm, partition_dim for the TP modes, the
 // block (inside the matrix). RESOURCE_EXHAUSTED when the matrix has more than
 // limits.max_elements elements. An all-zero block means the whole matrix when `whole_if_unset`
-// (lone clients), and an empty block otherwise.
+// (lone clients), and an empty block otherwise. The parsed plan is `checked`, its cost computed.
 absl::StatusOr<ParsedSpec> ParseMatrixSpec(const v1::MatrixSpec& spec, int index, const SpecLimits& limits,
                                            bool whole_if_unset);
-
-// The wire enum of an algorithm and back (shared with plan_codec); AlgorithmFromProto gives
-// INVALID_ARGUMENT naming `what` for a value this server does not know (UNSPECIFIED is AUTO).
-v1::Algorithm AlgorithmToProto(Algorithm algorithm);
-absl::StatusOr<Algorithm> AlgorithmFromProto(v1::Algorithm algorithm, const std::string& what);
 
 }  // namespace orthoserve

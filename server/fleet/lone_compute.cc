@@ -1,0 +1,27 @@
+// Implementation of server/fleet/lone_compute.h.
+#include "server/fleet/lone_compute.h"
+
+#include "server/distributed/local_batch.h"
+
+namespace orthoserve {
+
+LoneComputation ComputeLoneMatrix(const MatrixPlan& plan, const Block& block, const void* in, void* out,
+                                  Backend& backend, Metrics* metrics, const std::string& tenant) {
+  absl::StatusOr<BatchResult> result = RunLocalBatch({LocalMatrix{plan, block, in, out}}, backend);
+  LoneComputation c;
+  if (!result.ok()) {
+    c.status = result.status();
+    return c;
+  }
+  c.status = result->matrices[0];
+  c.compute_time = result->compute_time;
+  c.flops = result->flops;
+  if (metrics != nullptr) {
+    metrics->StageTime(Stage::kCompute, c.compute_time);
+    metrics->TenantCompute(tenant, c.compute_time);
+    metrics->Flops(c.flops);
+  }
+  return c;
+}
+
+}  // namespace orthoserve
