@@ -1,6 +1,7 @@
 // Implementation of common/dtype.h: bit-exact conversions without hardware half support.
 #include "common/dtype.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -164,7 +165,14 @@ void ConvertFromF32(DType dtype, const float* src, size_t count, void* dst) {
   }
 }
 
+namespace {
+std::atomic<int64_t> scanned_elements{0};
+}  // namespace
+
+int64_t NonFiniteScannedElements() { return scanned_elements.load(std::memory_order_relaxed); }
+
 int64_t FindNonFinite(DType dtype, const void* data, size_t count) {
+  scanned_elements.fetch_add(static_cast<int64_t>(count), std::memory_order_relaxed);
   switch (dtype) {
     case DType::kF32: return FindAllOnes<uint32_t>(data, count, 0x7f800000u);
     case DType::kBF16: return FindAllOnes<uint16_t>(data, count, 0x7f80u);

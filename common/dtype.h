@@ -44,4 +44,8 @@ void ConvertFromF32(DType dtype, const float* src, size_t count, void* dst);
 // finite.
 int64_t FindNonFinite(DType dtype, const void* data, size_t count);
 
+// Elements FindNonFinite has looked at in this process: tests count that an input is scanned
+// once on its way.
+int64_t NonFiniteScannedElements();
+
 }  // namespace orthoserve

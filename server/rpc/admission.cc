@@ -32,7 +32,7 @@ absl::Status Admission::AdmitCall(const std::string& tenant) {
   const double limit = options_.max_tenant_calls_per_second;
   if (!(limit > 0)) return absl::OkStatus();
   const absl::Time now = absl::Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::deque<absl::Time>& calls = tenant_calls_[tenant];
   while (!calls.empty() && now - calls.front() >= absl::Seconds(1)) calls.pop_front();
   if (static_cast<double>(calls.size()) + 1 > limit) {
@@ -57,7 +57,7 @@ absl::Status Admission::AdmitCall(const std::string& tenant) {
 }
 
 absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (streams_ >= options_.max_concurrent_streams) {
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "concurrent_streams");
     return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", streams_, " streams, its limit of ",
@@ -82,7 +82,7 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& te
 }
 
 absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Short shortage;
   return TryAddLocked(ticket, tenant, bytes, what, /*refuse=*/true, &shortage);
 }
@@ -126,7 +126,7 @@ uint64_t Admission::AddBytesWhenAvailable(Ticket* ticket, const std::string& ten
                                           std::function<void(absl::Status)> done) {
   absl::Status status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (bytes > options_.max_inflight_bytes) {
       if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "inflight_bytes");
       status = absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes, more than the server's ",
@@ -163,7 +163,7 @@ absl::Status Admission::Resize(Ticket& ticket, const std::string& tenant, int64_
 }
 
 bool Admission::CancelWait(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
     if (it->id == id) {
       waiters_.erase(it);
@@ -174,7 +174,7 @@ bool Admission::CancelWait(uint64_t id) {
 }
 
 size_t Admission::waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return waiters_.size();
 }
 
@@ -191,7 +191,7 @@ void Admission::DrainWaitersLocked(std::vector<std::pair<std::function<void(absl
 
 void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ready;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (stream) {
     --streams_;
     auto it = tenant_streams_.find(tenant);
@@ -209,7 +209,7 @@ void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
     }
     DrainWaitersLocked(ready);
   }
-  lock.unlock();
+  lock.Release();
   for (auto& [done, status] : ready) done(std::move(status));
 }
 
@@ -220,7 +220,7 @@ int64_t Admission::LargestTenantBytesLocked() const {
 }
 
 int64_t Admission::inflight_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return bytes_;
 }
 

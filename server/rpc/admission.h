@@ -6,13 +6,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/metrics/metrics.h"
 
@@ -90,26 +91,27 @@ class Admission {
   // Adds `bytes` to `ticket` if both limits allow; otherwise says which is short and, with
   // `refuse`, counts the refusal and returns its RESOURCE_EXHAUSTED. Requires mu_.
   absl::Status TryAddLocked(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what,
-                            bool refuse, Short* shortage);
+                            bool refuse, Short* shortage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants (or refuses, for their tenant's limit) the waiters at the head of the queue that
   // fit; their callbacks go to `ready`. Requires mu_.
-  void DrainWaitersLocked(std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>& ready);
+  void DrainWaitersLocked(std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Return(const std::string& tenant, int64_t bytes, bool stream);
   // The most bytes any tenant holds (for the tenant gauge with labels off). Requires mu_.
-  int64_t LargestTenantBytesLocked() const;
+  int64_t LargestTenantBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   Metrics* metrics_;  // Optional.
-  mutable std::mutex mu_;
-  int64_t bytes_ = 0;
-  int streams_ = 0;
-  absl::flat_hash_map<std::string, int64_t> tenant_bytes_;
-  absl::flat_hash_map<std::string, int> tenant_streams_;
+  mutable absl::Mutex mu_;
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int64_t> tenant_bytes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> tenant_streams_ ABSL_GUARDED_BY(mu_);
   // Start times of each tenant's calls within the last second (with a call-rate limit only).
-  absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_;
-  absl::Time calls_swept_ = absl::InfinitePast();  // When tenant_calls_ was last swept.
-  std::deque<Waiter> waiters_;
-  uint64_t next_wait_id_ = 1;
+  absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_ ABSL_GUARDED_BY(mu_);
+  absl::Time calls_swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // When tenant_calls_ was last swept.
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace orthoserve

@@ -13,16 +13,15 @@ ProgressWatchdog::ProgressWatchdog(absl::Duration timeout) : timeout_(timeout) {
 
 ProgressWatchdog::~ProgressWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;  // Wakes the loop's wait (its condition).
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 uint64_t ProgressWatchdog::Register(std::weak_ptr<Call> call) {
   if (timeout_ <= absl::ZeroDuration()) return 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   calls_.emplace(id, std::move(call));
   return id;
@@ -30,7 +29,7 @@ uint64_t ProgressWatchdog::Register(std::weak_ptr<Call> call) {
 
 void ProgressWatchdog::Unregister(uint64_t id) {
   if (id == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   calls_.erase(id);
 }
 
@@ -40,8 +39,8 @@ void ProgressWatchdog::Loop() {
   for (;;) {
     std::vector<std::pair<uint64_t, std::shared_ptr<Call>>> live;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(period), [this] { return stopping_; });
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
       if (stopping_) return;
       live.reserve(calls_.size());
       for (auto it = calls_.begin(); it != calls_.end();) {
@@ -60,7 +59,7 @@ void ProgressWatchdog::Loop() {
       const absl::Time since = call->stalled_since();
       if (since == absl::InfiniteFuture() || now - since < timeout_) continue;
       expired.emplace_back(std::move(call), now - since);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       calls_.erase(id);  // Timed out once only.
     }
     live.clear();

@@ -6,13 +6,13 @@
 // timeout. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace orthoserve {
@@ -44,11 +44,10 @@ class ProgressWatchdog {
   void Loop();
 
   const absl::Duration timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  uint64_t next_id_ = 1;
-  absl::flat_hash_map<uint64_t, std::weak_ptr<Call>> calls_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::weak_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

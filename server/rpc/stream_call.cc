@@ -51,7 +51,7 @@ absl::Status StreamCall::Admit() {
 
 void StreamCall::ReadNext() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     reading_ = true;
     reading_since_ = absl::Now();
   }
@@ -60,7 +60,7 @@ void StreamCall::ReadNext() {
 
 void StreamCall::OnReadDone(bool ok) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     reading_ = false;
   }
   if (!ok) {
@@ -78,7 +78,7 @@ bool StreamCall::Handle() {
   const v1::StreamRequest& message = request_.message;
   std::shared_ptr<Step> step;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step = step_;
   }
   if (step == nullptr) return OnHeader();
@@ -119,9 +119,10 @@ bool StreamCall::OnHeader() {
     RequestFinish(step.status(), step.status().code() == absl::StatusCode::kUnavailable);
     return false;
   }
+  reader_step_ = *step;
   bool cancelled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step_ = *step;
     cancelled = cancelled_;
   }
@@ -157,7 +158,7 @@ bool StreamCall::OnSpec(const v1::MatrixSpec& spec) {
       return false;
     }
   }
-  return step_->AddMatrix(std::move(parsed), spec.name(), std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
+  return reader_step_->AddMatrix(std::move(parsed), spec.name(), std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
 }
 
 bool StreamCall::OnChunk(int index) {
@@ -170,14 +171,14 @@ bool StreamCall::OnChunk(int index) {
   }
   s_.metrics->BytesIn(kMethod, static_cast<double>(size));  // Received, even when the step skips it.
   s_.metrics->TenantBytes(tenant_, "in", static_cast<double>(size));
-  return step_->AddData(index, request_.chunk_data);
+  return reader_step_->AddData(index, request_.chunk_data);
 }
 
 void StreamCall::InputEnded() {
   std::shared_ptr<Step> step;
   bool cancelled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step = step_;
     cancelled = cancelled_;
   }
@@ -193,7 +194,7 @@ void StreamCall::InputEnded() {
 void StreamCall::OnCancel() {
   std::shared_ptr<Step> step;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cancelled_ = true;
     step = step_;
   }
@@ -207,7 +208,7 @@ void StreamCall::OnCancel() {
 void StreamCall::Fail(absl::Status status) {
   std::shared_ptr<Step> step;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step = step_;
   }
   if (step != nullptr) {
@@ -222,7 +223,7 @@ void StreamCall::Result(int index, const MatrixPlan& plan, const Block& block, c
   std::vector<grpc::ByteBuffer> messages =
       ResultResponses(index, plan, block, status, data, owner, result_chunk_bytes_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     (status.ok() ? results_ok_ : results_failed_)++;
   }
   Enqueue(std::move(messages), status.ok() ? static_cast<double>(data.size()) : 0);
@@ -233,7 +234,7 @@ void StreamCall::Finished(StepEnd end) {
     int ok;
     int failed;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ok = results_ok_;
       failed = results_failed_;
     }
@@ -247,8 +248,8 @@ void StreamCall::Finished(StepEnd end) {
 void StreamCall::Enqueue(std::vector<grpc::ByteBuffer> messages, double data_bytes) {
   const grpc::ByteBuffer* next = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_ || finish_wanted_) return;  // Nobody will read it.
+    absl::MutexLock lock(&mu_);
+    if (output_ != Output::kOpen) return;  // Nobody will read it.
     for (size_t i = 0; i < messages.size(); ++i) {
       // A result's bytes are counted with its last message.
       queue_.push_back(Out{std::move(messages[i]), i + 1 == messages.size() ? data_bytes : 0});
@@ -268,19 +269,22 @@ void StreamCall::OnWriteDone(bool ok) {
   bool finish = false;
   double data_bytes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     data_bytes = queue_.front().data_bytes;
     queue_.pop_front();
     write_progress_ = absl::Now();
     if (!ok) {
-      broken_ = true;
+      if (output_ == Output::kOpen) output_ = Output::kBroken;
       queue_.clear();  // The client is gone: the results' buffers are released.
     }
     if (!queue_.empty()) {
       next = &queue_.front().message;
     } else {
       writing_ = false;
-      if (finish_wanted_ && !finish_started_) finish = finish_started_ = true;
+      if (output_ == Output::kFinishing) {
+        output_ = Output::kFinished;
+        finish = true;
+      }
     }
   }
   if (ok && data_bytes > 0) {
@@ -297,26 +301,29 @@ void StreamCall::OnWriteDone(bool ok) {
 void StreamCall::RequestFinish(absl::Status status, bool retryable) {
   bool finish = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finish_wanted_) return;
-    finish_wanted_ = true;
+    absl::MutexLock lock(&mu_);
+    if (output_ == Output::kFinishing || output_ == Output::kFinished) return;
+    output_ = Output::kFinishing;
     finish_status_ = std::move(status);
     finish_retryable_ = retryable;
-    if (!writing_) finish = finish_started_ = true;
+    if (!writing_) {
+      output_ = Output::kFinished;
+      finish = true;
+    }
   }
   if (finish) DoFinish();
 }
 
 void StreamCall::DoFinish() {
-  // finish_status_ is no longer written once finish_started_ is set.
+  // finish_status_ is no longer written once output_ is kFinished.
   if (!finish_status_.ok() && finish_retryable_) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
   if (!finish_status_.ok()) VLOG("rpc", 1) << "stream failed: " << finish_status_;
   Finish(ToGrpcStatus(finish_status_));
 }
 
 absl::Time StreamCall::stalled_since() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (finish_started_) return absl::InfiniteFuture();
+  absl::MutexLock lock(&mu_);
+  if (output_ == Output::kFinished) return absl::InfiniteFuture();
   if (writing_) return write_progress_;
   if (reading_) return reading_since_;
   return absl::InfiniteFuture();  // Waiting on the server (compute, the fleet).
@@ -325,7 +332,7 @@ absl::Time StreamCall::stalled_since() const {
 void StreamCall::ProgressTimedOut(absl::Duration stalled) {
   bool writing;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     writing = writing_;
   }
   const absl::Duration limit = s_.watchdog.timeout();
@@ -350,9 +357,10 @@ void StreamCall::OnDone() {
   s_.metrics->RequestDone(kMethod, CodeName(finish_status_.code()), absl::Now() - start_);
   stream_slot_.Release();
   bytes_.Release();
+  reader_step_.reset();  // No read runs any more.
   std::shared_ptr<StreamCall> self;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step_.reset();  // The step's work in flight keeps its sink (this call) alive until it ends.
     self = std::move(self_);
   }

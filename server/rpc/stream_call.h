@@ -12,10 +12,11 @@
 
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
@@ -69,7 +70,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   void Fail(absl::Status status);
   void Enqueue(std::vector<grpc::ByteBuffer> messages, double data_bytes);
   // Finishes the call with `status` once everything queued is written (at once if the stream broke).
-  void RequestFinish(absl::Status status, bool retryable = false);
+  void RequestFinish(absl::Status status, bool retryable = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // Finishes the call with finish_status_ (output_ is kFinished).
   void DoFinish();
 
   ServiceState& s_;
@@ -80,7 +82,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   std::shared_ptr<StreamCall> self_;  // gRPC's hold, until OnDone.
   uint64_t watch_id_ = 0;
 
-  // Reader's state (one read at a time).
+  // Reader's state (one read at a time; gRPC orders the reads and the reader's callbacks).
   StreamRequestView request_;
   std::string tenant_;
   int world_ = 1;
@@ -88,20 +90,27 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   int64_t result_chunk_bytes_ = kDefaultResultChunkBytes;
   Admission::Ticket stream_slot_;
   Admission::Ticket bytes_;
+  std::shared_ptr<Step> reader_step_;  // The reader's own reference to step_.
 
-  mutable std::mutex mu_;
-  std::shared_ptr<Step> step_;
-  bool cancelled_ = false;
-  bool reading_ = false;  // A read is outstanding while the step still wants input.
-  absl::Time reading_since_;
-  std::deque<Out> queue_;  // queue_.front() is being written while writing_.
-  bool writing_ = false;
-  absl::Time write_progress_;  // The last write started or done.
-  bool broken_ = false;        // A write failed: the client is gone.
-  int results_ok_ = 0;
-  int results_failed_ = 0;
-  bool finish_wanted_ = false;
-  bool finish_started_ = false;
+  // The write side of the call, in order: results are queued and written one at a time while
+  // kOpen; kBroken when a write failed (the client is gone: nothing more is queued); kFinishing
+  // once the finish is wanted (what is queued is written first); kFinished once Finish is called
+  // (finish_status_ is no longer written).
+  enum class Output { kOpen, kBroken, kFinishing, kFinished };
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Step> step_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // A read is outstanding while the step still wants input.
+  absl::Time reading_since_ ABSL_GUARDED_BY(mu_);
+  Output output_ ABSL_GUARDED_BY(mu_) = Output::kOpen;
+  std::deque<Out> queue_ ABSL_GUARDED_BY(mu_);  // queue_.front() is being written while writing_.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time write_progress_ ABSL_GUARDED_BY(mu_);  // The last write started or done.
+  int results_ok_ ABSL_GUARDED_BY(mu_) = 0;
+  int results_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  // How the call finishes: set when output_ becomes kFinishing, read (without the lock) once it
+  // is kFinished, when nothing writes them any more.
   absl::Status finish_status_;
   bool finish_retryable_ = false;
 };

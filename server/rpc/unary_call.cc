@@ -2,7 +2,6 @@
 #include "server/rpc/unary_call.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,34 +18,6 @@ namespace orthoserve {
 namespace {
 
 constexpr char kMethod[] = "Orthogonalize";
-
-// The index of the first NaN or Inf among the elements of `dtype` held by `pieces` in order (an
-// element may straddle two pieces), or -1.
-int64_t FirstNonFinite(DType dtype, const std::vector<absl::string_view>& pieces) {
-  const size_t elem = ElementSize(dtype);
-  char carry[8];
-  size_t carried = 0;
-  int64_t index = 0;  // Of the next whole element.
-  for (absl::string_view piece : pieces) {
-    if (carried > 0) {  // Complete the element the previous piece began.
-      const size_t take = std::min(elem - carried, piece.size());
-      std::memcpy(carry + carried, piece.data(), take);
-      carried += take;
-      piece.remove_prefix(take);
-      if (carried < elem) continue;
-      if (FindNonFinite(dtype, carry, 1) >= 0) return index;
-      ++index;
-      carried = 0;
-    }
-    const size_t whole = piece.size() / elem;
-    const int64_t bad = FindNonFinite(dtype, piece.data(), whole);
-    if (bad >= 0) return index + bad;
-    index += static_cast<int64_t>(whole);
-    carried = piece.size() - whole * elem;
-    std::memcpy(carry, piece.data() + whole * elem, carried);
-  }
-  return -1;
-}
 
 }  // namespace
 
@@ -98,7 +69,7 @@ void UnaryCall::Begin() {
       });
   bool cancel = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     wait_id_ = id;
     cancel = cancelled_ && id != 0;
   }
@@ -108,7 +79,7 @@ void UnaryCall::Begin() {
 
 void UnaryCall::OnReserved(absl::Status status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     wait_id_ = 0;
     if (status.ok() && cancelled_) status = absl::CancelledError("the client cancelled the call");
   }
@@ -145,8 +116,10 @@ absl::Status UnaryCall::Run() {
                                                    s_.options.max_matrices_per_step,
                                                    " are accepted per call (--max-matrices-per-step)"));
   }
-  // Validate everything (sizes before any allocation), then admit the bytes (data and metadata),
-  // then compute. The request itself is within the reservation already.
+  // Parse and check every spec (sizes before any allocation), then admit the bytes (data and
+  // metadata), then hand the matrices to an all-or-nothing step, which checks each one's data
+  // (length, NaN and Inf) as it copies it and computes nothing unless all pass. The request
+  // itself is within the reservation already.
   const SpecLimits limits = SpecLimitsOf(s_.options);
   std::vector<ParsedSpec> parsed;
   int64_t bytes = 0;
@@ -167,17 +140,6 @@ absl::Status UnaryCall::Run() {
       return absl::InvalidArgumentError(absl::StrCat(what, " block: a unary call carries whole matrices; send blocks "
                                                            "of a group through OrthogonalizeStream"));
     }
-    if (m.data_bytes != p.block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " data has ", m.data_bytes, " bytes; a ", p.plan.view.rows,
-                                                     "x", p.plan.view.cols, " ", DTypeName(p.plan.dtype),
-                                                     " matrix has ", p.block_bytes));
-    }
-    const int64_t bad = FirstNonFinite(p.plan.dtype, m.data);
-    if (bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " data holds a non-finite value (NaN or Inf) at element ",
-                                                     bad, " (row ", bad / p.plan.view.cols, ", col ",
-                                                     bad % p.plan.view.cols, ")"));
-    }
     const int64_t result_bytes = p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
     out_bytes += result_bytes;
     bytes += SpecMetadataBytes(spec) + p.block_bytes + result_bytes;
@@ -196,11 +158,15 @@ absl::Status UnaryCall::Run() {
   StepRequest step_request;
   step_request.tenant = tenant_;
   step_request.num_matrices = n;
-  slots_.resize(static_cast<size_t>(n));
+  step_request.all_or_nothing = true;
+  {
+    absl::MutexLock lock(&mu_);
+    slots_.resize(static_cast<size_t>(n));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Step> step, OpenStep(services_, std::move(step_request), shared_from_this()));
   bool cancelled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step_ = step;
     cancelled = cancelled_;
   }
@@ -223,7 +189,7 @@ absl::Status UnaryCall::Run() {
 
 void UnaryCall::Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
                        absl::string_view data, std::shared_ptr<const void> owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Slot& slot = slots_[static_cast<size_t>(index)];
   slot.status = status;
   slot.plan = plan;
@@ -239,7 +205,7 @@ void UnaryCall::Finished(StepEnd end) {
   }
   std::vector<Slot> slots;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     slots.swap(slots_);
   }
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -271,7 +237,7 @@ void UnaryCall::Finished(StepEnd end) {
 
 void UnaryCall::End(absl::Status status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (ended_) return;
     ended_ = true;
   }
@@ -287,7 +253,7 @@ void UnaryCall::OnCancel() {
   std::shared_ptr<Step> step;
   uint64_t wait = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cancelled_ = true;
     step = step_;
     wait = wait_id_;
@@ -307,7 +273,7 @@ void UnaryCall::OnDone() {
   bytes_.Release();
   std::shared_ptr<UnaryCall> self;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     step_.reset();
     self = std::move(self_);
   }

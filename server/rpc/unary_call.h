@@ -13,10 +13,11 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/convert/chunk_wire.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -75,13 +76,13 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   std::string tenant_;
   Admission::Ticket bytes_;
 
-  std::mutex mu_;
-  std::shared_ptr<Step> step_;
-  uint64_t wait_id_ = 0;  // The body's reservation while it waits.
-  bool cancelled_ = false;
-  bool ended_ = false;
-  std::vector<Slot> slots_;
-  absl::Status status_;  // How the call ended (metrics).
+  absl::Mutex mu_;
+  std::shared_ptr<Step> step_ ABSL_GUARDED_BY(mu_);
+  uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;  // The body's reservation while it waits.
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_;  // How the call ended (metrics): written once, by the End that ends it, before Finish.
 };
 
 }  // namespace orthoserve

@@ -19,7 +19,7 @@ absl::StatusOr<char*> FleetStep::Destination(Matrix& m) {
 
 void FleetStep::Fail(absl::Status status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // Before the fleet has it, the other ranks learn of the failure here rather than at their
     // rendezvous timeout; once submitted, the fleet aborts the step itself.
     if (!submitted_ && !finishing()) s_.fleet->AbortStep(key_, request_.rank, status, /*submission=*/0);
@@ -45,7 +45,7 @@ void FleetStep::InputEnded() {
     step->inputs.push_back(std::move(m.group_input));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     submitted_ = true;
     waiting_ = true;
   }
@@ -56,7 +56,7 @@ void FleetStep::InputEnded() {
   bool cancel;
   bool draining;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     submission_ = step->submission;  // Set by Submit.
     submission_known_ = true;
     cancel = cancel_deferred_;
@@ -69,7 +69,7 @@ void FleetStep::Cancel(bool draining) {
   bool abort = false;
   uint64_t submission = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (finishing()) return;
     if (waiting_ && !submission_known_) {
       // Submit has not returned yet: the abort needs the submission it assigns.
@@ -102,7 +102,7 @@ void FleetStep::Cancel(bool draining) {
 
 void FleetStep::OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!waiting_) return;  // Cancelled meanwhile: nobody waits for it.
     waiting_ = false;
   }

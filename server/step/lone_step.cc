@@ -11,6 +11,7 @@
 namespace orthoserve {
 
 absl::Status LoneStep::Reject(int index, absl::Status status) {
+  if (request_.all_or_nothing) return status;  // Fails the step.
   Matrix& m = matrices_[index];
   m.failed = true;
   m.input.reset();
@@ -26,6 +27,15 @@ absl::StatusOr<char*> LoneStep::Destination(Matrix& m) {
 }
 
 absl::Status LoneStep::Complete(int index) {
+  if (request_.all_or_nothing) {
+    held_.push_back(index);  // Computed once every matrix has arrived whole (InputEnded).
+  } else {
+    Place(index);
+  }
+  return absl::OkStatus();
+}
+
+void LoneStep::Place(int index) {
   if (job_.empty()) {
     job_ = request_.job.empty() ? absl::StrCat("step ", reinterpret_cast<uintptr_t>(this)) : request_.job;
   }
@@ -37,7 +47,6 @@ absl::Status LoneStep::Complete(int index) {
   } else {
     Forward(index, m, std::move(target));
   }
-  return absl::OkStatus();
 }
 
 void LoneStep::ComputeHere(int index, Matrix& m, std::shared_ptr<const LoneTarget> target) {
@@ -112,7 +121,11 @@ void LoneStep::Deliver(int index, const Matrix& m, const absl::Status& status, a
   sink_->Result(index, m.spec.plan, m.spec.block, status, data, std::move(owner));
 }
 
-void LoneStep::InputEnded() { FinishWhenIdle(StepEnd{}); }
+void LoneStep::InputEnded() {
+  for (int index : held_) Place(index);
+  held_.clear();
+  FinishWhenIdle(StepEnd{});
+}
 
 void LoneStep::Cancel(bool draining) {
   cancelled_.store(true);

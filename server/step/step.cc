@@ -130,36 +130,44 @@ absl::Status StepBase::CheckWhole() const {
   if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
     return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": the step ended after ",
-                                                   m.receiver.received(), " of its ", m.spec.block_bytes, " bytes"));
+                                                   m.receiver.received(), " of its ", m.spec.block_bytes,
+                                                   " bytes (block ", m.spec.block.rows, "x", m.spec.block.cols, " of ",
+                                                   DTypeName(m.spec.plan.dtype), ")"));
   }
   return absl::OkStatus();
 }
 
 void StepBase::BeginWork() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++work_;
 }
 
 void StepBase::EndWork() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   --work_;
-  MaybeFinishLocked(lock);
+  MaybeFinishAndUnlock();
 }
 
 void StepBase::FinishWhenIdle(StepEnd end) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (end_set_) return;
+  mu_.Lock();
+  if (end_set_) {
+    mu_.Unlock();
+    return;
+  }
   end_set_ = true;
   end_ = std::move(end);
   finishing_.store(true);
-  MaybeFinishLocked(lock);
+  MaybeFinishAndUnlock();
 }
 
-void StepBase::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
-  if (!end_set_ || work_ > 0 || finished_) return;
+void StepBase::MaybeFinishAndUnlock() {
+  if (!end_set_ || work_ > 0 || finished_) {
+    mu_.Unlock();
+    return;
+  }
   finished_ = true;
   StepEnd end = std::move(end_);
-  lock.unlock();
+  mu_.Unlock();
   sink_->Finished(std::move(end));
 }
 

@@ -8,7 +8,9 @@
 //    rank's compute queue or, on a formed fleet of S > 1, to the member the fleet picks
 //    (StepFleet::PickLoneRank, the Peer service), and its result goes to the sink as soon as it is
 //    done, while later matrices still arrive. A matrix with a bad spec or data is answered
-//    in-band (its result carries the error) and the step goes on.
+//    in-band (its result carries the error) and the step goes on — unless the step is all or
+//    nothing (StepRequest::all_or_nothing, a unary call), which computes nothing until every
+//    matrix arrived whole and fails as a whole on the first bad one.
 //  - a group step (W > 1) is handed to the fleet once every matrix has arrived; results come
 //    back after its batch ran. Any bad input fails the whole step, on every rank (the others are
 //    told at once, not at their rendezvous timeout).
@@ -57,6 +59,10 @@ struct StepRequest {
   int attempt = 0;    // The client's attempt number.
   int num_matrices = 1;
   std::string run;    // The trainers' run (StepHeader.run_id); group steps only.
+  // All or nothing (a unary call; lone steps only): every matrix is checked as it arrives (its
+  // spec, its data's length, NaN and Inf) and none is computed before all have arrived whole;
+  // the first that fails fails the whole step (no in-band answers).
+  bool all_or_nothing = false;
 };
 
 // What a step needs of the server. None of the pointers is owned; all outlive every step.

@@ -6,10 +6,11 @@
 #include <atomic>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/step/block_receiver.h"
 #include "server/step/step.h"
@@ -71,15 +72,17 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   absl::Status CheckWhole() const;
   // Runs Complete, or Reject for a block holding NaN or Inf.
   absl::Status Completed(int index);
-  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
+  // Hands the end to the sink once it is set and no work is in progress (once); releases mu_
+  // before the sink runs.
+  void MaybeFinishAndUnlock() ABSL_UNLOCK_FUNCTION(mu_);
 
   int current_ = -1;  // The matrix whose bytes are arriving (reader only).
   std::atomic<bool> finishing_{false};
-  std::mutex mu_;
-  int work_ = 0;
-  bool end_set_ = false;
-  StepEnd end_;
-  bool finished_ = false;
+  absl::Mutex mu_;
+  int work_ ABSL_GUARDED_BY(mu_) = 0;
+  bool end_set_ ABSL_GUARDED_BY(mu_) = false;
+  StepEnd end_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // A lone client (W = 1), pipelined: each matrix computed here or, on a formed fleet of S > 1, on
@@ -95,6 +98,8 @@ class LoneStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int index) override;
   void InputEnded() override;
+  // Sends matrix `index`, whose bytes are all in, to where the fleet places it (reader's thread).
+  void Place(int index);
   // Computes matrix `index` (`m`, matrices_[index]) here, in the compute queue; `target` (this
   // rank's load, or null for a matrix a peer could not compute) is held until done. Callable
   // from any thread.
@@ -107,6 +112,7 @@ class LoneStep final : public StepBase {
                std::shared_ptr<const void> owner);
 
   std::string job_;  // The compute queue's job: the header's, or this step alone.
+  std::vector<int> held_;  // All or nothing: the matrices complete so far, placed at the end (reader only).
   std::atomic<bool> cancelled_{false};
 };
 
@@ -127,13 +133,13 @@ class FleetStep final : public StepBase {
   void Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> owner, const StepOutcome& outcome);
 
   const GroupKey key_;
-  std::mutex mu_;
-  bool submitted_ = false;   // The fleet has the step (it aborts it itself on failure).
-  uint64_t submission_ = 0;
-  bool submission_known_ = false;  // Submit returned (submission_ is set).
-  bool cancel_deferred_ = false;   // Cancel came while Submit ran; done when it returns.
-  bool cancel_draining_ = false;
-  bool waiting_ = false;     // Counted in the queue depth until the outcome or a cancel.
+  absl::Mutex mu_;
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;  // The fleet has the step (it aborts it itself on failure).
+  uint64_t submission_ ABSL_GUARDED_BY(mu_) = 0;
+  bool submission_known_ ABSL_GUARDED_BY(mu_) = false;  // Submit returned (submission_ is set).
+  bool cancel_deferred_ ABSL_GUARDED_BY(mu_) = false;   // Cancel came while Submit ran; done when it returns.
+  bool cancel_draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // Counted in the queue depth until the outcome or a cancel.
 };
 
 }  // namespace orthoserve

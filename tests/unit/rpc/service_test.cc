@@ -62,6 +62,40 @@ TEST_F(ServiceTest, UnaryMatchesEngineForEveryDtype) {
   }
 }
 
+// "Validated once, scanned once": one AUTO lone matrix runs ValidateNsOptions once on its way
+// through the server (at the public ingress; cost, owners, ValidatePlan and the engine use the
+// verdict), and its data is scanned for NaN and Inf once (while the step copies it), whether it
+// comes in a unary call or a stream.
+TEST_F(ServiceTest, OneLoneMatrixIsValidatedOnceAndScannedOnce) {
+  const NsOptions options;  // AUTO, the defaults.
+  const std::string input = Bytes(RandomMatrix(24, 40, 3), DType::kF32);
+  {
+    v1::OrthogonalizeRequest request;
+    v1::Matrix* matrix = request.add_matrices();
+    *matrix->mutable_spec() = Spec("w", {24, 40}, DType::kF32, options);
+    matrix->set_data(input);
+    v1::OrthogonalizeResponse response;
+    const int64_t validations = NsOptionsValidations();
+    const int64_t scanned = NonFiniteScannedElements();
+    ASSERT_TRUE(Unary(request, &response).ok());
+    ASSERT_EQ(response.results_size(), 1);
+    EXPECT_EQ(response.results(0).code(), 0);
+    EXPECT_EQ(NsOptionsValidations() - validations, 1) << "unary";
+    EXPECT_EQ(NonFiniteScannedElements() - scanned, 24 * 40) << "unary";
+  }
+  {
+    std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+    AppendMatrix(messages, 0, Spec("w", {24, 40}, DType::kF32, options), input);
+    messages.push_back(EndMessage());
+    const int64_t validations = NsOptionsValidations();
+    const int64_t scanned = NonFiniteScannedElements();
+    StreamOutcome out = RunStream(*stub_, messages);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    EXPECT_EQ(NsOptionsValidations() - validations, 1) << "stream";
+    EXPECT_EQ(NonFiniteScannedElements() - scanned, 24 * 40) << "stream";
+  }
+}
+
 TEST_F(ServiceTest, UnaryResultDtypeDiffersFromInput) {
   NsOptions options;
   v1::OrthogonalizeRequest request;
@@ -223,7 +257,7 @@ TEST_F(ServiceTest, UnaryRejectsEachBadInputWithItsCode) {
       {"one dim", [](v1::Matrix& m) { m.mutable_spec()->clear_shape(); m.mutable_spec()->add_shape(24); },
        grpc::StatusCode::INVALID_ARGUMENT, "at least 2"},
       {"wrong byte count", [](v1::Matrix& m) { m.mutable_data()->pop_back(); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "data has 95 bytes; a 4x6 fp32 matrix has 96"},
+       "the step ended after 95 of its 96 bytes (block 4x6 of fp32)"},
       {"unknown dtype", [](v1::Matrix& m) { m.mutable_spec()->set_dtype(static_cast<v1::DType>(42)); },
        grpc::StatusCode::INVALID_ARGUMENT, "matrix 0 (\"w\") dtype = 42"},
       {"unspecified dtype", [](v1::Matrix& m) { m.mutable_spec()->set_dtype(v1::DTYPE_UNSPECIFIED); },

@@ -1,0 +1,443 @@
+// The step layer (server/step/step.h) on its own: lone and group steps driven message by message
+// through a fake fleet (fake_step_fleet.h) into a recording sink — no gRPC server, no network.
+// Results are compared bit for bit with the same matrix computed directly (ComputeLoneMatrix,
+// what every path must end in); the engine's numerics are tests/unit/engine's.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/block_digest.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/cpu/cpu_backend.h"
+#include "server/step/step.h"
+#include "tests/unit/step/fake_step_fleet.h"
+#include "tests/unit/step/recording_sink.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using ::orthoserve::testing::StatusIs;
+
+std::vector<float> RandomMatrix(int64_t numel, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> v(static_cast<size_t>(numel));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+absl::string_view Bytes(const std::vector<float>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+class StepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = *CpuBackend::Create({});
+    Metrics::Options mo;
+    mo.process_metrics = false;
+    metrics_ = *Metrics::Create(mo);
+    buffers_ = BufferPool::Create({});
+  }
+
+  StepServices Services(StepFleet* fleet) {
+    StepServices s;
+    s.fleet = fleet;
+    s.compute = &pool_;
+    s.backend = backend_.get();
+    s.buffers = buffers_.get();
+    s.metrics = metrics_.get();
+    s.method = "StepTest";
+    return s;
+  }
+
+  // OpenStep's step, or null (and a failure) when it refused.
+  std::shared_ptr<Step> Open(StepFleet* fleet, StepRequest request, std::shared_ptr<StepSink> sink) {
+    absl::StatusOr<std::shared_ptr<Step>> step = OpenStep(Services(fleet), std::move(request), std::move(sink));
+    EXPECT_OK(step);
+    return step.ok() ? *step : nullptr;
+  }
+
+  // What every path must give for `spec`'s whole matrix holding `in`.
+  std::string Expected(const ParsedSpec& spec, const std::vector<float>& in) {
+    std::string out(static_cast<size_t>(spec.block.numel()) * sizeof(float), '\0');
+    EXPECT_OK(ComputeLoneMatrix(spec.plan, spec.block, in.data(), out.data(), *backend_, nullptr, "").status);
+    return out;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Metrics> metrics_;
+  std::shared_ptr<BufferPool> buffers_;
+  FairPool pool_{2};
+};
+
+StepRequest Lone(int matrices) {
+  StepRequest r;
+  r.tenant = "t";
+  r.num_matrices = matrices;
+  return r;
+}
+
+TEST_F(StepTest, ALoneStepComputesEveryMatrixHereAndFinishesOk) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(2), sink);
+  ASSERT_NE(step, nullptr);
+  EXPECT_TRUE(step->lone());
+  const ParsedSpec a = TestSpec("a", 8, 12), b = TestSpec("b", 16, 4);
+  const std::vector<float> in_a = RandomMatrix(96, 1), in_b = RandomMatrix(64, 2);
+  ASSERT_TRUE(step->AddMatrix(a, "a", {}));
+  // A block arrives in any number of chunks.
+  const absl::string_view bytes_a = Bytes(in_a);
+  ASSERT_TRUE(step->AddData(0, {bytes_a.substr(0, 100)}));
+  ASSERT_TRUE(step->AddData(0, {bytes_a.substr(100, 7), bytes_a.substr(107)}));
+  ASSERT_TRUE(step->AddMatrix(b, "b", {}));
+  ASSERT_TRUE(step->AddData(1, {Bytes(in_b)}));
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  auto results = sink->results();
+  ASSERT_THAT(results, SizeIs(2));
+  EXPECT_OK(results[0].status);
+  EXPECT_EQ(results[0].data, Expected(a, in_a));
+  EXPECT_OK(results[1].status);
+  EXPECT_EQ(results[1].data, Expected(b, in_b));
+  // Each matrix was placed once, at the cost its ingress computed.
+  EXPECT_EQ(fleet.costs(), (std::vector<double>{a.cost, b.cost}));
+  EXPECT_EQ(fleet.peer_calls(), 0);
+}
+
+TEST_F(StepTest, ALoneMatrixGoesToThePeerTheFleetPicksAndComesBackTheSame) {
+  FakeStepFleet fleet(0, 3, backend_.get());
+  fleet.ForwardTo(2, /*computes=*/true);
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(1), sink);
+  ASSERT_NE(step, nullptr);
+  const ParsedSpec a = TestSpec("a", 12, 8);
+  const std::vector<float> in = RandomMatrix(96, 3);
+  ASSERT_TRUE(step->AddMatrix(a, "a", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(in)}));
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  EXPECT_EQ(fleet.peer_calls(), 1);
+  EXPECT_EQ(sink->results()[0].data, Expected(a, in));
+}
+
+TEST_F(StepTest, ALoneMatrixIsComputedHereWhenItsPeerIsGone) {
+  FakeStepFleet fleet(0, 3, backend_.get());
+  fleet.ForwardTo(1, /*computes=*/false);
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(1), sink);
+  ASSERT_NE(step, nullptr);
+  const ParsedSpec a = TestSpec("a", 6, 10);
+  const std::vector<float> in = RandomMatrix(60, 4);
+  ASSERT_TRUE(step->AddMatrix(a, "a", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(in)}));
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  EXPECT_EQ(fleet.peer_calls(), 1);
+  ASSERT_OK(sink->results()[0].status);
+  EXPECT_EQ(sink->results()[0].data, Expected(a, in));
+}
+
+TEST_F(StepTest, ALoneStepAnswersBadMatricesInBandAndGoesOn) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(3), sink);
+  ASSERT_NE(step, nullptr);
+  // Matrix 0: a spec the ingress refused; its chunks are skipped.
+  ASSERT_TRUE(step->AddMatrix(absl::InvalidArgumentError("matrix 0 (\"bad\") dtype = 42"), "bad", {4, 4}));
+  ASSERT_TRUE(step->AddData(0, {"ignored"}));
+  // Matrix 1: an Inf at element 5.
+  const ParsedSpec b = TestSpec("b", 4, 4);
+  std::vector<float> in_b = RandomMatrix(16, 5);
+  in_b[5] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(step->AddMatrix(b, "b", {}));
+  ASSERT_TRUE(step->AddData(1, {Bytes(in_b)}));
+  // Matrix 2: good.
+  const ParsedSpec c = TestSpec("c", 4, 8);
+  const std::vector<float> in_c = RandomMatrix(32, 6);
+  ASSERT_TRUE(step->AddMatrix(c, "c", {}));
+  ASSERT_TRUE(step->AddData(2, {Bytes(in_c)}));
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  auto results = sink->results();
+  EXPECT_THAT(results[0].status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype = 42")));
+  EXPECT_THAT(results[1].status,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix 1 (\"b\") data holds a non-finite value "
+                                                                     "(NaN or Inf) at element 5")));
+  EXPECT_OK(results[2].status);
+  EXPECT_EQ(results[2].data, Expected(c, in_c));
+}
+
+TEST_F(StepTest, BadFramingFailsTheWholeStep) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  {  // More bytes than the block holds.
+    auto sink = std::make_shared<RecordingSink>();
+    std::shared_ptr<Step> step = Open(&fleet, Lone(1), sink);
+  ASSERT_NE(step, nullptr);
+    ASSERT_TRUE(step->AddMatrix(TestSpec("a", 2, 2), "a", {}));
+    EXPECT_FALSE(step->AddData(0, {std::string(17, '\0')}));
+    ASSERT_TRUE(sink->WaitFinished());
+    EXPECT_THAT(sink->end().status,
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("received more than its 16 bytes")));
+  }
+  {  // A spec beyond the header's count, and the end before a block is whole.
+    auto sink = std::make_shared<RecordingSink>();
+    std::shared_ptr<Step> step = Open(&fleet, Lone(1), sink);
+  ASSERT_NE(step, nullptr);
+    ASSERT_TRUE(step->AddMatrix(TestSpec("a", 2, 2), "a", {}));
+    ASSERT_TRUE(step->AddData(0, {std::string(8, '\0')}));
+    step->End();
+    ASSERT_TRUE(sink->WaitFinished());
+    EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("the step ended after 8 of its 16 bytes (block 2x2 of fp32)")));
+  }
+}
+
+TEST_F(StepTest, ACancelledLoneStepComputesNothingMoreAndEndsCancelled) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  // Hold both compute threads, so that the step's matrix waits in the queue.
+  absl::Notification release;
+  absl::Notification held[2];
+  for (auto& h : held) {
+    pool_.Schedule([&release, &h] {
+      h.Notify();
+      release.WaitForNotification();
+    });
+  }
+  for (auto& h : held) h.WaitForNotification();
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(2), sink);
+  ASSERT_NE(step, nullptr);
+  const std::vector<float> in = RandomMatrix(16, 7);
+  ASSERT_TRUE(step->AddMatrix(TestSpec("a", 4, 4), "a", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(in)}));
+  step->Cancel(/*draining=*/false);
+  // Fed after the cancel: refused.
+  EXPECT_FALSE(step->AddMatrix(TestSpec("b", 4, 4), "b", {}));
+  EXPECT_FALSE(sink->finished());  // Its queued matrix is still the step's work.
+  release.Notify();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_FALSE(sink->end().retryable);
+  EXPECT_THAT(sink->results(), IsEmpty());
+}
+
+TEST_F(StepTest, ADrainCutsALoneStepRetryably) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(1), sink);
+  ASSERT_NE(step, nullptr);
+  step->Cancel(/*draining=*/true);
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("draining")));
+  EXPECT_TRUE(sink->end().retryable);
+}
+
+TEST_F(StepTest, AnAllOrNothingStepComputesNothingWhenItsLastMatrixIsBad) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  StepRequest request = Lone(3);
+  request.all_or_nothing = true;
+  std::shared_ptr<Step> step = Open(&fleet, request, sink);
+  ASSERT_NE(step, nullptr);
+  const std::vector<float> good = RandomMatrix(16, 8);
+  std::vector<float> bad = RandomMatrix(16, 9);
+  bad[11] = std::nanf("");
+  ASSERT_TRUE(step->AddMatrix(TestSpec("a", 4, 4), "a", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(good)}));
+  ASSERT_TRUE(step->AddMatrix(TestSpec("b", 4, 4), "b", {}));
+  ASSERT_TRUE(step->AddData(1, {Bytes(good)}));
+  ASSERT_TRUE(step->AddMatrix(TestSpec("c", 4, 4), "c", {}));
+  EXPECT_FALSE(step->AddData(2, {Bytes(bad)}));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix 2 (\"c\") data holds a non-finite value "
+                                                                     "(NaN or Inf) at element 11")));
+  // Matrices 0 and 1 were whole and finite before matrix 2 failed, and none was computed: a
+  // computed matrix is handed to the sink before the step may finish.
+  EXPECT_THAT(sink->results(), IsEmpty());
+  EXPECT_THAT(fleet.costs(), IsEmpty());  // None was even placed.
+}
+
+TEST_F(StepTest, AnAllOrNothingStepRefusesABadSpecAsAWhole) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  StepRequest request = Lone(2);
+  request.all_or_nothing = true;
+  std::shared_ptr<Step> step = Open(&fleet, request, sink);
+  ASSERT_NE(step, nullptr);
+  ASSERT_TRUE(step->AddMatrix(TestSpec("a", 4, 4), "a", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(RandomMatrix(16, 10))}));
+  EXPECT_FALSE(step->AddMatrix(absl::InvalidArgumentError("matrix 1 (\"b\") steps = 101"), "b", {4, 4}));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps = 101")));
+  EXPECT_THAT(sink->results(), IsEmpty());
+}
+
+TEST_F(StepTest, AnAllOrNothingStepComputesEveryMatrixOnceAllArrived) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  StepRequest request = Lone(2);
+  request.all_or_nothing = true;
+  std::shared_ptr<Step> step = Open(&fleet, request, sink);
+  ASSERT_NE(step, nullptr);
+  const ParsedSpec a = TestSpec("a", 4, 6), b = TestSpec("b", 6, 4);
+  const std::vector<float> in_a = RandomMatrix(24, 11), in_b = RandomMatrix(24, 12);
+  ASSERT_TRUE(step->AddMatrix(a, "a", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(in_a)}));
+  ASSERT_TRUE(step->AddMatrix(b, "b", {}));
+  ASSERT_TRUE(step->AddData(1, {Bytes(in_b)}));
+  EXPECT_THAT(fleet.costs(), IsEmpty());  // Nothing is placed before the end.
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  EXPECT_EQ(sink->results()[0].data, Expected(a, in_a));
+  EXPECT_EQ(sink->results()[1].data, Expected(b, in_b));
+}
+
+// A group step (W = 2, this is trainer rank 1) holding the bottom half of a 4x6 matrix.
+class GroupStepTest : public StepTest {
+ protected:
+  StepRequest Group() {
+    StepRequest r;
+    r.tenant = "t";
+    r.job = "j";
+    r.group = "g";
+    r.step = 7;
+    r.rank = 1;
+    r.world = 2;
+    r.attempt = 0;
+    r.num_matrices = 1;
+    r.run = "run-1";
+    return r;
+  }
+  ParsedSpec Half() { return TestSpec("w", 4, 6, Block{2, 0, 2, 6}); }
+};
+
+TEST_F(GroupStepTest, OnARankThatIsNotReadyItIsUnavailable) {
+  FakeStepFleet fleet(0, 2, backend_.get());
+  fleet.set_ready(false);
+  auto sink = std::make_shared<RecordingSink>();
+  EXPECT_THAT(OpenStep(Services(&fleet), Group(), sink),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member of a formed fleet generation")));
+}
+
+TEST_F(GroupStepTest, ItIsSubmittedWithItsBlockOnceWholeAndDeliversTheFleetsResult) {
+  FakeStepFleet fleet(3, 4, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
+  ASSERT_NE(step, nullptr);
+  EXPECT_FALSE(step->lone());
+  const std::vector<float> in = RandomMatrix(12, 13);
+  ASSERT_TRUE(step->AddMatrix(Half(), "w", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(in).substr(0, 20)}));
+  EXPECT_THAT(fleet.submitted(), IsEmpty());
+  ASSERT_TRUE(step->AddData(0, {Bytes(in).substr(20)}));
+  step->End();
+  ASSERT_THAT(fleet.submitted(), SizeIs(1));
+  FakeStepFleet::Submitted s = fleet.submitted()[0];
+  const TrainerStep& t = *s.step;
+  EXPECT_EQ(t.key, (GroupKey{"t", "j", "g", 7, "run-1"}));
+  EXPECT_EQ(t.trainer_rank, 1);
+  EXPECT_EQ(t.trainer_world, 2);
+  ASSERT_THAT(t.matrices, SizeIs(1));
+  ASSERT_THAT(t.matrices[0].blocks, SizeIs(1));
+  EXPECT_EQ(t.matrices[0].blocks[0].trainer_rank, 1);
+  EXPECT_EQ(t.matrices[0].blocks[0].fleet_rank, 3);  // This fleet rank holds it.
+  EXPECT_EQ(t.matrices[0].blocks[0].block, (Block{2, 0, 2, 6}));
+  EXPECT_EQ(std::string(t.inputs[0].begin(), t.inputs[0].end()), std::string(Bytes(in)));
+  // The digest of what arrived, for the coordinator's retry checks.
+  StreamDigest bytes;
+  bytes.Update(Bytes(in));
+  const DigestedBlock digested{Block{2, 0, 2, 6}, DType::kF32, bytes.Value()};
+  EXPECT_EQ(t.digest, StepDigest(absl::MakeConstSpan(&digested, 1)));
+  EXPECT_FALSE(sink->finished());  // Waiting for its batch.
+
+  // The batch ran: the fleet filled the output block.
+  s.step->outputs = {std::vector<char>(48, 'x')};
+  StepOutcome outcome;
+  outcome.matrices = {absl::OkStatus()};
+  s.done(std::move(outcome));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  EXPECT_EQ(sink->results()[0].data, std::string(48, 'x'));
+  EXPECT_EQ(sink->results()[0].block, (Block{2, 0, 2, 6}));
+  EXPECT_THAT(fleet.aborts(), IsEmpty());
+}
+
+TEST_F(GroupStepTest, BadInputFailsTheStepAndTellsTheOtherRanks) {
+  FakeStepFleet fleet(0, 2, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
+  ASSERT_NE(step, nullptr);
+  std::vector<float> in = RandomMatrix(12, 14);
+  in[3] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(step->AddMatrix(Half(), "w", {}));
+  EXPECT_FALSE(step->AddData(0, {Bytes(in)}));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite")));
+  EXPECT_THAT(fleet.submitted(), IsEmpty());
+  ASSERT_THAT(fleet.aborts(), SizeIs(1));
+  EXPECT_EQ(fleet.aborts()[0].key, (GroupKey{"t", "j", "g", 7, "run-1"}));
+  EXPECT_EQ(fleet.aborts()[0].trainer_rank, 1);
+  EXPECT_EQ(fleet.aborts()[0].submission, 0u);  // Not submitted yet.
+  EXPECT_THAT(fleet.aborts()[0].reason, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST_F(GroupStepTest, ACancelWhileItWaitsEndsItAtOnceAndWithdrawsItsSubmission) {
+  FakeStepFleet fleet(0, 2, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
+  ASSERT_NE(step, nullptr);
+  ASSERT_TRUE(step->AddMatrix(Half(), "w", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(RandomMatrix(12, 15))}));
+  step->End();
+  ASSERT_THAT(fleet.submitted(), SizeIs(1));
+  const uint64_t submission = fleet.submitted()[0].step->submission;
+  step->Cancel(/*draining=*/false);
+  ASSERT_TRUE(sink->WaitFinished(absl::Seconds(1)));
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  ASSERT_THAT(fleet.aborts(), SizeIs(1));
+  EXPECT_EQ(fleet.aborts()[0].submission, submission);
+  // The fleet's late outcome changes nothing (the sink fails the test on a second Finished).
+  StepOutcome late;
+  late.status = absl::AbortedError("withdrawn");
+  fleet.submitted()[0].done(std::move(late));
+  EXPECT_THAT(sink->results(), IsEmpty());
+}
+
+TEST_F(GroupStepTest, AFailedBatchFailsTheStepRetryablyWhenTheFleetSaysSo) {
+  FakeStepFleet fleet(0, 2, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
+  ASSERT_NE(step, nullptr);
+  ASSERT_TRUE(step->AddMatrix(Half(), "w", {}));
+  ASSERT_TRUE(step->AddData(0, {Bytes(RandomMatrix(12, 16))}));
+  step->End();
+  ASSERT_THAT(fleet.submitted(), SizeIs(1));
+  StepOutcome outcome;
+  outcome.status = absl::UnavailableError("the generation changed");
+  outcome.retryable = true;
+  fleet.submitted()[0].done(std::move(outcome));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("generation changed")));
+  EXPECT_TRUE(sink->end().retryable);
+}
+
+}  // namespace
+}  // namespace orthoserve
