@@ -17,7 +17,7 @@ absl::StatusOr<std::shared_ptr<PooledBuffer>> BufferPool::Get(size_t size) {
   std::unique_ptr<char[]> bytes;
   size_t capacity = size;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = idle_.lower_bound(size);
     if (it != idle_.end() && it->first <= size + size / 8) {
       capacity = it->first;
@@ -37,12 +37,12 @@ absl::StatusOr<std::shared_ptr<PooledBuffer>> BufferPool::Get(size_t size) {
 }
 
 int64_t BufferPool::idle_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return idle_bytes_;
 }
 
 void BufferPool::Release(std::unique_ptr<char[]> bytes, size_t capacity) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (bytes == nullptr || idle_bytes_ + static_cast<int64_t>(capacity) > options_.max_idle_bytes) return;
   idle_bytes_ += static_cast<int64_t>(capacity);
   idle_.emplace(capacity, std::move(bytes));

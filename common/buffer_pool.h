@@ -9,9 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace orthoserve {
 
@@ -50,21 +51,21 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
   // A buffer of `size` bytes: a released one of capacity size to size + size/8 when there is
   // one (the smallest), else a new one. RESOURCE_EXHAUSTED when the memory cannot be allocated.
-  absl::StatusOr<std::shared_ptr<PooledBuffer>> Get(size_t size);
+  absl::StatusOr<std::shared_ptr<PooledBuffer>> Get(size_t size) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Bytes held in released buffers, waiting for reuse.
-  int64_t idle_bytes() const;
+  int64_t idle_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class PooledBuffer;
   explicit BufferPool(const Options& options) : options_(options) {}
   // Keeps `bytes` for reuse if they fit under max_idle_bytes, else frees them.
-  void Release(std::unique_ptr<char[]> bytes, size_t capacity);
+  void Release(std::unique_ptr<char[]> bytes, size_t capacity) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
-  mutable std::mutex mu_;
-  std::multimap<size_t, std::unique_ptr<char[]>> idle_;  // By capacity.
-  int64_t idle_bytes_ = 0;
+  mutable absl::Mutex mu_;
+  std::multimap<size_t, std::unique_ptr<char[]>> idle_ ABSL_GUARDED_BY(mu_);  // By capacity.
+  int64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace orthoserve

@@ -18,18 +18,18 @@ FairPool::~FairPool() {
 }
 
 void FairPool::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   stopping_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void FairPool::Schedule(const std::string& tenant, const std::string& job, double cost,
                         std::function<void()> closure) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!stopping_) {
       queue_.Push(tenant, job, cost, std::move(closure));
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
   }
@@ -37,7 +37,7 @@ void FairPool::Schedule(const std::string& tenant, const std::string& job, doubl
 }
 
 size_t FairPool::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return queue_.size();
 }
 
@@ -45,8 +45,8 @@ void FairPool::Work() {
   for (;;) {
     std::function<void()> closure;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // Stopping and drained.
       closure = queue_.Pop();
     }

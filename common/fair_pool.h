@@ -10,13 +10,13 @@
 // a closure that owns a promise always fulfils it.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/fair_queue.h"
 
 namespace orthoserve {
@@ -32,22 +32,23 @@ class FairPool {
   FairPool& operator=(const FairPool&) = delete;
 
   // Queues `closure` for flow (tenant, job) with `cost` (>= 0).
-  void Schedule(const std::string& tenant, const std::string& job, double cost, std::function<void()> closure);
+  void Schedule(const std::string& tenant, const std::string& job, double cost, std::function<void()> closure)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `closure` in the anonymous flow ("", "") at cost 0.
   void Schedule(std::function<void()> closure) { Schedule("", "", 0, std::move(closure)); }
 
   // Closures queued and not yet started.
-  size_t queued() const;
-  void Shutdown();
+  size_t queued() const ABSL_LOCKS_EXCLUDED(mu_);
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Work();
+  void Work() ABSL_LOCKS_EXCLUDED(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  FairQueue<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // Signalled when a closure is queued or the pool stops.
+  FairQueue<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;  // Set by the constructor, joined by the destructor.
 };
 
 }  // namespace orthoserve

@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/const_init.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -19,8 +21,8 @@ std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_rank{-1};
 
 // The verbosity map is replaced whole, under a mutex, and read through a shared_ptr copy.
-std::mutex g_verbosity_mu;
-std::shared_ptr<const std::map<std::string, int, std::less<>>> g_verbosity =
+ABSL_CONST_INIT absl::Mutex g_verbosity_mu(absl::kConstInit);
+std::shared_ptr<const std::map<std::string, int, std::less<>>> g_verbosity ABSL_GUARDED_BY(g_verbosity_mu) =
     std::make_shared<const std::map<std::string, int, std::less<>>>();
 
 char LevelLetter(LogLevel level) {
@@ -61,7 +63,7 @@ absl::Status SetLogVerbosity(absl::string_view spec) {
     }
     (*parsed)[std::string(kv.first)] = n;
   }
-  std::lock_guard<std::mutex> lock(g_verbosity_mu);
+  absl::MutexLock lock(&g_verbosity_mu);
   g_verbosity = std::move(parsed);
   return absl::OkStatus();
 }
@@ -69,7 +71,7 @@ absl::Status SetLogVerbosity(absl::string_view spec) {
 int GetLogVerbosity(absl::string_view subsystem) {
   std::shared_ptr<const std::map<std::string, int, std::less<>>> map;
   {
-    std::lock_guard<std::mutex> lock(g_verbosity_mu);
+    absl::MutexLock lock(&g_verbosity_mu);
     map = g_verbosity;
   }
   auto it = map->find(subsystem);

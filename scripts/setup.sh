@@ -14,7 +14,7 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 
 # System packages (Debian 12 "bookworm"). Keep this list in step with the Dockerfile.
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev

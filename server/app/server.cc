@@ -273,7 +273,7 @@ void Server::WatchHealth() {
   int last_member = -1;
   bool last_live = true;
   absl::Time last = absl::Now();
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!draining_) {
     const int member = fleet_->ready() ? 1 : 0;
     if (member != last_member) {
@@ -299,21 +299,21 @@ void Server::WatchHealth() {
     metrics_->DeviceCopies("h2d", copies.h2d_bytes, copies.h2d_calls);
     metrics_->DeviceCopies("d2h", copies.d2h_bytes, copies.d2h_calls);
     metrics_->DeviceCopies("d2d", copies.d2d_bytes, copies.d2d_calls);
-    cv_.wait_for(lock, std::chrono::milliseconds(200));
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(200));  // Woken early by Drain; the loop rechecks.
   }
 }
 
 void Server::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return drained_; });
+  absl::MutexLock lock(&mu_);
+  while (!drained_) cv_.Wait(&mu_);
 }
 
 void Server::Drain() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (draining_) return;
     draining_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (server_ == nullptr) return;  // Create failed before the server started: nothing to drain.
   if (health_.joinable()) health_.join();
@@ -334,9 +334,9 @@ void Server::Drain() {
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(left));
   fleet_->Shutdown();
   LOG_INFO("server") << "drained in " << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   drained_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 Server::~Server() {

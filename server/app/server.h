@@ -5,8 +5,11 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/fair_pool.h"
 #include "grpcpp/server.h"
@@ -76,18 +79,18 @@ class Server {
   int inflight_calls() const;  // Orthogonalize and OrthogonalizeStream calls in progress.
 
   // Blocks until Drain() has finished.
-  void Wait();
+  void Wait() ABSL_LOCKS_EXCLUDED(mu_);
   // Graceful stop: readiness off, new calls refused (UNAVAILABLE, which clients retry on
   // another rank), a graceful leave of the fleet (bounded by a few seconds: batches already
   // planned with this rank run, group steps waiting here fail with UNAVAILABLE and are retried
   // on the members that stay), calls in flight given until the drain timeout, then everything
   // torn down. Calls still running at the drain deadline are cancelled and end at once.
   // Idempotent; safe from any thread but a gRPC handler.
-  void Drain();
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Server() = default;
-  void WatchHealth();
+  void WatchHealth() ABSL_LOCKS_EXCLUDED(mu_);
 
   ServerOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -99,10 +102,10 @@ class Server {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool draining_ = false;
-  bool drained_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // Signalled when draining_ or drained_ is set.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool drained_ ABSL_GUARDED_BY(mu_) = false;
   std::thread health_;
 };
 

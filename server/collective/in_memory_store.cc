@@ -1,40 +1,29 @@
-// InMemoryStore: map + mutex + condition variable.
+// InMemoryStore: map + absl::Mutex + absl::CondVar.
 #include "server/collective/in_memory_store.h"
-
-#include <algorithm>
-#include <chrono>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace orthoserve {
-namespace {
-
-// The steady-clock time `timeout` from now; an infinite (or huge) timeout becomes ten years,
-// which keeps the clock arithmetic from overflowing.
-std::chrono::steady_clock::time_point WaitDeadline(absl::Duration timeout) {
-  const absl::Duration bounded = std::clamp(timeout, absl::ZeroDuration(), absl::Hours(24 * 3650));
-  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(bounded);
-}
-
-}  // namespace
 
 absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     values_[key] = std::string(value);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> InMemoryStore::Get(absl::string_view key, absl::Duration timeout) {
-  const auto deadline = WaitDeadline(timeout);
-  std::unique_lock<std::mutex> lock(mu_);
+  // Saturating: an infinite timeout is an infinite deadline, a negative one has passed.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
   auto it = values_.find(key);
   while (it == values_.end()) {
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {  // True: the deadline passed.
       it = values_.find(key);
       if (it != values_.end()) break;
       return absl::DeadlineExceededError(
@@ -48,7 +37,7 @@ absl::StatusOr<std::string> InMemoryStore::Get(absl::string_view key, absl::Dura
 absl::StatusOr<int64_t> InMemoryStore::Add(absl::string_view key, int64_t delta) {
   int64_t value = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = values_.find(key);
     if (it != values_.end() && !absl::SimpleAtoi(it->second, &value)) {
       return absl::FailedPreconditionError(
@@ -57,7 +46,7 @@ absl::StatusOr<int64_t> InMemoryStore::Add(absl::string_view key, int64_t delta)
     value += delta;
     values_[key] = absl::StrCat(value);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return value;
 }
 
@@ -70,11 +59,11 @@ std::vector<std::string> InMemoryStore::MissingLocked(const std::vector<std::str
 }
 
 absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
-  const auto deadline = WaitDeadline(timeout);
-  std::unique_lock<std::mutex> lock(mu_);
+  const absl::Time deadline = absl::Now() + timeout;  // Saturating, as in Get.
+  absl::MutexLock lock(&mu_);
   for (;;) {
     if (MissingLocked(keys).empty()) return absl::OkStatus();
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {  // True: the deadline passed.
       const std::vector<std::string> missing = MissingLocked(keys);
       if (missing.empty()) return absl::OkStatus();
       return absl::DeadlineExceededError(absl::StrCat("store keys not set within ", absl::FormatDuration(timeout),

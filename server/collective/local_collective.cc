@@ -12,13 +12,13 @@ namespace orthoserve {
 using collective_internal::BrokenStatus;
 
 absl::Status LocalCollective::CheckUsable() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!broken_.ok()) return BrokenStatus("local", broken_);
   return absl::OkStatus();
 }
 
 absl::Status LocalCollective::Fail(absl::Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (broken_.ok()) broken_ = status;
   return status;
 }

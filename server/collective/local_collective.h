@@ -3,11 +3,12 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/collective/collective.h"
 
 namespace orthoserve {
@@ -42,12 +43,12 @@ class LocalCollective final : public Collective {
 
  private:
   // OK, or UNAVAILABLE when an earlier call failed.
-  absl::Status CheckUsable() const;
+  absl::Status CheckUsable() const ABSL_LOCKS_EXCLUDED(mu_);
   // Records a failure (breaking the collective) and returns it.
-  absl::Status Fail(absl::Status status);
+  absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
-  mutable std::mutex mu_;  // Guards broken_ (Abort may come from another thread).
-  absl::Status broken_;
+  mutable absl::Mutex mu_;  // Abort may come from another thread.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace orthoserve

@@ -134,13 +134,13 @@ GlooCollective::~GlooCollective() = default;
 
 absl::Status GlooCollective::CheckUsable() const {
   if (!broken_.ok()) return BrokenStatus("gloo", broken_);
-  std::lock_guard<std::mutex> lock(abort_mu_);
+  absl::MutexLock lock(&abort_mu_);
   if (!aborted_.ok()) return aborted_;
   return absl::OkStatus();
 }
 
 void GlooCollective::Abort(absl::string_view reason) {
-  std::lock_guard<std::mutex> lock(abort_mu_);
+  absl::MutexLock lock(&abort_mu_);
   if (aborted_.ok()) aborted_ = absl::UnavailableError(absl::StrCat("gloo collective aborted: ", reason));
   // An abort requested before the wait starts makes that wait return false at once (Gloo keeps
   // the request until a wait consumes it), so there is no window in which it is lost.
@@ -152,7 +152,9 @@ void GlooCollective::Abort(absl::string_view reason) {
 }
 
 void GlooCollective::CloseLocked() {
-  (void)CallGloo("gloo close", [&] { context_.reset(); });
+  // Moved out first: the lambda is analysed as a function of its own, which holds no lock.
+  std::shared_ptr<gloo::Context> closing = std::move(context_);
+  (void)CallGloo("gloo close", [&] { closing.reset(); });
 }
 
 absl::Status GlooCollective::Fail(absl::Status status) {
@@ -160,7 +162,7 @@ absl::Status GlooCollective::Fail(absl::Status status) {
   // Dropping the context closes every pair (once the buffers of the failed call, which share
   // the transport context, are gone), so the transport no longer touches our memory and the
   // peers' pending transfers fail now rather than at their own timeout.
-  std::lock_guard<std::mutex> lock(abort_mu_);
+  absl::MutexLock lock(&abort_mu_);
   CloseLocked();
   return status;
 }
@@ -170,25 +172,27 @@ absl::Status GlooCollective::Exchange(const char* op, const void* send, size_t s
                                       absl::Span<const Transfer> recvs, absl::Time deadline) {
   const uint64_t slot = gloo::Slot::build(kSlotPrefix, next_tag_++);
   if (sends.empty() && recvs.empty()) return absl::OkStatus();
+  gloo::Context* context = nullptr;
   {
     // From here until the end of the exchange an abort leaves the context to this thread.
-    std::lock_guard<std::mutex> lock(abort_mu_);
+    absl::MutexLock lock(&abort_mu_);
     if (!aborted_.ok()) {
       CloseLocked();
       return aborted_;
     }
     if (context_ == nullptr) return absl::UnavailableError("gloo collective is closed");
     in_exchange_ = true;
+    context = context_.get();
   }
   // Declared out here so that on error Fail() closes the connections before they are destroyed.
   std::unique_ptr<gloo::transport::UnboundBuffer> in;
   std::unique_ptr<gloo::transport::UnboundBuffer> out;
   absl::Status status = CallGloo(absl::StrCat("gloo ", op, " on rank ", rank_, " of ", world_), [&] {
     // Gloo's buffer type is not const-aware; `in` is only ever read from.
-    if (!sends.empty()) in = context_->createUnboundBuffer(const_cast<void*>(send), send_size);
-    if (!recvs.empty()) out = context_->createUnboundBuffer(recv, recv_size);
+    if (!sends.empty()) in = context->createUnboundBuffer(const_cast<void*>(send), send_size);
+    if (!recvs.empty()) out = context->createUnboundBuffer(recv, recv_size);
     {
-      std::lock_guard<std::mutex> lock(abort_mu_);
+      absl::MutexLock lock(&abort_mu_);
       if (!aborted_.ok()) throw gloo::IoException(std::string(aborted_.message()));
       sending_ = in.get();
       receiving_ = out.get();
@@ -204,7 +208,7 @@ absl::Status GlooCollective::Exchange(const char* op, const void* send, size_t s
   });
   absl::Status aborted;
   {
-    std::lock_guard<std::mutex> lock(abort_mu_);
+    absl::MutexLock lock(&abort_mu_);
     sending_ = nullptr;
     receiving_ = nullptr;
     in_exchange_ = false;

@@ -4,11 +4,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/collective/collective.h"
 #include "server/collective/store.h"
@@ -79,7 +80,7 @@ class GlooCollective final : public Collective {
   // exchange then closes every connection) and breaks the collective. With no exchange in
   // progress it closes every connection itself, so that peers waiting on this rank fail now
   // rather than at their timeout.
-  void Abort(absl::string_view reason) override;
+  void Abort(absl::string_view reason) override ABSL_LOCKS_EXCLUDED(abort_mu_);
 
  private:
   // One point-to-point transfer: `bytes` bytes at `offset` of the send or receive buffer.
@@ -92,33 +93,35 @@ class GlooCollective final : public Collective {
   GlooCollective(int rank, int world, std::shared_ptr<gloo::Context> context);
 
   // OK, or UNAVAILABLE when an earlier call failed.
-  absl::Status CheckUsable() const;
+  absl::Status CheckUsable() const ABSL_LOCKS_EXCLUDED(abort_mu_);
   // Breaks the collective with `status` (closing every connection) and returns it.
-  absl::Status Fail(absl::Status status);
+  absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(abort_mu_);
   // Drops the context, which closes every pair once no buffer of an exchange holds it.
-  void CloseLocked();
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_);
   // Posts `recvs` into `recv` (recv_size bytes) and `sends` from `send` (send_size bytes) and
   // waits for all of them until `deadline`. Every rank calls it the same number of times per
   // operation (each call takes the next tag), whatever its transfers.
   absl::Status Exchange(const char* op, const void* send, size_t send_size, absl::Span<const Transfer> sends,
-                        void* recv, size_t recv_size, absl::Span<const Transfer> recvs, absl::Time deadline);
+                        void* recv, size_t recv_size, absl::Span<const Transfer> recvs, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(abort_mu_);
   template <typename T>
   absl::Status AllReduceSumImpl(absl::Span<T> values, absl::Duration timeout);
 
   const int rank_;
   const int world_;
-  std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 0;
   absl::Status broken_;  // Written by the operating thread only.
 
   // Abort() from another thread: the flag, whether an exchange is using the context, and the
-  // buffers whose waits it interrupts. context_ is reset only under abort_mu_, and used only by
-  // an exchange that started (in_exchange_) before any abort.
-  mutable std::mutex abort_mu_;
-  absl::Status aborted_;                           // Guarded by abort_mu_.
-  bool in_exchange_ = false;                       // Guarded by abort_mu_.
-  gloo::transport::UnboundBuffer* sending_ = nullptr;    // Guarded by abort_mu_.
-  gloo::transport::UnboundBuffer* receiving_ = nullptr;  // Guarded by abort_mu_.
+  // buffers whose waits it interrupts. context_ is reset only under abort_mu_; an exchange takes
+  // its pointer under abort_mu_ as it marks itself in progress (in_exchange_), and while it is,
+  // only the exchange's own thread resets context_.
+  mutable absl::Mutex abort_mu_;
+  std::shared_ptr<gloo::Context> context_ ABSL_GUARDED_BY(abort_mu_);
+  absl::Status aborted_ ABSL_GUARDED_BY(abort_mu_);
+  bool in_exchange_ ABSL_GUARDED_BY(abort_mu_) = false;
+  gloo::transport::UnboundBuffer* sending_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
+  gloo::transport::UnboundBuffer* receiving_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
 };
 
 }  // namespace orthoserve

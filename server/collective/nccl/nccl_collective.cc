@@ -6,14 +6,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "server/collective/collective_args.h"
 #include "server/collective/nccl/ordered_sum.h"
@@ -91,14 +92,14 @@ class NcclCollective::Impl {
   absl::Status AllReduceSum(absl::Span<T> values, absl::Duration timeout);
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout);
   absl::Status Barrier(absl::Duration timeout);
-  void RequestAbort(absl::string_view reason) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
+  void RequestAbort(absl::string_view reason) ABSL_LOCKS_EXCLUDED(abort_mu_) {
+    absl::MutexLock lock(&abort_mu_);
     if (abort_.ok()) abort_ = absl::UnavailableError(absl::StrCat("nccl collective aborted: ", reason));
     abort_requested_.store(true);
   }
-  absl::Status AbortRequested() const {
+  absl::Status AbortRequested() const ABSL_LOCKS_EXCLUDED(abort_mu_) {
     if (!abort_requested_.load()) return absl::OkStatus();
-    std::lock_guard<std::mutex> lock(abort_mu_);
+    absl::MutexLock lock(&abort_mu_);
     return abort_;
   }
 
@@ -153,8 +154,8 @@ class NcclCollective::Impl {
   absl::Status broken_;
   // Abort() from another thread; the watchdog loops (Wait, WaitEnqueued) poll it.
   std::atomic<bool> abort_requested_{false};
-  mutable std::mutex abort_mu_;
-  absl::Status abort_;
+  mutable absl::Mutex abort_mu_;
+  absl::Status abort_ ABSL_GUARDED_BY(abort_mu_);
 };
 
 absl::Status NcclCollective::Impl::Init(const Options& options) {

@@ -9,9 +9,9 @@ struct ParallelFor::Range {
   const std::function<void(int64_t)>* fn = nullptr;
   int64_t count = 0;
   std::atomic<int64_t> next{0};  // Next index to hand out.
-  std::mutex mu;
-  std::condition_variable done_cv;
-  int64_t done = 0;  // Indices finished; guarded by mu.
+  absl::Mutex mu;
+  absl::CondVar done_cv;                 // Signalled when the last index is finished.
+  int64_t done ABSL_GUARDED_BY(mu) = 0;  // Indices finished.
 };
 
 ParallelFor::ParallelFor(int threads) : threads_(threads < 1 ? 1 : threads) {
@@ -20,10 +20,10 @@ ParallelFor::ParallelFor(int threads) : threads_(threads < 1 ? 1 : threads) {
 
 ParallelFor::~ParallelFor() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -36,10 +36,10 @@ bool ParallelFor::Drain(Range& range) {
     ++finished;
   }
   if (finished == 0) return false;
-  std::lock_guard<std::mutex> lock(range.mu);
+  absl::MutexLock lock(&range.mu);
   range.done += finished;
   if (range.done == range.count) {
-    range.done_cv.notify_all();
+    range.done_cv.SignalAll();
     return true;
   }
   return false;
@@ -55,21 +55,21 @@ void ParallelFor::Run(int64_t count, const std::function<void(int64_t)>& fn) {
   range->fn = &fn;
   range->count = count;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.push_back(range);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   Drain(*range);
-  std::unique_lock<std::mutex> lock(range->mu);
-  range->done_cv.wait(lock, [&] { return range->done == range->count; });
+  absl::MutexLock lock(&range->mu);
+  while (range->done != range->count) range->done_cv.Wait(&range->mu);
 }
 
 void ParallelFor::WorkerLoop() {
   for (;;) {
     std::shared_ptr<Range> range;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
       if (stop_) return;
       range = queue_.front();
       // A range whose indices are all handed out leaves the queue; its owner waits for it.
@@ -79,7 +79,7 @@ void ParallelFor::WorkerLoop() {
       }
     }
     Drain(*range);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!queue_.empty() && queue_.front() == range) queue_.pop_front();
   }
 }

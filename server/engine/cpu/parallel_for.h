@@ -2,14 +2,15 @@
 // own thread takes part, so a pool of T threads has T - 1 workers.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace orthoserve {
 
@@ -28,19 +29,19 @@ class ParallelFor {
 
   int threads() const { return threads_; }
 
-  void Run(int64_t count, const std::function<void(int64_t)>& fn);
+  void Run(int64_t count, const std::function<void(int64_t)>& fn) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Range;
-  void WorkerLoop();
+  void WorkerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   static bool Drain(Range& range);
 
   const int threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Range>> queue_;  // Ranges with indices left to hand out.
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // Signalled when a range is queued or the pool stops.
+  std::deque<std::shared_ptr<Range>> queue_ ABSL_GUARDED_BY(mu_);  // Ranges with indices left to hand out.
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;  // Set by the constructor, joined by the destructor.
 };
 
 }  // namespace orthoserve
