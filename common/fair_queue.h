@@ -1,6 +1,6 @@
 // A queue that hands out its items in weighted fair order between tenants, and fairly between
 // the jobs of a tenant: the order of the compute pool (common/fair_pool.h) and of the fleet's
-// group batches (server/fleet/coordinator.h).
+// group batches (server/fleet/logic/coordinator.h).
 //
 // Each item belongs to a flow (tenant, job) and has a cost (any unit; orthoserve uses
 // Newton–Schulz FLOPs). Among queued items of the highest priority class present, Pop takes the

@@ -45,8 +45,8 @@
 #include "orthoserve/fleet/v1/fleet.pb.h"
 #include "proto/convert/ns_options_proto.h"
 #include "server/distributed/batch.h"
-#include "server/fleet/coordinator.h"
-#include "server/fleet/fleet_codec.h"
+#include "server/fleet/logic/coordinator.h"
+#include "server/fleet/wire/fleet_codec.h"
 
 ABSL_FLAG(std::string, w, "64,256,1024", "Trainer worlds W (comma-separated).");
 ABSL_FLAG(std::string, s, "8,64", "Fleet worlds S (comma-separated).");

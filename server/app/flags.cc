@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "server/fleet/fleet_codec.h"
+#include "server/fleet/wire/fleet_codec.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "Public gRPC address HOST:PORT (port 0 picks a free port).");
 ABSL_FLAG(std::string, advertise_address, "",

@@ -12,9 +12,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "server/fleet/fleet_codec.h"
-#include "server/fleet/fleet_identity.h"
-#include "server/fleet/fleet_tls.h"
+#include "server/fleet/wire/fleet_codec.h"
+#include "server/fleet/logic/fleet_identity.h"
+#include "server/fleet/wire/fleet_tls.h"
 #include "server/rpc/service_state.h"
 
 namespace orthoserve {

@@ -42,8 +42,11 @@ NsKernelArgs ResolveKernelArgs(const NsOptions& options, Matrix2d shape, Matrix2
 // Orthogonalizes each job: out = scale(scale_shape) · NS(in), with split_qkv applied when the
 // options ask for it (Q, K and V gathered across query groups, each orthogonalized and scaled
 // as its own matrix, written back interleaved), and each matrix of a batch job on its own.
-// Returns one status per job: INVALID_ARGUMENT for bad options, a split_qkv that does not
-// divide the rows or a batch_rows that does not (naming the job), or the backend's error.
+// The options must have passed ValidateNsOptions (the server validates a matrix once, where it
+// enters the process: server/plan/matrix_checks.h); the engine checks only what guards its
+// buffers and shapes. Returns one status per job: INVALID_ARGUMENT for a missing buffer, a
+// non-positive shape, a split_qkv that does not divide the rows or a batch_rows that does not
+// (naming the job), or the backend's error.
 // Thread-safe as the backend is.
 std::vector<absl::Status> Orthogonalize(Backend& backend, absl::Span<const MatrixJob> jobs);
 

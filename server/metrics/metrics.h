@@ -36,7 +36,7 @@ absl::string_view StageName(Stage stage);
 
 // The values orthoserve_steps_aborted_total{reason} takes (Metrics::StepAborted), each series
 // there from the start. timeout, cancelled, aborted and invalid are the coordinator's verdicts
-// (server/fleet/coordinator.h, kStepFailure*); collective and fleet_change the executor's.
+// (server/fleet/logic/coordinator.h, kStepFailure*); collective and fleet_change the executor's.
 inline constexpr const char* kStepAbortReasons[] = {"timeout",      "cancelled",       "aborted",
                                                     "invalid",      "collective",      "fleet_change",
                                                     "run_mismatch", "digest_mismatch", "limit"};
@@ -98,7 +98,7 @@ class Metrics {
     std::string version;  // build_info labels.
     std::string backend;
     std::string device;
-    int fleet_protocol = 0;  // The protocol between fleet ranks (server/fleet/fleet_codec.h).
+    int fleet_protocol = 0;  // The protocol between fleet ranks (server/fleet/wire/fleet_codec.h).
     Limits limits;
     bool process_metrics = true;  // The process_* families (from /proc).
     TenantLabels tenant_labels = TenantLabels::kOff;

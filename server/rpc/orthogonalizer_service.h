@@ -10,7 +10,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "orthoserve/v1/orthogonalizer.grpc.pb.h"
 #include "server/engine/backend.h"
-#include "server/fleet/fleet.h"
+#include "server/fleet/wire/fleet.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/service_state.h"

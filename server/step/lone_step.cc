@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "server/fleet/lone_compute.h"
+#include "server/fleet/logic/lone_compute.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {

@@ -32,7 +32,7 @@
 #include "common/fair_pool.h"
 #include "server/plan/matrix_plan.h"
 #include "server/engine/backend.h"
-#include "server/fleet/step_fleet.h"
+#include "server/fleet/logic/step_fleet.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {

@@ -1,7 +1,7 @@
 // The coordinator's membership and step logic without a network: generations as ranks join,
 // restart, leave and fall silent; which reports it takes and which it withdraws; retries
 // against duplicates; plans on collective ranks; capped messages.
-#include "server/fleet/coordinator.h"
+#include "server/fleet/logic/coordinator.h"
 
 #include <algorithm>
 #include <functional>

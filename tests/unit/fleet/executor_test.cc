@@ -3,7 +3,7 @@
 // (frozen, as SIGSTOP would) is dropped, the batch waiting for it ends at the peer timeout —
 // not at the collective timeout — and the survivors serve the retry; a graceful leave runs the
 // batches already planned with the leaving rank; a restarted rank is taken back.
-#include "server/fleet/executor.h"
+#include "server/fleet/logic/executor.h"
 
 #include <atomic>
 #include <functional>

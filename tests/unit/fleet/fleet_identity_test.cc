@@ -1,7 +1,7 @@
-// Which fleet ranks a certificate's names are (server/fleet/fleet_identity.h): exact DNS names
+// Which fleet ranks a certificate's names are (server/fleet/logic/fleet_identity.h): exact DNS names
 // per rank, wildcard DNS names over one leftmost label, a fleet-wide name without {rank}, names
 // of no member (URI SANs among them), and the patterns that are refused.
-#include "server/fleet/fleet_identity.h"
+#include "server/fleet/logic/fleet_identity.h"
 
 #include <vector>
 

@@ -3,7 +3,7 @@
 // fleet protocol handshake (fleet.proto, "Versions"): the service refuses a Join of another
 // protocol, and a rank does not join a coordinator of another protocol (in process on
 // 127.0.0.1:0).
-#include "server/fleet/fleet_service.h"
+#include "server/fleet/wire/fleet_service.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,8 +14,8 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
 #include "gtest/gtest.h"
-#include "server/fleet/fleet_client.h"
-#include "server/fleet/fleet_codec.h"
+#include "server/fleet/wire/fleet_client.h"
+#include "server/fleet/wire/fleet_codec.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {

@@ -5,7 +5,7 @@
 // that is not the rank they dial (exact and wildcard names; URI names cannot be checked); and FleetAccess on the real
 // FleetService: Join, Report, Abort, ReadLog and the store only from a certificate that names
 // the rank (or a member), PERMISSION_DENIED saying what was claimed and what is named.
-#include "server/fleet/fleet_tls.h"
+#include "server/fleet/wire/fleet_tls.h"
 
 #include <unistd.h>
 
@@ -30,11 +30,11 @@
 #include "gtest/gtest.h"
 #include "proto/convert/grpc_status.h"
 #include "server/collective/in_memory_store.h"
-#include "server/fleet/coordinator.h"
-#include "server/fleet/fleet_access.h"
-#include "server/fleet/fleet_client.h"
-#include "server/fleet/fleet_codec.h"
-#include "server/fleet/fleet_service.h"
+#include "server/fleet/logic/coordinator.h"
+#include "server/fleet/wire/fleet_access.h"
+#include "server/fleet/wire/fleet_client.h"
+#include "server/fleet/wire/fleet_codec.h"
+#include "server/fleet/wire/fleet_service.h"
 #include "server/metrics/metrics.h"
 #include "tests/util/status_matchers.h"
 

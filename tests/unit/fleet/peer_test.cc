@@ -2,7 +2,7 @@
 // rank would compute it (the same bits), a request the member must not take is refused before it
 // is queued (a plan that does not decode, too many elements, data that is not the whole
 // matrix), and options the engine rejects fail the matrix in-band.
-#include "server/fleet/peer.h"
+#include "server/fleet/wire/peer.h"
 
 #include <cstring>
 #include <future>
@@ -18,8 +18,8 @@
 #include "proto/convert/grpc_status.h"
 #include "server/distributed/local_batch.h"
 #include "server/engine/cpu/cpu_backend.h"
-#include "server/fleet/fleet_client.h"
-#include "server/fleet/plan_codec.h"
+#include "server/fleet/wire/fleet_client.h"
+#include "server/fleet/wire/plan_codec.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {

@@ -1,8 +1,8 @@
-// The fleet's own plan message (server/fleet/plan_codec.h) and the codecs of ready reports and
+// The fleet's own plan message (server/fleet/wire/plan_codec.h) and the codecs of ready reports and
 // log entries built on it: every field round-trips bit-exactly, a corrupt message is refused
 // naming the matrix, and decoding is structural only (a plan ValidatePlan rejects still decodes,
 // and the batch then fails that matrix in-band).
-#include "server/fleet/plan_codec.h"
+#include "server/fleet/wire/plan_codec.h"
 
 #include <string>
 #include <tuple>
@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/distributed/local_batch.h"
 #include "server/engine/cpu/cpu_backend.h"
-#include "server/fleet/fleet_codec.h"
+#include "server/fleet/wire/fleet_codec.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {

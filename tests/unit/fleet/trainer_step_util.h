@@ -9,7 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/block_digest.h"
-#include "server/fleet/group_step.h"
+#include "server/fleet/logic/group_step.h"
 
 namespace orthoserve::testing {
 

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/fleet/plan_codec.h"
+#include "server/fleet/wire/plan_codec.h"
 #include "server/rpc/spec_codec.h"
 #include "tests/unit/rpc/rpc_test_util.h"
 

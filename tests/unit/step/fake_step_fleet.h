@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "server/engine/backend.h"
-#include "server/fleet/lone_compute.h"
-#include "server/fleet/step_fleet.h"
+#include "server/fleet/logic/lone_compute.h"
+#include "server/fleet/logic/step_fleet.h"
 #include "server/plan/matrix_checks.h"
 
 namespace orthoserve {

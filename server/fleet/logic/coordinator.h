@@ -96,7 +96,7 @@
 #include "common/shape.h"
 #include "common/status.h"
 #include "server/plan/matrix_plan.h"
-#include "server/fleet/group_step.h"
+#include "server/fleet/logic/group_step.h"
 
 namespace orthoserve {
 

@@ -1,6 +1,6 @@
 // The orthoserve.fleet.v1.Fleet gRPC service that fleet rank 0 serves to the other ranks: its
 // Store and its Coordinator, carried over the wire. A thin adapter; thread-safe. With fleet TLS
-// (`access` enforcing) only members call it, each only as itself (server/fleet/fleet_access.h):
+// (`access` enforcing) only members call it, each only as itself (server/fleet/wire/fleet_access.h):
 // Join, Leave, ReadLog, Report and Abort need the caller's certificate to name the rank they
 // speak for, the store calls one that names some member; others get PERMISSION_DENIED.
 #pragma once
@@ -9,8 +9,8 @@
 
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/store.h"
-#include "server/fleet/coordinator.h"
-#include "server/fleet/fleet_access.h"
+#include "server/fleet/logic/coordinator.h"
+#include "server/fleet/wire/fleet_access.h"
 
 namespace orthoserve {
 

@@ -1,7 +1,7 @@
 // StepFleet: what the step layer (server/step) needs of the fleet, and nothing else — whether
 // this rank serves group steps, its rank, handing a trainer rank's part of a group step to the
 // fleet and taking it back, where a lone client's matrix is computed, and having a peer compute
-// it. No gRPC: Fleet (server/fleet/fleet.h) implements it over the network, and the step layer's
+// it. No gRPC: Fleet (server/fleet/wire/fleet.h) implements it over the network, and the step layer's
 // tests (tests/unit/step) with a fake, so that a step runs and is tested without a server.
 #pragma once
 
@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "server/fleet/group_step.h"
+#include "server/fleet/logic/group_step.h"
 #include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
@@ -28,7 +28,7 @@ struct LoneTarget {
 };
 
 // A lone client's matrix to compute on a peer: the whole matrix (`block` is all of it). On the
-// wire, ComputeRequest's MatrixPlan (server/fleet/plan_codec.h) and the data.
+// wire, ComputeRequest's MatrixPlan (server/fleet/wire/plan_codec.h) and the data.
 struct PeerMatrix {
   std::string tenant;
   std::string job;

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/status.h"
-#include "server/fleet/coordinator.h"
+#include "server/fleet/logic/coordinator.h"
 
 namespace orthoserve {
 

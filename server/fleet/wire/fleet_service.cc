@@ -1,12 +1,12 @@
-// Implementation of server/fleet/fleet_service.h.
-#include "server/fleet/fleet_service.h"
+// Implementation of server/fleet/wire/fleet_service.h.
+#include "server/fleet/wire/fleet_service.h"
 
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert/grpc_status.h"
-#include "server/fleet/fleet_codec.h"
+#include "server/fleet/wire/fleet_codec.h"
 
 namespace orthoserve {
 namespace {

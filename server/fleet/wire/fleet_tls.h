@@ -1,7 +1,7 @@
 // The fleet port's mutual TLS over gRPC (docs/operations.md, "Security"): the credentials of
 // the fleet server and of the channels to it, and the verified peer certificate's names. Which
-// ranks those names are is server/fleet/fleet_identity.h's business; who may make which call,
-// server/fleet/fleet_access.h's.
+// ranks those names are is server/fleet/logic/fleet_identity.h's business; who may make which call,
+// server/fleet/wire/fleet_access.h's.
 //
 // With fleet TLS every member presents its certificate (signed by the fleet CA) both ways: the
 // fleet server requires and verifies the client's, and each channel checks that the server it
@@ -17,7 +17,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "server/fleet/fleet_identity.h"
+#include "server/fleet/logic/fleet_identity.h"
 
 namespace orthoserve {
 

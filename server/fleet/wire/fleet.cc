@@ -1,5 +1,5 @@
-// Implementation of server/fleet/fleet.h.
-#include "server/fleet/fleet.h"
+// Implementation of server/fleet/wire/fleet.h.
+#include "server/fleet/wire/fleet.h"
 
 #include <algorithm>
 
@@ -16,10 +16,10 @@
 #if ORTHOSERVE_WITH_CUDA
 #include "server/collective/nccl/nccl_collective.h"
 #endif
-#include "server/fleet/fleet_client.h"
-#include "server/fleet/fleet_codec.h"
-#include "server/fleet/fleet_service.h"
-#include "server/fleet/address.h"
+#include "server/fleet/wire/fleet_client.h"
+#include "server/fleet/wire/fleet_codec.h"
+#include "server/fleet/wire/fleet_service.h"
+#include "server/fleet/logic/address.h"
 
 namespace orthoserve {
 namespace {

@@ -1,9 +1,9 @@
-// Implementation of server/fleet/fleet_codec.h.
-#include "server/fleet/fleet_codec.h"
+// Implementation of server/fleet/wire/fleet_codec.h.
+#include "server/fleet/wire/fleet_codec.h"
 
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
-#include "server/fleet/plan_codec.h"
+#include "server/fleet/wire/plan_codec.h"
 
 namespace orthoserve {
 

@@ -1,6 +1,6 @@
-// Implementation of server/fleet/coordinator.h: steps, plans and the log. Membership (joins,
+// Implementation of server/fleet/logic/coordinator.h: steps, plans and the log. Membership (joins,
 // leaves, liveness, generations) is in coordinator_membership.cc.
-#include "server/fleet/coordinator.h"
+#include "server/fleet/logic/coordinator.h"
 
 #include <algorithm>
 #include <random>

@@ -1,10 +1,10 @@
-// Membership half of server/fleet/coordinator.h: joins, graceful leaves, liveness and the
+// Membership half of server/fleet/logic/coordinator.h: joins, graceful leaves, liveness and the
 // generations they start.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "server/fleet/coordinator.h"
+#include "server/fleet/logic/coordinator.h"
 
 namespace orthoserve {
 

@@ -1,4 +1,4 @@
-// Steps half of server/fleet/executor.h: submitting trainer steps and running the batches and
+// Steps half of server/fleet/logic/executor.h: submitting trainer steps and running the batches and
 // failures the log decides for them.
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "common/block_digest.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "server/fleet/executor.h"
+#include "server/fleet/logic/executor.h"
 
 namespace orthoserve {
 namespace {

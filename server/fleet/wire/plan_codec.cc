@@ -1,5 +1,5 @@
-// Implementation of server/fleet/plan_codec.h.
-#include "server/fleet/plan_codec.h"
+// Implementation of server/fleet/wire/plan_codec.h.
+#include "server/fleet/wire/plan_codec.h"
 
 #include <string>
 

@@ -30,16 +30,16 @@
 #include "grpcpp/server.h"
 #include "server/collective/store.h"
 #include "server/engine/backend.h"
-#include "server/fleet/coordinator.h"
-#include "server/fleet/executor.h"
-#include "server/fleet/fleet_access.h"
-#include "server/fleet/fleet_codec.h"
-#include "server/fleet/fleet_tls.h"
-#include "server/fleet/group_step.h"
-#include "server/fleet/log_source.h"
-#include "server/fleet/lone_placement.h"
-#include "server/fleet/peer.h"
-#include "server/fleet/step_fleet.h"
+#include "server/fleet/logic/coordinator.h"
+#include "server/fleet/logic/executor.h"
+#include "server/fleet/wire/fleet_access.h"
+#include "server/fleet/wire/fleet_codec.h"
+#include "server/fleet/wire/fleet_tls.h"
+#include "server/fleet/logic/group_step.h"
+#include "server/fleet/logic/log_source.h"
+#include "server/fleet/logic/lone_placement.h"
+#include "server/fleet/wire/peer.h"
+#include "server/fleet/logic/step_fleet.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -76,12 +76,12 @@ class Fleet final : public StepFleet {
     // Group steps of one tenant waiting for their trainer ranks at once (Coordinator::Options; 0: no limit).
     int max_tenant_pending_steps = 256;
     // Largest log entry the coordinator appends (Coordinator::Options::max_entry_bytes), at most
-    // kMaxFleetEntryBytes (server/fleet/fleet_codec.h).
+    // kMaxFleetEntryBytes (server/fleet/wire/fleet_codec.h).
     size_t max_entry_bytes = kMaxFleetEntryBytes;
     // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
     // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).
     FairPool* compute = nullptr;
-    // The fleet port's mutual TLS (--fleet-tls-*; server/fleet/fleet_tls.h): when enabled, the
+    // The fleet port's mutual TLS (--fleet-tls-*; server/fleet/wire/fleet_tls.h): when enabled, the
     // fleet port (fleet service, Peer service, health) and every channel to it speak mutual TLS
     // and only members are let in (fleet_access.h). Not enabled: plaintext, trusting anyone.
     FleetTlsOptions tls;

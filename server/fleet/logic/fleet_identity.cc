@@ -1,5 +1,5 @@
-// Implementation of server/fleet/fleet_identity.h.
-#include "server/fleet/fleet_identity.h"
+// Implementation of server/fleet/logic/fleet_identity.h.
+#include "server/fleet/logic/fleet_identity.h"
 
 #include <algorithm>
 #include <functional>

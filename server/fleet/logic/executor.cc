@@ -1,6 +1,6 @@
-// Implementation of server/fleet/executor.h: the reader and applier threads, membership and
+// Implementation of server/fleet/logic/executor.h: the reader and applier threads, membership and
 // liveness. Steps (Submit, batches) are in executor_steps.cc.
-#include "server/fleet/executor.h"
+#include "server/fleet/logic/executor.h"
 
 #include <future>
 

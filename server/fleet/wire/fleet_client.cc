@@ -1,5 +1,5 @@
-// Implementation of server/fleet/fleet_client.h.
-#include "server/fleet/fleet_client.h"
+// Implementation of server/fleet/wire/fleet_client.h.
+#include "server/fleet/wire/fleet_client.h"
 
 #include <chrono>
 
@@ -8,7 +8,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/convert/grpc_status.h"
-#include "server/fleet/fleet_codec.h"
+#include "server/fleet/wire/fleet_codec.h"
 
 namespace orthoserve {
 namespace {

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <vector>
 
-#include "server/fleet/coordinator.h"
-#include "server/fleet/step_fleet.h"
+#include "server/fleet/logic/coordinator.h"
+#include "server/fleet/logic/step_fleet.h"
 
 namespace orthoserve {
 

@@ -21,9 +21,9 @@
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/plan/matrix_plan.h"
 #include "server/engine/backend.h"
-#include "server/fleet/fleet_access.h"
-#include "server/fleet/fleet_tls.h"
-#include "server/fleet/step_fleet.h"
+#include "server/fleet/wire/fleet_access.h"
+#include "server/fleet/wire/fleet_tls.h"
+#include "server/fleet/logic/step_fleet.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {

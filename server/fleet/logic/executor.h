@@ -52,8 +52,8 @@
 #include "server/collective/collective.h"
 #include "server/distributed/batch.h"
 #include "server/engine/backend.h"
-#include "server/fleet/group_step.h"
-#include "server/fleet/log_source.h"
+#include "server/fleet/logic/group_step.h"
+#include "server/fleet/logic/log_source.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {

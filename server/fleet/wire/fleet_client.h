@@ -8,8 +8,8 @@
 
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/store.h"
-#include "server/fleet/fleet_tls.h"
-#include "server/fleet/log_source.h"
+#include "server/fleet/wire/fleet_tls.h"
+#include "server/fleet/logic/log_source.h"
 
 namespace orthoserve {
 

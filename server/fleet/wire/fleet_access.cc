@@ -1,5 +1,5 @@
-// Implementation of server/fleet/fleet_access.h.
-#include "server/fleet/fleet_access.h"
+// Implementation of server/fleet/wire/fleet_access.h.
+#include "server/fleet/wire/fleet_access.h"
 
 #include <string>
 #include <vector>

@@ -3,7 +3,7 @@
 
 #include "absl/status/statusor.h"
 #include "orthoserve/fleet/v1/fleet.pb.h"
-#include "server/fleet/coordinator.h"
+#include "server/fleet/logic/coordinator.h"
 
 namespace orthoserve {
 
@@ -23,7 +23,7 @@ inline constexpr char kFleetProtocolKey[] = "fleet/protocol";
 fleet::v1::GroupKey GroupKeyToProto(const GroupKey& key);
 GroupKey GroupKeyFromProto(const fleet::v1::GroupKey& proto);
 
-// Matrices travel as the fleet's own MatrixPlan (server/fleet/plan_codec.h), decoded
+// Matrices travel as the fleet's own MatrixPlan (server/fleet/wire/plan_codec.h), decoded
 // structurally only: their validity is checked where they enter the fleet (ParseMatrixSpec), by
 // the coordinator's agreement check and by ValidatePlan on every rank, not here.
 fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report);

@@ -1,5 +1,5 @@
-// Implementation of server/fleet/peer.h.
-#include "server/fleet/peer.h"
+// Implementation of server/fleet/wire/peer.h.
+#include "server/fleet/wire/peer.h"
 
 #include <chrono>
 #include <utility>
@@ -8,9 +8,9 @@
 #include "common/status.h"
 #include "proto/convert/grpc_status.h"
 #include "grpcpp/channel.h"
-#include "server/fleet/fleet_client.h"
-#include "server/fleet/lone_compute.h"
-#include "server/fleet/plan_codec.h"
+#include "server/fleet/wire/fleet_client.h"
+#include "server/fleet/logic/lone_compute.h"
+#include "server/fleet/wire/plan_codec.h"
 
 namespace orthoserve {
 namespace {

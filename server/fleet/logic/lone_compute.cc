@@ -1,5 +1,5 @@
-// Implementation of server/fleet/lone_compute.h.
-#include "server/fleet/lone_compute.h"
+// Implementation of server/fleet/logic/lone_compute.h.
+#include "server/fleet/logic/lone_compute.h"
 
 #include "server/distributed/local_batch.h"
 

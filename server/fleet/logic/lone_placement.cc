@@ -1,7 +1,7 @@
-// Implementation of server/fleet/lone_placement.h.
-#include "server/fleet/lone_placement.h"
+// Implementation of server/fleet/logic/lone_placement.h.
+#include "server/fleet/logic/lone_placement.h"
 
-#include "server/fleet/address.h"
+#include "server/fleet/logic/address.h"
 
 namespace orthoserve {
 

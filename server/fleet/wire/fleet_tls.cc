@@ -1,5 +1,5 @@
-// Implementation of server/fleet/fleet_tls.h.
-#include "server/fleet/fleet_tls.h"
+// Implementation of server/fleet/wire/fleet_tls.h.
+#include "server/fleet/wire/fleet_tls.h"
 
 #include <fstream>
 #include <sstream>

@@ -1,5 +1,5 @@
-// Implementation of server/fleet/address.h.
-#include "server/fleet/address.h"
+// Implementation of server/fleet/logic/address.h.
+#include "server/fleet/logic/address.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,7 +1,7 @@
 // Who may call the fleet port (the Fleet service on rank 0, every member's Peer service): with
 // fleet TLS, only fleet members, each only as itself. The handshake has already required a
 // certificate signed by the fleet CA; this checks which member names it carries
-// (server/fleet/fleet_identity.h):
+// (server/fleet/logic/fleet_identity.h):
 //  - calls that speak for one rank (Join, Leave, ReadLog, Report, Abort) need a certificate that
 //    names that rank;
 //  - calls that speak for no rank (the rendezvous store, Peer compute) need one that names some
@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
-#include "server/fleet/fleet_tls.h"
+#include "server/fleet/wire/fleet_tls.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {

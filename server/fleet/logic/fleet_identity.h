@@ -1,5 +1,5 @@
 // Which fleet ranks a verified peer certificate names: the identity half of the fleet port's
-// mutual TLS (server/fleet/fleet_tls.h carries it over gRPC). No gRPC, no OpenSSL: it works on
+// mutual TLS (server/fleet/wire/fleet_tls.h carries it over gRPC). No gRPC, no OpenSSL: it works on
 // the subject alternative names that the TLS stack has already verified against the fleet CA.
 //
 // Fleet rank r's member name is the pattern (--fleet-tls-member-name) with every "{rank}"
