@@ -25,6 +25,30 @@ size_t SegmentBytes(const BatchContext& ctx, absl::Span<const OwnedMatrix> set, 
   return bytes;
 }
 
+// Which blocks an all-to-allv of AssembleOnOwners carries between this rank and each peer p:
+// kToOwners, this rank's blocks of the matrices p owns (sent as inputs, received back as
+// results); kFromHolders, p's blocks of the matrices this rank owns (received as inputs, sent
+// back as results).
+enum class Side { kToOwners, kFromHolders };
+
+// Calls visit(om, mp, t) for every block of `side`, in the order the all-to-allv lays them out:
+// peer-major (this rank skipped), then set order, then trainer rank. Packing and unpacking walk
+// the same order, so each side's send and receive agree.
+template <typename Visit>
+void ForEachExchanged(const BatchContext& ctx, absl::Span<const OwnedMatrix> set, Side side, Visit visit) {
+  const int me = ctx.rank();
+  for (int p = 0; p < ctx.world(); ++p) {
+    if (p == me) continue;
+    const int owner = side == Side::kToOwners ? p : me;
+    const int holder = side == Side::kToOwners ? me : p;
+    for (const OwnedMatrix& om : set) {
+      if (om.owner != owner) continue;
+      const MatrixPlan& mp = ctx.matrix(om.matrix);
+      for (int t : ctx.TrainersOn(om.matrix, holder)) visit(om, mp, t);
+    }
+  }
+}
+
 size_t Total(const std::vector<size_t>& sizes) {
   size_t total = 0;
   for (size_t s : sizes) total += s;
@@ -47,17 +71,10 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   // Pack: destination-major, then set order, then trainer rank.
   ASSIGN_OR_RETURN(MemoryBuffer send, ctx.Allocate(Total(send_in), false, phase + " blocks to send"));
   char* cursor = send.data();
-  for (int p = 0; p < world; ++p) {
-    if (p == me) continue;
-    for (const OwnedMatrix& om : set) {
-      if (om.owner != p) continue;
-      const MatrixPlan& mp = ctx.matrix(om.matrix);
-      for (int t : ctx.TrainersOn(om.matrix, me)) {
-        ctx.ReadBlock(om.matrix, t, cursor);
-        cursor += InBytes(mp, mp.blocks[t].block);
-      }
-    }
-  }
+  ForEachExchanged(ctx, set, Side::kToOwners, [&](const OwnedMatrix& om, const MatrixPlan& mp, int t) {
+    ctx.ReadBlock(om.matrix, t, cursor);
+    cursor += InBytes(mp, mp.blocks[t].block);
+  });
   ASSIGN_OR_RETURN(MemoryBuffer recv, ctx.Allocate(Total(recv_in), false, phase + " blocks received"));
   RETURN_IF_ERROR(ctx.Collect(phase + " all-to-allv of the blocks", [&] {
     return ctx.collective().AllToAllv(send.data(), send_in, recv.data(), recv_in, ctx.timeout());
@@ -87,19 +104,11 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
     for (int t : ctx.TrainersOn(om.matrix, me)) ctx.ReadBlock(om.matrix, t, owned.back().in.data(), mp.view.cols);
   }
   const char* in_cursor = recv.data();
-  for (int p = 0; p < world; ++p) {
-    if (p == me) continue;
-    for (const OwnedMatrix& om : set) {
-      if (om.owner != me) continue;
-      const MatrixPlan& mp = ctx.matrix(om.matrix);
-      for (int t : ctx.TrainersOn(om.matrix, p)) {
-        if (owned[slot[om.matrix]].direct_in == nullptr) {
-          PutBlock(ctx, mp.blocks[t].block, in_cursor, owned[slot[om.matrix]]);
-        }
-        in_cursor += InBytes(mp, mp.blocks[t].block);
-      }
-    }
-  }
+  ForEachExchanged(ctx, set, Side::kFromHolders, [&](const OwnedMatrix& om, const MatrixPlan& mp, int t) {
+    Assembled& a = owned[slot[om.matrix]];
+    if (a.direct_in == nullptr) PutBlock(ctx, mp.blocks[t].block, in_cursor, a);
+    in_cursor += InBytes(mp, mp.blocks[t].block);
+  });
   recv.Reset();
   OrthogonalizeAssembled(ctx, owned);
 
@@ -114,35 +123,21 @@ absl::Status AssembleOnOwners(BatchContext& ctx, absl::Span<const OwnedMatrix> s
   }
   ASSIGN_OR_RETURN(MemoryBuffer back, ctx.Allocate(Total(send_out), false, phase + " results to send"));
   char* out_cursor = back.data();
-  for (int p = 0; p < world; ++p) {
-    if (p == me) continue;
-    for (const OwnedMatrix& om : set) {
-      if (om.owner != me) continue;
-      const MatrixPlan& mp = ctx.matrix(om.matrix);
-      for (int t : ctx.TrainersOn(om.matrix, p)) {
-        // A direct matrix has no blocks elsewhere: its other placements are empty.
-        GetBlock(ctx, mp.blocks[t].block, owned[slot[om.matrix]], out_cursor);
-        out_cursor += OutBytes(mp, mp.blocks[t].block);
-      }
-    }
-  }
+  ForEachExchanged(ctx, set, Side::kFromHolders, [&](const OwnedMatrix& om, const MatrixPlan& mp, int t) {
+    // A direct matrix has no blocks elsewhere: its other placements are empty.
+    GetBlock(ctx, mp.blocks[t].block, owned[slot[om.matrix]], out_cursor);
+    out_cursor += OutBytes(mp, mp.blocks[t].block);
+  });
   owned.clear();
   ASSIGN_OR_RETURN(MemoryBuffer results, ctx.Allocate(Total(recv_out), false, phase + " results received"));
   RETURN_IF_ERROR(ctx.Collect(phase + " all-to-allv of the results", [&] {
     return ctx.collective().AllToAllv(back.data(), send_out, results.data(), recv_out, ctx.timeout());
   }));
   const char* result_cursor = results.data();
-  for (int p = 0; p < world; ++p) {
-    if (p == me) continue;
-    for (const OwnedMatrix& om : set) {
-      if (om.owner != p) continue;
-      const MatrixPlan& mp = ctx.matrix(om.matrix);
-      for (int t : ctx.TrainersOn(om.matrix, me)) {
-        ctx.WriteBlock(om.matrix, t, result_cursor);
-        result_cursor += OutBytes(mp, mp.blocks[t].block);
-      }
-    }
-  }
+  ForEachExchanged(ctx, set, Side::kToOwners, [&](const OwnedMatrix& om, const MatrixPlan& mp, int t) {
+    ctx.WriteBlock(om.matrix, t, result_cursor);
+    result_cursor += OutBytes(mp, mp.blocks[t].block);
+  });
   return absl::OkStatus();
 }
 

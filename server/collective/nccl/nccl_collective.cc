@@ -146,6 +146,13 @@ class NcclCollective::Impl {
   }
   static constexpr absl::Duration kCloseTimeout = absl::Seconds(10);
   absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+  // What AllToAllv and AllGatherv do once their arguments are checked: sends peer p
+  // send_bytes[p] bytes at send + send_offsets[p] (send_total bytes in all), receives
+  // recv_bytes[p] bytes from p at their offset in `recv`, and copies this rank's own segment;
+  // host buffers are staged through device memory. Waits for it until `deadline`.
+  absl::Status ExchangeSegments(const void* send, size_t send_total, absl::Span<const size_t> send_offsets,
+                                absl::Span<const size_t> send_bytes, void* recv, absl::Span<const size_t> recv_bytes,
+                                absl::Time deadline);
 
   const int rank_, world_, device_;
   ncclComm_t comm_ = nullptr;
@@ -320,45 +327,54 @@ absl::Status NcclCollective::Impl::Copy(void* dst, const void* src, size_t bytes
   return CudaError(cudaMemcpyAsync(dst, src, bytes, kind, stream_), "cudaMemcpyAsync");
 }
 
+absl::Status NcclCollective::Impl::ExchangeSegments(const void* send, size_t send_total,
+                                                    absl::Span<const size_t> send_offsets,
+                                                    absl::Span<const size_t> send_bytes, void* recv,
+                                                    absl::Span<const size_t> recv_bytes, absl::Time deadline) {
+  const std::vector<size_t> roff = collective_internal::SegmentOffsets(recv_bytes);
+  ASSIGN_OR_RETURN(const bool send_dev, IsOwnDevicePointer(send));
+  ASSIGN_OR_RETURN(const bool recv_dev, IsOwnDevicePointer(recv));
+  const char* dsend = static_cast<const char*>(send);
+  char* drecv = static_cast<char*>(recv);
+  // Host buffers are staged through this rank's device buffers: up once, down once.
+  if (!send_dev) {
+    ASSIGN_OR_RETURN(char* stage, send_stage_.Get(send_total));
+    RETURN_IF_ERROR(Copy(stage, send, send_total, cudaMemcpyHostToDevice));
+    dsend = stage;
+  }
+  if (!recv_dev) {
+    ASSIGN_OR_RETURN(drecv, recv_stage_.Get(roff[world_]));
+  }
+  // This rank's own segment is a device copy (a no-op when it is already in place).
+  RETURN_IF_ERROR(Copy(drecv + roff[rank_], dsend + send_offsets[rank_], send_bytes[rank_], cudaMemcpyDeviceToDevice));
+  RETURN_IF_ERROR(Grouped([&]() -> absl::Status {
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      if (send_bytes[p] > 0) {
+        RETURN_IF_ERROR(NcclError(ncclSend(dsend + send_offsets[p], send_bytes[p], ncclUint8, p, comm_, stream_),
+                                  "ncclSend", comm_));
+      }
+      if (recv_bytes[p] > 0) {
+        RETURN_IF_ERROR(
+            NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
+      }
+    }
+    return absl::OkStatus();
+  }));
+  RETURN_IF_ERROR(Wait(deadline));
+  if (!recv_dev) {
+    RETURN_IF_ERROR(Copy(recv, drecv, roff[world_], cudaMemcpyDeviceToHost));
+    RETURN_IF_ERROR(Wait(deadline));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NcclCollective::Impl::AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
                                              absl::Span<const size_t> recv_bytes, absl::Duration timeout) {
   return Guarded("AllToAllv", timeout, [&](absl::Time deadline) -> absl::Status {
     RETURN_IF_ERROR(collective_internal::CheckAllToAllvArgs(rank_, world_, send_bytes, recv_bytes));
     const std::vector<size_t> soff = collective_internal::SegmentOffsets(send_bytes);
-    const std::vector<size_t> roff = collective_internal::SegmentOffsets(recv_bytes);
-    ASSIGN_OR_RETURN(const bool send_dev, IsOwnDevicePointer(send));
-    ASSIGN_OR_RETURN(const bool recv_dev, IsOwnDevicePointer(recv));
-    const char* dsend = static_cast<const char*>(send);
-    char* drecv = static_cast<char*>(recv);
-    if (!send_dev) {
-      ASSIGN_OR_RETURN(char* stage, send_stage_.Get(soff[world_]));
-      RETURN_IF_ERROR(Copy(stage, send, soff[world_], cudaMemcpyHostToDevice));
-      dsend = stage;
-    }
-    if (!recv_dev) {
-      ASSIGN_OR_RETURN(drecv, recv_stage_.Get(roff[world_]));
-    }
-    RETURN_IF_ERROR(Copy(drecv + roff[rank_], dsend + soff[rank_], send_bytes[rank_], cudaMemcpyDeviceToDevice));
-    RETURN_IF_ERROR(Grouped([&]() -> absl::Status {
-      for (int p = 0; p < world_; ++p) {
-        if (p == rank_) continue;
-        if (send_bytes[p] > 0) {
-          RETURN_IF_ERROR(
-              NcclError(ncclSend(dsend + soff[p], send_bytes[p], ncclUint8, p, comm_, stream_), "ncclSend", comm_));
-        }
-        if (recv_bytes[p] > 0) {
-          RETURN_IF_ERROR(
-              NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
-        }
-      }
-      return absl::OkStatus();
-    }));
-    RETURN_IF_ERROR(Wait(deadline));
-    if (!recv_dev) {
-      RETURN_IF_ERROR(Copy(recv, drecv, roff[world_], cudaMemcpyDeviceToHost));
-      RETURN_IF_ERROR(Wait(deadline));
-    }
-    return absl::OkStatus();
+    return ExchangeSegments(send, soff[world_], soff, send_bytes, recv, recv_bytes, deadline);
   });
 }
 
@@ -366,40 +382,10 @@ absl::Status NcclCollective::Impl::AllGatherv(const void* send, size_t send_byte
                                               absl::Span<const size_t> recv_bytes, absl::Duration timeout) {
   return Guarded("AllGatherv", timeout, [&](absl::Time deadline) -> absl::Status {
     RETURN_IF_ERROR(collective_internal::CheckAllGathervArgs(rank_, world_, send_bytes, recv_bytes));
-    const std::vector<size_t> roff = collective_internal::SegmentOffsets(recv_bytes);
-    ASSIGN_OR_RETURN(const bool send_dev, IsOwnDevicePointer(send));
-    ASSIGN_OR_RETURN(const bool recv_dev, IsOwnDevicePointer(recv));
-    const char* dsend = static_cast<const char*>(send);
-    char* drecv = static_cast<char*>(recv);
-    if (!send_dev) {
-      ASSIGN_OR_RETURN(char* stage, send_stage_.Get(send_bytes));
-      RETURN_IF_ERROR(Copy(stage, send, send_bytes, cudaMemcpyHostToDevice));
-      dsend = stage;
-    }
-    if (!recv_dev) {
-      ASSIGN_OR_RETURN(drecv, recv_stage_.Get(roff[world_]));
-    }
-    // In place (send is this rank's segment of recv) makes this copy a no-op.
-    RETURN_IF_ERROR(Copy(drecv + roff[rank_], dsend, send_bytes, cudaMemcpyDeviceToDevice));
-    RETURN_IF_ERROR(Grouped([&]() -> absl::Status {
-      for (int p = 0; p < world_; ++p) {
-        if (p == rank_) continue;
-        if (send_bytes > 0) {
-          RETURN_IF_ERROR(NcclError(ncclSend(dsend, send_bytes, ncclUint8, p, comm_, stream_), "ncclSend", comm_));
-        }
-        if (recv_bytes[p] > 0) {
-          RETURN_IF_ERROR(
-              NcclError(ncclRecv(drecv + roff[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv", comm_));
-        }
-      }
-      return absl::OkStatus();
-    }));
-    RETURN_IF_ERROR(Wait(deadline));
-    if (!recv_dev) {
-      RETURN_IF_ERROR(Copy(recv, drecv, roff[world_], cudaMemcpyDeviceToHost));
-      RETURN_IF_ERROR(Wait(deadline));
-    }
-    return absl::OkStatus();
+    // Every peer gets the same segment: the whole send buffer.
+    const std::vector<size_t> offsets(static_cast<size_t>(world_), 0);
+    const std::vector<size_t> sizes(static_cast<size_t>(world_), send_bytes);
+    return ExchangeSegments(send, send_bytes, offsets, sizes, recv, recv_bytes, deadline);
   });
 }
 
