@@ -15,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Source directories checked by default, relative to the repository root.
-CHECKED_DIRS=(common client/cpp server/engine server/collective server/metrics server/app)
+# Source directories checked by default, relative to the repository root: all of the C++.
+CHECKED_DIRS=(common client/cpp server)
 
 build_dir=${ORTHOSERVE_BUILD_DIR:-build}
 jobs=${ORTHOSERVE_TSA_JOBS:-2}

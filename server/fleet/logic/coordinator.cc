@@ -51,14 +51,14 @@ Coordinator::~Coordinator() {
 }
 
 void Coordinator::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  log_cv_.notify_all();
-  timer_cv_.notify_all();
+  log_cv_.SignalAll();
+  timer_cv_.SignalAll();
 }
 
 size_t Coordinator::pending_steps() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return pending_.size();
 }
 
@@ -73,7 +73,7 @@ void Coordinator::AppendLocked(LogEntry entry) {
                                           entry.more_parts ? ", more follow" : ", the last")
                            : std::string());
   log_.push_back(std::move(entry));
-  log_cv_.notify_all();
+  log_cv_.SignalAll();
 }
 
 void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure) {
@@ -86,7 +86,7 @@ void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, 
 }
 
 absl::Status Coordinator::Report(ReadyReport report) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down; retry");
   if (report.epoch != epoch_) {
     return absl::FailedPreconditionError("the fleet coordinator restarted since this rank joined; join again");
@@ -199,7 +199,7 @@ Coordinator::Pending& Coordinator::NewPendingLocked(const GroupKey& key, int wor
   p.trainer_world = world;
   claims_.try_emplace(key.AnyRun(), key.run);
   ++tenant_pending_[key.tenant];
-  timer_cv_.notify_all();
+  timer_cv_.SignalAll();
   return p;
 }
 
@@ -441,7 +441,7 @@ void Coordinator::ReleaseLocked() {
 }
 
 void Coordinator::BatchRan(int64_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   while (!unran_.empty() && unran_.front().index <= index) {
     // Its time on the fleet: from when it was appended, or from when the one before it ran.
@@ -458,7 +458,7 @@ void Coordinator::BatchRan(int64_t index) {
 }
 
 size_t Coordinator::queued_steps() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return ready_.size();
 }
 
@@ -596,7 +596,7 @@ void Coordinator::WithdrawLocked(Pending& p, int trainer_rank) {
 
 absl::Status Coordinator::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
                                 int fleet_rank, uint64_t incarnation) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   if (!IsMemberLocked(fleet_rank, incarnation)) {
     return absl::FailedPreconditionError(absl::StrCat("fleet rank ", fleet_rank, " (incarnation ", incarnation,
@@ -636,7 +636,7 @@ absl::Status Coordinator::Abort(const GroupKey& key, int trainer_rank, const abs
 
 absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reader, int64_t from,
                                                         absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));
   for (const ReadyReport& r : reader.kept) {
@@ -696,11 +696,10 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
     }
   }
   const absl::Time deadline = absl::Now() + timeout;
-  auto available = [&] { return shutdown_ || first_index_ + static_cast<int64_t>(log_.size()) > from; };
-  while (!available()) {
+  while (!shutdown_ && first_index_ + static_cast<int64_t>(log_.size()) <= from) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
-    log_cv_.wait_for(lock, absl::ToChronoMilliseconds(left) + std::chrono::milliseconds(1));
+    log_cv_.WaitWithTimeout(&mu_, left + absl::Milliseconds(1));  // The loop rechecks, timed out or not.
   }
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   // It may have been dropped while waiting (silent for too long, or replaced).
@@ -771,7 +770,7 @@ void Coordinator::CheckPendingLocked(absl::Time now, absl::Time& next) {
 }
 
 void Coordinator::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!shutdown_) {
     const absl::Time now = absl::Now();
     absl::Time next = now + absl::Milliseconds(250);
@@ -818,7 +817,7 @@ void Coordinator::TimerLoop() {
         ++it;
       }
     }
-    timer_cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(next - absl::Now(), absl::Milliseconds(1))));
+    timer_cv_.WaitWithTimeout(&mu_, std::max(next - absl::Now(), absl::Milliseconds(1)));  // Either way: go round.
   }
 }
 

@@ -76,21 +76,21 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/fair_queue.h"
 #include "common/shape.h"
@@ -241,15 +241,15 @@ class Coordinator {
   // that includes it comes later). A new incarnation of a rank replaces the old one (which
   // counts as restarted). INVALID_ARGUMENT for a rank outside [0, S); UNAVAILABLE after
   // Shutdown.
-  absl::StatusOr<int64_t> Join(const Member& member);
+  absl::StatusOr<int64_t> Join(const Member& member) ABSL_LOCKS_EXCLUDED(mu_);
   // A graceful leave: the next generation goes without the rank. FAILED_PRECONDITION for an
   // epoch or incarnation that is not current (nothing to leave).
-  absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch);
+  absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK when the report was accepted (its outcome comes through the log). UNAVAILABLE when the
   // reporting rank is not a member of the current generation or after Shutdown (the step can
   // be retried elsewhere); FAILED_PRECONDITION for another epoch (the rank must join again).
-  absl::Status Report(ReadyReport report);
+  absl::Status Report(ReadyReport report) ABSL_LOCKS_EXCLUDED(mu_);
   // Trainer rank `trainer_rank`'s call of step `key` failed with `reason` on fleet rank
   // `fleet_rank` (incarnation `incarnation`), the member sending this; `submission` identifies
   // the failed submission (0: it never reported). Accepted only from a member of the current
@@ -257,25 +257,26 @@ class Coordinator {
   // reports withdrawn already), and, when the step holds the report of `submission`, only from
   // the member that reported it (PERMISSION_DENIED otherwise). UNAVAILABLE after Shutdown.
   absl::Status Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission,
-                     int fleet_rank, uint64_t incarnation);
+                     int fleet_rank, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Entries with index >= `from`, waiting up to `timeout` for at least one; also the reader's
   // heartbeat and formation report. FAILED_PRECONDITION when the reader's epoch or incarnation
   // is not current (it must join again); UNAVAILABLE after Shutdown.
-  absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout);
+  absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  Generation generation() const;
+  Generation generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // Rank 0's executor has applied log entry `index` (and every one before it): the batches up
   // to it have run there, or failed.
-  void BatchRan(int64_t index);
+  void BatchRan(int64_t index) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Steps waiting for trainer ranks or, complete, for their turn (for tests and metrics).
-  size_t pending_steps() const;
+  size_t pending_steps() const ABSL_LOCKS_EXCLUDED(mu_);
   // Complete steps waiting for their turn in the fair order of batches.
-  size_t queued_steps() const;
+  size_t queued_steps() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Wakes readers and stops the timer thread; later calls fail or are no-ops.
-  void Shutdown();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // kLeaving: left gracefully, not a member, but still reads until it sees the generation
@@ -334,33 +335,34 @@ class Coordinator {
   };
   // A new pending step of `key` for trainer world `world` (the first report of it, or a replay's):
   // claims the step for key.run (see "Runs") and counts it for its tenant.
-  Pending& NewPendingLocked(const GroupKey& key, int world);
+  Pending& NewPendingLocked(const GroupKey& key, int world) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets pending step `it`: its claim and its tenant's count go with it.
-  void ErasePendingLocked(absl::flat_hash_map<GroupKey, Pending>::iterator it);
-  void ErasePendingLocked(const GroupKey& key);
+  void ErasePendingLocked(absl::flat_hash_map<GroupKey, Pending>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ErasePendingLocked(const GroupKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION when another run's ranks are gathering the same step (see "Runs").
-  absl::Status CheckRunLocked(const ReadyReport& report);
+  absl::Status CheckRunLocked(const ReadyReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The digest of trainer rank `trainer_rank`'s blocks in step `key` as it ran: from the batch
   // appended for it, or from what members keep of it; nullopt when neither is known.
-  std::optional<uint64_t> OriginalDigestLocked(const GroupKey& key, int trainer_rank) const;
+  std::optional<uint64_t> OriginalDigestLocked(const GroupKey& key, int trainer_rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ABORTED when `report` retries a step that ran with blocks whose digest differs from its
   // original's (see "Replays"); OK when they agree or the step is not known to have run.
-  absl::Status CheckRetryDigestLocked(const ReadyReport& report) const;
+  absl::Status CheckRetryDigestLocked(const ReadyReport& report) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refusal (Options::on_refusal).
-  void RefusedLocked(const char* cause) const;
+  void RefusedLocked(const char* cause) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT when batch `entry` would not fit in one log read (Options::max_entry_bytes).
-  absl::Status CheckEntrySizeLocked(const LogEntry& entry) const;
+  absl::Status CheckEntrySizeLocked(const LogEntry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A retried report of the step its group's members keep: starts the replay.
-  void StartReplayLocked(ReadyReport report);
+  void StartReplayLocked(ReadyReport report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills replay slots from what members keep; appends the batch when every slot is filled.
-  void FillReplayLocked(const GroupKey& key);
+  void FillReplayLocked(const GroupKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A step whose every trainer rank arrived: appended now, or queued for its turn.
-  void CompleteLocked(const GroupKey& key);
+  void CompleteLocked(const GroupKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds and appends the batch (or its failure) of complete step `key`.
-  void AppendStepLocked(const GroupKey& key);
+  void AppendStepLocked(const GroupKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends queued steps while the window has room (or all of them when not pacing).
-  void ReleaseLocked();
-  bool PacingLocked() const;
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PacingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A step in the fair order of batches: complete and not yet appended, or (`part`) the rest of
   // a divided one.
   struct Ready {
@@ -375,46 +377,50 @@ class Coordinator {
   };
   // The end of the part of `matrices` that starts at `begin` (see "Parts"); matrices.size() when
   // not dividing.
-  size_t PartEndLocked(const std::vector<MatrixPlan>& matrices, size_t begin, int members) const;
+  size_t PartEndLocked(const std::vector<MatrixPlan>& matrices, size_t begin, int members) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends the next part of divided step `key` (its whole rest when `rest`) and queues what remains.
-  void AppendPartLocked(const GroupKey& key, bool rest);
+  void AppendPartLocked(const GroupKey& key, bool rest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   explicit Coordinator(const Options& options);
-  void AppendLocked(LogEntry entry);
+  void AppendLocked(LogEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `failure`: one of the kStepFailure* reasons.
-  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure);
-  absl::StatusOr<LogEntry> BuildBatchLocked(const GroupKey& key, Pending& pending);
+  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<LogEntry> BuildBatchLocked(const GroupKey& key, Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the current generation with this rank and incarnation.
-  bool IsMemberLocked(int rank, uint64_t incarnation) const;
+  bool IsMemberLocked(int rank, uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates a reader's or leaver's identity: FAILED_PRECONDITION when it must join again.
-  absl::Status CheckIdentityLocked(int rank, uint64_t epoch, uint64_t incarnation) const;
+  absl::Status CheckIdentityLocked(int rank, uint64_t epoch, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the next generation now if the set of live ranks differs from the members (or
   // `force`), and withdraws pending reports of ranks that are not members any more.
-  void ReformLocked(const std::string& reason, bool force);
+  void ReformLocked(const std::string& reason, bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reforms after `reform_delay` (joins and failures that come together make one generation).
-  void ScheduleReformLocked(const std::string& reason, bool force);
-  void WithdrawLocked(Pending& pending, int trainer_rank);
-  void CheckLivenessLocked(absl::Time now);
-  void CheckPendingLocked(absl::Time now, absl::Time& next);
+  void ScheduleReformLocked(const std::string& reason, bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WithdrawLocked(Pending& pending, int trainer_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckLivenessLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckPendingLocked(absl::Time now, absl::Time& next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "r1, r2, ..." of the trainer ranks `p` still waits for (the first few, and how many more).
   static std::string MissingRanks(const Pending& p);
-  void TimerLoop();
+  void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const uint64_t epoch_;
-  mutable std::mutex mu_;
-  std::condition_variable log_cv_;
-  std::condition_variable timer_cv_;
-  std::vector<Known> known_;  // By rank.
-  Generation generation_;
-  absl::Time reform_at_ = absl::InfiniteFuture();  // A delayed reform (after joins).
-  std::string reform_reason_;
-  bool reform_forced_ = false;  // The next reform happens even with unchanged members.
-  absl::flat_hash_map<GroupKey, Pending> pending_;
+  // Guards everything below but timer_ (the constructor's and destructor's).
+  mutable absl::Mutex mu_;
+  absl::CondVar log_cv_;    // Signalled when an entry is appended and at Shutdown (Read waits on it).
+  absl::CondVar timer_cv_;  // Signalled when the timer's next deadline may be sooner, and at Shutdown.
+  std::vector<Known> known_ ABSL_GUARDED_BY(mu_);  // By rank.
+  Generation generation_ ABSL_GUARDED_BY(mu_);
+  absl::Time reform_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // A delayed reform (after joins).
+  std::string reform_reason_ ABSL_GUARDED_BY(mu_);
+  bool reform_forced_ ABSL_GUARDED_BY(mu_) = false;  // The next reform happens even with unchanged members.
+  absl::flat_hash_map<GroupKey, Pending> pending_ ABSL_GUARDED_BY(mu_);
   // By GroupKey::AnyRun(): the run whose ranks the pending step of that key gathers (see "Runs").
-  absl::flat_hash_map<GroupKey, std::string> claims_;
-  absl::flat_hash_map<std::string, int> tenant_pending_;  // Pending steps by tenant.
-  absl::flat_hash_map<GroupKey, Kept> kept_;  // By GroupKey::Group().
+  absl::flat_hash_map<GroupKey, std::string> claims_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> tenant_pending_ ABSL_GUARDED_BY(mu_);  // Pending steps by tenant.
+  absl::flat_hash_map<GroupKey, Kept> kept_ ABSL_GUARDED_BY(mu_);  // By GroupKey::Group().
   // The last step of a group appended as a batch: each trainer rank's digest (ReadyReport::digest),
   // what its retries are compared with. By GroupKey::Group().
   struct Ran {
@@ -422,21 +428,22 @@ class Coordinator {
     absl::Time at;
     std::vector<uint64_t> digests;
   };
-  absl::flat_hash_map<GroupKey, Ran> ran_;
-  FairQueue<Ready> ready_;  // Complete steps and parts for their turn; stale keys are skipped.
-  absl::flat_hash_map<GroupKey, Divided> divided_;
+  absl::flat_hash_map<GroupKey, Ran> ran_ ABSL_GUARDED_BY(mu_);
+  // Complete steps and parts for their turn; stale keys are skipped.
+  FairQueue<Ready> ready_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GroupKey, Divided> divided_ ABSL_GUARDED_BY(mu_);
   // Appended batches not yet run on rank 0: their index, when appended, their estimated cost.
   struct Unran {
     int64_t index = 0;
     absl::Time at;
     double cost = 0;
   };
-  std::deque<Unran> unran_;
-  absl::Time last_ran_ = absl::InfinitePast();  // When rank 0 last reported a batch run.
-  double flops_per_second_ = 0;  // Rank 0's batches, measured (0: none yet); sizes parts.
-  std::deque<LogEntry> log_;  // log_.front().index == first_index_.
-  int64_t first_index_ = 0;
-  bool shutdown_ = false;
+  std::deque<Unran> unran_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_ran_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // When rank 0 last reported a batch run.
+  double flops_per_second_ ABSL_GUARDED_BY(mu_) = 0;  // Rank 0's batches, measured (0: none yet); sizes parts.
+  std::deque<LogEntry> log_ ABSL_GUARDED_BY(mu_);  // log_.front().index == first_index_.
+  int64_t first_index_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;
 };
 

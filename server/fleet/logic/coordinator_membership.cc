@@ -33,7 +33,7 @@ absl::Status Coordinator::CheckIdentityLocked(int rank, uint64_t epoch, uint64_t
 }
 
 absl::StatusOr<int64_t> Coordinator::Join(const Member& member) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down; retry");
   if (member.rank < 0 || member.rank >= options_.fleet_world) {
     return absl::InvalidArgumentError(absl::StrCat("fleet rank ", member.rank, " is out of range for the coordinator's --world = ",
@@ -63,7 +63,7 @@ absl::StatusOr<int64_t> Coordinator::Join(const Member& member) {
 }
 
 absl::Status Coordinator::Leave(int rank, uint64_t incarnation, uint64_t epoch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   RETURN_IF_ERROR(CheckIdentityLocked(rank, epoch, incarnation));
   LOG_INFO("fleet") << "fleet rank " << rank << " leaves the fleet";
@@ -80,7 +80,7 @@ void Coordinator::ScheduleReformLocked(const std::string& reason, bool force) {
     reform_reason_ = reason;
   }
   reform_forced_ = reform_forced_ || force;
-  timer_cv_.notify_all();
+  timer_cv_.SignalAll();
 }
 
 void Coordinator::CheckLivenessLocked(absl::Time now) {
@@ -156,7 +156,7 @@ void Coordinator::ReformLocked(const std::string& reason, bool force) {
 }
 
 Generation Coordinator::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return generation_;
 }
 

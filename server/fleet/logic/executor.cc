@@ -45,7 +45,7 @@ Executor::~Executor() {
   if (applier_.joinable()) applier_.join();
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     left.swap(waiting_);
     TakePartsLocked(left);
   }
@@ -74,15 +74,15 @@ void Executor::TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting
 }
 
 void Executor::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopping_) return;
   stopping_ = true;
   if (collective_ != nullptr) collective_->Abort("the server is shutting down");
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 size_t Executor::waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [key, list] : waiting_) n += list.size();
   for (const auto& [key, partial] : parts_) n += partial.steps.size();
@@ -90,7 +90,7 @@ size_t Executor::waiting() const {
 }
 
 Executor::View Executor::view() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   View v;
   v.epoch = epoch_;
   v.generation = generation_;
@@ -101,7 +101,7 @@ Executor::View Executor::view() const {
 }
 
 absl::Status Executor::Liveness() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (busy_since_ != absl::InfiniteFuture() && aborted_at_ != absl::InfiniteFuture() &&
       now - aborted_at_ > kAbortGrace) {
@@ -127,7 +127,7 @@ void Executor::PublishMetricsLocked() {
 void Executor::Reset(const absl::Status& reason) {
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.clear();
     aborts_.clear();  // For steps of a membership that no longer exists.
     advertise_.clear();  // Sent again, to whichever coordinator this rank joins next.
@@ -141,7 +141,7 @@ void Executor::Reset(const absl::Status& reason) {
       if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
     }
     failed.swap(waiting_);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   LOG_WARNING("fleet") << "leaving the fleet's generation: " << reason;
   FailAll(failed, absl::StrCat(reason.message(), "; retry"));
@@ -170,7 +170,7 @@ void Executor::SendAborts() {
   for (;;) {
     PendingAbort a;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (aborts_.empty() || !joined_) return;
       a = std::move(aborts_.front());
       aborts_.pop_front();
@@ -182,10 +182,10 @@ void Executor::SendAborts() {
 }
 
 void Executor::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopping_) return;
   aborts_.push_back(PendingAbort{key, trainer_rank, reason, submission});
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Executor::ReaderLoop() {
@@ -194,7 +194,7 @@ void Executor::ReaderLoop() {
     bool reset = false;
     absl::Duration quiet;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       quiet = absl::Now() - last_contact_;
       if (quiet > options_.peer_timeout && !lost_) {
         lost_ = true;
@@ -206,15 +206,18 @@ void Executor::ReaderLoop() {
       Reset(absl::UnavailableError(absl::StrCat("the fleet coordinator has been unreachable for ",
                                                 absl::FormatDuration(quiet), " (", status.message(), ")")));
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stopping_; });
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = absl::Now() + backoff;
+    while (!stopping_) {
+      if (cv_.WaitWithDeadline(&mu_, until)) break;  // True: timed out.
+    }
     backoff = std::min(backoff * 2, absl::Seconds(1));
   };
   for (;;) {
     bool joined;
     ReaderState state;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       reader_alive_ = absl::Now();
       if (stopping_) return;
       joined = joined_;
@@ -240,7 +243,7 @@ void Executor::ReaderLoop() {
         unreachable(j.status());
         continue;
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (epoch_ != 0 && epoch_ != j->epoch) LOG_INFO("fleet") << "the fleet coordinator restarted";
       epoch_ = j->epoch;
       next_read_ = j->log_from;
@@ -266,14 +269,14 @@ void Executor::ReaderLoop() {
     SendAborts();
     int64_t from;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       from = next_read_;
     }
     absl::StatusOr<std::vector<LogEntry>> entries = options_.log->Read(state, from, options_.poll);
     if (!entries.ok()) {
       if (entries.status().code() == absl::StatusCode::kFailedPrecondition) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           joined_ = false;
         }
         Reset(absl::UnavailableError(absl::StrCat("this rank must join the fleet again: ", entries.status().message())));
@@ -281,13 +284,13 @@ void Executor::ReaderLoop() {
       }
       {
         // Say it again with the next read.
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         advertise_.insert(advertise_.end(), state.kept.begin(), state.kept.end());
       }
       unreachable(entries.status());
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     last_contact_ = absl::Now();
     backoff = absl::Milliseconds(50);
     for (LogEntry& entry : *entries) {
@@ -303,7 +306,7 @@ void Executor::ReaderLoop() {
       }
       queue_.push_back(std::move(entry));
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
@@ -313,8 +316,8 @@ void Executor::ApplierLoop() {
     std::shared_ptr<Collective> closing;
     absl::flat_hash_map<GroupKey, std::vector<Waiting>> divided;  // Steps between parts at a reset.
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || reset_requested_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && !reset_requested_ && queue_.empty()) cv_.Wait(&mu_);
       if (stopping_) return;
       if (reset_requested_) {
         reset_requested_ = false;
@@ -325,7 +328,7 @@ void Executor::ApplierLoop() {
         member_ = false;
         if (leaving_) left_ = true;
         PublishMetricsLocked();
-        cv_.notify_all();
+        cv_.SignalAll();
       } else {
         entry = std::move(queue_.front());
         queue_.pop_front();
@@ -339,7 +342,7 @@ void Executor::ApplierLoop() {
     }
     Apply(entry);
     if (!entry.membership() && options_.on_step_applied) options_.on_step_applied(entry.index);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     busy_since_ = absl::InfiniteFuture();
     aborted_at_ = absl::InfiniteFuture();
   }
@@ -364,7 +367,7 @@ void Executor::ApplyMembership(const LogEntry& entry) {
   int64_t resets;
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> dropped, divided;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (entry.generation <= generation_) return;  // Stale.
     // Outside the generation, this rank's reports were withdrawn: its waiting steps cannot run.
     if (index < 0) dropped.swap(waiting_);
@@ -380,7 +383,7 @@ void Executor::ApplyMembership(const LogEntry& entry) {
                             absl::StrCat(Hex(epoch_), "/gen-", entry.generation)};
     if (!member_ && leaving_) left_ = true;
     PublishMetricsLocked();
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   closing.reset();
   FailAll(divided, absl::StrCat("generation ", entry.generation, " of the fleet began before the step's last part ran"));
@@ -391,7 +394,7 @@ void Executor::ApplyMembership(const LogEntry& entry) {
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Collective>> joined = JoinCollective(group, start + options_.formation_timeout);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (generation_ != entry.generation || resets_ != resets) return;  // Overtaken meanwhile.
   if (!joined.ok()) {
     failed_generation_ = entry.generation;
@@ -419,7 +422,7 @@ absl::StatusOr<std::shared_ptr<Collective>> Executor::JoinCollective(const Colle
   }).detach();
   int64_t resets;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     resets = resets_;
   }
   for (;;) {
@@ -428,7 +431,7 @@ absl::StatusOr<std::shared_ptr<Collective>> Executor::JoinCollective(const Colle
       if (!result.ok()) return result.status();
       return std::shared_ptr<Collective>(*std::move(result));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("the server is shutting down");
     if (resets_ != resets) return absl::AbortedError("the rank left the fleet while joining");
     for (const LogEntry& queued : queue_) {
@@ -448,16 +451,18 @@ absl::Status Executor::Leave(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t epoch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!joined_ || !member_) return absl::OkStatus();
     leaving_ = true;
     left_ = false;
     epoch = epoch_;
   }
   RETURN_IF_ERROR(options_.log->Leave(options_.self.rank, options_.self.incarnation, epoch));
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())),
-                    [this] { return left_ || stopping_; })) {
+  absl::MutexLock lock(&mu_);
+  while (!left_ && !stopping_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // True: timed out.
+  }
+  if (!left_ && !stopping_) {
     return absl::DeadlineExceededError(
         absl::StrCat("the fleet did not start a generation without this rank within ", absl::FormatDuration(timeout)));
   }

@@ -38,17 +38,17 @@
 // Submit fails at once); they must not block on the executor.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/collective/collective.h"
 #include "server/distributed/batch.h"
 #include "server/engine/backend.h"
@@ -109,25 +109,26 @@ class Executor {
   // Registers this trainer rank's part of a step and reports it ready; `done` runs exactly once.
   // Fails at once with UNAVAILABLE when this rank is not a member of a formed generation or
   // the coordinator does not take the report.
-  void Submit(std::shared_ptr<TrainerStep> step, StepCallback done);
+  void Submit(std::shared_ptr<TrainerStep> step, StepCallback done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A trainer's stream failed: tells the coordinator (asynchronously, from the reader thread).
-  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission);
+  void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Steps submitted here and not yet resolved.
-  size_t waiting() const;
-  View view() const;
+  size_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
+  View view() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK unless this rank is wedged: a batch did not end within a bound after its collective was
   // aborted, or the reader thread has not come round for a minute.
-  absl::Status Liveness() const;
+  absl::Status Liveness() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Graceful leave: asks the coordinator for a generation without this rank and runs the log
   // until that generation starts (so batches already planned with this rank still run here).
   // OK when left (or not a member); DEADLINE_EXCEEDED after `timeout`; the coordinator's error.
-  absl::Status Leave(absl::Duration timeout);
+  absl::Status Leave(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
-  void Shutdown();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Waiting {
@@ -157,11 +158,11 @@ class Executor {
   };
 
   explicit Executor(const Options& options);
-  void ReaderLoop();
-  void ApplierLoop();
-  void Apply(const LogEntry& entry);
-  void ApplyMembership(const LogEntry& entry);
-  void ApplyStep(const LogEntry& entry);
+  void ReaderLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplierLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Apply(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyMembership(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyStep(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
   // After a group's batch ran: every member that ran several of its trainer ranks sends their
   // inputs to the next member (one all-to-allv, only when some member ran several), so that a
   // replay still finds them if that member dies before all of those ranks have their results.
@@ -170,68 +171,77 @@ class Executor {
       const LogEntry& entry, const BatchResult& result, const std::vector<std::shared_ptr<TrainerStep>>& here,
       Collective& collective);
   // Keeps the steps of a group's batch that ran here (for a replay) and queues their notice.
-  void Keep(const LogEntry& entry, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached);
+  void Keep(const LogEntry& entry, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Queues the notices of what `batch` keeps here; the first carries the step's digests.
-  void AdvertiseLocked(const CachedBatch& batch, const std::vector<std::shared_ptr<TrainerStep>>& steps);
+  void AdvertiseLocked(const CachedBatch& batch, const std::vector<std::shared_ptr<TrainerStep>>& steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins `group` on a helper thread; gives up when `deadline` passes, a newer generation is
   // queued, or the executor resets or stops.
-  absl::StatusOr<std::shared_ptr<Collective>> JoinCollective(const CollectiveGroup& group, absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<Collective>> JoinCollective(const CollectiveGroup& group, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the collective, drops the queue and fails every waiting step with `reason`; the
   // applier forgets the generation. Called by the reader.
-  void Reset(const absl::Status& reason);
-  void SendAborts();
+  void Reset(const absl::Status& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  void SendAborts() ABSL_LOCKS_EXCLUDED(mu_);
   // Moves the next notices of kept steps to send (a bounded part of advertise_) into `into`.
-  void TakeNoticesLocked(std::vector<ReadyReport>& into);
+  void TakeNoticesLocked(std::vector<ReadyReport>& into) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the generation applied, with its collective joined and intact.
-  bool FormedLocked() const { return member_ && collective_ != nullptr && formed_generation_ == generation_; }
+  bool FormedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return member_ && collective_ != nullptr && formed_generation_ == generation_;
+  }
   // A retryable UNAVAILABLE "step <key>: <why>".
   static StepOutcome Unavailable(const GroupKey& key, absl::string_view why);
   // Resolves every step of `steps` with Unavailable(key, why).
   static void FailAll(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& steps, absl::string_view why);
   // Moves the steps of every divided step into `into` and forgets the records (applier thread,
   // or after it stopped).
-  void TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into);
+  void TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ready report of a step submitted here.
   ReadyReport ReportOf(const TrainerStep& step) const;
-  void PublishMetricsLocked();
+  void PublishMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable absl::Mutex mu_;
+  // Signalled when the applier has work (queue_, reset_requested_), when left_ or stopping_ is
+  // set, and when the generation changes.
+  absl::CondVar cv_;
   // Reader state.
-  bool joined_ = false;
-  uint64_t epoch_ = 0;
-  int64_t next_read_ = 0;
-  absl::Time last_contact_;          // Last successful call to the coordinator.
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_read_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_contact_ ABSL_GUARDED_BY(mu_);  // Last successful call to the coordinator.
   absl::Time last_refusal_log_ = absl::InfinitePast();  // Reader thread only: last "not joining" warning.
-  bool lost_ = false;                // Reset for an unreachable coordinator, not yet back.
-  absl::Time reader_alive_;          // Last round of the reader loop.
-  std::deque<PendingAbort> aborts_;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;         // Reset for an unreachable coordinator, not yet back.
+  absl::Time reader_alive_ ABSL_GUARDED_BY(mu_);  // Last round of the reader loop.
+  std::deque<PendingAbort> aborts_ ABSL_GUARDED_BY(mu_);
   // Applier state.
-  std::deque<LogEntry> queue_;
-  bool reset_requested_ = false;
-  int64_t resets_ = 0;
-  int64_t generation_ = 0;
-  int collective_rank_ = -1;  // This rank's position in the generation's members.
-  std::vector<Member> members_;
-  bool member_ = false;
-  std::shared_ptr<Collective> collective_;  // The formed generation's group; null otherwise.
-  int64_t formed_generation_ = 0;
-  int64_t failed_generation_ = 0;
-  absl::Time busy_since_ = absl::InfiniteFuture();     // The applier is running an entry.
-  absl::Time aborted_at_ = absl::InfiniteFuture();     // The collective was aborted under it.
-  bool leaving_ = false;
-  bool left_ = false;
+  std::deque<LogEntry> queue_ ABSL_GUARDED_BY(mu_);
+  bool reset_requested_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int collective_rank_ ABSL_GUARDED_BY(mu_) = -1;  // This rank's position in the generation's members.
+  std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
+  bool member_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Collective> collective_ ABSL_GUARDED_BY(mu_);  // The formed generation's group; null otherwise.
+  int64_t formed_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failed_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time busy_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // The applier is running an entry.
+  absl::Time aborted_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // The collective was aborted under it.
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_ ABSL_GUARDED_BY(mu_) = false;
   // Steps.
-  absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_;
-  absl::flat_hash_map<GroupKey, CachedBatch> cache_;  // By group (step 0): its last batch's steps here.
-  // Divided steps between their parts. Changed by the applier thread only (the steps under mu_,
-  // which waiting() reads); cleared with each generation (its parts cannot run in the next one)
-  // and at a reset, failing their steps.
-  absl::flat_hash_map<GroupKey, PartialStep> parts_;
-  std::vector<ReadyReport> advertise_;                // Reports of steps kept since the last read.
-  uint64_t next_submission_;
-  bool stopping_ = false;
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
+  // By group (step 0): its last batch's steps here.
+  absl::flat_hash_map<GroupKey, CachedBatch> cache_ ABSL_GUARDED_BY(mu_);
+  // Divided steps between their parts. The map and each record's `steps` (which waiting() reads)
+  // change under mu_, by the applier thread only, so that thread reads a record's other fields
+  // through a pointer without the lock (ApplyStep); cleared with each generation (its parts
+  // cannot run in the next one) and at a reset, failing their steps.
+  absl::flat_hash_map<GroupKey, PartialStep> parts_ ABSL_GUARDED_BY(mu_);
+  std::vector<ReadyReport> advertise_ ABSL_GUARDED_BY(mu_);  // Reports of steps kept since the last read.
+  uint64_t next_submission_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reader_;
   std::thread applier_;
 };

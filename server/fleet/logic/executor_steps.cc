@@ -48,7 +48,7 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
   const GroupKey key = step->key;
   uint64_t submission;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) {
       done(Unavailable(key, "the server is shutting down"));
       return;
@@ -69,7 +69,7 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
   // The coordinator did not take it: nobody will ever run this submission.
   std::vector<Waiting> mine;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = waiting_.find(key);
     if (it == waiting_.end()) return;  // Resolved meanwhile (a reset failed it).
     for (auto w = it->second.begin(); w != it->second.end();) {
@@ -98,7 +98,7 @@ void Executor::Keep(const LogEntry& entry, const std::vector<Waiting>& ran,
                     const std::vector<std::shared_ptr<TrainerStep>>& cached) {
   const GroupKey& key = entry.key;
   const absl::Time now = absl::Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto it = cache_.begin(); it != cache_.end();) {
     if (now - it->second.at > options_.cache_ttl) {
       cache_.erase(it++);
@@ -223,7 +223,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
   std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
   PartialStep* partial = nullptr;  // A divided step's record; only this thread changes parts_.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = waiting_.find(entry.key);
     if (it != waiting_.end()) {
       // Only the submissions the plan was made from take part; another submission of the same
@@ -270,7 +270,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
   }
   auto end_partial = [&] {
     if (partial == nullptr) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     parts_.erase(entry.key);
     partial = nullptr;
   };
@@ -350,7 +350,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
     partial->result.collective_time += result->collective_time;
     partial->result.compute_time += result->compute_time;
     if (entry.more_parts) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       partial->steps = std::move(mine);
       return;
     }
@@ -392,7 +392,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
     if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("collective");
     outcome = Unavailable(entry.key, absl::StrCat("failed in the fleet: ", result.status().ToString()));
     // The group is broken for good: report the generation failed so that the next one forms.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (generation_ == entry.generation) {
       failed_generation_ = entry.generation;
       collective_.reset();

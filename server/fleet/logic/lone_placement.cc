@@ -10,7 +10,7 @@ std::shared_ptr<const LoneTarget> LonePlacement::Pick(const std::vector<Member>&
   target->rank = self_;
   std::shared_ptr<Load> load = load_;
   {
-    std::lock_guard<std::mutex> lock(load->mu);
+    absl::MutexLock lock(&load->mu);
     double best = load->outstanding[self_];
     for (const Member& m : members) {
       if (m.rank == self_ || m.fleet_port == 0) continue;
@@ -26,7 +26,7 @@ std::shared_ptr<const LoneTarget> LonePlacement::Pick(const std::vector<Member>&
   (target->here() ? load->here : load->forwarded).fetch_add(1);
   return std::shared_ptr<const LoneTarget>(target.release(), [load, cost](const LoneTarget* t) {
     {
-      std::lock_guard<std::mutex> lock(load->mu);
+      absl::MutexLock lock(&load->mu);
       load->outstanding[t->rank] -= cost;
     }
     delete t;

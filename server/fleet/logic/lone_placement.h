@@ -7,9 +7,10 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/fleet/logic/coordinator.h"
 #include "server/fleet/logic/step_fleet.h"
 
@@ -31,8 +32,8 @@ class LonePlacement {
  private:
   // Shared with the targets handed out.
   struct Load {
-    std::mutex mu;
-    std::map<int, double> outstanding;  // By rank; under mu.
+    absl::Mutex mu;
+    std::map<int, double> outstanding ABSL_GUARDED_BY(mu);  // By rank.
     std::atomic<int64_t> here{0};
     std::atomic<int64_t> forwarded{0};
   };

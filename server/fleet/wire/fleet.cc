@@ -59,8 +59,6 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
                             "the port behind a network policy that admits the fleet's own ranks only";
   }
   fleet->access_ = std::make_unique<FleetAccess>(fleet->tls_, options.metrics);
-  fleet->self_address_ = options.advertise_address;
-  fleet->addresses_.resize(options.world);
   Metrics* metrics = options.metrics;
   if (metrics != nullptr) metrics->fleet_size().Set(options.world);
 
@@ -249,7 +247,7 @@ absl::Status Fleet::Leave(absl::Duration timeout) {
 
 std::vector<FleetMemberInfo> Fleet::members() const {
   Executor::View view = executor_ == nullptr ? Executor::View{} : executor_->view();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<FleetMemberInfo> out(options_.world);
   for (int r = 0; r < options_.world; ++r) out[r].rank = r;
   for (const Member& m : view.members) {
@@ -263,7 +261,7 @@ std::vector<FleetMemberInfo> Fleet::members() const {
 }
 
 void Fleet::SetLocalAddress(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (options_.world != 1) return;
   self_address_ = address;
 }

@@ -19,11 +19,12 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/impl/codegen/service_type.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -107,13 +108,13 @@ class Fleet final : public StepFleet {
   // which the liveness probe checks.
   absl::Status Liveness() const;
   // Every rank 0..S-1, ordered by rank; `ready` marks the current generation's members.
-  std::vector<FleetMemberInfo> members() const;
+  std::vector<FleetMemberInfo> members() const ABSL_LOCKS_EXCLUDED(mu_);
   // The port the fleet address bound (resolves ":0"); 0 without one.
   int fleet_port() const { return fleet_port_; }
 
   // Replaces this rank's advertised address once its real port is known (one-rank fleets only,
   // where nobody else has read it yet).
-  void SetLocalAddress(const std::string& address);
+  void SetLocalAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   // StepFleet: through the executor (Executor::Submit / AbortStep).
   void Submit(std::shared_ptr<TrainerStep> step, StepCallback done) override;
@@ -138,7 +139,8 @@ class Fleet final : public StepFleet {
   void Shutdown();
 
  private:
-  explicit Fleet(const Options& options) : options_(options) {}
+  explicit Fleet(const Options& options)
+      : options_(options), self_address_(options.advertise_address), addresses_(options.world) {}
   absl::Status ServeFleetPort();
   CollectiveFactory MakeCollectiveFactory() const;
 
@@ -157,9 +159,9 @@ class Fleet final : public StepFleet {
   int fleet_port_ = 0;
   std::atomic<bool> shutdown_{false};
 
-  mutable std::mutex mu_;
-  std::string self_address_;                   // This rank's advertised address.
-  mutable std::vector<std::string> addresses_;  // Last known address by rank.
+  mutable absl::Mutex mu_;
+  std::string self_address_ ABSL_GUARDED_BY(mu_);                   // This rank's advertised address.
+  mutable std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // Last known address by rank.
 };
 
 }  // namespace orthoserve

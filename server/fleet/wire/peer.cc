@@ -80,7 +80,7 @@ grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* cont
 }
 
 fleet::v1::Peer::Stub& PeerClient::StubFor(const std::string& target, int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::unique_ptr<fleet::v1::Peer::Stub>& stub = stubs_[absl::StrCat(rank, "@", target)];
   if (stub == nullptr) stub = fleet::v1::Peer::NewStub(MakeFleetChannel(target, tls_, rank));
   return *stub;

@@ -10,12 +10,13 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/fair_pool.h"
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
@@ -64,13 +65,14 @@ class PeerClient {
                std::function<void(absl::StatusOr<PeerResult>)> done);
 
  private:
-  fleet::v1::Peer::Stub& StubFor(const std::string& target, int rank);
+  fleet::v1::Peer::Stub& StubFor(const std::string& target, int rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration deadline_;
   const FleetTls* const tls_;
-  std::mutex mu_;
-  // By "RANK@HOST:PORT"; under mu_ (a std::mutex, which clang's thread-safety analysis cannot see).
-  absl::flat_hash_map<std::string, std::unique_ptr<fleet::v1::Peer::Stub>> stubs_;
+  absl::Mutex mu_;
+  // By "RANK@HOST:PORT". A stub, once made, is never removed or replaced: StubFor's reference
+  // to it outlives the lock.
+  absl::flat_hash_map<std::string, std::unique_ptr<fleet::v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace orthoserve
