@@ -17,10 +17,6 @@
 namespace orthoserve::client {
 namespace {
 
-// The payload that marks an ABORTED status as a fleet change (retryable) once it has left the
-// call whose trailing metadata said so.
-constexpr char kFleetChangePayload[] = "orthoserve.dev/retryable";
-
 class SystemRetryEnvironment final : public RetryEnvironment {
  public:
   SystemRetryEnvironment() : random_(std::random_device()()) {}
@@ -74,20 +70,14 @@ bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_re
   // which gave up on the call (its drain deadline passed, or it shut down as the call arrived).
   if (status.error_code() == grpc::StatusCode::CANCELLED) return true;
   if (status.error_code() != grpc::StatusCode::ABORTED) return false;
-  auto [begin, end] = trailing.equal_range(grpc::string_ref(kRetryableMetadataKey));
-  return std::any_of(begin, end, [](const auto& entry) { return entry.second == grpc::string_ref(kFleetChangeValue); });
+  auto [begin, end] = trailing.equal_range(grpc::string_ref(kRetryableKey));
+  return std::any_of(begin, end, [](const auto& entry) { return entry.second == grpc::string_ref(kRetryableFleetChange); });
 }
 
 bool IsRetryable(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kUnavailable) return true;
   if (status.code() != absl::StatusCode::kAborted && status.code() != absl::StatusCode::kCancelled) return false;
-  const absl::optional<absl::Cord> mark = status.GetPayload(kFleetChangePayload);
-  return mark.has_value() && *mark == kFleetChangeValue;
-}
-
-absl::Status MarkFleetChange(absl::Status status) {
-  if (!status.ok()) status.SetPayload(kFleetChangePayload, absl::Cord(kFleetChangeValue));
-  return status;
+  return IsFleetChange(status);
 }
 
 absl::Status FromCallStatus(const grpc::Status& status,

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/fleet_change.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/status.h"
@@ -19,8 +20,6 @@ namespace orthoserve::client {
 
 // Trailing metadata that makes an ABORTED failure retryable: the step was cut short by a change
 // of the fleet's membership.
-inline constexpr char kRetryableMetadataKey[] = "orthoserve-retryable";
-inline constexpr char kFleetChangeValue[] = "fleet-change";
 
 // The clock, sleep and randomness of the retry loop, so that tests need not sleep for real.
 // Implementations must be thread-safe: one is shared by every call of a client.
@@ -67,8 +66,8 @@ bool IsRetryable(const absl::Status& status);
 absl::Status FromCallStatus(const grpc::Status& status,
                             const std::multimap<grpc::string_ref, grpc::string_ref>& trailing);
 
-// `status` with the fleet-change mark (a payload) added; OK stays OK.
-absl::Status MarkFleetChange(absl::Status status);
+// The fleet-change mark itself is MarkFleetChange / IsFleetChange (common/fleet_change.h).
+using ::orthoserve::MarkFleetChange;
 
 // `context: message` with the code and the payloads (so the fleet-change mark) of `status`.
 absl::Status AnnotateKeepingMarks(const absl::Status& status, absl::string_view context);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fleet_change.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/message_text.h"
@@ -115,8 +116,8 @@ bool StreamCall::OnHeader() {
                  << " matrices";
   absl::StatusOr<std::shared_ptr<Step>> step = OpenStep(services_, *std::move(request), shared_from_this());
   if (!step.ok()) {
-    // UNAVAILABLE from OpenStep: this rank is not in a formed fleet generation; a retry elsewhere may work.
-    RequestFinish(step.status(), step.status().code() == absl::StatusCode::kUnavailable);
+    // A fleet change (this rank is not in a formed fleet generation) carries its mark: a retry elsewhere may work.
+    RequestFinish(step.status());
     return false;
   }
   reader_step_ = *step;
@@ -242,7 +243,7 @@ void StreamCall::Finished(StepEnd end) {
     summary.push_back(SummaryResponse(ok, failed, s_.steps.fleet->rank(), absl::Now() - start_));
     Enqueue(std::move(summary), 0);
   }
-  RequestFinish(std::move(end.status), end.retryable);
+  RequestFinish(std::move(end.status));
 }
 
 void StreamCall::Enqueue(std::vector<grpc::ByteBuffer> messages, double data_bytes) {
@@ -298,14 +299,13 @@ void StreamCall::OnWriteDone(bool ok) {
   }
 }
 
-void StreamCall::RequestFinish(absl::Status status, bool retryable) {
+void StreamCall::RequestFinish(absl::Status status) {
   bool finish = false;
   {
     absl::MutexLock lock(&mu_);
     if (output_ == Output::kFinishing || output_ == Output::kFinished) return;
     output_ = Output::kFinishing;
     finish_status_ = std::move(status);
-    finish_retryable_ = retryable;
     if (!writing_) {
       output_ = Output::kFinished;
       finish = true;
@@ -316,7 +316,8 @@ void StreamCall::RequestFinish(absl::Status status, bool retryable) {
 
 void StreamCall::DoFinish() {
   // finish_status_ is no longer written once output_ is kFinished.
-  if (!finish_status_.ok() && finish_retryable_) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
+  // The fleet-change mark leaves the process as trailing metadata (the status payload does not).
+  if (IsFleetChange(finish_status_)) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
   if (!finish_status_.ok()) VLOG("rpc", 1) << "stream failed: " << finish_status_;
   Finish(ToGrpcStatus(finish_status_));
 }

@@ -69,8 +69,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   // Fails the call: through the step when there is one (it finishes the call), at once otherwise.
   void Fail(absl::Status status);
   void Enqueue(std::vector<grpc::ByteBuffer> messages, double data_bytes);
-  // Finishes the call with `status` once everything queued is written (at once if the stream broke).
-  void RequestFinish(absl::Status status, bool retryable = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // Finishes the call with `status` once everything queued is written (at once if the stream broke);
+  // a status marked by MarkFleetChange finishes with the retryable trailer.
+  void RequestFinish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   // Finishes the call with finish_status_ (output_ is kFinished).
   void DoFinish();
 
@@ -110,9 +111,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   int results_ok_ ABSL_GUARDED_BY(mu_) = 0;
   int results_failed_ ABSL_GUARDED_BY(mu_) = 0;
   // How the call finishes: set when output_ becomes kFinishing, read (without the lock) once it
-  // is kFinished, when nothing writes them any more.
+  // is kFinished, when nothing writes it any more.
   absl::Status finish_status_;
-  bool finish_retryable_ = false;
 };
 
 }  // namespace orthoserve

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fleet_change.h"
 #include "common/message_text.h"
 #include "common/status.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -245,6 +246,8 @@ void UnaryCall::End(absl::Status status) {
   if (status.ok()) {
     StartWriteAndFinish(&response_bytes_, grpc::WriteOptions(), grpc::Status::OK);
   } else {
+    // As on a stream: the fleet-change mark leaves the process as trailing metadata.
+    if (IsFleetChange(status)) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
     Finish(ToGrpcStatus(status));
   }
 }

@@ -96,7 +96,7 @@ void FleetStep::Cancel(bool draining) {
                                : absl::CancelledError("the trainer cancelled its stream"),
                       submission);
   FinishWhenIdle(draining
-                     ? StepEnd{absl::UnavailableError("the server is draining; retry the step on another member"), true}
+                     ? StepEnd{MarkFleetChange(absl::UnavailableError("the server is draining; retry the step on another member"))}
                      : StepEnd{absl::CancelledError("the client cancelled the stream")});
 }
 
@@ -109,7 +109,7 @@ void FleetStep::OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome
   s_.metrics->queue_depth().Decrement();
   s_.metrics->StageTime(Stage::kRendezvous, outcome.rendezvous_time);
   if (!outcome.status.ok()) {
-    FinishWhenIdle(StepEnd{outcome.status, outcome.retryable});
+    FinishWhenIdle(StepEnd{outcome.status});
     return;
   }
   Deliver(*step, step, outcome);

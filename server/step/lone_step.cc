@@ -129,7 +129,7 @@ void LoneStep::InputEnded() {
 
 void LoneStep::Cancel(bool draining) {
   cancelled_.store(true);
-  FinishWhenIdle(draining ? StepEnd{absl::UnavailableError("the server is draining; retry on another rank"), true}
+  FinishWhenIdle(draining ? StepEnd{MarkFleetChange(absl::UnavailableError("the server is draining; retry on another rank"))}
                           : StepEnd{absl::CancelledError("the client cancelled the stream or its deadline passed")});
 }
 

@@ -15,9 +15,9 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
   // the members as they arrive (LoneStep asks the fleet where each goes).
   if (request.world == 1) return std::make_shared<LoneStep>(services, std::move(request), std::move(sink));
   if (!fleet.ready()) {
-    return absl::UnavailableError(
+    return MarkFleetChange(absl::UnavailableError(
         absl::StrCat("fleet rank ", fleet.rank(), " is not a member of a formed fleet generation (the fleet of up to ",
-                     fleet.world(), " ranks is forming or re-forming); retry on a ready member"));
+                     fleet.world(), " ranks is forming or re-forming); retry on a ready member")));
   }
   // Any member takes any trainer rank: clients spread a group over the members by preference,
   // and a retry goes wherever one is ready.
@@ -60,7 +60,7 @@ void StepBase::End() {
   InputEnded();
 }
 
-void StepBase::Fail(absl::Status status) { FinishWhenIdle(StepEnd{std::move(status), false}); }
+void StepBase::Fail(absl::Status status) { FinishWhenIdle(StepEnd{std::move(status)}); }
 
 absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name,
                                   std::vector<int64_t> shape) {

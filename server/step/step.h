@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "common/buffer_pool.h"
 #include "common/fair_pool.h"
+#include "common/fleet_change.h"
 #include "server/plan/matrix_plan.h"
 #include "server/engine/backend.h"
 #include "server/fleet/logic/step_fleet.h"
@@ -76,11 +77,10 @@ struct StepServices {
 };
 
 // How a step ended. `status` OK: every matrix's result was handed to the sink before. Otherwise
-// the step failed; `retryable`: the failure came from a change of the fleet's membership or a
-// drain, and a retry of the whole step (elsewhere) may succeed.
+// the step failed; a failure that came from a change of the fleet, after which a retry of the
+// whole step (elsewhere) may succeed, carries the mark of MarkFleetChange (common/fleet_change.h).
 struct StepEnd {
   absl::Status status;
-  bool retryable = false;
 };
 
 // Receives a step's results. Implementations must be thread-safe.
@@ -119,8 +119,8 @@ class Step {
   virtual bool lone() const = 0;
 };
 
-// Opens a step of `request` whose results go to `sink`. UNAVAILABLE (retryable) for a group step
-// on a rank that is not a member of a formed fleet generation.
+// Opens a step of `request` whose results go to `sink`. UNAVAILABLE, marked as a fleet change,
+// for a group step on a rank that is not a member of a formed fleet generation.
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink);
 

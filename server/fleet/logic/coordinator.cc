@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fleet_change.h"
 #include "common/logging.h"
 #include "common/message_text.h"
 #include "server/distributed/batch.h"
@@ -76,11 +77,11 @@ void Coordinator::AppendLocked(LogEntry entry) {
   log_cv_.SignalAll();
 }
 
-void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure) {
+void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool fleet_change,
+                                      const char* failure) {
   LogEntry entry;
   entry.key = key;
-  entry.status = std::move(status);
-  entry.retryable = retryable;
+  entry.status = fleet_change ? MarkFleetChange(std::move(status)) : std::move(status);
   entry.failure = failure;
   AppendLocked(std::move(entry));
 }

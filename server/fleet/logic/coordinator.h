@@ -157,15 +157,14 @@ inline constexpr char kStepFailureLimit[] = "limit";
 //    members[i] being collective rank i;
 //  - batch (status OK): run `plan` for `key` in `generation` (placements name collective
 //    ranks); submissions[r] is trainer rank r's submission;
-//  - failure (status not OK): step `key` fails on every rank; `retryable` when a fleet change
-//    caused it; `failure` says why (one of the kStepFailure* above).
+//  - failure (status not OK): step `key` fails on every rank; `status` carries the mark of
+//    MarkFleetChange (common/fleet_change.h) when a fleet change caused it; `failure` says why (one of the kStepFailure* above).
 struct LogEntry {
   int64_t index = 0;
   int64_t generation = 0;
   GroupKey key;
   absl::Status status;
   std::string failure;  // Failure entries: why the step failed (kStepFailure*); empty otherwise.
-  bool retryable = false;
   BatchPlan plan;
   std::vector<uint64_t> submissions;
   std::vector<uint64_t> digests;  // Batch: each trainer rank's blocks' digest (ReadyReport::digest), in rank order.
@@ -384,8 +383,9 @@ class Coordinator {
 
   explicit Coordinator(const Options& options);
   void AppendLocked(LogEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `failure`: one of the kStepFailure* reasons.
-  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool retryable, const char* failure)
+  // `failure`: one of the kStepFailure* reasons; `fleet_change`: a fleet change caused it (the
+  // status gets the mark of MarkFleetChange).
+  void AppendFailureLocked(const GroupKey& key, absl::Status status, bool fleet_change, const char* failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<LogEntry> BuildBatchLocked(const GroupKey& key, Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the current generation with this rank and incarnation.

@@ -5,6 +5,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "common/fleet_change.h"
 #include "common/logging.h"
 
 namespace orthoserve {
@@ -54,8 +55,7 @@ Executor::~Executor() {
 
 StepOutcome Executor::Unavailable(const GroupKey& key, absl::string_view why) {
   StepOutcome outcome;
-  outcome.status = absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", why));
-  outcome.retryable = true;
+  outcome.status = MarkFleetChange(absl::UnavailableError(absl::StrCat("step ", key.ToString(), ": ", why)));
   return outcome;
 }
 

@@ -286,7 +286,6 @@ void Executor::ApplyStep(const LogEntry& entry) {
     if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted(FailureReason(entry));
     StepOutcome outcome;
     outcome.status = entry.status;
-    outcome.retryable = entry.retryable;
     resolve(mine, outcome);
     return;
   }

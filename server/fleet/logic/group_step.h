@@ -10,6 +10,7 @@
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/fleet_change.h"
 #include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
@@ -64,11 +65,10 @@ struct TrainerStep {
 // The result of a step for one trainer rank. `status` not OK: the whole step failed (ABORTED
 // for a rendezvous timeout or another rank's failure, INVALID_ARGUMENT for specs that differ
 // between ranks or a bad group, UNAVAILABLE for a fleet failure); otherwise `matrices` holds
-// one status per matrix. `retryable`: the failure came from a change of the fleet's membership
-// (a retry of the whole step may succeed; UNAVAILABLE always may).
+// one status per matrix. A failure that came from a change of the fleet (a retry of the whole
+// step may succeed) carries the mark of MarkFleetChange (common/fleet_change.h).
 struct StepOutcome {
   absl::Status status;
-  bool retryable = false;
   std::vector<absl::Status> matrices;
   absl::Duration rendezvous_time;
   absl::Duration queue_time;

@@ -1,6 +1,7 @@
 // Implementation of server/fleet/wire/fleet_codec.h.
 #include "server/fleet/wire/fleet_codec.h"
 
+#include "common/fleet_change.h"
 #include "common/status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "server/fleet/wire/plan_codec.h"
@@ -79,7 +80,7 @@ fleet::v1::LogEntry LogEntryToProto(const LogEntry& entry) {
   fleet::v1::LogEntry p;
   p.set_index(entry.index);
   p.set_generation(entry.generation);
-  p.set_retryable(entry.retryable);
+  p.set_retryable(IsFleetChange(entry.status));
   for (const Member& m : entry.members) *p.add_members() = MemberToProto(m);
   for (uint64_t s : entry.submissions) p.add_submissions(s);
   for (uint64_t d : entry.digests) p.add_digests(d);
@@ -113,7 +114,6 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   LogEntry entry;
   entry.index = p.index();
   entry.generation = p.generation();
-  entry.retryable = p.retryable();
   for (const fleet::v1::Member& m : p.members()) entry.members.push_back(MemberFromProto(m));
   entry.submissions.assign(p.submissions().begin(), p.submissions().end());
   entry.digests.assign(p.digests().begin(), p.digests().end());
@@ -121,6 +121,7 @@ absl::StatusOr<LogEntry> LogEntryFromProto(const fleet::v1::LogEntry& p) {
   entry.graceful = p.graceful();
   entry.key = GroupKeyFromProto(p.key());
   entry.status = absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
+  if (p.retryable()) entry.status = MarkFleetChange(std::move(entry.status));
   entry.failure = p.failure();
   entry.part_offset = p.part_offset();
   entry.more_parts = p.more_parts();

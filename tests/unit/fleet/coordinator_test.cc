@@ -7,6 +7,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/fleet_change.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/util/status_matchers.h"
@@ -280,7 +281,7 @@ TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {
   std::vector<LogEntry> failed = EntriesFor(ReadAll(**c, members[0], 0), dup);
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_THAT(failed[0].status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate rank")));
-  EXPECT_FALSE(failed[0].retryable);
+  EXPECT_FALSE(IsFleetChange(failed[0].status));
   EXPECT_EQ(failed[0].failure, kStepFailureInvalid);
 }
 
@@ -312,7 +313,7 @@ TEST(CoordinatorTest, RetryableAbortsWithdrawOneRankOthersAbortTheStep) {
   std::vector<LogEntry> aborted = EntriesFor(ReadAll(**c, me, 0), k3);
   ASSERT_EQ(aborted.size(), 1u);
   EXPECT_THAT(aborted[0].status, StatusIs(absl::StatusCode::kAborted, HasSubstr("trainer rank 0 failed")));
-  EXPECT_FALSE(aborted[0].retryable);
+  EXPECT_FALSE(IsFleetChange(aborted[0].status));
   EXPECT_EQ(aborted[0].failure, kStepFailureCancelled);  // The trainer's client went away.
   EXPECT_TRUE(done[0].failure.empty());
 }
@@ -370,7 +371,7 @@ TEST(CoordinatorTest, RendezvousTimeoutNamesAFewRanksAndACount) {
                                          HasSubstr("trainer ranks [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
                                                    "16, ... (and 3983 more)] of 4000 did not arrive")));
   EXPECT_LT(failed[0].status.message().size(), 512u);
-  EXPECT_FALSE(failed[0].retryable);
+  EXPECT_FALSE(IsFleetChange(failed[0].status));
   EXPECT_EQ(failed[0].failure, kStepFailureTimeout);
   EXPECT_EQ(ListText(std::vector<int64_t>{1, 2, 3}), "1, 2, 3");
 }
@@ -463,7 +464,7 @@ TEST(CoordinatorTest, AnotherRunsReportForAStepBeingGatheredIsRefusedAndTheFirst
                                           AllOf(HasSubstr("t/sweep/g@0"), HasSubstr("run \"run-b\""),
                                                 HasSubstr("run \"run-a\""), HasSubstr("never share a step"))));
   EXPECT_EQ(refused[0].failure, kStepFailureRunMismatch);
-  EXPECT_FALSE(refused[0].retryable);
+  EXPECT_FALSE(IsFleetChange(refused[0].status));
   EXPECT_EQ(refusals, (std::vector<std::string>{"run_mismatch"}));
   // A's step is untouched: its rank 1 completes it with A's two reports only.
   ASSERT_OK(c.Report(Report(c, a, 1, 2, t.members[1], 101)));

@@ -10,6 +10,7 @@
 #include <future>
 #include <random>
 
+#include "common/fleet_change.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/collective/gloo/gloo_collective.h"
@@ -321,7 +322,7 @@ TEST(ExecutorTest, AStoppedMemberEndsTheBatchAtThePeerTimeoutAndTheRetrySucceeds
     if (!o.status.ok()) {
       any_failed = true;
       EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
-      EXPECT_TRUE(o.retryable);
+      EXPECT_TRUE(IsFleetChange(o.status));
     }
   }
   // Either the batch waited for the stopped rank and was ended by the new generation, or it was
@@ -354,7 +355,7 @@ TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {
   // A rank outside the generation refuses steps with a retryable UNAVAILABLE.
   std::vector<StepOutcome> refused = RunStep(h, {"t", "j", "g", 3, "run"}, {1}, full, &steps);
   EXPECT_THAT(refused[0].status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member")));
-  EXPECT_TRUE(refused[0].retryable);
+  EXPECT_TRUE(IsFleetChange(refused[0].status));
 }
 
 TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
@@ -530,7 +531,7 @@ TEST(ExecutorTest, AMemberLostBetweenPartsFailsTheStepRetryablyAndTheRetrySuccee
     ASSERT_EQ(futures[r].wait_for(std::chrono::seconds(20)), std::future_status::ready) << "trainer rank " << r;
     StepOutcome o = futures[r].get();
     EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_)) << "trainer rank " << r;
-    EXPECT_TRUE(o.retryable) << "trainer rank " << r;
+    EXPECT_TRUE(IsFleetChange(o.status)) << "trainer rank " << r;
   }
   h.Kill(1);
   ASSERT_TRUE(h.WaitFormed({0}));
@@ -611,7 +612,7 @@ TEST(ExecutorTest, ALostCoordinatorFailsWaitingStepsWithinThePeerTimeout) {
             std::future_status::ready);
   StepOutcome o = future.get();
   EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unreachable")));
-  EXPECT_TRUE(o.retryable);
+  EXPECT_TRUE(IsFleetChange(o.status));
   EXPECT_FALSE(h.rank(1).view().formed);
   EXPECT_OK(h.rank(1).Liveness());
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/fleet_change.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -282,6 +283,31 @@ TEST(PlanCodecTest, ABatchEntryRoundTripsBitExactly) {
     ExpectSamePlan(entry.plan.matrices[i], back->plan.matrices[i]);
   }
   EXPECT_EQ(LogEntryToProto(*back).SerializeAsString(), proto.SerializeAsString());
+}
+
+TEST(PlanCodecTest, AFailureEntryKeepsItsFleetChangeMarkAcrossTheWire) {
+  // The mark is a status payload in process and LogEntry.retryable on the wire; code, message and
+  // failure reason travel beside it, and an unmarked failure stays final.
+  LogEntry changed;
+  changed.key.step = 3;
+  changed.status = MarkFleetChange(absl::AbortedError("step 3: the membership changed while it waited"));
+  changed.failure = kStepFailureTimeout;
+  const fleet::v1::LogEntry changed_proto = LogEntryToProto(changed);
+  EXPECT_TRUE(changed_proto.retryable());
+  absl::StatusOr<LogEntry> changed_back = LogEntryFromProto(changed_proto);
+  ASSERT_OK(changed_back);
+  EXPECT_THAT(changed_back->status, StatusIs(absl::StatusCode::kAborted, "step 3: the membership changed while it waited"));
+  EXPECT_TRUE(IsFleetChange(changed_back->status));
+  EXPECT_EQ(changed_back->failure, kStepFailureTimeout);
+
+  LogEntry final_failure = changed;
+  final_failure.status = absl::AbortedError("step 3: trainer rank 1 failed");
+  const fleet::v1::LogEntry final_proto = LogEntryToProto(final_failure);
+  EXPECT_FALSE(final_proto.retryable());
+  absl::StatusOr<LogEntry> final_back = LogEntryFromProto(final_proto);
+  ASSERT_OK(final_back);
+  EXPECT_THAT(final_back->status, StatusIs(absl::StatusCode::kAborted, "step 3: trainer rank 1 failed"));
+  EXPECT_FALSE(IsFleetChange(final_back->status));
 }
 
 TEST(PlanCodecTest, DecodingLeavesValidationToValidatePlanWhichFailsTheMatrixInBand) {

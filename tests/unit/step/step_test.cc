@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/block_digest.h"
+#include "common/fleet_change.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/cpu/cpu_backend.h"
@@ -233,7 +234,7 @@ TEST_F(StepTest, ACancelledLoneStepComputesNothingMoreAndEndsCancelled) {
   release.Notify();
   ASSERT_TRUE(sink->WaitFinished());
   EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kCancelled, ::testing::_));
-  EXPECT_FALSE(sink->end().retryable);
+  EXPECT_FALSE(IsFleetChange(sink->end().status));
   EXPECT_THAT(sink->results(), IsEmpty());
 }
 
@@ -245,7 +246,7 @@ TEST_F(StepTest, ADrainCutsALoneStepRetryably) {
   step->Cancel(/*draining=*/true);
   ASSERT_TRUE(sink->WaitFinished());
   EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("draining")));
-  EXPECT_TRUE(sink->end().retryable);
+  EXPECT_TRUE(IsFleetChange(sink->end().status));
 }
 
 TEST_F(StepTest, AnAllOrNothingStepComputesNothingWhenItsLastMatrixIsBad) {
@@ -431,12 +432,11 @@ TEST_F(GroupStepTest, AFailedBatchFailsTheStepRetryablyWhenTheFleetSaysSo) {
   step->End();
   ASSERT_THAT(fleet.submitted(), SizeIs(1));
   StepOutcome outcome;
-  outcome.status = absl::UnavailableError("the generation changed");
-  outcome.retryable = true;
+  outcome.status = MarkFleetChange(absl::UnavailableError("the generation changed"));
   fleet.submitted()[0].done(std::move(outcome));
   ASSERT_TRUE(sink->WaitFinished());
   EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("generation changed")));
-  EXPECT_TRUE(sink->end().retryable);
+  EXPECT_TRUE(IsFleetChange(sink->end().status));
 }
 
 }  // namespace
