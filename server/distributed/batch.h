@@ -45,6 +45,9 @@ std::vector<absl::Status> ValidatePlan(const BatchPlan& plan);
 // least-loaded fleet rank (ties to the lowest rank). Sets MatrixPlan::owner for every AUTO
 // matrix and -1 for the others. Deterministic: a pure function of the plan.
 void AssignOwners(BatchPlan& plan);
+// The same with each matrix's EstimatedCost given (cost[i] for plan.matrices[i]; size equal), for
+// a caller that has them already: the same owners, without estimating again.
+void AssignOwners(BatchPlan& plan, absl::Span<const double> cost);
 
 // This fleet rank's copy of one trainer rank's block of one matrix. Buffers are owned by the
 // caller and must stay valid for the ExecuteBatch call; `in` and `out` must not overlap. An

@@ -8,13 +8,19 @@
 namespace orthoserve {
 
 void AssignOwners(BatchPlan& plan) {
-  std::vector<size_t> order;
   std::vector<double> cost(plan.matrices.size(), 0);
+  for (size_t i = 0; i < plan.matrices.size(); ++i) {
+    if (plan.matrices[i].algorithm == Algorithm::kAuto) cost[i] = EstimatedCost(plan.matrices[i]);
+  }
+  AssignOwners(plan, cost);
+}
+
+void AssignOwners(BatchPlan& plan, absl::Span<const double> cost) {
+  std::vector<size_t> order;
   for (size_t i = 0; i < plan.matrices.size(); ++i) {
     MatrixPlan& m = plan.matrices[i];
     m.owner = -1;
     if (m.algorithm != Algorithm::kAuto) continue;
-    cost[i] = EstimatedCost(m);
     order.push_back(i);
   }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/fleet_change.h"
+#include "common/ns_options.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/util/status_matchers.h"
@@ -709,6 +710,36 @@ TEST(CoordinatorTest, PacedBatchesOfTwoTenantsInterleaveInFairOrder) {
   EXPECT_EQ(c->pending_steps(), 0u);
 }
 
+// The tenants' shares order the fleet's batches as they order the compute pool: a tenant of a
+// higher priority class (--tenant-shares B=1:1) goes before every queued batch of a lower one.
+TEST(CoordinatorTest, PacedBatchesFollowTheTenantsShares) {
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  Coordinator::Options options = TestOptions(2);
+  options.batch_window = 1;
+  options.shares["B"] = FairShare{1.0, 1};
+  absl::StatusOr<std::unique_ptr<Coordinator>> created = Coordinator::Create(options);
+  ASSERT_OK(created.status());
+  Coordinator& c = **created;
+  for (const Member& m : members) ASSERT_OK(c.Join(m).status());
+  WaitGeneration(c, 1, members);
+  for (const Member& m : members) ReadAll(c, m, 0, /*formed=*/1);
+  ASSERT_TRUE(c.generation().formed);
+
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK(c.Report(Report(c, GroupKey{"A", "flood", "g", step, "run"}, 0, 1, members[0], 100 + step)));
+  }
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK(c.Report(Report(c, GroupKey{"B", "urgent", "g", step, "run"}, 0, 1, members[1], 200 + step)));
+  }
+  std::vector<LogEntry> log = ReadAll(c, members[0], 0);
+  for (int ran = 0; ran < 5; ++ran) {
+    c.BatchRan(log.back().index);
+    log = ReadAll(c, members[0], 0);
+  }
+  // A1 went into the empty window before B's steps arrived.
+  EXPECT_EQ(BatchOrder(log), (std::vector<std::string>{"A1", "B1", "B2", "B3", "A2", "A3"}));
+}
+
 // A report of `n` 4 x 4 matrices "w0".."w<n-1>" (W = 1).
 ReadyReport ManyMatrices(const Coordinator& c, const GroupKey& key, const Member& fleet_rank, uint64_t submission,
                          int n) {
@@ -769,6 +800,25 @@ TEST(CoordinatorTest, APacedStepIsAppendedInPartsAndAnotherTenantsStepRunsBetwee
   }
   EXPECT_EQ(names, (std::vector<std::string>{"w0", "w1", "w2", "w3", "w4", "w5"}));
   EXPECT_EQ(c->queued_steps(), 0u);
+}
+
+// A paced step's matrices are estimated once for the step — its queue cost, its parts, their AUTO
+// owners — not again for every part (an unchecked wire plan's estimate validates its options:
+// NsOptionsValidations counts it).
+TEST(CoordinatorTest, ADividedStepsMatricesAreEstimatedOnceForAllItsParts) {
+  std::vector<Member> members = {M(0, 10), M(1, 11)};
+  std::unique_ptr<Coordinator> c = PacedAndFormed(2, absl::Nanoseconds(1), members);
+  ASSERT_NE(c, nullptr);
+  constexpr int kMatrices = 8;
+  const int64_t before = NsOptionsValidations();
+  ASSERT_OK(c->Report(ManyMatrices(*c, GroupKey{"A", "big", "g", 1, "run"}, members[0], 100, kMatrices)));
+  std::vector<LogEntry> log = ReadAll(*c, members[0], 0);
+  for (int ran = 0; ran < kMatrices / 2 - 1; ++ran) {
+    c->BatchRan(log.back().index);
+    log = ReadAll(*c, members[0], 0);
+  }
+  EXPECT_EQ(Parts(log), (std::vector<std::string>{"A1:0+2+", "A1:2+2+", "A1:4+2+", "A1:6+2"}));
+  EXPECT_EQ(NsOptionsValidations() - before, kMatrices);
 }
 
 // The rest of a divided step goes ahead of its job's later steps: a job's steps run in order

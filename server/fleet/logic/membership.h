@@ -1,0 +1,100 @@
+// Which rank processes the fleet has, and the generation in force: the membership part of the
+// coordinator (coordinator.h, "Membership"). It decides who is a member; the coordinator puts
+// each new generation into the log and settles what it changes for pending steps. Not
+// thread-safe: the coordinator's lock guards it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/fleet/logic/fleet_log.h"
+
+namespace orthoserve {
+
+class Membership {
+ public:
+  struct Options {
+    int fleet_world = 1;                                    // S: ranks are 0..S-1.
+    absl::Duration peer_timeout = absl::Seconds(15);        // A rank silent this long is lost.
+    absl::Duration reform_delay = absl::Milliseconds(200);  // Joins within this time form one generation.
+  };
+  explicit Membership(const Options& options);
+
+  const Generation& generation() const { return generation_; }
+  // A member of the current generation with this rank and incarnation.
+  bool IsMember(int rank, uint64_t incarnation) const;
+  // Rank 0 is a member of the generation and the generation is formed: only then does rank 0's
+  // executor report every batch it ran (the coordinator's pacing depends on it).
+  bool RankZeroRunsEveryBatch() const;
+
+  // OK when rank `rank` of `incarnation` reads the log (it joined and is a member, or is leaving);
+  // INVALID_ARGUMENT for a rank out of range, FAILED_PRECONDITION when it must join again.
+  absl::Status CheckReader(int rank, uint64_t incarnation) const;
+
+  struct Joined {
+    int64_t cursor = 0;      // Where it reads from.
+    bool restarted = false;  // A new incarnation of a joined rank: its previous process is gone.
+    bool again = false;      // The same process joining again (its reply was lost): nothing changed.
+  };
+  // Registers a rank process that reads from `log_end`. INVALID_ARGUMENT for a rank outside [0, S).
+  absl::StatusOr<Joined> Join(const Member& member, int64_t log_end, absl::Time now);
+  // A graceful leave of a reader (CheckReader passed): out of the membership, but it keeps reading
+  // until it has seen the generation without it.
+  void Leave(int rank);
+
+  // What a reader's formation report changes.
+  enum class Heard {
+    kNothing,
+    kFailed,  // It could not join (or lost) the current generation's collective: form the next.
+    kFormed,  // Its report made every member joined: the generation is formed now.
+  };
+  // A read of `reader` from index `from` at `now`: its heartbeat, its cursor and its formation
+  // report (each reported once per generation).
+  Heard Hear(const ReaderState& reader, int64_t from, absl::Time now);
+  // A reader's heartbeat alone (at the end of its read).
+  void Seen(int rank, absl::Time now);
+  // The lowest index a joined rank will still read (log_end when none).
+  int64_t OldestCursor(int64_t log_end) const;
+
+  // Asks for a reform after `reform_delay` (joins and failures that come together make one).
+  void Schedule(const std::string& reason, bool force, absl::Time now);
+  // When the scheduled reform is due (InfiniteFuture: none).
+  absl::Time reform_at() const { return reform_at_; }
+  // The scheduled reform's reason and whether it is forced; clears the schedule.
+  std::pair<std::string, bool> TakeScheduled();
+  // Marks ranks silent for longer than the peer timeout lost (a leaving rank just gone); true
+  // when a member was lost.
+  bool CheckLiveness(absl::Time now);
+  // Starts the next generation when the live ranks differ from the members (or `force`, or a
+  // scheduled forced reform); true when it did.
+  bool Reform(const std::string& reason, bool force);
+
+ private:
+  // kLeaving: left gracefully, not a member, but still reads until it sees the generation
+  // without it.
+  enum class RankState { kAbsent, kJoining, kMember, kLeaving, kGone };
+  struct Known {
+    RankState state = RankState::kAbsent;
+    Member member;
+    absl::Time last_seen;
+    int64_t cursor = 0;             // Next index it will read.
+    int64_t formed_generation = 0;  // Last generation it reported joined.
+    int64_t failed_generation = 0;  // Last generation it reported failed.
+  };
+  static bool Reads(const Known& k) {
+    return k.state == RankState::kJoining || k.state == RankState::kMember || k.state == RankState::kLeaving;
+  }
+
+  const Options options_;
+  std::vector<Known> known_;  // By rank.
+  Generation generation_;
+  absl::Time reform_at_ = absl::InfiniteFuture();  // A delayed reform (after joins).
+  std::string reform_reason_;
+  bool reform_forced_ = false;  // The next reform happens even with unchanged members.
+};
+
+}  // namespace orthoserve
