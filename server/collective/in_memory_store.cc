@@ -1,6 +1,9 @@
 // InMemoryStore: map + absl::Mutex + absl::CondVar.
 #include "server/collective/in_memory_store.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -8,13 +11,91 @@
 
 namespace orthoserve {
 
+InMemoryStore::~InMemoryStore() {
+  std::thread notifier;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    notify_cv_.SignalAll();
+    notifier.swap(notifier_);
+  }
+  if (notifier.joinable()) notifier.join();
+}
+
 absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value) {
   {
     absl::MutexLock lock(&mu_);
     values_[key] = std::string(value);
+    if (!waiters_.empty()) notify_cv_.SignalAll();
   }
   changed_.SignalAll();
   return absl::OkStatus();
+}
+
+void InMemoryStore::GetAsync(absl::string_view key, absl::Duration timeout, GetDone done) {
+  absl::StatusOr<std::string> now;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = values_.find(key);
+    if (it != values_.end()) {
+      now = it->second;
+    } else if (stop_waits_) {
+      now = absl::CancelledError(absl::StrCat("the store stopped waiting for key '", key, "'"));
+    } else if (timeout <= absl::ZeroDuration()) {
+      now = absl::DeadlineExceededError(
+          absl::StrCat("store key '", key, "' was not set within ", absl::FormatDuration(timeout)));
+    } else {
+      waiters_.push_back(Waiter{std::string(key), timeout, absl::Now() + timeout, std::move(done)});
+      if (!notifier_.joinable()) notifier_ = std::thread([this] { NotifyLoop(); });
+      notify_cv_.SignalAll();  // Its deadline may be the next.
+      return;
+    }
+  }
+  done(std::move(now));
+}
+
+void InMemoryStore::StopWaits() {
+  absl::MutexLock lock(&mu_);
+  stop_waits_ = true;
+  notify_cv_.SignalAll();
+}
+
+void InMemoryStore::NotifyLoop() {
+  std::vector<std::pair<GetDone, absl::StatusOr<std::string>>> ready;
+  mu_.Lock();
+  for (;;) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    const bool cancel = stop_waits_ || closing_;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      auto value = values_.find(it->key);
+      if (value != values_.end()) {
+        ready.emplace_back(std::move(it->done), value->second);
+      } else if (cancel) {
+        ready.emplace_back(std::move(it->done),
+                           absl::CancelledError(absl::StrCat("the store stopped waiting for key '", it->key, "'")));
+      } else if (now >= it->deadline) {
+        ready.emplace_back(std::move(it->done),
+                           absl::DeadlineExceededError(absl::StrCat("store key '", it->key, "' was not set within ",
+                                                                    absl::FormatDuration(it->timeout))));
+      } else {
+        next = std::min(next, it->deadline);
+        ++it;
+        continue;
+      }
+      it = waiters_.erase(it);
+    }
+    if (!ready.empty()) {
+      mu_.Unlock();
+      for (auto& [done, result] : ready) done(std::move(result));
+      ready.clear();
+      mu_.Lock();
+      continue;  // More may have come meanwhile.
+    }
+    if (closing_) break;
+    notify_cv_.WaitWithDeadline(&mu_, next);  // Either way: go round.
+  }
+  mu_.Unlock();
 }
 
 absl::StatusOr<std::string> InMemoryStore::Get(absl::string_view key, absl::Duration timeout) {
@@ -45,6 +126,7 @@ absl::StatusOr<int64_t> InMemoryStore::Add(absl::string_view key, int64_t delta)
     }
     value += delta;
     values_[key] = absl::StrCat(value);
+    if (!waiters_.empty()) notify_cv_.SignalAll();
   }
   changed_.SignalAll();
   return value;

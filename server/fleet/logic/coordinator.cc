@@ -48,11 +48,13 @@ Coordinator::Coordinator(const Options& options)
                                       options.max_tenant_pending_steps}),
       pacer_(BatchPacer::Options{options.batch_window, options.part_time, options.shares}) {
   timer_ = std::thread([this] { TimerLoop(); });
+  notifier_ = std::thread([this] { NotifyLoop(); });
 }
 
 Coordinator::~Coordinator() {
   Shutdown();
   if (timer_.joinable()) timer_.join();
+  if (notifier_.joinable()) notifier_.join();
 }
 
 void Coordinator::Shutdown() {
@@ -60,6 +62,7 @@ void Coordinator::Shutdown() {
   shutdown_ = true;
   log_cv_.SignalAll();
   timer_cv_.SignalAll();
+  notify_cv_.SignalAll();
 }
 
 size_t Coordinator::pending_steps() const {
@@ -91,6 +94,7 @@ void Coordinator::AppendLocked(LogEntry entry) {
                            : std::string());
   log_.Append(std::move(entry));
   log_cv_.SignalAll();
+  if (!waiters_.empty()) notify_cv_.SignalAll();
 }
 
 void Coordinator::AppendFailureLocked(const GroupKey& key, absl::Status status, bool fleet_change,
@@ -310,9 +314,7 @@ void Coordinator::BatchRan(int64_t index) {
 // ---------------------------------------------------------------------------------------------
 // Readers and the timer.
 
-absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reader, int64_t from,
-                                                        absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+absl::Status Coordinator::ReadBeginLocked(const ReaderState& reader, int64_t from) {
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));
   for (const ReadyReport& kept : reader.kept) {
@@ -323,12 +325,68 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
   if (membership_.Hear(reader, from, absl::Now()) == Membership::Heard::kFailed) {
     ScheduleReformLocked("collective_failed", /*force=*/true);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reader, int64_t from,
+                                                        absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(ReadBeginLocked(reader, from));
   const absl::Time deadline = absl::Now() + timeout;
   while (!shutdown_ && log_.end() <= from) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
     log_cv_.WaitWithTimeout(&mu_, left + absl::Milliseconds(1));  // The loop rechecks, timed out or not.
   }
+  return ReadEndLocked(reader, from);
+}
+
+void Coordinator::ReadAsync(const ReaderState& reader, int64_t from, absl::Duration timeout, ReadDone done) {
+  absl::StatusOr<std::vector<LogEntry>> now;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status begun = ReadBeginLocked(reader, from);
+    if (begun.ok() && log_.end() <= from && timeout > absl::ZeroDuration()) {
+      Waiter waiter{reader, from, absl::Now() + timeout, std::move(done)};
+      waiter.reader.kept.clear();  // Taken in: not held again while it waits.
+      waiters_.push_back(std::move(waiter));
+      notify_cv_.SignalAll();  // Its deadline may be the next.
+      return;
+    }
+    now = begun.ok() ? ReadEndLocked(reader, from) : absl::StatusOr<std::vector<LogEntry>>(begun);
+  }
+  done(std::move(now));
+}
+
+void Coordinator::NotifyLoop() {
+  std::vector<std::pair<ReadDone, absl::StatusOr<std::vector<LogEntry>>>> ready;
+  mu_.Lock();
+  for (;;) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (shutdown_ || log_.end() > it->from || now >= it->deadline) {
+        ready.emplace_back(std::move(it->done), ReadEndLocked(it->reader, it->from));
+        it = waiters_.erase(it);
+      } else {
+        next = std::min(next, it->deadline);
+        ++it;
+      }
+    }
+    if (!ready.empty()) {
+      mu_.Unlock();
+      for (auto& [done, result] : ready) done(std::move(result));
+      ready.clear();
+      mu_.Lock();
+      continue;  // More may have come meanwhile.
+    }
+    if (shutdown_) break;
+    notify_cv_.WaitWithDeadline(&mu_, next);  // Either way: go round.
+  }
+  mu_.Unlock();
+}
+
+absl::StatusOr<std::vector<LogEntry>> Coordinator::ReadEndLocked(const ReaderState& reader, int64_t from) {
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   // It may have been dropped while waiting (silent for too long, or replaced).
   RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));

@@ -168,6 +168,14 @@ class Coordinator {
   // is not current (it must join again); UNAVAILABLE after Shutdown.
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Read without a thread that waits: `done` runs exactly once, without the coordinator's lock,
+  // with what Read would return — within this call when there is no need to wait (entries from
+  // `from` exist, the reader is refused, the coordinator has shut down), otherwise on the
+  // coordinator's one notifier thread when an entry is appended, the timeout passes or at
+  // Shutdown. `done` must not block (the fleet service hands its encoding to a pool).
+  using ReadDone = std::function<void(absl::StatusOr<std::vector<LogEntry>>)>;
+  void ReadAsync(const ReaderState& reader, int64_t from, absl::Duration timeout, ReadDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   Generation generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // Rank 0's executor has applied log entry `index` (and every one before it): the batches up
@@ -179,7 +187,8 @@ class Coordinator {
   // Complete steps waiting for their turn in the fair order of batches.
   size_t queued_steps() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Wakes readers and stops the timer thread; later calls fail or are no-ops.
+  // Wakes readers (waiting ones get UNAVAILABLE), stops the timer and notifier threads; later
+  // calls fail or are no-ops.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -218,6 +227,14 @@ class Coordinator {
   // Reforms after `reform_delay` (joins and failures that come together make one generation).
   void ScheduleReformLocked(const std::string& reason, bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A read's first half: refusals, what the reader keeps, its heartbeat and formation report.
+  absl::Status ReadBeginLocked(const ReaderState& reader, int64_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A read's second half, after any wait: the entries from `from` (refusals again: the reader
+  // may have been dropped meanwhile), and the log trimmed to what some reader still needs.
+  absl::StatusOr<std::vector<LogEntry>> ReadEndLocked(const ReaderState& reader, int64_t from)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes waiting ReadAsync calls as entries come, deadlines pass or the coordinator shuts down.
+  void NotifyLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const uint64_t epoch_;
@@ -225,14 +242,24 @@ class Coordinator {
   mutable absl::Mutex mu_;
   absl::CondVar log_cv_;    // Signalled when an entry is appended and at Shutdown (Read waits on it).
   absl::CondVar timer_cv_;  // Signalled when the timer's next deadline may be sooner, and at Shutdown.
+  absl::CondVar notify_cv_;  // Signalled when an entry is appended, a reader waits, and at Shutdown.
   // The three parts, each a plain class under mu_: who the members are, where trainer ranks meet
   // (and replays), and the order in which complete steps and their parts go into the log.
   Membership membership_ ABSL_GUARDED_BY(mu_);
   Rendezvous rendezvous_ ABSL_GUARDED_BY(mu_);
   BatchPacer pacer_ ABSL_GUARDED_BY(mu_);
   OrderedLog log_ ABSL_GUARDED_BY(mu_);
+  // ReadAsync calls waiting for an entry (NotifyLoop completes them).
+  struct Waiter {
+    ReaderState reader;  // `kept` already taken in.
+    int64_t from = 0;
+    absl::Time deadline;
+    ReadDone done;
+  };
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;
+  std::thread notifier_;
 };
 
 }  // namespace orthoserve

@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
       c.on_refusal = [metrics](const char* cause) { metrics->IntegrityRefused(cause); };
     }
     ASSIGN_OR_RETURN(fleet->coordinator_, Coordinator::Create(c));
-    fleet->store_ = std::make_shared<InMemoryStore>();
+    fleet->served_store_ = std::make_shared<InMemoryStore>();
+    fleet->store_ = fleet->served_store_;
     fleet->log_ = std::make_unique<LocalLogSource>(fleet->coordinator_.get());
   } else {
     auto channel = MakeFleetChannel(options.coordinator, fleet->tls_.get(), /*rank=*/0);
@@ -195,7 +196,7 @@ absl::Status Fleet::ServeFleetPort() {
   builder.SetMaxSendMessageSize(kFleetMessageBytes);
   if (options_.rank == 0 && options_.world > 1) {
     fleet_service_ =
-        std::make_unique<FleetService>(store_.get(), coordinator_.get(), FleetService::kMaxReadBytes, access_.get());
+        std::make_unique<FleetService>(served_store_.get(), coordinator_.get(), FleetService::kMaxReadBytes, access_.get());
     builder.RegisterService(fleet_service_.get());
   }
   if (options_.world > 1 && options_.compute != nullptr) {
@@ -222,7 +223,8 @@ Fleet::~Fleet() {
 void Fleet::Shutdown() {
   if (shutdown_.exchange(true)) return;
   if (executor_ != nullptr) executor_->Shutdown();
-  if (coordinator_ != nullptr) coordinator_->Shutdown();
+  if (coordinator_ != nullptr) coordinator_->Shutdown();  // Its waiting readers are answered now,
+  if (served_store_ != nullptr) served_store_->StopWaits();  // and the store's waiting getters.
 }
 
 bool Fleet::ready() const {

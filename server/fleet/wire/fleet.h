@@ -29,6 +29,7 @@
 #include "grpcpp/impl/codegen/service_type.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
+#include "server/collective/in_memory_store.h"
 #include "server/collective/store.h"
 #include "server/engine/backend.h"
 #include "server/fleet/logic/coordinator.h"
@@ -148,6 +149,7 @@ class Fleet final : public StepFleet {
   std::shared_ptr<const FleetTls> tls_;  // Null without fleet TLS.
   std::unique_ptr<FleetAccess> access_;  // Who may call the fleet port; outlives its services.
   std::shared_ptr<Store> store_;  // Shared with joins that may outlive a generation.
+  std::shared_ptr<InMemoryStore> served_store_;  // Rank 0: store_, which the fleet service serves.
   std::unique_ptr<Coordinator> coordinator_;  // Rank 0 only.
   LonePlacement lone_{options_.rank};
   std::unique_ptr<PeerClient> peers_;

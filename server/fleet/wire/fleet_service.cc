@@ -2,7 +2,10 @@
 #include "server/fleet/wire/fleet_service.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert/grpc_status.h"
@@ -13,34 +16,48 @@ namespace {
 
 // Long polls are cut at this length so a peer notices a dead coordinator quickly.
 constexpr int64_t kMaxWaitMs = 10000;
-// Store waits check for cancellation this often.
-constexpr absl::Duration kSlice = absl::Milliseconds(100);
 
 absl::Duration WaitOf(int64_t timeout_ms) {
   return absl::Milliseconds(std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs));
 }
 
+// Threads that encode ReadLog responses: a few, so that a large entry read by many members at
+// once is encoded in parallel, as it was on the synchronous server's threads.
+int EncoderThreads() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 2u, 8u)); }
+
 }  // namespace
 
-absl::Status FleetService::RequireRank(const grpc::ServerContext* context, absl::string_view call, int rank) const {
-  return access_ == nullptr ? absl::OkStatus() : access_->RequireRank(*context, call, rank);
+FleetCalls::FleetCalls(InMemoryStore* store, Coordinator* coordinator, size_t max_read_bytes,
+                       const FleetAccess* access)
+    : store_(store),
+      coordinator_(coordinator),
+      max_read_bytes_(max_read_bytes),
+      access_(access),
+      encoder_(EncoderThreads()) {}
+
+absl::Status FleetCalls::RequireRank(const grpc::ServerContextBase& context, absl::string_view call, int rank) const {
+  return access_ == nullptr ? absl::OkStatus() : access_->RequireRank(context, call, rank);
 }
 
-absl::Status FleetService::RequireMember(const grpc::ServerContext* context, absl::string_view call) const {
-  return access_ == nullptr ? absl::OkStatus() : access_->RequireMember(*context, call);
+absl::Status FleetCalls::RequireMember(const grpc::ServerContextBase& context, absl::string_view call) const {
+  return access_ == nullptr ? absl::OkStatus() : access_->RequireMember(context, call);
 }
 
-grpc::Status FleetService::Join(grpc::ServerContext* context, const fleet::v1::JoinRequest* request,
-                                fleet::v1::JoinResponse* response) {
-  if (absl::Status allowed = RequireRank(context, "Join", request->member().rank()); !allowed.ok()) {
+absl::Status FleetCalls::RequireStore() const {
+  return store_ != nullptr ? absl::OkStatus() : absl::UnavailableError("this fleet service has no store");
+}
+
+grpc::Status FleetCalls::Join(const grpc::ServerContextBase& context, const fleet::v1::JoinRequest& request,
+                              fleet::v1::JoinResponse* response) {
+  if (absl::Status allowed = RequireRank(context, "Join", request.member().rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  if (request->protocol() != kFleetProtocol) {
+  if (request.protocol() != kFleetProtocol) {
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "rank ", request->member().rank(), " speaks fleet protocol ", request->protocol(),
-        " and this coordinator ", kFleetProtocol, ": ranks of different releases do not form a fleet")));
+        "rank ", request.member().rank(), " speaks fleet protocol ", request.protocol(), " and this coordinator ",
+        kFleetProtocol, ": ranks of different releases do not form a fleet")));
   }
-  absl::StatusOr<int64_t> from = coordinator_->Join(MemberFromProto(request->member()));
+  absl::StatusOr<int64_t> from = coordinator_->Join(MemberFromProto(request.member()));
   if (!from.ok()) return ToGrpcStatus(from.status());
   response->set_epoch(coordinator_->epoch());
   response->set_log_from(*from);
@@ -48,116 +65,198 @@ grpc::Status FleetService::Join(grpc::ServerContext* context, const fleet::v1::J
   return grpc::Status::OK;
 }
 
-grpc::Status FleetService::Leave(grpc::ServerContext* context, const fleet::v1::LeaveRequest* request,
-                                 fleet::v1::LeaveResponse*) {
-  if (absl::Status allowed = RequireRank(context, "Leave", request->rank()); !allowed.ok()) {
+grpc::Status FleetCalls::Leave(const grpc::ServerContextBase& context, const fleet::v1::LeaveRequest& request) {
+  if (absl::Status allowed = RequireRank(context, "Leave", request.rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  return ToGrpcStatus(coordinator_->Leave(request->rank(), request->incarnation(), request->epoch()));
+  return ToGrpcStatus(coordinator_->Leave(request.rank(), request.incarnation(), request.epoch()));
 }
 
-grpc::Status FleetService::StoreSet(grpc::ServerContext* context, const fleet::v1::StoreSetRequest* request,
-                                    fleet::v1::StoreSetResponse*) {
-  if (absl::Status allowed = RequireMember(context, "StoreSet"); !allowed.ok()) {
-    return ToGrpcStatus(allowed);
-  }
-  return ToGrpcStatus(store_->Set(request->key(), request->value()));
+grpc::Status FleetCalls::StoreSet(const grpc::ServerContextBase& context, const fleet::v1::StoreSetRequest& request) {
+  if (absl::Status allowed = RequireMember(context, "StoreSet"); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (absl::Status store = RequireStore(); !store.ok()) return ToGrpcStatus(store);
+  return ToGrpcStatus(store_->Set(request.key(), request.value()));
 }
 
-grpc::Status FleetService::StoreGet(grpc::ServerContext* context, const fleet::v1::StoreGetRequest* request,
-                                    fleet::v1::StoreGetResponse* response) {
+void FleetCalls::StoreGet(const grpc::ServerContextBase& context, const fleet::v1::StoreGetRequest& request,
+                          fleet::v1::StoreGetResponse* response, Done done) {
   if (absl::Status allowed = RequireMember(context, "StoreGet"); !allowed.ok()) {
-    return ToGrpcStatus(allowed);
+    done(ToGrpcStatus(allowed));
+    return;
   }
   // The coordinator's protocol, for ranks to read before they join (fleet.proto, "Versions").
-  if (request->key() == kFleetProtocolKey) {
+  if (request.key() == kFleetProtocolKey) {
     response->set_found(true);
     response->set_value(std::to_string(kFleetProtocol));
-    return grpc::Status::OK;
+    done(grpc::Status::OK);
+    return;
   }
-  // Waits in short slices, so that a call the server cancels (its shutdown deadline passed)
-  // ends at once rather than holding the shutdown for the whole wait.
-  const absl::Time deadline = absl::Now() + WaitOf(request->timeout_ms());
-  absl::StatusOr<std::string> value;
-  for (;;) {
-    value = store_->Get(request->key(), std::min(kSlice, std::max(deadline - absl::Now(), absl::ZeroDuration())));
-    if (value.status().code() != absl::StatusCode::kDeadlineExceeded) break;
-    if (absl::Now() >= deadline || context->IsCancelled()) break;
+  if (absl::Status store = RequireStore(); !store.ok()) {
+    done(ToGrpcStatus(store));
+    return;
   }
-  if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
-    response->set_found(false);
-    return grpc::Status::OK;
-  }
+  // Waits in the store, which answers on its notifier thread: cheap work only here.
+  store_->GetAsync(request.key(), WaitOf(request.timeout_ms()),
+                   [response, done = std::move(done)](absl::StatusOr<std::string> value) {
+                     if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
+                       response->set_found(false);
+                       done(grpc::Status::OK);
+                       return;
+                     }
+                     if (!value.ok()) {
+                       done(ToGrpcStatus(value.status()));
+                       return;
+                     }
+                     response->set_found(true);
+                     response->set_value(*std::move(value));
+                     done(grpc::Status::OK);
+                   });
+}
+
+grpc::Status FleetCalls::StoreAdd(const grpc::ServerContextBase& context, const fleet::v1::StoreAddRequest& request,
+                                  fleet::v1::StoreAddResponse* response) {
+  if (absl::Status allowed = RequireMember(context, "StoreAdd"); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (absl::Status store = RequireStore(); !store.ok()) return ToGrpcStatus(store);
+  absl::StatusOr<int64_t> value = store_->Add(request.key(), request.delta());
   if (!value.ok()) return ToGrpcStatus(value.status());
-  response->set_found(true);
   response->set_value(*value);
   return grpc::Status::OK;
 }
 
-grpc::Status FleetService::StoreAdd(grpc::ServerContext* context, const fleet::v1::StoreAddRequest* request,
-                                    fleet::v1::StoreAddResponse* response) {
-  if (absl::Status allowed = RequireMember(context, "StoreAdd"); !allowed.ok()) {
+grpc::Status FleetCalls::Report(const grpc::ServerContextBase& context, const fleet::v1::ReadyReport& request) {
+  if (absl::Status allowed = RequireRank(context, "Report", request.fleet_rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  absl::StatusOr<int64_t> value = store_->Add(request->key(), request->delta());
-  if (!value.ok()) return ToGrpcStatus(value.status());
-  response->set_value(*value);
-  return grpc::Status::OK;
-}
-
-grpc::Status FleetService::Report(grpc::ServerContext* context, const fleet::v1::ReadyReport* request,
-                                  fleet::v1::ReportResponse*) {
-  if (absl::Status allowed = RequireRank(context, "Report", request->fleet_rank()); !allowed.ok()) {
-    return ToGrpcStatus(allowed);
-  }
-  absl::StatusOr<ReadyReport> report = ReadyReportFromProto(*request);
+  absl::StatusOr<ReadyReport> report = ReadyReportFromProto(request);
   if (!report.ok()) return ToGrpcStatus(report.status());
   return ToGrpcStatus(coordinator_->Report(std::move(*report)));
 }
 
-grpc::Status FleetService::Abort(grpc::ServerContext* context, const fleet::v1::AbortRequest* request,
-                                 fleet::v1::AbortResponse*) {
-  if (absl::Status allowed = RequireRank(context, "Abort", request->fleet_rank()); !allowed.ok()) {
+grpc::Status FleetCalls::Abort(const grpc::ServerContextBase& context, const fleet::v1::AbortRequest& request) {
+  if (absl::Status allowed = RequireRank(context, "Abort", request.fleet_rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  return ToGrpcStatus(
-      coordinator_->Abort(GroupKeyFromProto(request->key()), request->trainer_rank(),
-                          absl::Status(static_cast<absl::StatusCode>(request->code()), request->message()),
-                          request->submission(), request->fleet_rank(), request->incarnation()));
+  return ToGrpcStatus(coordinator_->Abort(GroupKeyFromProto(request.key()), request.trainer_rank(),
+                                          absl::Status(static_cast<absl::StatusCode>(request.code()), request.message()),
+                                          request.submission(), request.fleet_rank(), request.incarnation()));
 }
 
-grpc::Status FleetService::ReadLog(grpc::ServerContext* context, const fleet::v1::ReadLogRequest* request,
-                                   fleet::v1::ReadLogResponse* response) {
-  if (absl::Status allowed = RequireRank(context, "ReadLog", request->reader()); !allowed.ok()) {
-    return ToGrpcStatus(allowed);
-  }
-  ReaderState reader;
-  reader.rank = request->reader();
-  reader.epoch = request->epoch();
-  reader.incarnation = request->incarnation();
-  reader.formed_generation = request->formed_generation();
-  reader.failed_generation = request->failed_generation();
-  for (const fleet::v1::ReadyReport& r : request->kept()) {
-    absl::StatusOr<ReadyReport> report = ReadyReportFromProto(r);
-    if (report.ok()) reader.kept.push_back(*std::move(report));
-  }
-  absl::StatusOr<std::vector<LogEntry>> entries =
-      coordinator_->Read(reader, request->from(), WaitOf(request->timeout_ms()));
-  if (!entries.ok()) return ToGrpcStatus(entries.status());
-  if (entries->size() == 1) {
-    *response->add_entries() = LogEntryToProto(entries->front());
-    return grpc::Status::OK;
+void FleetCalls::Encode(const std::vector<LogEntry>& entries, fleet::v1::ReadLogResponse* response) const {
+  if (entries.size() == 1) {
+    *response->add_entries() = LogEntryToProto(entries.front());
+    return;
   }
   // Several (the reader is behind): as many as fit in max_read_bytes_, at least one.
   size_t bytes = 0;
-  for (const LogEntry& entry : *entries) {
+  for (const LogEntry& entry : entries) {
     fleet::v1::LogEntry proto = LogEntryToProto(entry);
     const size_t size = proto.ByteSizeLong();
     if (response->entries_size() > 0 && bytes + size > max_read_bytes_) break;
     bytes += size;
     *response->add_entries() = std::move(proto);
   }
-  return grpc::Status::OK;
+}
+
+void FleetCalls::ReadLog(const grpc::ServerContextBase& context, const fleet::v1::ReadLogRequest& request,
+                         fleet::v1::ReadLogResponse* response, Done done) {
+  if (absl::Status allowed = RequireRank(context, "ReadLog", request.reader()); !allowed.ok()) {
+    done(ToGrpcStatus(allowed));
+    return;
+  }
+  ReaderState reader;
+  reader.rank = request.reader();
+  reader.epoch = request.epoch();
+  reader.incarnation = request.incarnation();
+  reader.formed_generation = request.formed_generation();
+  reader.failed_generation = request.failed_generation();
+  for (const fleet::v1::ReadyReport& r : request.kept()) {
+    absl::StatusOr<ReadyReport> report = ReadyReportFromProto(r);
+    if (report.ok()) reader.kept.push_back(*std::move(report));
+  }
+  coordinator_->ReadAsync(
+      reader, request.from(), WaitOf(request.timeout_ms()),
+      [this, response, done = std::move(done)](absl::StatusOr<std::vector<LogEntry>> entries) mutable {
+        if (!entries.ok()) {
+          done(ToGrpcStatus(entries.status()));
+          return;
+        }
+        if (entries->empty()) {
+          done(grpc::Status::OK);
+          return;
+        }
+        // Encoding may be large work (one entry of a big step is megabytes): on the pool, not on
+        // the coordinator's notifier thread.
+        auto shared = std::make_shared<std::vector<LogEntry>>(*std::move(entries));
+        encoder_.Schedule([this, response, shared, done = std::move(done)] {
+          Encode(*shared, response);
+          done(grpc::Status::OK);
+        });
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gRPC adapter: every call finishes its default reactor with what FleetCalls says.
+
+namespace {
+
+FleetCalls::Done Finisher(grpc::ServerUnaryReactor* reactor) {
+  return [reactor](grpc::Status status) { reactor->Finish(std::move(status)); };
+}
+
+grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context, grpc::Status status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* FleetService::Join(grpc::CallbackServerContext* context, const fleet::v1::JoinRequest* request,
+                                             fleet::v1::JoinResponse* response) {
+  return Finished(context, calls_.Join(*context, *request, response));
+}
+
+grpc::ServerUnaryReactor* FleetService::Leave(grpc::CallbackServerContext* context,
+                                              const fleet::v1::LeaveRequest* request, fleet::v1::LeaveResponse*) {
+  return Finished(context, calls_.Leave(*context, *request));
+}
+
+grpc::ServerUnaryReactor* FleetService::StoreSet(grpc::CallbackServerContext* context,
+                                                 const fleet::v1::StoreSetRequest* request,
+                                                 fleet::v1::StoreSetResponse*) {
+  return Finished(context, calls_.StoreSet(*context, *request));
+}
+
+grpc::ServerUnaryReactor* FleetService::StoreGet(grpc::CallbackServerContext* context,
+                                                 const fleet::v1::StoreGetRequest* request,
+                                                 fleet::v1::StoreGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  calls_.StoreGet(*context, *request, response, Finisher(reactor));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FleetService::StoreAdd(grpc::CallbackServerContext* context,
+                                                 const fleet::v1::StoreAddRequest* request,
+                                                 fleet::v1::StoreAddResponse* response) {
+  return Finished(context, calls_.StoreAdd(*context, *request, response));
+}
+
+grpc::ServerUnaryReactor* FleetService::Report(grpc::CallbackServerContext* context,
+                                               const fleet::v1::ReadyReport* request, fleet::v1::ReportResponse*) {
+  return Finished(context, calls_.Report(*context, *request));
+}
+
+grpc::ServerUnaryReactor* FleetService::Abort(grpc::CallbackServerContext* context,
+                                              const fleet::v1::AbortRequest* request, fleet::v1::AbortResponse*) {
+  return Finished(context, calls_.Abort(*context, *request));
+}
+
+grpc::ServerUnaryReactor* FleetService::ReadLog(grpc::CallbackServerContext* context,
+                                                const fleet::v1::ReadLogRequest* request,
+                                                fleet::v1::ReadLogResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  calls_.ReadLog(*context, *request, response, Finisher(reactor));
+  return reactor;
 }
 
 }  // namespace orthoserve

@@ -1,21 +1,32 @@
 // The orthoserve.fleet.v1.Fleet gRPC service that fleet rank 0 serves to the other ranks: its
-// Store and its Coordinator, carried over the wire. A thin adapter; thread-safe. With fleet TLS
-// (`access` enforcing) only members call it, each only as itself (server/fleet/wire/fleet_access.h):
-// Join, Leave, ReadLog, Report and Abort need the caller's certificate to name the rank they
-// speak for, the store calls one that names some member; others get PERMISSION_DENIED.
+// Store and its Coordinator, carried over the wire. A thin adapter on gRPC's callback API: no
+// call holds a server thread while it waits. A ReadLog long poll waits in the coordinator
+// (Coordinator::ReadAsync) and a StoreGet in the store (InMemoryStore::GetAsync), each on one
+// notifier thread for all waiting calls; responses of ReadLog, which may be large, are encoded
+// on a small pool. Thread-safe. With fleet TLS (`access` enforcing) only members call it, each
+// only as itself (server/fleet/wire/fleet_access.h): Join, Leave, ReadLog, Report and Abort need
+// the caller's certificate to name the rank they speak for, the store calls one that names some
+// member; others get PERMISSION_DENIED.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
+#include "common/fair_pool.h"
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
-#include "server/collective/store.h"
+#include "server/collective/in_memory_store.h"
 #include "server/fleet/logic/coordinator.h"
 #include "server/fleet/wire/fleet_access.h"
 
 namespace orthoserve {
 
-class FleetService final : public fleet::v1::Fleet::Service {
+// The calls of the Fleet service without a transport: FleetService answers each gRPC call with
+// them, and tests call them directly. Each runs `done` exactly once, within the call or later
+// (ReadLog, StoreGet: when the wait ends); `response` must live until then.
+class FleetCalls {
  public:
+  using Done = std::function<void(grpc::Status)>;
+
   // A ReadLog response carries the entries from `from` up to this size (always at least one);
   // the reader reads the rest with its next call. A quarter of the fleet channel's 256 MiB
   // message limit: one batch entry of W = 1024 trainer ranks × 560 matrices is ~10 MB
@@ -23,38 +34,67 @@ class FleetService final : public fleet::v1::Fleet::Service {
   // otherwise get a response over the limit with every retry.
   static constexpr size_t kMaxReadBytes = 64 << 20;
 
-  // None is owned; all must outlive the service. `access` null: every call is let through (a
-  // plaintext fleet port).
-  FleetService(Store* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes,
-               const FleetAccess* access = nullptr)
-      : store_(store), coordinator_(coordinator), max_read_bytes_(max_read_bytes), access_(access) {}
+  // None is owned; all must outlive this. `access` null: every call is let through (a plaintext
+  // fleet port). `store` null: the store calls fail with UNAVAILABLE.
+  FleetCalls(InMemoryStore* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes,
+             const FleetAccess* access = nullptr);
 
-  grpc::Status Join(grpc::ServerContext* context, const fleet::v1::JoinRequest* request,
-                    fleet::v1::JoinResponse* response) override;
-  grpc::Status Leave(grpc::ServerContext* context, const fleet::v1::LeaveRequest* request,
-                     fleet::v1::LeaveResponse* response) override;
-  grpc::Status StoreSet(grpc::ServerContext* context, const fleet::v1::StoreSetRequest* request,
-                        fleet::v1::StoreSetResponse* response) override;
-  grpc::Status StoreGet(grpc::ServerContext* context, const fleet::v1::StoreGetRequest* request,
-                        fleet::v1::StoreGetResponse* response) override;
-  grpc::Status StoreAdd(grpc::ServerContext* context, const fleet::v1::StoreAddRequest* request,
-                        fleet::v1::StoreAddResponse* response) override;
-  grpc::Status Report(grpc::ServerContext* context, const fleet::v1::ReadyReport* request,
-                      fleet::v1::ReportResponse* response) override;
-  grpc::Status Abort(grpc::ServerContext* context, const fleet::v1::AbortRequest* request,
-                     fleet::v1::AbortResponse* response) override;
-  grpc::Status ReadLog(grpc::ServerContext* context, const fleet::v1::ReadLogRequest* request,
-                       fleet::v1::ReadLogResponse* response) override;
+  grpc::Status Join(const grpc::ServerContextBase& context, const fleet::v1::JoinRequest& request,
+                    fleet::v1::JoinResponse* response);
+  grpc::Status Leave(const grpc::ServerContextBase& context, const fleet::v1::LeaveRequest& request);
+  grpc::Status StoreSet(const grpc::ServerContextBase& context, const fleet::v1::StoreSetRequest& request);
+  void StoreGet(const grpc::ServerContextBase& context, const fleet::v1::StoreGetRequest& request,
+                fleet::v1::StoreGetResponse* response, Done done);
+  grpc::Status StoreAdd(const grpc::ServerContextBase& context, const fleet::v1::StoreAddRequest& request,
+                        fleet::v1::StoreAddResponse* response);
+  grpc::Status Report(const grpc::ServerContextBase& context, const fleet::v1::ReadyReport& request);
+  grpc::Status Abort(const grpc::ServerContextBase& context, const fleet::v1::AbortRequest& request);
+  void ReadLog(const grpc::ServerContextBase& context, const fleet::v1::ReadLogRequest& request,
+               fleet::v1::ReadLogResponse* response, Done done);
 
  private:
   // OK, or the refusal of `access_` (PERMISSION_DENIED).
-  absl::Status RequireRank(const grpc::ServerContext* context, absl::string_view call, int rank) const;
-  absl::Status RequireMember(const grpc::ServerContext* context, absl::string_view call) const;
+  absl::Status RequireRank(const grpc::ServerContextBase& context, absl::string_view call, int rank) const;
+  absl::Status RequireMember(const grpc::ServerContextBase& context, absl::string_view call) const;
+  absl::Status RequireStore() const;
+  // Fills `response` with `entries` up to max_read_bytes_ (at least one).
+  void Encode(const std::vector<LogEntry>& entries, fleet::v1::ReadLogResponse* response) const;
 
-  Store* store_;
+  InMemoryStore* store_;
   Coordinator* coordinator_;
   const size_t max_read_bytes_;
   const FleetAccess* access_;
+  FairPool encoder_;  // Encodes ReadLog responses off the coordinator's notifier thread.
+};
+
+class FleetService final : public fleet::v1::Fleet::CallbackService {
+ public:
+  static constexpr size_t kMaxReadBytes = FleetCalls::kMaxReadBytes;
+
+  // As FleetCalls.
+  FleetService(InMemoryStore* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes,
+               const FleetAccess* access = nullptr)
+      : calls_(store, coordinator, max_read_bytes, access) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context, const fleet::v1::JoinRequest* request,
+                                 fleet::v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const fleet::v1::LeaveRequest* request,
+                                  fleet::v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context, const fleet::v1::StoreSetRequest* request,
+                                     fleet::v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context, const fleet::v1::StoreGetRequest* request,
+                                     fleet::v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context, const fleet::v1::StoreAddRequest* request,
+                                     fleet::v1::StoreAddResponse* response) override;
+  grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* context, const fleet::v1::ReadyReport* request,
+                                   fleet::v1::ReportResponse* response) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context, const fleet::v1::AbortRequest* request,
+                                  fleet::v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* ReadLog(grpc::CallbackServerContext* context, const fleet::v1::ReadLogRequest* request,
+                                    fleet::v1::ReadLogResponse* response) override;
+
+ private:
+  FleetCalls calls_;
 };
 
 }  // namespace orthoserve

@@ -1,15 +1,18 @@
-// FleetService::ReadLog without a network: a reader that is behind gets the entries in responses
-// of bounded size, in order, none lost, and reads on from where each response ended. And the
-// fleet protocol handshake (fleet.proto, "Versions"): the service refuses a Join of another
-// protocol, and a rank does not join a coordinator of another protocol (in process on
-// 127.0.0.1:0).
+// The fleet service's calls without a network (FleetCalls): a reader that is behind gets the
+// entries in responses of bounded size, in order, none lost, and reads on from where each response
+// ended; a waiting ReadLog or StoreGet holds no thread and is answered when an entry is appended or
+// the key is set, when its wait ends, or at shutdown. And the fleet protocol handshake
+// (fleet.proto, "Versions"): the service refuses a Join of another protocol, and a rank does not
+// join a coordinator of another protocol (in process on 127.0.0.1:0).
 #include "server/fleet/wire/fleet_service.h"
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
@@ -61,15 +64,49 @@ std::unique_ptr<Coordinator> CoordinatorWithBatches() {
   return *std::move(c);
 }
 
-fleet::v1::ReadLogResponse Read(FleetService& service, const Coordinator& c, int64_t from) {
-  grpc::ServerContext context;
+// The threads of this process.
+int Threads() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// A call's outcome, waited for (bounded).
+class Outcome {
+ public:
+  FleetCalls::Done done() {
+    return [this](grpc::Status status) {
+      status_ = std::move(status);
+      finished_.Notify();
+    };
+  }
+  bool finished() const { return finished_.HasBeenNotified(); }
+  grpc::Status Wait() {
+    EXPECT_TRUE(finished_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return status_;
+  }
+
+ private:
+  absl::Notification finished_;
+  grpc::Status status_;
+};
+
+fleet::v1::ReadLogRequest ReadRequest(const Coordinator& c, int64_t from, int64_t timeout_ms = 0) {
   fleet::v1::ReadLogRequest request;
   request.set_reader(0);
   request.set_from(from);
   request.set_epoch(c.epoch());
   request.set_incarnation(kMe.incarnation);
+  request.set_timeout_ms(timeout_ms);
+  return request;
+}
+
+fleet::v1::ReadLogResponse Read(FleetCalls& service, const Coordinator& c, int64_t from) {
+  grpc::ServerContext context;
   fleet::v1::ReadLogResponse response;
-  EXPECT_TRUE(service.ReadLog(&context, &request, &response).ok());
+  Outcome outcome;
+  service.ReadLog(context, ReadRequest(c, from), &response, outcome.done());
+  EXPECT_TRUE(outcome.Wait().ok());
   return response;
 }
 
@@ -78,7 +115,7 @@ TEST(FleetServiceTest, ReadLogCapsAResponseAndTheReaderReadsOn) {
   {
     std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
     ASSERT_NE(c, nullptr);
-    FleetService unbounded(nullptr, c.get());
+    FleetCalls unbounded(nullptr, c.get());
     const fleet::v1::ReadLogResponse all = Read(unbounded, *c, 0);
     ASSERT_EQ(all.entries_size(), 1 + kSteps);
     entry_bytes = all.entries(1).ByteSizeLong();
@@ -88,7 +125,7 @@ TEST(FleetServiceTest, ReadLogCapsAResponseAndTheReaderReadsOn) {
   for (size_t limit : {3 * entry_bytes + 100, entry_bytes / 2}) {
     std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
     ASSERT_NE(c, nullptr);
-    FleetService capped(nullptr, c.get(), limit);
+    FleetCalls capped(nullptr, c.get(), limit);
     std::vector<int64_t> indices;
     int64_t from = 0;
     int reads = 0;
@@ -118,14 +155,14 @@ TEST(FleetServiceTest, ReadLogCapsAResponseAndTheReaderReadsOn) {
 TEST(FleetServiceTest, AJoinOfAnotherProtocolIsRefusedAndTheProtocolIsAnswered) {
   std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
   ASSERT_NE(c, nullptr);
-  FleetService service(nullptr, c.get());
+  FleetCalls service(nullptr, c.get());
   for (int protocol : {0, kFleetProtocol - 1, kFleetProtocol + 1}) {
     grpc::ServerContext context;
     fleet::v1::JoinRequest request;
     *request.mutable_member() = MemberToProto(Member{3, "127.0.0.1:5003", 33});
     request.set_protocol(protocol);
     fleet::v1::JoinResponse response;
-    const grpc::Status status = service.Join(&context, &request, &response);
+    const grpc::Status status = service.Join(context, request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << protocol;
     EXPECT_THAT(status.error_message(), ::testing::HasSubstr(absl::StrCat("speaks fleet protocol ", protocol)));
   }
@@ -133,9 +170,112 @@ TEST(FleetServiceTest, AJoinOfAnotherProtocolIsRefusedAndTheProtocolIsAnswered) 
   fleet::v1::StoreGetRequest get;
   get.set_key(kFleetProtocolKey);
   fleet::v1::StoreGetResponse value;
-  ASSERT_TRUE(service.StoreGet(&context, &get, &value).ok());
+  Outcome got;
+  service.StoreGet(context, get, &value, got.done());
+  ASSERT_TRUE(got.Wait().ok());
   EXPECT_TRUE(value.found());
   EXPECT_EQ(value.value(), std::to_string(kFleetProtocol));
+}
+
+// A reader that has read everything waits without a thread: its call is answered when the next
+// entry is appended (here the failure of a step another trainer rank reports), and a waiting
+// reader whose wait ends gets an empty response. Many waiting readers start no thread each.
+TEST(FleetServiceTest, AWaitingReadLogIsAnsweredByTheNextEntryWithoutAThreadOfItsOwn) {
+  std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
+  ASSERT_NE(c, nullptr);
+  FleetCalls service(nullptr, c.get());
+  const int64_t end = 1 + kSteps;
+  ASSERT_EQ(Read(service, *c, 0).entries_size(), end);
+
+  constexpr int kWaiting = 200;
+  const int threads = Threads();
+  grpc::ServerContext context;
+  std::vector<fleet::v1::ReadLogResponse> responses(kWaiting);
+  std::vector<std::unique_ptr<Outcome>> outcomes;
+  for (int i = 0; i < kWaiting; ++i) {
+    outcomes.push_back(std::make_unique<Outcome>());
+    service.ReadLog(context, ReadRequest(*c, end, /*timeout_ms=*/10000), &responses[i], outcomes.back()->done());
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  for (const auto& o : outcomes) EXPECT_FALSE(o->finished());
+  EXPECT_EQ(Threads(), threads);  // Every call returned; none holds a thread while it waits.
+  // A world out of range fails its step at once: one failure entry, which every waiting read gets.
+  ReadyReport bad;
+  bad.key = GroupKey{"t", "j", "g", 99, "run"};
+  bad.trainer_rank = 5;
+  bad.trainer_world = 2;
+  bad.fleet_rank = 0;
+  bad.incarnation = kMe.incarnation;
+  bad.epoch = c->epoch();
+  ASSERT_OK(c->Report(bad));
+  for (int i = 0; i < kWaiting; ++i) {
+    ASSERT_TRUE(outcomes[i]->Wait().ok()) << i;
+    ASSERT_EQ(responses[i].entries_size(), 1) << i;
+    EXPECT_EQ(responses[i].entries(0).index(), end);
+    EXPECT_EQ(responses[i].entries(0).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+
+  // A wait that ends with nothing new: OK and empty, after about its timeout.
+  fleet::v1::ReadLogResponse empty;
+  Outcome waited;
+  const absl::Time start = absl::Now();
+  service.ReadLog(context, ReadRequest(*c, end + 1, /*timeout_ms=*/200), &empty, waited.done());
+  ASSERT_TRUE(waited.Wait().ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
+  EXPECT_EQ(empty.entries_size(), 0);
+
+  // At shutdown a waiting reader is answered at once with UNAVAILABLE.
+  fleet::v1::ReadLogResponse cut;
+  Outcome shut;
+  service.ReadLog(context, ReadRequest(*c, end + 1, /*timeout_ms=*/10000), &cut, shut.done());
+  c->Shutdown();
+  EXPECT_EQ(shut.Wait().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// A StoreGet of a key not yet set waits in the store and is answered when it is set; one whose
+// wait ends says "not found"; StopWaits (the fleet shutting down) answers a waiting one with
+// CANCELLED, and a later one at once.
+TEST(FleetServiceTest, AWaitingStoreGetIsAnsweredWhenTheKeyIsSet) {
+  std::unique_ptr<Coordinator> c = CoordinatorWithBatches();
+  ASSERT_NE(c, nullptr);
+  InMemoryStore store;
+  FleetCalls service(&store, c.get());
+  grpc::ServerContext context;
+  fleet::v1::StoreGetRequest get;
+  get.set_key("gen-1/rank-3");
+  get.set_timeout_ms(10000);
+  fleet::v1::StoreGetResponse value;
+  Outcome got;
+  service.StoreGet(context, get, &value, got.done());
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(got.finished());
+  fleet::v1::StoreSetRequest set;
+  set.set_key("gen-1/rank-3");
+  set.set_value("127.0.0.1:7003");
+  ASSERT_TRUE(service.StoreSet(context, set).ok());
+  ASSERT_TRUE(got.Wait().ok());
+  EXPECT_TRUE(value.found());
+  EXPECT_EQ(value.value(), "127.0.0.1:7003");
+
+  get.set_key("never");
+  get.set_timeout_ms(100);
+  fleet::v1::StoreGetResponse missing;
+  Outcome timed_out;
+  service.StoreGet(context, get, &missing, timed_out.done());
+  ASSERT_TRUE(timed_out.Wait().ok());
+  EXPECT_FALSE(missing.found());
+
+  get.set_timeout_ms(10000);
+  fleet::v1::StoreGetResponse stopped;
+  Outcome stopping;
+  service.StoreGet(context, get, &stopped, stopping.done());
+  store.StopWaits();
+  EXPECT_EQ(stopping.Wait().error_code(), grpc::StatusCode::CANCELLED);
+  fleet::v1::StoreGetResponse later;
+  Outcome after;
+  service.StoreGet(context, get, &later, after.done());
+  EXPECT_TRUE(after.finished());
+  EXPECT_EQ(after.Wait().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 // A coordinator of the release before the handshake: no protocol key in its store, and it would
