@@ -150,6 +150,16 @@ class Executor {
     BatchResult result;
     std::vector<Waiting> steps;
   };
+  // What ApplyStep claims for a step entry under mu_ (ClaimStep), for its later stages.
+  struct ClaimedStep {
+    std::vector<Waiting> mine;   // The planned submissions' steps: from waiting_, or a divided step's parts_ record.
+    std::vector<Waiting> stale;  // Submissions here of the same trainer ranks, superseded by a retry.
+    std::shared_ptr<Collective> collective;            // The formed generation's, as it was.
+    bool usable = false;                               // Formed, in the generation the entry was planned in.
+    std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
+    PartialStep* partial = nullptr;  // A divided step's record; only the applier thread changes parts_.
+    absl::Time start;                // When the step began here (its first part), for rendezvous times.
+  };
   struct PendingAbort {
     GroupKey key;
     int trainer_rank;
@@ -162,7 +172,20 @@ class Executor {
   void ApplierLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Apply(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
   void ApplyMembership(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs a step entry (a batch, a part of a divided step, a replay, or a failure) and resolves the
+  // steps it concerns here; the sequence of the stages below.
   void ApplyStep(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 1: takes the entry's steps from waiting_ (and a divided step's record), with what the
+  // later stages need of the executor's state, in one hold of mu_.
+  ClaimedStep ClaimStep(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves the steps of the entry's submissions from waiting_ into `claimed` (planned or stale).
+  void ClaimWaitingLocked(const LogEntry& entry, ClaimedStep& claimed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens or continues a divided step's parts_ record (a failure entry ends it) and moves the
+  // steps waiting in it into `claimed.mine`.
+  void OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The trainer steps kept here that a replay entry takes its inputs from.
+  std::vector<std::shared_ptr<TrainerStep>> CachedStepsLocked(const LogEntry& entry) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a group's batch ran: every member that ran several of its trainer ranks sends their
   // inputs to the next member (one all-to-allv, only when some member ran several), so that a
   // replay still finds them if that member dies before all of those ranks have their results.

@@ -214,67 +214,20 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
 }
 
 void Executor::ApplyStep(const LogEntry& entry) {
-  const bool divided = entry.more_parts || entry.part_offset > 0;
-  // The steps of this entry's submissions: from waiting_, or, after a divided step's first part,
-  // from its parts_ record (they stay there until the last part).
-  std::vector<Waiting> mine, stale;
-  std::shared_ptr<Collective> collective;
-  bool usable;
-  std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
-  PartialStep* partial = nullptr;  // A divided step's record; only this thread changes parts_.
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = waiting_.find(entry.key);
-    if (it != waiting_.end()) {
-      // Only the submissions the plan was made from take part; another submission of the same
-      // trainer rank here was superseded by a retry (its client has gone). A failure entry ends all.
-      for (Waiting& w : it->second) {
-        const int r = w.step->trainer_rank;
-        const bool planned = !entry.status.ok() || (r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
-                                                    entry.submissions[r] == w.step->submission);
-        (planned ? mine : stale).push_back(std::move(w));
-      }
-      waiting_.erase(it);
-    }
-    // A divided step's steps wait in its parts_ record between its parts; a first part starts a
-    // new record, a failure entry ends it.
-    if (entry.status.ok() && divided) {
-      if (entry.part_offset == 0) parts_.erase(entry.key);
-      auto [p, inserted] = parts_.try_emplace(entry.key);
-      partial = &p->second;
-      if (inserted) {
-        partial->start = absl::Now();
-        // A rank that lost its record (or joined mid-way) cannot complete the step's results.
-        partial->complete = entry.part_offset == 0;
-      }
-    }
-    auto p = parts_.find(entry.key);
-    if (p != parts_.end()) {
-      for (Waiting& w : p->second.steps) mine.push_back(std::move(w));
-      p->second.steps.clear();
-      if (partial == nullptr) parts_.erase(p);
-    }
-    collective = collective_;
-    usable = FormedLocked() && entry.generation == generation_;
-    auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
-    if (c != cache_.end() && c->second.key == entry.key && !entry.plan.matrices.empty()) {
-      for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {
-        const size_t r = static_cast<size_t>(s->trainer_rank);
-        // Only where the plan takes it from: another member may keep a copy of the same step.
-        if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission &&
-            entry.plan.matrices[0].blocks[r].fleet_rank == collective_rank_) {
-          cached.push_back(s);
-        }
-      }
-    }
-  }
+  ClaimedStep claimed = ClaimStep(entry);
+  std::vector<Waiting>& mine = claimed.mine;
+  std::vector<Waiting>& stale = claimed.stale;
+  const std::shared_ptr<Collective>& collective = claimed.collective;
+  const bool usable = claimed.usable;
+  std::vector<std::shared_ptr<TrainerStep>>& cached = claimed.cached;
+  PartialStep*& partial = claimed.partial;
   auto end_partial = [&] {
     if (partial == nullptr) return;
     absl::MutexLock lock(&mu_);
     parts_.erase(entry.key);
     partial = nullptr;
   };
-  const absl::Time start = partial != nullptr ? partial->start : absl::Now();
+  const absl::Time start = claimed.start;
   auto resolve = [&](std::vector<Waiting>& steps, const StepOutcome& outcome) {
     for (Waiting& w : steps) {
       StepOutcome copy = outcome;
@@ -408,6 +361,73 @@ void Executor::ApplyStep(const LogEntry& entry) {
     }
   }
   resolve(mine, outcome);
+}
+
+Executor::ClaimedStep Executor::ClaimStep(const LogEntry& entry) {
+  ClaimedStep claimed;
+  {
+    absl::MutexLock lock(&mu_);
+    ClaimWaitingLocked(entry, claimed);
+    OpenPartLocked(entry, claimed);
+    claimed.collective = collective_;
+    claimed.usable = FormedLocked() && entry.generation == generation_;
+    claimed.cached = CachedStepsLocked(entry);
+  }
+  claimed.start = claimed.partial != nullptr ? claimed.partial->start : absl::Now();
+  return claimed;
+}
+
+void Executor::ClaimWaitingLocked(const LogEntry& entry, ClaimedStep& claimed) {
+  auto it = waiting_.find(entry.key);
+  if (it == waiting_.end()) return;
+  // Only the submissions the plan was made from take part; another submission of the same
+  // trainer rank here was superseded by a retry (its client has gone). A failure entry ends all.
+  for (Waiting& w : it->second) {
+    const int r = w.step->trainer_rank;
+    const bool planned = !entry.status.ok() || (r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
+                                                entry.submissions[r] == w.step->submission);
+    (planned ? claimed.mine : claimed.stale).push_back(std::move(w));
+  }
+  waiting_.erase(it);
+}
+
+void Executor::OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) {
+  const bool divided = entry.more_parts || entry.part_offset > 0;
+  // A divided step's steps wait in its parts_ record between its parts (after its first part,
+  // they are taken from there, not from waiting_); a first part starts a new record, a failure
+  // entry ends it.
+  if (entry.status.ok() && divided) {
+    if (entry.part_offset == 0) parts_.erase(entry.key);
+    auto [p, inserted] = parts_.try_emplace(entry.key);
+    claimed.partial = &p->second;
+    if (inserted) {
+      claimed.partial->start = absl::Now();
+      // A rank that lost its record (or joined mid-way) cannot complete the step's results.
+      claimed.partial->complete = entry.part_offset == 0;
+    }
+  }
+  auto p = parts_.find(entry.key);
+  if (p != parts_.end()) {
+    for (Waiting& w : p->second.steps) claimed.mine.push_back(std::move(w));
+    p->second.steps.clear();
+    if (claimed.partial == nullptr) parts_.erase(p);
+  }
+}
+
+std::vector<std::shared_ptr<TrainerStep>> Executor::CachedStepsLocked(const LogEntry& entry) const {
+  std::vector<std::shared_ptr<TrainerStep>> cached;
+  auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
+  if (c != cache_.end() && c->second.key == entry.key && !entry.plan.matrices.empty()) {
+    for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {
+      const size_t r = static_cast<size_t>(s->trainer_rank);
+      // Only where the plan takes it from: another member may keep a copy of the same step.
+      if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission &&
+          entry.plan.matrices[0].blocks[r].fleet_rank == collective_rank_) {
+        cached.push_back(s);
+      }
+    }
+  }
+  return cached;
 }
 
 }  // namespace orthoserve
