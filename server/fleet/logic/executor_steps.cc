@@ -215,152 +215,19 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
 
 void Executor::ApplyStep(const LogEntry& entry) {
   ClaimedStep claimed = ClaimStep(entry);
-  std::vector<Waiting>& mine = claimed.mine;
-  std::vector<Waiting>& stale = claimed.stale;
-  const std::shared_ptr<Collective>& collective = claimed.collective;
-  const bool usable = claimed.usable;
-  std::vector<std::shared_ptr<TrainerStep>>& cached = claimed.cached;
-  PartialStep*& partial = claimed.partial;
-  auto end_partial = [&] {
-    if (partial == nullptr) return;
-    absl::MutexLock lock(&mu_);
-    parts_.erase(entry.key);
-    partial = nullptr;
-  };
-  const absl::Time start = claimed.start;
-  auto resolve = [&](std::vector<Waiting>& steps, const StepOutcome& outcome) {
-    for (Waiting& w : steps) {
-      StepOutcome copy = outcome;
-      copy.rendezvous_time = start - w.step->submitted;
-      w.done(std::move(copy));
-    }
-  };
-  if (!entry.status.ok()) {
-    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted(FailureReason(entry));
-    StepOutcome outcome;
-    outcome.status = entry.status;
-    outcome.retryable = entry.retryable;
-    resolve(mine, outcome);
-    return;
-  }
-  resolve(stale, Unavailable(entry.key, "superseded by a retry of the same trainer rank"));
-  if (!usable) {
-    // Planned for a generation this rank does not hold (it changed, or its group broke):
-    // nobody can run it with the others.
-    end_partial();
-    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("fleet_change");
-    resolve(mine, Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
-                                                      ") before it ran")));
-    return;
-  }
-
-  // Every member runs every batch (ranks without blocks take part with empty ones). Matrix i of
-  // a part is matrix part_offset + i of its steps.
-  const size_t offset = static_cast<size_t>(entry.part_offset);
-  std::vector<LocalBlock> local;
-  for (Waiting& w : mine) {
-    TrainerStep& s = *w.step;
-    if (offset == 0) s.outputs.assign(s.matrices.size(), {});
-    for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.matrices.size(); ++i) {
-      const MatrixPlan& m = entry.plan.matrices[i];
-      const Block& block = m.blocks[s.trainer_rank].block;
-      s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
-                                   ElementSize(m.result_dtype));
-      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[offset + i].data(),
-                                 s.outputs[offset + i].data()});
-    }
-  }
-  // A replay (never divided): the kept inputs of ranks that already have their results; what
-  // they compute again goes to scratch buffers (it is the same).
-  std::vector<std::vector<char>> scratch;
-  for (const std::shared_ptr<TrainerStep>& s : cached) {
-    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
-      const MatrixPlan& m = entry.plan.matrices[i];
-      const Block& block = m.blocks[s->trainer_rank].block;
-      scratch.emplace_back(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
-    }
-  }
-  size_t next_scratch = 0;
-  for (const std::shared_ptr<TrainerStep>& s : cached) {
-    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
-      local.push_back(
-          LocalBlock{static_cast<int>(i), s->trainer_rank, s->inputs[i].data(), scratch[next_scratch++].data()});
-    }
-  }
-  absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, *collective, options_.execute);
-  if (result.ok() && options_.metrics != nullptr) {
-    options_.metrics->Flops(result->flops);
-    options_.metrics->StageTime(Stage::kCollective, result->collective_time);
-    options_.metrics->StageTime(Stage::kCompute, result->compute_time);
-  }
-  // A part before the last: its results wait in the steps' outputs for the rest.
-  if (result.ok() && partial != nullptr) {
-    partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
-    partial->plan.trainer_world = entry.plan.trainer_world;
-    partial->plan.fleet_world = entry.plan.fleet_world;
-    partial->plan.matrices.insert(partial->plan.matrices.end(), entry.plan.matrices.begin(), entry.plan.matrices.end());
-    partial->result.matrices.insert(partial->result.matrices.end(), result->matrices.begin(), result->matrices.end());
-    partial->result.collective_time += result->collective_time;
-    partial->result.compute_time += result->compute_time;
-    if (entry.more_parts) {
-      absl::MutexLock lock(&mu_);
-      partial->steps = std::move(mine);
-      return;
-    }
-  }
-  // The whole step, for what follows its last part.
-  const LogEntry* step_entry = &entry;
+  if (ResolveUnrunnable(entry, claimed)) return;
+  // Every member runs every batch (ranks without blocks take part with empty ones).
+  std::vector<LocalBlock> local = OwnBlocks(entry, claimed.mine);
+  std::vector<std::vector<char>> scratch;  // A replay's results computed again, dropped.
+  AddReplayBlocks(entry, claimed.cached, scratch, local);
+  absl::StatusOr<BatchResult> result = RunBatch(entry, local, *claimed.collective);
+  if (result.ok() && claimed.partial != nullptr && AddPart(entry, *result, claimed)) return;
   LogEntry whole;
-  if (result.ok() && partial != nullptr) {
-    if (!partial->complete) {
-      result = absl::InternalError(absl::StrCat("this rank did not run every part of the step (", partial->plan.matrices.size(),
-                                                " matrices from offset ", entry.part_offset, ")"));
-    } else {
-      whole = entry;
-      whole.plan = std::move(partial->plan);
-      whole.part_offset = 0;
-      step_entry = &whole;
-      result->matrices = std::move(partial->result.matrices);
-      result->collective_time = partial->result.collective_time;
-      result->compute_time = partial->result.compute_time;
-    }
-  }
-  end_partial();
-  std::vector<std::shared_ptr<TrainerStep>> copies;  // Steps of the previous member, kept here too.
-  if (result.ok()) {
-    std::vector<std::shared_ptr<TrainerStep>> here = cached;
-    for (const Waiting& w : mine) here.push_back(w.step);
-    absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> copied =
-        CopyToNextMember(*step_entry, *result, here, *collective);
-    if (copied.ok()) {
-      copies = *std::move(copied);
-    } else {
-      result = copied.status();  // Results are withheld: no rank has them without the copies.
-    }
-  }
-  StepOutcome outcome;
-  if (!result.ok()) {
-    LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed in generation " << entry.generation << ": "
-                       << result.status();
-    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("collective");
-    outcome = Unavailable(entry.key, absl::StrCat("failed in the fleet: ", result.status().ToString()));
-    // The group is broken for good: report the generation failed so that the next one forms.
-    absl::MutexLock lock(&mu_);
-    if (generation_ == entry.generation) {
-      failed_generation_ = entry.generation;
-      collective_.reset();
-      PublishMetricsLocked();
-    }
-  } else {
-    outcome.matrices = std::move(result->matrices);
-    outcome.collective_time = result->collective_time;
-    outcome.compute_time = result->compute_time;
-    if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty() || !copies.empty())) {
-      cached.insert(cached.end(), copies.begin(), copies.end());
-      Keep(entry, mine, cached);
-    }
-  }
-  resolve(mine, outcome);
+  const LogEntry& step_entry = WholeStep(entry, result, claimed, whole);
+  EndPartial(entry.key, claimed);
+  const std::vector<std::shared_ptr<TrainerStep>> copies = CopyForReplay(step_entry, result, claimed);
+  const StepOutcome outcome = Outcome(entry, result, claimed, copies);
+  Resolve(claimed.mine, outcome, claimed.start);
 }
 
 Executor::ClaimedStep Executor::ClaimStep(const LogEntry& entry) {
@@ -428,6 +295,174 @@ std::vector<std::shared_ptr<TrainerStep>> Executor::CachedStepsLocked(const LogE
     }
   }
   return cached;
+}
+
+bool Executor::ResolveUnrunnable(const LogEntry& entry, ClaimedStep& claimed) {
+  if (!entry.status.ok()) {
+    if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted(FailureReason(entry));
+    StepOutcome outcome;
+    outcome.status = entry.status;
+    outcome.retryable = entry.retryable;
+    Resolve(claimed.mine, outcome, claimed.start);
+    return true;
+  }
+  Resolve(claimed.stale, Unavailable(entry.key, "superseded by a retry of the same trainer rank"), claimed.start);
+  if (!claimed.usable) {
+    // Planned for a generation this rank does not hold (it changed, or its group broke):
+    // nobody can run it with the others.
+    EndPartial(entry.key, claimed);
+    if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted("fleet_change");
+    Resolve(claimed.mine,
+            Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
+                                                ") before it ran")),
+            claimed.start);
+    return true;
+  }
+  return false;
+}
+
+std::vector<LocalBlock> Executor::OwnBlocks(const LogEntry& entry, std::vector<Waiting>& mine) {
+  // Matrix i of a part is matrix part_offset + i of its steps.
+  const size_t offset = static_cast<size_t>(entry.part_offset);
+  std::vector<LocalBlock> local;
+  for (Waiting& w : mine) {
+    TrainerStep& s = *w.step;
+    if (offset == 0) s.outputs.assign(s.matrices.size(), {});
+    for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.matrices.size(); ++i) {
+      const MatrixPlan& m = entry.plan.matrices[i];
+      const Block& block = m.blocks[s.trainer_rank].block;
+      s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
+                                   ElementSize(m.result_dtype));
+      local.push_back(
+          LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[offset + i].data(), s.outputs[offset + i].data()});
+    }
+  }
+  return local;
+}
+
+void Executor::AddReplayBlocks(const LogEntry& entry, const std::vector<std::shared_ptr<TrainerStep>>& cached,
+                               std::vector<std::vector<char>>& scratch, std::vector<LocalBlock>& local) {
+  // A replay (never divided): the kept inputs of ranks that already have their results; what
+  // they compute again goes to scratch buffers (it is the same).
+  for (const std::shared_ptr<TrainerStep>& s : cached) {
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
+      const MatrixPlan& m = entry.plan.matrices[i];
+      const Block& block = m.blocks[s->trainer_rank].block;
+      scratch.emplace_back(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
+    }
+  }
+  size_t next_scratch = 0;
+  for (const std::shared_ptr<TrainerStep>& s : cached) {
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
+      local.push_back(
+          LocalBlock{static_cast<int>(i), s->trainer_rank, s->inputs[i].data(), scratch[next_scratch++].data()});
+    }
+  }
+}
+
+absl::StatusOr<BatchResult> Executor::RunBatch(const LogEntry& entry, const std::vector<LocalBlock>& local,
+                                               Collective& collective) {
+  absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, collective, options_.execute);
+  if (result.ok() && options_.metrics != nullptr) {
+    options_.metrics->Flops(result->flops);
+    options_.metrics->StageTime(Stage::kCollective, result->collective_time);
+    options_.metrics->StageTime(Stage::kCompute, result->compute_time);
+  }
+  return result;
+}
+
+bool Executor::AddPart(const LogEntry& entry, const BatchResult& result, ClaimedStep& claimed) {
+  PartialStep* partial = claimed.partial;
+  partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
+  partial->plan.trainer_world = entry.plan.trainer_world;
+  partial->plan.fleet_world = entry.plan.fleet_world;
+  partial->plan.matrices.insert(partial->plan.matrices.end(), entry.plan.matrices.begin(), entry.plan.matrices.end());
+  partial->result.matrices.insert(partial->result.matrices.end(), result.matrices.begin(), result.matrices.end());
+  partial->result.collective_time += result.collective_time;
+  partial->result.compute_time += result.compute_time;
+  if (!entry.more_parts) return false;
+  // A part before the last: its results wait in the steps' outputs for the rest.
+  absl::MutexLock lock(&mu_);
+  partial->steps = std::move(claimed.mine);
+  return true;
+}
+
+const LogEntry& Executor::WholeStep(const LogEntry& entry, absl::StatusOr<BatchResult>& result,
+                                    const ClaimedStep& claimed, LogEntry& whole) {
+  PartialStep* partial = claimed.partial;
+  if (!result.ok() || partial == nullptr) return entry;
+  if (!partial->complete) {
+    result = absl::InternalError(absl::StrCat("this rank did not run every part of the step (",
+                                              partial->plan.matrices.size(), " matrices from offset ",
+                                              entry.part_offset, ")"));
+    return entry;
+  }
+  whole = entry;
+  whole.plan = std::move(partial->plan);
+  whole.part_offset = 0;
+  result->matrices = std::move(partial->result.matrices);
+  result->collective_time = partial->result.collective_time;
+  result->compute_time = partial->result.compute_time;
+  return whole;
+}
+
+void Executor::EndPartial(const GroupKey& key, ClaimedStep& claimed) {
+  if (claimed.partial == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  parts_.erase(key);
+  claimed.partial = nullptr;
+}
+
+std::vector<std::shared_ptr<TrainerStep>> Executor::CopyForReplay(const LogEntry& step_entry,
+                                                                  absl::StatusOr<BatchResult>& result,
+                                                                  const ClaimedStep& claimed) {
+  std::vector<std::shared_ptr<TrainerStep>> copies;  // Steps of the previous member, kept here too.
+  if (!result.ok()) return copies;
+  std::vector<std::shared_ptr<TrainerStep>> here = claimed.cached;
+  for (const Waiting& w : claimed.mine) here.push_back(w.step);
+  absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> copied =
+      CopyToNextMember(step_entry, *result, here, *claimed.collective);
+  if (copied.ok()) {
+    copies = *std::move(copied);
+  } else {
+    result = copied.status();  // Results are withheld: no rank has them without the copies.
+  }
+  return copies;
+}
+
+StepOutcome Executor::Outcome(const LogEntry& entry, absl::StatusOr<BatchResult>& result, ClaimedStep& claimed,
+                              const std::vector<std::shared_ptr<TrainerStep>>& copies) {
+  StepOutcome outcome;
+  if (!result.ok()) {
+    LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed in generation " << entry.generation << ": "
+                       << result.status();
+    if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted("collective");
+    outcome = Unavailable(entry.key, absl::StrCat("failed in the fleet: ", result.status().ToString()));
+    // The group is broken for good: report the generation failed so that the next one forms.
+    absl::MutexLock lock(&mu_);
+    if (generation_ == entry.generation) {
+      failed_generation_ = entry.generation;
+      collective_.reset();
+      PublishMetricsLocked();
+    }
+  } else {
+    outcome.matrices = std::move(result->matrices);
+    outcome.collective_time = result->collective_time;
+    outcome.compute_time = result->compute_time;
+    if (entry.plan.trainer_world > 1 && (!claimed.mine.empty() || !claimed.cached.empty() || !copies.empty())) {
+      claimed.cached.insert(claimed.cached.end(), copies.begin(), copies.end());
+      Keep(entry, claimed.mine, claimed.cached);
+    }
+  }
+  return outcome;
+}
+
+void Executor::Resolve(std::vector<Waiting>& steps, const StepOutcome& outcome, absl::Time start) {
+  for (Waiting& w : steps) {
+    StepOutcome copy = outcome;
+    copy.rendezvous_time = start - w.step->submitted;
+    w.done(std::move(copy));
+  }
 }
 
 }  // namespace orthoserve
