@@ -150,6 +150,16 @@ class Executor {
     BatchResult result;
     std::vector<Waiting> steps;
   };
+  // What ApplyStep claims for a step entry under mu_ (ClaimStep), for its later stages.
+  struct ClaimedStep {
+    std::vector<Waiting> mine;   // The planned submissions' steps: from waiting_, or a divided step's parts_ record.
+    std::vector<Waiting> stale;  // Submissions here of the same trainer ranks, superseded by a retry.
+    std::shared_ptr<Collective> collective;            // The formed generation's, as it was.
+    bool usable = false;                               // Formed, in the generation the entry was planned in.
+    std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
+    PartialStep* partial = nullptr;  // A divided step's record; only the applier thread changes parts_.
+    absl::Time start;                // When the step began here (its first part), for rendezvous times.
+  };
   struct PendingAbort {
     GroupKey key;
     int trainer_rank;
@@ -162,7 +172,50 @@ class Executor {
   void ApplierLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Apply(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
   void ApplyMembership(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs a step entry (a batch, a part of a divided step, a replay, or a failure) and resolves the
+  // steps it concerns here; the sequence of the stages below.
   void ApplyStep(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 1: takes the entry's steps from waiting_ (and a divided step's record), with what the
+  // later stages need of the executor's state, in one hold of mu_.
+  ClaimedStep ClaimStep(const LogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves the steps of the entry's submissions from waiting_ into `claimed` (planned or stale).
+  void ClaimWaitingLocked(const LogEntry& entry, ClaimedStep& claimed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens or continues a divided step's parts_ record (a failure entry ends it) and moves the
+  // steps waiting in it into `claimed.mine`.
+  void OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The trainer steps kept here that a replay entry takes its inputs from.
+  std::vector<std::shared_ptr<TrainerStep>> CachedStepsLocked(const LogEntry& entry) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stage 2: resolves what does not run: a failure entry's steps, stale submissions, and a step
+  // of a generation this rank does not hold. True when nothing is left to run.
+  bool ResolveUnrunnable(const LogEntry& entry, ClaimedStep& claimed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 3: the blocks of this rank's own steps (their outputs sized for the part's matrices).
+  static std::vector<LocalBlock> OwnBlocks(const LogEntry& entry, std::vector<Waiting>& mine);
+  // Stage 3, replays: adds the blocks of the cached steps, computed again into `scratch`.
+  static void AddReplayBlocks(const LogEntry& entry, const std::vector<std::shared_ptr<TrainerStep>>& cached,
+                              std::vector<std::vector<char>>& scratch, std::vector<LocalBlock>& local);
+  // Stage 4: runs the entry's batch with every member, recording its metrics.
+  absl::StatusOr<BatchResult> RunBatch(const LogEntry& entry, const std::vector<LocalBlock>& local,
+                                       Collective& collective) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 5: adds a divided step's part to its record; true when more parts follow (the steps
+  // then wait in the record).
+  bool AddPart(const LogEntry& entry, const BatchResult& result, ClaimedStep& claimed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 5, after a divided step's last part: the whole step's entry (in `whole`) and results
+  // (in `result`), or why this rank cannot give them; otherwise `entry` itself.
+  static const LogEntry& WholeStep(const LogEntry& entry, absl::StatusOr<BatchResult>& result,
+                                   const ClaimedStep& claimed, LogEntry& whole);
+  // Forgets a divided step's record, if `claimed` has one.
+  void EndPartial(const GroupKey& key, ClaimedStep& claimed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 6: CopyToNextMember for the step that ran; its error replaces `result`.
+  std::vector<std::shared_ptr<TrainerStep>> CopyForReplay(const LogEntry& step_entry,
+                                                          absl::StatusOr<BatchResult>& result,
+                                                          const ClaimedStep& claimed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 7: the step's outcome; on failure the generation is reported failed, on success the
+  // steps are kept for replays (Keep).
+  StepOutcome Outcome(const LogEntry& entry, absl::StatusOr<BatchResult>& result, ClaimedStep& claimed,
+                      const std::vector<std::shared_ptr<TrainerStep>>& copies) ABSL_LOCKS_EXCLUDED(mu_);
+  // Resolves every step of `steps` with `outcome`, its rendezvous time counted from `start`.
+  static void Resolve(std::vector<Waiting>& steps, const StepOutcome& outcome, absl::Time start);
   // After a group's batch ran: every member that ran several of its trainer ranks sends their
   // inputs to the next member (one all-to-allv, only when some member ran several), so that a
   // replay still finds them if that member dies before all of those ranks have their results.
@@ -236,8 +289,9 @@ class Executor {
   absl::flat_hash_map<GroupKey, CachedBatch> cache_ ABSL_GUARDED_BY(mu_);
   // Divided steps between their parts. The map and each record's `steps` (which waiting() reads)
   // change under mu_, by the applier thread only, so that thread reads a record's other fields
-  // through a pointer without the lock (ApplyStep); cleared with each generation (its parts
-  // cannot run in the next one) and at a reset, failing their steps.
+  // through a pointer without the lock (ClaimedStep::partial, in ApplyStep's stages); cleared
+  // with each generation (its parts cannot run in the next one) and at a reset, failing their
+  // steps.
   absl::flat_hash_map<GroupKey, PartialStep> parts_ ABSL_GUARDED_BY(mu_);
   std::vector<ReadyReport> advertise_ ABSL_GUARDED_BY(mu_);  // Reports of steps kept since the last read.
   uint64_t next_submission_ ABSL_GUARDED_BY(mu_);

@@ -214,94 +214,114 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
 }
 
 void Executor::ApplyStep(const LogEntry& entry) {
-  const bool divided = entry.more_parts || entry.part_offset > 0;
-  // The steps of this entry's submissions: from waiting_, or, after a divided step's first part,
-  // from its parts_ record (they stay there until the last part).
-  std::vector<Waiting> mine, stale;
-  std::shared_ptr<Collective> collective;
-  bool usable;
-  std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
-  PartialStep* partial = nullptr;  // A divided step's record; only this thread changes parts_.
+  ClaimedStep claimed = ClaimStep(entry);
+  if (ResolveUnrunnable(entry, claimed)) return;
+  // Every member runs every batch (ranks without blocks take part with empty ones).
+  std::vector<LocalBlock> local = OwnBlocks(entry, claimed.mine);
+  std::vector<std::vector<char>> scratch;  // A replay's results computed again, dropped.
+  AddReplayBlocks(entry, claimed.cached, scratch, local);
+  absl::StatusOr<BatchResult> result = RunBatch(entry, local, *claimed.collective);
+  if (result.ok() && claimed.partial != nullptr && AddPart(entry, *result, claimed)) return;
+  LogEntry whole;
+  const LogEntry& step_entry = WholeStep(entry, result, claimed, whole);
+  EndPartial(entry.key, claimed);
+  const std::vector<std::shared_ptr<TrainerStep>> copies = CopyForReplay(step_entry, result, claimed);
+  const StepOutcome outcome = Outcome(entry, result, claimed, copies);
+  Resolve(claimed.mine, outcome, claimed.start);
+}
+
+Executor::ClaimedStep Executor::ClaimStep(const LogEntry& entry) {
+  ClaimedStep claimed;
   {
     absl::MutexLock lock(&mu_);
-    auto it = waiting_.find(entry.key);
-    if (it != waiting_.end()) {
-      // Only the submissions the plan was made from take part; another submission of the same
-      // trainer rank here was superseded by a retry (its client has gone). A failure entry ends all.
-      for (Waiting& w : it->second) {
-        const int r = w.step->trainer_rank;
-        const bool planned = !entry.status.ok() || (r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
-                                                    entry.submissions[r] == w.step->submission);
-        (planned ? mine : stale).push_back(std::move(w));
-      }
-      waiting_.erase(it);
+    ClaimWaitingLocked(entry, claimed);
+    OpenPartLocked(entry, claimed);
+    claimed.collective = collective_;
+    claimed.usable = FormedLocked() && entry.generation == generation_;
+    claimed.cached = CachedStepsLocked(entry);
+  }
+  claimed.start = claimed.partial != nullptr ? claimed.partial->start : absl::Now();
+  return claimed;
+}
+
+void Executor::ClaimWaitingLocked(const LogEntry& entry, ClaimedStep& claimed) {
+  auto it = waiting_.find(entry.key);
+  if (it == waiting_.end()) return;
+  // Only the submissions the plan was made from take part; another submission of the same
+  // trainer rank here was superseded by a retry (its client has gone). A failure entry ends all.
+  for (Waiting& w : it->second) {
+    const int r = w.step->trainer_rank;
+    const bool planned = !entry.status.ok() || (r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
+                                                entry.submissions[r] == w.step->submission);
+    (planned ? claimed.mine : claimed.stale).push_back(std::move(w));
+  }
+  waiting_.erase(it);
+}
+
+void Executor::OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) {
+  const bool divided = entry.more_parts || entry.part_offset > 0;
+  // A divided step's steps wait in its parts_ record between its parts (after its first part,
+  // they are taken from there, not from waiting_); a first part starts a new record, a failure
+  // entry ends it.
+  if (entry.status.ok() && divided) {
+    if (entry.part_offset == 0) parts_.erase(entry.key);
+    auto [p, inserted] = parts_.try_emplace(entry.key);
+    claimed.partial = &p->second;
+    if (inserted) {
+      claimed.partial->start = absl::Now();
+      // A rank that lost its record (or joined mid-way) cannot complete the step's results.
+      claimed.partial->complete = entry.part_offset == 0;
     }
-    // A divided step's steps wait in its parts_ record between its parts; a first part starts a
-    // new record, a failure entry ends it.
-    if (entry.status.ok() && divided) {
-      if (entry.part_offset == 0) parts_.erase(entry.key);
-      auto [p, inserted] = parts_.try_emplace(entry.key);
-      partial = &p->second;
-      if (inserted) {
-        partial->start = absl::Now();
-        // A rank that lost its record (or joined mid-way) cannot complete the step's results.
-        partial->complete = entry.part_offset == 0;
-      }
-    }
-    auto p = parts_.find(entry.key);
-    if (p != parts_.end()) {
-      for (Waiting& w : p->second.steps) mine.push_back(std::move(w));
-      p->second.steps.clear();
-      if (partial == nullptr) parts_.erase(p);
-    }
-    collective = collective_;
-    usable = FormedLocked() && entry.generation == generation_;
-    auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
-    if (c != cache_.end() && c->second.key == entry.key && !entry.plan.matrices.empty()) {
-      for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {
-        const size_t r = static_cast<size_t>(s->trainer_rank);
-        // Only where the plan takes it from: another member may keep a copy of the same step.
-        if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission &&
-            entry.plan.matrices[0].blocks[r].fleet_rank == collective_rank_) {
-          cached.push_back(s);
-        }
+  }
+  auto p = parts_.find(entry.key);
+  if (p != parts_.end()) {
+    for (Waiting& w : p->second.steps) claimed.mine.push_back(std::move(w));
+    p->second.steps.clear();
+    if (claimed.partial == nullptr) parts_.erase(p);
+  }
+}
+
+std::vector<std::shared_ptr<TrainerStep>> Executor::CachedStepsLocked(const LogEntry& entry) const {
+  std::vector<std::shared_ptr<TrainerStep>> cached;
+  auto c = entry.cached.empty() ? cache_.end() : cache_.find(entry.key.Group());
+  if (c != cache_.end() && c->second.key == entry.key && !entry.plan.matrices.empty()) {
+    for (const std::shared_ptr<TrainerStep>& s : c->second.steps) {
+      const size_t r = static_cast<size_t>(s->trainer_rank);
+      // Only where the plan takes it from: another member may keep a copy of the same step.
+      if (r < entry.cached.size() && entry.cached[r] && entry.submissions[r] == s->submission &&
+          entry.plan.matrices[0].blocks[r].fleet_rank == collective_rank_) {
+        cached.push_back(s);
       }
     }
   }
-  auto end_partial = [&] {
-    if (partial == nullptr) return;
-    absl::MutexLock lock(&mu_);
-    parts_.erase(entry.key);
-    partial = nullptr;
-  };
-  const absl::Time start = partial != nullptr ? partial->start : absl::Now();
-  auto resolve = [&](std::vector<Waiting>& steps, const StepOutcome& outcome) {
-    for (Waiting& w : steps) {
-      StepOutcome copy = outcome;
-      copy.rendezvous_time = start - w.step->submitted;
-      w.done(std::move(copy));
-    }
-  };
+  return cached;
+}
+
+bool Executor::ResolveUnrunnable(const LogEntry& entry, ClaimedStep& claimed) {
   if (!entry.status.ok()) {
-    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted(FailureReason(entry));
+    if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted(FailureReason(entry));
     StepOutcome outcome;
     outcome.status = entry.status;
-    resolve(mine, outcome);
-    return;
+    Resolve(claimed.mine, outcome, claimed.start);
+    return true;
   }
-  resolve(stale, Unavailable(entry.key, "superseded by a retry of the same trainer rank"));
-  if (!usable) {
+  Resolve(claimed.stale, Unavailable(entry.key, "superseded by a retry of the same trainer rank"), claimed.start);
+  if (!claimed.usable) {
     // Planned for a generation this rank does not hold (it changed, or its group broke):
     // nobody can run it with the others.
-    end_partial();
-    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("fleet_change");
-    resolve(mine, Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
-                                                      ") before it ran")));
-    return;
+    EndPartial(entry.key, claimed);
+    if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted("fleet_change");
+    Resolve(claimed.mine,
+            Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
+                                                ") before it ran")),
+            claimed.start);
+    return true;
   }
+  return false;
+}
 
-  // Every member runs every batch (ranks without blocks take part with empty ones). Matrix i of
-  // a part is matrix part_offset + i of its steps.
+std::vector<LocalBlock> Executor::OwnBlocks(const LogEntry& entry, std::vector<Waiting>& mine) {
+  // Matrix i of a part is matrix part_offset + i of its steps.
   const size_t offset = static_cast<size_t>(entry.part_offset);
   std::vector<LocalBlock> local;
   for (Waiting& w : mine) {
@@ -312,13 +332,17 @@ void Executor::ApplyStep(const LogEntry& entry) {
       const Block& block = m.blocks[s.trainer_rank].block;
       s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
                                    ElementSize(m.result_dtype));
-      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[offset + i].data(),
-                                 s.outputs[offset + i].data()});
+      local.push_back(
+          LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[offset + i].data(), s.outputs[offset + i].data()});
     }
   }
+  return local;
+}
+
+void Executor::AddReplayBlocks(const LogEntry& entry, const std::vector<std::shared_ptr<TrainerStep>>& cached,
+                               std::vector<std::vector<char>>& scratch, std::vector<LocalBlock>& local) {
   // A replay (never divided): the kept inputs of ranks that already have their results; what
   // they compute again goes to scratch buffers (it is the same).
-  std::vector<std::vector<char>> scratch;
   for (const std::shared_ptr<TrainerStep>& s : cached) {
     for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
       const MatrixPlan& m = entry.plan.matrices[i];
@@ -333,62 +357,85 @@ void Executor::ApplyStep(const LogEntry& entry) {
           LocalBlock{static_cast<int>(i), s->trainer_rank, s->inputs[i].data(), scratch[next_scratch++].data()});
     }
   }
-  absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, *collective, options_.execute);
+}
+
+absl::StatusOr<BatchResult> Executor::RunBatch(const LogEntry& entry, const std::vector<LocalBlock>& local,
+                                               Collective& collective) {
+  absl::StatusOr<BatchResult> result = ExecuteBatch(entry.plan, local, *options_.backend, collective, options_.execute);
   if (result.ok() && options_.metrics != nullptr) {
     options_.metrics->Flops(result->flops);
     options_.metrics->StageTime(Stage::kCollective, result->collective_time);
     options_.metrics->StageTime(Stage::kCompute, result->compute_time);
   }
+  return result;
+}
+
+bool Executor::AddPart(const LogEntry& entry, const BatchResult& result, ClaimedStep& claimed) {
+  PartialStep* partial = claimed.partial;
+  partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
+  partial->plan.trainer_world = entry.plan.trainer_world;
+  partial->plan.fleet_world = entry.plan.fleet_world;
+  partial->plan.matrices.insert(partial->plan.matrices.end(), entry.plan.matrices.begin(), entry.plan.matrices.end());
+  partial->result.matrices.insert(partial->result.matrices.end(), result.matrices.begin(), result.matrices.end());
+  partial->result.collective_time += result.collective_time;
+  partial->result.compute_time += result.compute_time;
+  if (!entry.more_parts) return false;
   // A part before the last: its results wait in the steps' outputs for the rest.
-  if (result.ok() && partial != nullptr) {
-    partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
-    partial->plan.trainer_world = entry.plan.trainer_world;
-    partial->plan.fleet_world = entry.plan.fleet_world;
-    partial->plan.matrices.insert(partial->plan.matrices.end(), entry.plan.matrices.begin(), entry.plan.matrices.end());
-    partial->result.matrices.insert(partial->result.matrices.end(), result->matrices.begin(), result->matrices.end());
-    partial->result.collective_time += result->collective_time;
-    partial->result.compute_time += result->compute_time;
-    if (entry.more_parts) {
-      absl::MutexLock lock(&mu_);
-      partial->steps = std::move(mine);
-      return;
-    }
+  absl::MutexLock lock(&mu_);
+  partial->steps = std::move(claimed.mine);
+  return true;
+}
+
+const LogEntry& Executor::WholeStep(const LogEntry& entry, absl::StatusOr<BatchResult>& result,
+                                    const ClaimedStep& claimed, LogEntry& whole) {
+  PartialStep* partial = claimed.partial;
+  if (!result.ok() || partial == nullptr) return entry;
+  if (!partial->complete) {
+    result = absl::InternalError(absl::StrCat("this rank did not run every part of the step (",
+                                              partial->plan.matrices.size(), " matrices from offset ",
+                                              entry.part_offset, ")"));
+    return entry;
   }
-  // The whole step, for what follows its last part.
-  const LogEntry* step_entry = &entry;
-  LogEntry whole;
-  if (result.ok() && partial != nullptr) {
-    if (!partial->complete) {
-      result = absl::InternalError(absl::StrCat("this rank did not run every part of the step (", partial->plan.matrices.size(),
-                                                " matrices from offset ", entry.part_offset, ")"));
-    } else {
-      whole = entry;
-      whole.plan = std::move(partial->plan);
-      whole.part_offset = 0;
-      step_entry = &whole;
-      result->matrices = std::move(partial->result.matrices);
-      result->collective_time = partial->result.collective_time;
-      result->compute_time = partial->result.compute_time;
-    }
-  }
-  end_partial();
+  whole = entry;
+  whole.plan = std::move(partial->plan);
+  whole.part_offset = 0;
+  result->matrices = std::move(partial->result.matrices);
+  result->collective_time = partial->result.collective_time;
+  result->compute_time = partial->result.compute_time;
+  return whole;
+}
+
+void Executor::EndPartial(const GroupKey& key, ClaimedStep& claimed) {
+  if (claimed.partial == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  parts_.erase(key);
+  claimed.partial = nullptr;
+}
+
+std::vector<std::shared_ptr<TrainerStep>> Executor::CopyForReplay(const LogEntry& step_entry,
+                                                                  absl::StatusOr<BatchResult>& result,
+                                                                  const ClaimedStep& claimed) {
   std::vector<std::shared_ptr<TrainerStep>> copies;  // Steps of the previous member, kept here too.
-  if (result.ok()) {
-    std::vector<std::shared_ptr<TrainerStep>> here = cached;
-    for (const Waiting& w : mine) here.push_back(w.step);
-    absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> copied =
-        CopyToNextMember(*step_entry, *result, here, *collective);
-    if (copied.ok()) {
-      copies = *std::move(copied);
-    } else {
-      result = copied.status();  // Results are withheld: no rank has them without the copies.
-    }
+  if (!result.ok()) return copies;
+  std::vector<std::shared_ptr<TrainerStep>> here = claimed.cached;
+  for (const Waiting& w : claimed.mine) here.push_back(w.step);
+  absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> copied =
+      CopyToNextMember(step_entry, *result, here, *claimed.collective);
+  if (copied.ok()) {
+    copies = *std::move(copied);
+  } else {
+    result = copied.status();  // Results are withheld: no rank has them without the copies.
   }
+  return copies;
+}
+
+StepOutcome Executor::Outcome(const LogEntry& entry, absl::StatusOr<BatchResult>& result, ClaimedStep& claimed,
+                              const std::vector<std::shared_ptr<TrainerStep>>& copies) {
   StepOutcome outcome;
   if (!result.ok()) {
     LOG_ERROR("fleet") << "batch " << entry.key.ToString() << " failed in generation " << entry.generation << ": "
                        << result.status();
-    if (options_.metrics != nullptr && !mine.empty()) options_.metrics->StepAborted("collective");
+    if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted("collective");
     outcome = Unavailable(entry.key, absl::StrCat("failed in the fleet: ", result.status().ToString()));
     // The group is broken for good: report the generation failed so that the next one forms.
     absl::MutexLock lock(&mu_);
@@ -401,12 +448,20 @@ void Executor::ApplyStep(const LogEntry& entry) {
     outcome.matrices = std::move(result->matrices);
     outcome.collective_time = result->collective_time;
     outcome.compute_time = result->compute_time;
-    if (entry.plan.trainer_world > 1 && (!mine.empty() || !cached.empty() || !copies.empty())) {
-      cached.insert(cached.end(), copies.begin(), copies.end());
-      Keep(entry, mine, cached);
+    if (entry.plan.trainer_world > 1 && (!claimed.mine.empty() || !claimed.cached.empty() || !copies.empty())) {
+      claimed.cached.insert(claimed.cached.end(), copies.begin(), copies.end());
+      Keep(entry, claimed.mine, claimed.cached);
     }
   }
-  resolve(mine, outcome);
+  return outcome;
+}
+
+void Executor::Resolve(std::vector<Waiting>& steps, const StepOutcome& outcome, absl::Time start) {
+  for (Waiting& w : steps) {
+    StepOutcome copy = outcome;
+    copy.rendezvous_time = start - w.step->submitted;
+    w.done(std::move(copy));
+  }
 }
 
 }  // namespace orthoserve
