@@ -201,8 +201,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
   fleet::v1::ReadyReport spec_proto;
   {
     ReadyReport r;
-    r.matrices = specs;
-    r.blocks.assign(specs.size(), Block{});
+    r.sent = SenderBlocks(specs, std::vector<Block>(specs.size(), Block{}));
     spec_proto = ReadyReportToProto(r);
   }
 

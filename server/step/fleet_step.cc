@@ -38,12 +38,17 @@ void FleetStep::InputEnded() {
   digested.reserve(matrices_.size());
   for (const Matrix& m : matrices_) digested.push_back(DigestedBlock{m.spec.block, m.spec.plan.dtype, m.receiver.digest()});
   step->digest = StepDigest(digested);
+  SpecList specs;
+  std::vector<Block> blocks;
+  specs.reserve(matrices_.size());
+  blocks.reserve(matrices_.size());
+  // The input has ended: nothing reads matrices_'s specs again, so they move into the step's list.
   for (Matrix& m : matrices_) {
-    MatrixPlan plan = m.spec.plan;
-    plan.blocks = {BlockPlacement{request_.rank, s_.fleet->rank(), m.spec.block}};
-    step->matrices.push_back(std::move(plan));
+    specs.push_back(std::move(m.spec.plan));  // Placements empty: the block goes beside it.
+    blocks.push_back(m.spec.block);
     step->inputs.push_back(std::move(m.group_input));
   }
+  step->sent = SenderBlocks(std::move(specs), std::move(blocks));
   {
     absl::MutexLock lock(&mu_);
     submitted_ = true;
@@ -116,12 +121,12 @@ void FleetStep::OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome
 }
 
 void FleetStep::Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> owner, const StepOutcome& outcome) {
-  for (size_t i = 0; i < step.matrices.size(); ++i) {
-    const MatrixPlan& plan = step.matrices[i];
+  for (size_t i = 0; i < step.sent.size(); ++i) {
+    const MatrixPlan& plan = step.sent.spec(i);
     const absl::Status& s = outcome.matrices[i];
     s_.metrics->MatrixDone(s_.method, AlgorithmName(plan.algorithm), DTypeName(plan.dtype), absl::StatusCodeToString(s.code()));
     const std::vector<char>& out = step.outputs[i];
-    sink_->Result(static_cast<int>(i), plan, plan.blocks[0].block, s,
+    sink_->Result(static_cast<int>(i), plan, step.sent.blocks[i], s,
                   s.ok() ? absl::string_view(out.data(), out.size()) : absl::string_view(),
                   std::shared_ptr<const void>(owner, out.data()));
   }

@@ -157,8 +157,8 @@ void Executor::TakeNoticesLocked(std::vector<ReadyReport>& into) {
   size_t taken = 0;
   size_t matrices = 0;
   while (taken < advertise_.size() && taken < kMaxNotices &&
-         (taken == 0 || matrices + advertise_[taken].matrices.size() <= kMaxNoticeMatrices)) {
-    matrices += advertise_[taken].matrices.size();
+         (taken == 0 || matrices + advertise_[taken].sent.size() <= kMaxNoticeMatrices)) {
+    matrices += advertise_[taken].sent.size();
     ++taken;
   }
   into.assign(std::make_move_iterator(advertise_.begin()),

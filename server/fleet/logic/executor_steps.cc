@@ -33,13 +33,7 @@ ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   report.incarnation = options_.self.incarnation;
   report.submission = step.submission;
   report.digest = step.digest;
-  report.matrices.reserve(step.matrices.size());
-  for (const MatrixPlan& m : step.matrices) {
-    report.blocks.push_back(m.blocks.empty() ? Block{} : m.blocks[0].block);
-    MatrixPlan spec = m;
-    spec.blocks.clear();
-    report.matrices.push_back(std::move(spec));
-  }
+  report.sent = step.sent;  // The shared specs, and this rank's blocks.
   return report;
 }
 
@@ -183,6 +177,13 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
   RETURN_IF_ERROR(collective.AllToAllv(send.data(), send_bytes, recv.data(), recv_bytes,
                                        options_.execute.collective_timeout));
   if (recv_bytes[prev] == 0) return copies;
+  // One spec list for every copy: the plan's, placements and owners cleared.
+  SpecList list = plan.matrices;
+  for (MatrixPlan& m : list) {
+    m.blocks.clear();
+    m.owner = -1;
+  }
+  const SharedSpecs specs = std::make_shared<const SpecList>(std::move(list));
   size_t offset = 0;
   for (int t : on[prev]) {
     auto step = std::make_shared<TrainerStep>();
@@ -192,10 +193,10 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
     step->submission = entry.submissions[t];
     std::vector<DigestedBlock> digested;
     digested.reserve(plan.matrices.size());
+    std::vector<Block> blocks;
+    blocks.reserve(plan.matrices.size());
     for (const MatrixPlan& m : plan.matrices) {
-      MatrixPlan spec = m;
-      spec.blocks = {BlockPlacement{t, prev, m.blocks[t].block}};
-      spec.owner = -1;
+      blocks.push_back(m.blocks[t].block);
       const size_t n = static_cast<size_t>(std::max<int64_t>(m.blocks[t].block.numel(), 0)) * ElementSize(m.dtype);
       step->inputs.emplace_back(recv.begin() + static_cast<std::ptrdiff_t>(offset),
                                 recv.begin() + static_cast<std::ptrdiff_t>(offset + n));
@@ -205,8 +206,8 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
       StreamDigest bytes;
       bytes.Update(absl::string_view(step->inputs.back().data(), step->inputs.back().size()));
       digested.push_back(DigestedBlock{m.blocks[t].block, m.dtype, bytes.Value()});
-      step->matrices.push_back(std::move(spec));
     }
+    step->sent = SenderBlocks(specs, std::move(blocks));
     step->digest = StepDigest(digested);
     copies.push_back(std::move(step));
   }
@@ -326,8 +327,8 @@ std::vector<LocalBlock> Executor::OwnBlocks(const LogEntry& entry, std::vector<W
   std::vector<LocalBlock> local;
   for (Waiting& w : mine) {
     TrainerStep& s = *w.step;
-    if (offset == 0) s.outputs.assign(s.matrices.size(), {});
-    for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.matrices.size(); ++i) {
+    if (offset == 0) s.outputs.assign(s.sent.size(), {});
+    for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.sent.size(); ++i) {
       const MatrixPlan& m = entry.plan.matrices[i];
       const Block& block = m.blocks[s.trainer_rank].block;
       s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
@@ -344,7 +345,7 @@ void Executor::AddReplayBlocks(const LogEntry& entry, const std::vector<std::sha
   // A replay (never divided): the kept inputs of ranks that already have their results; what
   // they compute again goes to scratch buffers (it is the same).
   for (const std::shared_ptr<TrainerStep>& s : cached) {
-    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->sent.size(); ++i) {
       const MatrixPlan& m = entry.plan.matrices[i];
       const Block& block = m.blocks[s->trainer_rank].block;
       scratch.emplace_back(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) * ElementSize(m.result_dtype));
@@ -352,7 +353,7 @@ void Executor::AddReplayBlocks(const LogEntry& entry, const std::vector<std::sha
   }
   size_t next_scratch = 0;
   for (const std::shared_ptr<TrainerStep>& s : cached) {
-    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->matrices.size(); ++i) {
+    for (size_t i = 0; i < entry.plan.matrices.size() && i < s->sent.size(); ++i) {
       local.push_back(
           LocalBlock{static_cast<int>(i), s->trainer_rank, s->inputs[i].data(), scratch[next_scratch++].data()});
     }

@@ -30,7 +30,8 @@ struct Member {
   }
 };
 
-// One trainer rank's readiness for a step: its specs and its blocks (one per matrix).
+// One trainer rank's readiness for a step: its blocks of the step's specs (`sent`, the same
+// shared list its TrainerStep carries: a report made in process copies no spec).
 struct ReadyReport {
   GroupKey key;
   int trainer_rank = 0;
@@ -44,8 +45,7 @@ struct ReadyReport {
   // A notice of a kept step (ReaderState::kept) may carry every trainer rank's digest of the step
   // (LogEntry::digests); empty otherwise.
   std::vector<uint64_t> step_digests;
-  std::vector<MatrixPlan> matrices;  // Placements empty.
-  std::vector<Block> blocks;         // One per matrix.
+  SenderBlocks sent;  // The trainer rank's blocks of the step's (shared) specs.
 };
 
 // Why the coordinator failed a group step before it ran (LogEntry::failure; the `reason` label of

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/fleet_change.h"
+#include "common/shape.h"
 #include "server/plan/matrix_plan.h"
 
 namespace orthoserve {
@@ -45,10 +47,30 @@ struct GroupKey {
 // How messages name a run: "run \"ID\"" (shortened when long), or "a client that sent no run id".
 std::string RunText(const std::string& run);
 
-// What one trainer rank sent for a step. `matrices[i].blocks` holds exactly one placement:
-// this trainer's block (with its fleet rank). `inputs[i]` holds that block's bytes in
-// matrices[i].dtype (empty for an empty block or a matrix rejected before its data arrived);
-// `outputs[i]` is filled by the fleet with the result block in result_dtype.
+// A step's spec list as its senders sent it (placements empty), shared: one list goes from the
+// ingress through the executor to the coordinator, never copied in process, and every report of
+// a step that sent an identical list shares the first one there.
+using SpecList = std::vector<MatrixPlan>;
+using SharedSpecs = std::shared_ptr<const SpecList>;
+
+// One sender's (trainer rank's) part of a step: the step's shared spec list and this sender's
+// block of each of its matrices — the one carrier of "this sender's blocks of this plan" from the
+// step layer to the coordinator. Invariant: specs is not null and specs->size() == blocks.size().
+struct SenderBlocks {
+  SharedSpecs specs = std::make_shared<const SpecList>();
+  std::vector<Block> blocks;  // blocks[i]: of (*specs)[i].
+
+  SenderBlocks() = default;
+  SenderBlocks(SharedSpecs s, std::vector<Block> b) : specs(std::move(s)), blocks(std::move(b)) {}
+  SenderBlocks(SpecList s, std::vector<Block> b)
+      : specs(std::make_shared<const SpecList>(std::move(s))), blocks(std::move(b)) {}
+  size_t size() const { return blocks.size(); }
+  const MatrixPlan& spec(size_t i) const { return (*specs)[i]; }
+};
+
+// What one trainer rank sent for a step: its blocks of the step's specs (`sent`). `inputs[i]`
+// holds block i's bytes in spec(i).dtype (empty for an empty block or a matrix rejected before
+// its data arrived); `outputs[i]` is filled by the fleet with the result block in result_dtype.
 struct TrainerStep {
   GroupKey key;
   int trainer_rank = 0;
@@ -56,7 +78,7 @@ struct TrainerStep {
   int attempt = 0;          // The client's attempt number (StepHeader.attempt).
   uint64_t submission = 0;  // Set by the executor: identifies this submission in reports and the log.
   uint64_t digest = 0;      // Of the blocks' bytes, in order (BlockDigest, computed as they arrived).
-  std::vector<MatrixPlan> matrices;
+  SenderBlocks sent;
   std::vector<std::vector<char>> inputs;
   std::vector<std::vector<char>> outputs;
   absl::Time submitted;

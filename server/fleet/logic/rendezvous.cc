@@ -427,40 +427,35 @@ bool Rendezvous::complete(const GroupKey& key) const {
 const std::vector<MatrixPlan>* Rendezvous::specs(const GroupKey& key) const {
   auto it = pending_.find(key);
   if (it == pending_.end() || !it->second.complete()) return nullptr;
-  return it->second.report(0)->specs.get();
+  return it->second.report(0)->specs().get();
 }
 
-Rendezvous::Held Rendezvous::Hold(ReadyReport report, std::shared_ptr<const SpecList>& shared) {
+Rendezvous::Held Rendezvous::Hold(ReadyReport report, SharedSpecs& shared) {
   auto same = [](const MatrixPlan& a, const MatrixPlan& b) {
     return a.name == b.name && a.shape == b.shape && a.layout == b.layout && a.view == b.view && a.dtype == b.dtype &&
            a.result_dtype == b.result_dtype && a.options == b.options && a.algorithm == b.algorithm &&
            a.partition_dim == b.partition_dim && a.owner == b.owner && a.blocks.empty() && b.blocks.empty();
   };
-  Held held;
-  if (shared != nullptr &&
-      std::equal(report.matrices.begin(), report.matrices.end(), shared->begin(), shared->end(), same)) {
-    held.specs = shared;
-    report.matrices = SpecList();
-  } else {
-    held.specs = std::make_shared<const SpecList>(std::move(report.matrices));
-    report.matrices = SpecList();
-    if (shared == nullptr) shared = held.specs;
+  const SpecList& own = *report.sent.specs;
+  if (shared == nullptr) {
+    shared = report.sent.specs;
+  } else if (report.sent.specs != shared && std::equal(own.begin(), own.end(), shared->begin(), shared->end(), same)) {
+    report.sent.specs = shared;  // Its own list goes (unless its sender holds it too: in process).
   }
-  report.blocks.shrink_to_fit();  // Decoded one by one: up to twice the room they need.
+  report.sent.blocks.shrink_to_fit();  // Decoded one by one: up to twice the room they need.
   report.step_digests = std::vector<uint64_t>();  // A notice's: taken into ran_, not held W times.
-  held.report = std::move(report);
-  return held;
+  return Held{std::move(report)};
 }
 
 absl::StatusOr<LogEntry> Rendezvous::BuildBatch(const GroupKey& key, const Pending& p, const Generation& generation,
                                                 const std::vector<double>& costs) const {
   const Held& first = *p.report(0);
-  const SpecList& first_specs = *first.specs;
+  const SpecList& first_specs = *first.specs();
   const std::string step = key.ToString();
   for (int r = 1; r < p.trainer_world; ++r) {
     const Held& other = *p.report(r);
-    if (other.specs == first.specs) continue;  // One list, held once: identical.
-    const SpecList& other_specs = *other.specs;
+    if (other.specs() == first.specs()) continue;  // One list, held once: identical.
+    const SpecList& other_specs = *other.specs();
     if (other_specs.size() != first_specs.size()) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step, ": trainer rank 0 sent ", first_specs.size(),
                                                      " matrices but rank ", r, " sent ", other_specs.size(),
@@ -490,7 +485,7 @@ absl::StatusOr<LogEntry> Rendezvous::BuildBatch(const GroupKey& key, const Pendi
     m.blocks.reserve(p.trainer_world);
     for (int r = 0; r < p.trainer_world; ++r) {
       const ReadyReport& report = p.report(r)->report;
-      m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.blocks[i]});
+      m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.sent.blocks[i]});
     }
   }
   for (int r = 0; r < p.trainer_world; ++r) {

@@ -82,18 +82,17 @@ class Rendezvous {
   size_t pending() const { return pending_.size(); }
 
  private:
-  using SpecList = std::vector<MatrixPlan>;
-  // A ready report as the rendezvous holds it: its spec list apart, one list shared by every
-  // report of a step that sent an identical one. W copies of one list were most of what the
-  // coordinator held (315 MB for a pending step of 560 matrices over W = 1024 trainer ranks, and
-  // as much again for the kept step; bench/results/plan_scale.md).
+  // A ready report as the rendezvous holds it: its spec list one shared by every report of a step
+  // that sent an identical one. W copies of one list were most of what the coordinator held
+  // (315 MB for a pending step of 560 matrices over W = 1024 trainer ranks, and as much again for
+  // the kept step; bench/results/plan_scale.md).
   struct Held {
-    ReadyReport report;  // `matrices` empty: they are `*specs`.
-    std::shared_ptr<const SpecList> specs;
+    ReadyReport report;
+    const SharedSpecs& specs() const { return report.sent.specs; }
   };
   // Holds `report`, sharing `shared`'s list when the report's own is identical in every field
   // (and dropping its own); `shared` becomes the report's list when it is null.
-  static Held Hold(ReadyReport report, std::shared_ptr<const SpecList>& shared);
+  static Held Hold(ReadyReport report, SharedSpecs& shared);
   struct Pending {
     absl::Time first_report;
     int64_t first_generation = 0;  // The generation at the first report.
@@ -102,7 +101,7 @@ class Rendezvous {
     // not to the world the first report claimed.
     absl::flat_hash_map<int, Held> reports;
     // The first spec list held, which the identical ones share.
-    std::shared_ptr<const SpecList> specs;
+    SharedSpecs specs;
     absl::flat_hash_set<int> cached;  // Replay: trainer ranks whose report is the original, its inputs in a member's cache.
     bool warned = false;
 
@@ -121,7 +120,7 @@ class Rendezvous {
     GroupKey key;
     absl::Time at;
     std::vector<std::vector<Held>> holders;
-    std::shared_ptr<const SpecList> specs;  // As Pending::specs.
+    SharedSpecs specs;  // As Pending::specs.
   };
   // The last step of a group appended as a batch: each trainer rank's digest (ReadyReport::digest),
   // what its retries are compared with.

@@ -32,11 +32,11 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report) {
   p.set_incarnation(report.incarnation);
   p.set_digest(report.digest);
   for (uint64_t d : report.step_digests) p.add_step_digests(d);
-  p.mutable_matrices()->Reserve(static_cast<int>(report.matrices.size()));
-  for (size_t i = 0; i < report.matrices.size(); ++i) {
+  p.mutable_matrices()->Reserve(static_cast<int>(report.sent.size()));
+  for (size_t i = 0; i < report.sent.size(); ++i) {
     fleet::v1::ReportedMatrix* m = p.add_matrices();
-    *m->mutable_plan() = MatrixPlanToProto(report.matrices[i]);
-    *m->mutable_block() = BlockToProto(report.blocks[i]);
+    *m->mutable_plan() = MatrixPlanToProto(report.sent.spec(i));
+    *m->mutable_block() = BlockToProto(report.sent.blocks[i]);
   }
   return p;
 }
@@ -53,13 +53,16 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
   report.incarnation = p.incarnation();
   report.digest = p.digest();
   report.step_digests.assign(p.step_digests().begin(), p.step_digests().end());
-  report.matrices.reserve(p.matrices_size());
-  report.blocks.reserve(p.matrices_size());
+  SpecList specs;
+  std::vector<Block> blocks;
+  specs.reserve(p.matrices_size());
+  blocks.reserve(p.matrices_size());
   for (int i = 0; i < p.matrices_size(); ++i) {
     ASSIGN_OR_RETURN(MatrixPlan plan, MatrixPlanFromProto(p.matrices(i).plan(), i));
-    report.matrices.push_back(std::move(plan));
-    report.blocks.push_back(BlockFromProto(p.matrices(i).block()));
+    specs.push_back(std::move(plan));
+    blocks.push_back(BlockFromProto(p.matrices(i).block()));
   }
+  report.sent = SenderBlocks(std::move(specs), std::move(blocks));
   return report;
 }
 

@@ -67,8 +67,7 @@ ReadyReport Report(const Coordinator& c, const GroupKey& key, int trainer_rank, 
   m.name = "w";
   m.shape = {4, 4};
   m.view = Matrix2d{4, 4};
-  r.matrices = {m};
-  r.blocks = {Block{trainer_rank * (4 / world), 0, 4 / world, 4}};
+  r.sent = SenderBlocks(SpecList{m}, {Block{trainer_rank * (4 / world), 0, 4 / world, 4}});
   return r;
 }
 
@@ -201,9 +200,9 @@ TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRa
     b.name = "b";
     b.shape = {8, 2};
     b.view = Matrix2d{8, 2};
-    rep.matrices.push_back(b);
-    rep.blocks = {Block{r, 0, 1, 4}, Block{2 * r, 0, 2, 2}};
-    if (edit) edit(rep.matrices);
+    SpecList specs = {rep.sent.spec(0), b};
+    if (edit) edit(specs);
+    rep.sent = SenderBlocks(std::move(specs), {Block{r, 0, 1, 4}, Block{2 * r, 0, 2, 2}});
     return rep;
   };
   auto run = [&](const GroupKey& key, const std::vector<int>& order,
@@ -359,7 +358,7 @@ TEST(CoordinatorTest, RendezvousTimeoutNamesAFewRanksAndACount) {
   WaitGeneration(**c, 1, {me});
   const GroupKey key{"t", "j", "big", 1, "run"};
   ReadyReport r = Report(**c, key, 0, 4000, me, 1);
-  r.blocks = {Block{}};
+  r.sent.blocks = {Block{}};
   ASSERT_OK((*c)->Report(r));
   std::vector<LogEntry> failed;
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
@@ -615,15 +614,9 @@ TEST(CoordinatorTest, APlanTooLargeForOneLogEntryFailsItsStepAndTheNextStepRuns)
   const std::vector<std::string>& refusals = *t.refusals;
   Coordinator& c = *t.c;
   auto with_matrices = [](ReadyReport r, int n) {
-    const MatrixPlan m = r.matrices[0];
-    const Block b = r.blocks[0];
-    r.matrices.clear();
-    r.blocks.clear();
-    for (int i = 0; i < n; ++i) {
-      r.matrices.push_back(m);
-      r.matrices.back().name = absl::StrCat("layers.", i, ".weight");
-      r.blocks.push_back(b);
-    }
+    SpecList specs(n, r.sent.spec(0));
+    for (int i = 0; i < n; ++i) specs[i].name = absl::StrCat("layers.", i, ".weight");
+    r.sent = SenderBlocks(std::move(specs), std::vector<Block>(n, r.sent.blocks[0]));
     return r;
   };
   const GroupKey big{"t", "j", "g", 1, "run"};
@@ -744,15 +737,9 @@ TEST(CoordinatorTest, PacedBatchesFollowTheTenantsShares) {
 ReadyReport ManyMatrices(const Coordinator& c, const GroupKey& key, const Member& fleet_rank, uint64_t submission,
                          int n) {
   ReadyReport r = Report(c, key, 0, 1, fleet_rank, submission);
-  const MatrixPlan m = r.matrices[0];
-  const Block b = r.blocks[0];
-  r.matrices.clear();
-  r.blocks.clear();
-  for (int i = 0; i < n; ++i) {
-    r.matrices.push_back(m);
-    r.matrices.back().name = absl::StrCat("w", i);
-    r.blocks.push_back(b);
-  }
+  SpecList specs(n, r.sent.spec(0));
+  for (int i = 0; i < n; ++i) specs[i].name = absl::StrCat("w", i);
+  r.sent = SenderBlocks(std::move(specs), std::vector<Block>(n, r.sent.blocks[0]));
   return r;
 }
 

@@ -278,6 +278,35 @@ void ExpectReplayed(Executor& rank, std::shared_ptr<TrainerStep> retry, const st
   EXPECT_EQ(retry->outputs[0], expected);
 }
 
+// One carrier from the step layer to the coordinator: a trainer step's spec list is shared, not
+// copied, by its ready report and by the coordinator that holds the report (in process, as on
+// rank 0), and the report carries its block beside the spec.
+TEST(ExecutorTest, TheCoordinatorHoldsTheTrainerStepsOwnSpecList) {
+  FleetHarness h(1);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0}));
+  const std::vector<float> full = RandomMatrix(3);
+  std::shared_ptr<TrainerStep> first = MakeStep({"t", "j", "g", 1, "run"}, 0, 2, full);
+  const SharedSpecs& specs = first->sent.specs;
+  ASSERT_EQ(specs.use_count(), 1);
+  ASSERT_TRUE(specs->front().blocks.empty());
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  h.rank(0).Submit(first, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  // Trainer rank 1 has not come: the coordinator holds rank 0's report, with the same list.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (h.coordinator().pending_steps() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(h.coordinator().pending_steps(), 1u);
+  // The step's, the held report's and the pending step's first list: one list, no copy (a copy
+  // anywhere would leave this list to the step alone).
+  EXPECT_EQ(specs.use_count(), 3);
+  h.rank(0).Submit(MakeStep({"t", "j", "g", 1, "run"}, 1, 2, full), [](StepOutcome) {});
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  StepOutcome o = future.get();
+  ASSERT_OK(o.status);
+  ASSERT_OK(o.matrices[0]);
+}
+
 TEST(ExecutorTest, GroupStepsRunOnEveryGenerationWithTheSameBits) {
   FleetHarness h(3);
   h.StartAll();
@@ -394,17 +423,21 @@ TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
 std::shared_ptr<TrainerStep> MultiStep(const GroupKey& key, int r, int world, const std::vector<std::vector<float>>& fulls,
                                        const std::vector<Algorithm>& algorithms, int attempt = 0) {
   std::shared_ptr<TrainerStep> step;
+  SpecList specs;
+  std::vector<Block> blocks;
   for (size_t i = 0; i < fulls.size(); ++i) {
     std::shared_ptr<TrainerStep> one =
         testing::RowBlockStep(key, r, world, kRows, kCols, fulls[i], Highest(), algorithms[i], attempt);
-    one->matrices[0].name = absl::StrCat("w", i);
+    specs.push_back(one->sent.spec(0));
+    specs.back().name = absl::StrCat("w", i);
+    blocks.push_back(one->sent.blocks[0]);
     if (step == nullptr) {
       step = one;
       continue;
     }
-    step->matrices.push_back(one->matrices[0]);
     step->inputs.push_back(one->inputs[0]);
   }
+  step->sent = SenderBlocks(std::move(specs), std::move(blocks));
   testing::SetDigest(*step);
   return step;
 }

@@ -50,14 +50,17 @@ std::unique_ptr<Coordinator> CoordinatorWithBatches() {
       report.incarnation = kMe.incarnation;
       report.epoch = (*c)->epoch();
       report.submission = 1 + r;
+      SpecList specs;
+      std::vector<Block> blocks;
       for (int i = 0; i < kMatrices; ++i) {
         MatrixPlan m;
         m.name = absl::StrCat("w", i);
         m.shape = {kWorld, 16};
         m.view = Matrix2d{kWorld, 16};
-        report.matrices.push_back(m);
-        report.blocks.push_back(Block{r, 0, 1, 16});
+        specs.push_back(m);
+        blocks.push_back(Block{r, 0, 1, 16});
       }
+      report.sent = SenderBlocks(std::move(specs), std::move(blocks));
       EXPECT_OK((*c)->Report(report));
     }
   }

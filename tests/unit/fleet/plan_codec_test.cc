@@ -197,14 +197,13 @@ TEST(PlanCodecTest, AnUnknownEnumValueIsRefusedNamingTheMatrixAndTheField) {
   }
   // In a report or a log entry, the whole message is refused, naming the matrix by its index.
   ReadyReport report;
-  report.matrices = {Plan("a", {2, 2}), Plan("b", {2, 2})};
-  report.blocks = {Block{0, 0, 2, 2}, Block{0, 0, 2, 2}};
+  report.sent = SenderBlocks(SpecList{Plan("a", {2, 2}), Plan("b", {2, 2})}, {Block{0, 0, 2, 2}, Block{0, 0, 2, 2}});
   fleet::v1::ReadyReport report_proto = ReadyReportToProto(report);
   report_proto.mutable_matrices(1)->mutable_plan()->set_dtype(static_cast<v1::DType>(42));
   EXPECT_THAT(ReadyReportFromProto(report_proto),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix 1 (\"b\") dtype = 42")));
   LogEntry entry;
-  entry.plan.matrices = report.matrices;
+  entry.plan.matrices = *report.sent.specs;
   fleet::v1::LogEntry entry_proto = LogEntryToProto(entry);
   entry_proto.mutable_matrices(0)->mutable_plan()->mutable_options()->set_eps_mode(static_cast<v1::EpsMode>(5));
   EXPECT_THAT(LogEntryFromProto(entry_proto),
@@ -221,12 +220,14 @@ TEST(PlanCodecTest, AReadyReportRoundTripsBitExactly) {
   report.attempt = 2;
   report.epoch = 0xfedcba9876543210ULL;
   report.incarnation = 77;
-  report.matrices = VariedPlans();
-  for (size_t i = 0; i < report.matrices.size(); ++i) {
+  const SpecList specs = VariedPlans();
+  std::vector<Block> blocks;
+  for (size_t i = 0; i < specs.size(); ++i) {
     // The sender's block; an empty one (a trainer rank whose chunk is empty) as well.
-    const Matrix2d v = report.matrices[i].view;
-    report.blocks.push_back(i == 2 ? Block{v.rows, 0, 0, v.cols} : Block{v.rows / 2, 0, v.rows - v.rows / 2, v.cols});
+    const Matrix2d v = specs[i].view;
+    blocks.push_back(i == 2 ? Block{v.rows, 0, 0, v.cols} : Block{v.rows / 2, 0, v.rows - v.rows / 2, v.cols});
   }
+  report.sent = SenderBlocks(specs, blocks);
   const fleet::v1::ReadyReport proto = ReadyReportToProto(report);
   absl::StatusOr<ReadyReport> back = ReadyReportFromProto(proto);
   ASSERT_OK(back);
@@ -238,11 +239,11 @@ TEST(PlanCodecTest, AReadyReportRoundTripsBitExactly) {
   EXPECT_EQ(back->attempt, 2);
   EXPECT_EQ(back->epoch, report.epoch);
   EXPECT_EQ(back->incarnation, 77u);
-  ASSERT_EQ(back->matrices.size(), report.matrices.size());
-  ASSERT_EQ(back->blocks.size(), report.blocks.size());
-  for (size_t i = 0; i < report.matrices.size(); ++i) {
-    ExpectSamePlan(report.matrices[i], back->matrices[i]);
-    EXPECT_TRUE(back->blocks[i] == report.blocks[i]) << i;
+  ASSERT_EQ(back->sent.specs->size(), specs.size());
+  ASSERT_EQ(back->sent.blocks.size(), blocks.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ExpectSamePlan(specs[i], back->sent.spec(i));
+    EXPECT_TRUE(back->sent.blocks[i] == blocks[i]) << i;
   }
   EXPECT_EQ(ReadyReportToProto(*back).SerializeAsString(), proto.SerializeAsString());
 }
@@ -322,13 +323,16 @@ TEST(PlanCodecTest, DecodingLeavesValidationToValidatePlanWhichFailsTheMatrixInB
   tp.partition_dim = 2;
   MatrixPlan fine = Plan("fine", {4, 6});
   ReadyReport report;
-  report.matrices = {steps, qkv, tp, fine};
-  for (const MatrixPlan& m : report.matrices) report.blocks.push_back(WholeBlock(m.view));
-  report.blocks[3] = Block{2, 0, 9, 6};  // Past the last row.
+  {
+    std::vector<Block> blocks;
+    for (const MatrixPlan& m : {steps, qkv, tp, fine}) blocks.push_back(WholeBlock(m.view));
+    blocks[3] = Block{2, 0, 9, 6};  // Past the last row.
+    report.sent = SenderBlocks(SpecList{steps, qkv, tp, fine}, std::move(blocks));
+  }
   absl::StatusOr<ReadyReport> decoded = ReadyReportFromProto(ReadyReportToProto(report));
   ASSERT_OK(decoded);
-  EXPECT_EQ(decoded->matrices[0].options.steps, 1000);
-  EXPECT_TRUE(decoded->blocks[3] == report.blocks[3]);
+  EXPECT_EQ(decoded->sent.spec(0).options.steps, 1000);
+  EXPECT_TRUE(decoded->sent.blocks[3] == report.sent.blocks[3]);
 
   LogEntry entry;
   entry.plan.trainer_world = 1;

@@ -16,10 +16,10 @@ namespace orthoserve::testing {
 // Sets step.digest as the RPC layer computes it from the blocks it received (FleetStep).
 inline void SetDigest(TrainerStep& step) {
   std::vector<DigestedBlock> blocks;
-  for (size_t i = 0; i < step.matrices.size(); ++i) {
+  for (size_t i = 0; i < step.sent.size(); ++i) {
     StreamDigest bytes;
     bytes.Update(absl::string_view(step.inputs[i].data(), step.inputs[i].size()));
-    blocks.push_back(DigestedBlock{step.matrices[i].blocks[0].block, step.matrices[i].dtype, bytes.Value()});
+    blocks.push_back(DigestedBlock{step.sent.blocks[i], step.sent.spec(i).dtype, bytes.Value()});
   }
   step.digest = StepDigest(blocks);
 }
@@ -42,8 +42,7 @@ inline std::shared_ptr<TrainerStep> RowBlockStep(const GroupKey& key, int r, int
   m.view = Matrix2d{rows, cols};
   m.options = options;
   m.algorithm = algorithm;
-  m.blocks = {BlockPlacement{r, 0, Block{r * block_rows, 0, block_rows, cols}}};
-  step->matrices = {m};
+  step->sent = SenderBlocks(SpecList{m}, {Block{r * block_rows, 0, block_rows, cols}});
   const char* begin = reinterpret_cast<const char*>(full.data() + r * block_rows * cols);
   step->inputs = {std::vector<char>(begin, begin + block_rows * cols * sizeof(float))};
   SetDigest(*step);

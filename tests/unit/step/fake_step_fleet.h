@@ -120,7 +120,7 @@ inline ParsedSpec TestSpec(const std::string& name, int64_t rows, int64_t cols, 
   p.plan.view = Matrix2d{rows, cols};
   p.plan.algorithm = algorithm;
   p.plan.checked = CheckMatrix(p.plan, name).ok();
-  p.block = block.empty() && block.rows == 0 && block.cols == 0 ? WholeBlock(p.plan.view) : block;
+  p.block = block.rows == 0 && block.cols == 0 ? WholeBlock(p.plan.view) : block;
   p.block_bytes = p.block.numel() * static_cast<int64_t>(ElementSize(p.plan.dtype));
   p.cost = EstimatedCost(p.plan);
   return p;

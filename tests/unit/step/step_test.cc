@@ -356,11 +356,12 @@ TEST_F(GroupStepTest, ItIsSubmittedWithItsBlockOnceWholeAndDeliversTheFleetsResu
   EXPECT_EQ(t.key, (GroupKey{"t", "j", "g", 7, "run-1"}));
   EXPECT_EQ(t.trainer_rank, 1);
   EXPECT_EQ(t.trainer_world, 2);
-  ASSERT_THAT(t.matrices, SizeIs(1));
-  ASSERT_THAT(t.matrices[0].blocks, SizeIs(1));
-  EXPECT_EQ(t.matrices[0].blocks[0].trainer_rank, 1);
-  EXPECT_EQ(t.matrices[0].blocks[0].fleet_rank, 3);  // This fleet rank holds it.
-  EXPECT_EQ(t.matrices[0].blocks[0].block, (Block{2, 0, 2, 6}));
+  // Its block of the step's spec, which carries no placement (the block travels beside it).
+  ASSERT_EQ(t.sent.size(), 1u);
+  ASSERT_EQ(t.sent.specs->size(), 1u);
+  EXPECT_EQ(t.sent.spec(0).name, "w");
+  EXPECT_THAT(t.sent.spec(0).blocks, IsEmpty());
+  EXPECT_EQ(t.sent.blocks[0], (Block{2, 0, 2, 6}));
   EXPECT_EQ(std::string(t.inputs[0].begin(), t.inputs[0].end()), std::string(Bytes(in)));
   // The digest of what arrived, for the coordinator's retry checks.
   StreamDigest bytes;
