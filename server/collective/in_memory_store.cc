@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "common/call_unlocked.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -61,7 +62,11 @@ void InMemoryStore::StopWaits() {
 }
 
 void InMemoryStore::NotifyLoop() {
-  std::vector<std::pair<GetDone, absl::StatusOr<std::string>>> ready;
+  std::vector<std::function<void()>> ready;
+  // Completes `waiter` with `value` (after the loop has released the lock).
+  auto complete = [&ready](Waiter& waiter, absl::StatusOr<std::string> value) {
+    ready.push_back([done = std::move(waiter.done), value = std::move(value)]() mutable { done(std::move(value)); });
+  };
   mu_.Lock();
   for (;;) {
     const absl::Time now = absl::Now();
@@ -70,14 +75,12 @@ void InMemoryStore::NotifyLoop() {
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       auto value = values_.find(it->key);
       if (value != values_.end()) {
-        ready.emplace_back(std::move(it->done), value->second);
+        complete(*it, value->second);
       } else if (cancel) {
-        ready.emplace_back(std::move(it->done),
-                           absl::CancelledError(absl::StrCat("the store stopped waiting for key '", it->key, "'")));
+        complete(*it, absl::CancelledError(absl::StrCat("the store stopped waiting for key '", it->key, "'")));
       } else if (now >= it->deadline) {
-        ready.emplace_back(std::move(it->done),
-                           absl::DeadlineExceededError(absl::StrCat("store key '", it->key, "' was not set within ",
-                                                                    absl::FormatDuration(it->timeout))));
+        complete(*it, absl::DeadlineExceededError(absl::StrCat("store key '", it->key, "' was not set within ",
+                                                               absl::FormatDuration(it->timeout))));
       } else {
         next = std::min(next, it->deadline);
         ++it;
@@ -86,10 +89,7 @@ void InMemoryStore::NotifyLoop() {
       it = waiters_.erase(it);
     }
     if (!ready.empty()) {
-      mu_.Unlock();
-      for (auto& [done, result] : ready) done(std::move(result));
-      ready.clear();
-      mu_.Lock();
+      CallUnlocked(mu_, ready);
       continue;  // More may have come meanwhile.
     }
     if (closing_) break;

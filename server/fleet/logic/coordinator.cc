@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/call_unlocked.h"
 #include "common/fleet_change.h"
 #include "common/logging.h"
 #include "common/message_text.h"
@@ -359,14 +360,16 @@ void Coordinator::ReadAsync(const ReaderState& reader, int64_t from, absl::Durat
 }
 
 void Coordinator::NotifyLoop() {
-  std::vector<std::pair<ReadDone, absl::StatusOr<std::vector<LogEntry>>>> ready;
+  std::vector<std::function<void()>> ready;
   mu_.Lock();
   for (;;) {
     const absl::Time now = absl::Now();
     absl::Time next = absl::InfiniteFuture();
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (shutdown_ || log_.end() > it->from || now >= it->deadline) {
-        ready.emplace_back(std::move(it->done), ReadEndLocked(it->reader, it->from));
+        ready.push_back([done = std::move(it->done), read = ReadEndLocked(it->reader, it->from)]() mutable {
+          done(std::move(read));
+        });
         it = waiters_.erase(it);
       } else {
         next = std::min(next, it->deadline);
@@ -374,10 +377,7 @@ void Coordinator::NotifyLoop() {
       }
     }
     if (!ready.empty()) {
-      mu_.Unlock();
-      for (auto& [done, result] : ready) done(std::move(result));
-      ready.clear();
-      mu_.Lock();
+      CallUnlocked(mu_, ready);
       continue;  // More may have come meanwhile.
     }
     if (shutdown_) break;
