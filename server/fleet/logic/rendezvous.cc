@@ -479,18 +479,22 @@ absl::StatusOr<LogEntry> Rendezvous::BuildBatch(const GroupKey& key, const Pendi
   plan.trainer_world = p.trainer_world;
   plan.fleet_world = static_cast<int>(generation.members.size());
   plan.matrices = first_specs;
+  // Each rank's report looked up once (W · matrices placements follow): its collective rank and
+  // its blocks.
+  std::vector<int> collective_rank(p.trainer_world);
+  std::vector<const Block*> blocks(p.trainer_world);
+  for (int r = 0; r < p.trainer_world; ++r) {
+    const ReadyReport& report = p.report(r)->report;
+    collective_rank[r] = position[report.fleet_rank];
+    blocks[r] = report.sent.blocks.data();
+    entry.submissions.push_back(report.submission);
+    entry.digests.push_back(report.digest);
+  }
   for (size_t i = 0; i < plan.matrices.size(); ++i) {
     MatrixPlan& m = plan.matrices[i];
     m.blocks.clear();
     m.blocks.reserve(p.trainer_world);
-    for (int r = 0; r < p.trainer_world; ++r) {
-      const ReadyReport& report = p.report(r)->report;
-      m.blocks.push_back(BlockPlacement{r, position[report.fleet_rank], report.sent.blocks[i]});
-    }
-  }
-  for (int r = 0; r < p.trainer_world; ++r) {
-    entry.submissions.push_back(p.report(r)->report.submission);
-    entry.digests.push_back(p.report(r)->report.digest);
+    for (int r = 0; r < p.trainer_world; ++r) m.blocks.push_back(BlockPlacement{r, collective_rank[r], blocks[r][i]});
   }
   if (!p.cached.empty()) {
     entry.cached.assign(p.trainer_world, false);
