@@ -133,6 +133,14 @@ std::vector<int64_t> ChunkOffsets(int64_t n, int world) {
   return offsets;
 }
 
+Block ChunkBlock(Matrix2d matrix, int world, int part, int dim) {
+  const int64_t n = dim == 0 ? matrix.rows : matrix.cols;
+  const int64_t chunk = (n + world - 1) / world;
+  const int64_t offset = std::min(chunk * part, n);
+  const int64_t size = std::min(chunk, n - offset);
+  return dim == 0 ? Block{offset, 0, size, matrix.cols} : Block{0, offset, matrix.rows, size};
+}
+
 void CopyBlockOut(const void* matrix, int64_t ld, const Block& b, size_t elem_size, void* dst) {
   const char* src = static_cast<const char*>(matrix);
   char* out = static_cast<char*>(dst);

@@ -81,6 +81,11 @@ std::vector<int64_t> ChunkSizes(int64_t n, int world);
 // Start offsets of ChunkSizes(n, world); entry `world` is n.
 std::vector<int64_t> ChunkOffsets(int64_t n, int world);
 
+// Part `part` of torch.chunk over `world` parts of `matrix` along its rows (dim 0) or its columns
+// (dim 1), as ChunkSizes and ChunkOffsets cut it: an empty part starts at the end of that dim.
+// Requires world >= 1, 0 <= part < world, dim 0 or 1.
+Block ChunkBlock(Matrix2d matrix, int world, int part, int dim);
+
 // The fleet rank that trainer rank `trainer_rank` of a W-rank group streams to, in a fleet of
 // `fleet_world` ranks: floor(r · S / W).
 inline int FleetRankOfTrainer(int trainer_rank, int trainer_world, int fleet_world) {

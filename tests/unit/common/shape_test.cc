@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/util/status_matchers.h"
@@ -63,6 +64,22 @@ TEST(ChunkSizes, MatchesTorchChunk) {
   EXPECT_THAT(ChunkSizes(9, 3), ElementsAre(3, 3, 3));
   EXPECT_THAT(ChunkSizes(10, 4), ElementsAre(3, 3, 3, 1));
   EXPECT_THAT(ChunkOffsets(10, 4), ElementsAre(0, 3, 6, 9, 10));
+}
+
+TEST(ChunkBlock, IsPartOfChunkOffsetsAlongEitherDim) {
+  // Every part of every (n, world) up to 13 x 9: the rows (dim 0) or columns (dim 1) ChunkOffsets
+  // gives, the whole other dim, and an empty part at the end of its dim.
+  for (int64_t n = 1; n <= 13; ++n) {
+    for (int world = 1; world <= 9; ++world) {
+      const std::vector<int64_t> offsets = ChunkOffsets(n, world);
+      for (int part = 0; part < world; ++part) {
+        SCOPED_TRACE(absl::StrCat("n ", n, " world ", world, " part ", part));
+        const int64_t size = offsets[part + 1] - offsets[part];
+        EXPECT_TRUE(ChunkBlock(Matrix2d{n, 5}, world, part, 0) == (Block{offsets[part], 0, size, 5}));
+        EXPECT_TRUE(ChunkBlock(Matrix2d{5, n}, world, part, 1) == (Block{0, offsets[part], 5, size}));
+      }
+    }
+  }
 }
 
 TEST(FleetRank, ContiguousAndEven) {
