@@ -339,11 +339,15 @@ absl::StatusOr<std::vector<LogEntry>> Coordinator::Read(const ReaderState& reade
     if (left <= absl::ZeroDuration()) break;
     log_cv_.WaitWithTimeout(&mu_, left + absl::Milliseconds(1));  // The loop rechecks, timed out or not.
   }
-  return ReadEndLocked(reader, from);
+  ASSIGN_OR_RETURN(std::vector<SharedLogEntry> shared, ReadEndLocked(reader, from));
+  std::vector<LogEntry> out;  // This reader's own copies (in process: rank 0's, and tests').
+  out.reserve(shared.size());
+  for (const SharedLogEntry& e : shared) out.push_back(*e);
+  return out;
 }
 
 void Coordinator::ReadAsync(const ReaderState& reader, int64_t from, absl::Duration timeout, ReadDone done) {
-  absl::StatusOr<std::vector<LogEntry>> now;
+  absl::StatusOr<std::vector<SharedLogEntry>> now;
   {
     absl::MutexLock lock(&mu_);
     absl::Status begun = ReadBeginLocked(reader, from);
@@ -354,7 +358,7 @@ void Coordinator::ReadAsync(const ReaderState& reader, int64_t from, absl::Durat
       notify_cv_.SignalAll();  // Its deadline may be the next.
       return;
     }
-    now = begun.ok() ? ReadEndLocked(reader, from) : absl::StatusOr<std::vector<LogEntry>>(begun);
+    now = begun.ok() ? ReadEndLocked(reader, from) : absl::StatusOr<std::vector<SharedLogEntry>>(begun);
   }
   done(std::move(now));
 }
@@ -386,12 +390,12 @@ void Coordinator::NotifyLoop() {
   mu_.Unlock();
 }
 
-absl::StatusOr<std::vector<LogEntry>> Coordinator::ReadEndLocked(const ReaderState& reader, int64_t from) {
+absl::StatusOr<std::vector<SharedLogEntry>> Coordinator::ReadEndLocked(const ReaderState& reader, int64_t from) {
   if (shutdown_) return absl::UnavailableError("the fleet coordinator is shutting down");
   // It may have been dropped while waiting (silent for too long, or replaced).
   RETURN_IF_ERROR(CheckIdentityLocked(reader.rank, reader.epoch, reader.incarnation));
   membership_.Seen(reader.rank, absl::Now());
-  std::vector<LogEntry> out = log_.From(from);
+  std::vector<SharedLogEntry> out = log_.From(from);
   // Drop what every joined rank has read.
   log_.DropBefore(membership_.OldestCursor(log_.end()));
   return out;

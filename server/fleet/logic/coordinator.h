@@ -172,8 +172,9 @@ class Coordinator {
   // with what Read would return — within this call when there is no need to wait (entries from
   // `from` exist, the reader is refused, the coordinator has shut down), otherwise on the
   // coordinator's one notifier thread when an entry is appended, the timeout passes or at
-  // Shutdown. `done` must not block (the fleet service hands its encoding to a pool).
-  using ReadDone = std::function<void(absl::StatusOr<std::vector<LogEntry>>)>;
+  // Shutdown. `done` must not block (the fleet service hands its encoding to a pool). The
+  // entries are the log's own, shared: every reader of an entry holds the same one.
+  using ReadDone = std::function<void(absl::StatusOr<std::vector<SharedLogEntry>>)>;
   void ReadAsync(const ReaderState& reader, int64_t from, absl::Duration timeout, ReadDone done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -231,7 +232,7 @@ class Coordinator {
   absl::Status ReadBeginLocked(const ReaderState& reader, int64_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read's second half, after any wait: the entries from `from` (refusals again: the reader
   // may have been dropped meanwhile), and the log trimmed to what some reader still needs.
-  absl::StatusOr<std::vector<LogEntry>> ReadEndLocked(const ReaderState& reader, int64_t from)
+  absl::StatusOr<std::vector<SharedLogEntry>> ReadEndLocked(const ReaderState& reader, int64_t from)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes waiting ReadAsync calls as entries come, deadlines pass or the coordinator shuts down.
   void NotifyLoop() ABSL_LOCKS_EXCLUDED(mu_);

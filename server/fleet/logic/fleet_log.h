@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,10 @@ struct LogEntry {
 
   bool membership() const { return !members.empty(); }
 };
+
+// An entry as the log holds it: appended once, never changed, shared by every reader that reads
+// it (a batch entry of a big step is megabytes: one copy for all).
+using SharedLogEntry = std::shared_ptr<const LogEntry>;
 
 // What a reading rank says about itself with each read (its heartbeat).
 struct ReaderState {

@@ -1,6 +1,7 @@
 #include "server/fleet/logic/ordered_log.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -8,12 +9,12 @@ namespace orthoserve {
 
 int64_t OrderedLog::Append(LogEntry entry) {
   entry.index = end();
-  entries_.push_back(std::move(entry));
-  return entries_.back().index;
+  entries_.push_back(std::make_shared<const LogEntry>(std::move(entry)));
+  return entries_.back()->index;
 }
 
-std::vector<LogEntry> OrderedLog::From(int64_t from) const {
-  std::vector<LogEntry> out;
+std::vector<SharedLogEntry> OrderedLog::From(int64_t from) const {
+  std::vector<SharedLogEntry> out;
   for (int64_t i = std::max(from, first_); i < end(); ++i) out.push_back(entries_[static_cast<size_t>(i - first_)]);
   return out;
 }

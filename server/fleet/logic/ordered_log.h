@@ -17,13 +17,13 @@ class OrderedLog {
   int64_t end() const { return first_ + static_cast<int64_t>(entries_.size()); }
   // Appends `entry` as index end(); returns that index.
   int64_t Append(LogEntry entry);
-  // Copies of the entries with index >= `from` that are still held.
-  std::vector<LogEntry> From(int64_t from) const;
+  // The entries with index >= `from` that are still held (shared, not copied).
+  std::vector<SharedLogEntry> From(int64_t from) const;
   // Forgets the entries below `index` (every reader has read them).
   void DropBefore(int64_t index);
 
  private:
-  std::deque<LogEntry> entries_;  // entries_.front().index == first_.
+  std::deque<SharedLogEntry> entries_;  // entries_.front()->index == first_.
   int64_t first_ = 0;
 };
 

@@ -2,7 +2,9 @@
 #include "server/fleet/wire/fleet_client.h"
 
 #include <chrono>
+#include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
@@ -194,14 +196,22 @@ absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& r
   request.set_incarnation(reader.incarnation);
   request.set_formed_generation(reader.formed_generation);
   request.set_failed_generation(reader.failed_generation);
-  for (const ReadyReport& r : reader.kept) *request.add_kept() = ReadyReportToProto(r);
+  // Kept notices of one step usually share a spec list: each distinct list is encoded once.
+  absl::flat_hash_map<const SpecList*, std::string> lists;
+  for (const ReadyReport& r : reader.kept) {
+    auto [list, fresh] = lists.try_emplace(r.sent.specs.get());
+    if (fresh) list->second = SpecListToBytes(*r.sent.specs);
+    *request.add_kept() = ReadyReportToProto(r, &list->second);
+  }
   request.set_from(from);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   fleet::v1::ReadLogResponse response;
   grpc::Status status = stub_->ReadLog(&context, request, &response);
   if (!status.ok()) return FleetError("ReadLog", status);
   std::vector<LogEntry> entries;
-  for (const fleet::v1::LogEntry& p : response.entries()) {
+  for (const std::string& bytes : response.entries()) {
+    fleet::v1::LogEntry p;
+    if (!p.ParseFromString(bytes)) return absl::InternalError("ReadLog: a log entry from the coordinator does not parse");
     ASSIGN_OR_RETURN(LogEntry entry, LogEntryFromProto(p));
     entries.push_back(std::move(entry));
   }

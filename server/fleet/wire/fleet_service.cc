@@ -127,7 +127,7 @@ grpc::Status FleetCalls::Report(const grpc::ServerContextBase& context, const fl
   if (absl::Status allowed = RequireRank(context, "Report", request.fleet_rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  absl::StatusOr<ReadyReport> report = ReadyReportFromProto(request);
+  absl::StatusOr<ReadyReport> report = ReadyReportFromProto(request, &spec_lists_);
   if (!report.ok()) return ToGrpcStatus(report.status());
   return ToGrpcStatus(coordinator_->Report(std::move(*report)));
 }
@@ -141,19 +141,14 @@ grpc::Status FleetCalls::Abort(const grpc::ServerContextBase& context, const fle
                                           request.submission(), request.fleet_rank(), request.incarnation()));
 }
 
-void FleetCalls::Encode(const std::vector<LogEntry>& entries, fleet::v1::ReadLogResponse* response) const {
-  if (entries.size() == 1) {
-    *response->add_entries() = LogEntryToProto(entries.front());
-    return;
-  }
-  // Several (the reader is behind): as many as fit in max_read_bytes_, at least one.
+void FleetCalls::Encode(const std::vector<SharedLogEntry>& entries, fleet::v1::ReadLogResponse* response) {
+  // As many as fit in max_read_bytes_ (the reader may be behind), at least one.
   size_t bytes = 0;
-  for (const LogEntry& entry : entries) {
-    fleet::v1::LogEntry proto = LogEntryToProto(entry);
-    const size_t size = proto.ByteSizeLong();
-    if (response->entries_size() > 0 && bytes + size > max_read_bytes_) break;
-    bytes += size;
-    *response->add_entries() = std::move(proto);
+  for (const SharedLogEntry& entry : entries) {
+    const EncodedLog::Bytes encoded = encoded_.Encoded(entry);
+    if (response->entries_size() > 0 && bytes + encoded->size() > max_read_bytes_) break;
+    bytes += encoded->size();
+    response->add_entries(*encoded);
   }
 }
 
@@ -170,12 +165,12 @@ void FleetCalls::ReadLog(const grpc::ServerContextBase& context, const fleet::v1
   reader.formed_generation = request.formed_generation();
   reader.failed_generation = request.failed_generation();
   for (const fleet::v1::ReadyReport& r : request.kept()) {
-    absl::StatusOr<ReadyReport> report = ReadyReportFromProto(r);
+    absl::StatusOr<ReadyReport> report = ReadyReportFromProto(r, &spec_lists_);
     if (report.ok()) reader.kept.push_back(*std::move(report));
   }
   coordinator_->ReadAsync(
       reader, request.from(), WaitOf(request.timeout_ms()),
-      [this, response, done = std::move(done)](absl::StatusOr<std::vector<LogEntry>> entries) mutable {
+      [this, response, done = std::move(done)](absl::StatusOr<std::vector<SharedLogEntry>> entries) mutable {
         if (!entries.ok()) {
           done(ToGrpcStatus(entries.status()));
           return;
@@ -184,9 +179,9 @@ void FleetCalls::ReadLog(const grpc::ServerContextBase& context, const fleet::v1
           done(grpc::Status::OK);
           return;
         }
-        // Encoding may be large work (one entry of a big step is megabytes): on the pool, not on
-        // the coordinator's notifier thread.
-        auto shared = std::make_shared<std::vector<LogEntry>>(*std::move(entries));
+        // Encoding may be large work (one entry of a big step is megabytes; once per entry, the
+        // first reader's): on the pool, not on the coordinator's notifier thread.
+        auto shared = std::make_shared<std::vector<SharedLogEntry>>(*std::move(entries));
         encoder_.Schedule([this, response, shared, done = std::move(done)] {
           Encode(*shared, response);
           done(grpc::Status::OK);

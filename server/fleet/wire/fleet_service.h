@@ -16,7 +16,9 @@
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/in_memory_store.h"
 #include "server/fleet/logic/coordinator.h"
+#include "server/fleet/wire/encoded_log.h"
 #include "server/fleet/wire/fleet_access.h"
+#include "server/fleet/wire/spec_list_cache.h"
 
 namespace orthoserve {
 
@@ -57,14 +59,16 @@ class FleetCalls {
   absl::Status RequireRank(const grpc::ServerContextBase& context, absl::string_view call, int rank) const;
   absl::Status RequireMember(const grpc::ServerContextBase& context, absl::string_view call) const;
   absl::Status RequireStore() const;
-  // Fills `response` with `entries` up to max_read_bytes_ (at least one).
-  void Encode(const std::vector<LogEntry>& entries, fleet::v1::ReadLogResponse* response) const;
+  // Fills `response` with `entries`' encodings up to max_read_bytes_ (at least one).
+  void Encode(const std::vector<SharedLogEntry>& entries, fleet::v1::ReadLogResponse* response);
 
   InMemoryStore* store_;
   Coordinator* coordinator_;
   const size_t max_read_bytes_;
   const FleetAccess* access_;
-  FairPool encoder_;  // Encodes ReadLog responses off the coordinator's notifier thread.
+  EncodedLog encoded_;        // Each entry encoded once, for all its readers.
+  SpecListCache spec_lists_;  // Reports' and kept notices' spec lists, decoded once per distinct list.
+  FairPool encoder_;          // Encodes ReadLog responses off the coordinator's notifier thread.
 };
 
 class FleetService final : public fleet::v1::Fleet::CallbackService {

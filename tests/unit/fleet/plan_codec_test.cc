@@ -199,7 +199,10 @@ TEST(PlanCodecTest, AnUnknownEnumValueIsRefusedNamingTheMatrixAndTheField) {
   ReadyReport report;
   report.sent = SenderBlocks(SpecList{Plan("a", {2, 2}), Plan("b", {2, 2})}, {Block{0, 0, 2, 2}, Block{0, 0, 2, 2}});
   fleet::v1::ReadyReport report_proto = ReadyReportToProto(report);
-  report_proto.mutable_matrices(1)->mutable_plan()->set_dtype(static_cast<v1::DType>(42));
+  fleet::v1::SpecList list;
+  ASSERT_TRUE(list.ParseFromString(report_proto.spec_list()));
+  list.mutable_matrices(1)->set_dtype(static_cast<v1::DType>(42));
+  report_proto.set_spec_list(list.SerializeAsString());
   EXPECT_THAT(ReadyReportFromProto(report_proto),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix 1 (\"b\") dtype = 42")));
   LogEntry entry;
