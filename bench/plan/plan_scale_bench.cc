@@ -9,11 +9,13 @@
 //     timed: the coordinator's CPU for a remote report) and handed to Coordinator::Report (timed);
 //     the last rank's Report validates the W spec lists, builds the BatchPlan and runs
 //     AssignOwners before it appends the log entry (timed on its own: "last report → entry");
-//  2. fan-out: members read the entry as FleetService::ReadLog serves it — Coordinator::Read
-//     (a copy of the entry), LogEntryToProto into a ReadLogResponse and its serialization (what
-//     gRPC sends) — timed for `--readers` members and scaled to S;
-//  3. a member's side: parsing that response, LogEntryFromProto and ValidatePlan (what
-//     ExecuteBatch checks before it runs the batch);
+//     the remote reports are decoded with one SpecListCache, as the fleet service's;
+//  2. fan-out: members read the entry as FleetService::ReadLog serves it — Coordinator::ReadAsync
+//     (the log's shared entry), EncodedLog::Encoded (encoded by the first reader only) into a
+//     ReadLogResponse and its serialization (what gRPC sends) — timed for `--readers` members
+//     and scaled to S;
+//  3. a member's side: parsing that response and its entry, LogEntryFromProto and ValidatePlan
+//     (what ExecuteBatch checks before it runs the batch);
 //  4. memory: bytes allocated (glibc mallinfo2, all arenas) held by the coordinator for the
 //     pending step just before its last report, and for the log entry after it.
 //
@@ -41,12 +43,13 @@
 #include "absl/time/time.h"
 #include "common/shape.h"
 #include "common/status.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "orthoserve/fleet/v1/fleet.pb.h"
 #include "proto/convert/ns_options_proto.h"
 #include "server/distributed/batch.h"
 #include "server/fleet/logic/coordinator.h"
+#include "server/fleet/wire/encoded_log.h"
 #include "server/fleet/wire/fleet_codec.h"
+#include "server/fleet/wire/spec_list_cache.h"
 
 ABSL_FLAG(std::string, w, "64,256,1024", "Trainer worlds W (comma-separated).");
 ABSL_FLAG(std::string, s, "8,64", "Fleet worlds S (comma-separated).");
@@ -148,17 +151,18 @@ struct StepFigures {
   double report_wall = 0, report_cpu = 0;                      // Coordinator::Report of the first W-1 reports.
   double last_wall = 0, last_cpu = 0;                          // The last report: validation, plan, owners, append.
   double owners_cpu = 0;                                       // AssignOwners alone (on a copy of the plan).
-  double read_cpu = 0, encode_cpu = 0, serialize_cpu = 0;      // Per member: Read copy, LogEntryToProto, bytes.
+  double read_cpu = 0, encode_cpu = 0, serialize_cpu = 0;      // Per member (median): read, encoding, bytes.
+  double fanout_cpu = 0;  // All S members: the sampled ones' sum, the others at the median.
   double parse_cpu = 0, from_proto_cpu = 0, validate_cpu = 0;  // A member: parse, LogEntryFromProto, ValidatePlan.
   double pending_bytes = 0;                                    // Held for the pending step before its last report.
   double entry_bytes = 0;                                      // Held for the log entry after it.
   double left_bytes = 0;                                       // Held after every member read past it.
   double report_wire_bytes = 0;                                // Σ ReadyReport sizes on the wire (W reports).
   double entry_wire_bytes = 0;                                 // One ReadLogResponse carrying the entry.
-  double compact_wire_bytes = 0;                  // Projection: the entry with placements as W fleet ranks.
   double kept_wire_bytes = 0;                     // Σ kept reports sent with the next reads.
   double kept_decode_cpu = 0, kept_read_cpu = 0;  // Decoding them; Coordinator::Read taking them.
   double kept_bytes = 0;                          // Held between steps (the kept reports).
+  double encodings = 0;                           // Entries encoded for the S members' reads.
   double transient_bytes = 0;                     // Held while serving one member's read.
   int remote_reports = 0;                         // Reports from fleet ranks other than 0.
 };
@@ -218,10 +222,23 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
     proto.set_epoch(c->epoch());
     proto.set_incarnation(members[fr].incarnation);
     for (size_t i = 0; i < specs.size(); ++i) {
-      *proto.mutable_matrices(static_cast<int>(i))->mutable_block() =
-          BlockToProto(Block{offsets[i][r], 0, sizes[i][r], specs[i].view.cols});
+      const int j = static_cast<int>(4 * i);
+      proto.set_blocks(j, offsets[i][r]);
+      proto.set_blocks(j + 1, 0);
+      proto.set_blocks(j + 2, sizes[i][r]);
+      proto.set_blocks(j + 3, specs[i].view.cols);
     }
     return proto;
+  };
+
+  // The fleet service's: one spec-list cache for reports and kept notices, one encoding per entry.
+  SpecListCache spec_lists;
+  EncodedLog encoded;
+  auto read_shared = [&](const ReaderState& state, int64_t from) {
+    absl::StatusOr<std::vector<SharedLogEntry>> out = absl::UnknownError("no answer");
+    c->ReadAsync(state, from, absl::ZeroDuration(),
+                 [&out](absl::StatusOr<std::vector<SharedLogEntry>> read) { out = std::move(read); });
+    return out;
   };
 
   std::vector<StepFigures> steps;
@@ -242,7 +259,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
       const bool remote = fr != 0;
       Timer d;
       d.Start();
-      absl::StatusOr<ReadyReport> decoded = ReadyReportFromProto(proto);
+      absl::StatusOr<ReadyReport> decoded = remote ? ReadyReportFromProto(proto, &spec_lists) : ReadyReportFromProto(proto);
       d.Stop();
       if (!decoded.ok()) return decoded.status();
       if (remote) {
@@ -269,49 +286,48 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
     std::string wire;
     std::vector<double> read_cpu, encode_cpu, serialize_cpu, transient;
     LogEntry entry;
+    const int64_t encodings_before = encoded.encodings();
     for (int q = 0; q < std::min(fleet, readers_sampled); ++q) {
       Timer tr, te, ts;
       const int64_t held_before = Allocated();
       tr.Start();
-      absl::StatusOr<std::vector<LogEntry>> entries = c->Read(reader(q), next, absl::ZeroDuration());
+      absl::StatusOr<std::vector<SharedLogEntry>> entries = read_shared(reader(q), next);
       tr.Stop();
       RETURN_IF_ERROR(entries.status());
-      if (entries->size() != 1 || !entries->front().status.ok() || entries->front().membership()) {
+      if (entries->size() != 1 || !entries->front()->status.ok() || entries->front()->membership()) {
         return absl::InternalError(absl::StrCat("expected one batch entry, got ", entries->size(), ": ",
-                                                entries->empty() ? "" : entries->front().status.ToString()));
+                                                entries->empty() ? "" : entries->front()->status.ToString()));
       }
       fleet::v1::ReadLogResponse response;
       te.Start();
-      for (const LogEntry& e : *entries) *response.add_entries() = LogEntryToProto(e);
+      for (const SharedLogEntry& e : *entries) response.add_entries(*encoded.Encoded(e));
       te.Stop();
       ts.Start();
       wire.clear();
       response.SerializeToString(&wire);
       ts.Stop();
-      // The entry's copy, its proto and the bytes, all alive until the response is sent: every
-      // member's long poll wakes at the same append, so S of these can be held at once.
+      // The response and its bytes, alive until it is sent (the entry and its encoding are the
+      // log's, shared): every member's long poll wakes at the same append, so S of these can be
+      // held at once.
       transient.push_back(static_cast<double>(Allocated() - held_before));
       read_cpu.push_back(tr.cpu);
       encode_cpu.push_back(te.cpu);
       serialize_cpu.push_back(ts.cpu);
-      if (q == 0) {
-        // What the entry would weigh if placements that are the torch.chunk row shards were sent
-        // as one packed list of W fleet ranks (the blocks follow from the shapes).
-        fleet::v1::ReadLogResponse compact = response;
-        for (fleet::v1::PlannedMatrix& pm : *compact.mutable_entries(0)->mutable_matrices()) pm.clear_placements();
-        size_t ranks = 0;
-        for (const BlockPlacement& b : entries->front().plan.matrices[0].blocks) {
-          ranks += google::protobuf::io::CodedOutputStream::VarintSize32(static_cast<uint32_t>(b.fleet_rank));
-        }
-        f.compact_wire_bytes = static_cast<double>(
-            compact.ByteSizeLong() + 1 + google::protobuf::io::CodedOutputStream::VarintSize64(ranks) + ranks);
-        entry = std::move(entries->front());
-      }
+      if (q == 0) entry = *entries->front();
+    }
+    // The first sampled reader encoded the entry; the others (and the S - readers not sampled)
+    // share its bytes.
+    f.encodings = static_cast<double>(encoded.encodings() - encodings_before);
+    {
+      double sampled = 0;
+      for (size_t i = 0; i < read_cpu.size(); ++i) sampled += read_cpu[i] + encode_cpu[i] + serialize_cpu[i];
+      f.fanout_cpu = sampled;
     }
     f.read_cpu = Median(read_cpu);
     f.encode_cpu = Median(encode_cpu);
     f.serialize_cpu = Median(serialize_cpu);
     f.transient_bytes = Median(transient);
+    f.fanout_cpu += (fleet - static_cast<double>(read_cpu.size())) * (f.read_cpu + f.encode_cpu + f.serialize_cpu);
     f.entry_wire_bytes = static_cast<double>(wire.size());
     {
       BatchPlan copy = entry.plan;
@@ -324,7 +340,6 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
         if (copy.matrices[i].owner != entry.plan.matrices[i].owner) return absl::InternalError("owners differ");
       }
     }
-    entry = LogEntry{};
 
     // A member's side.
     {
@@ -332,24 +347,35 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
       fleet::v1::ReadLogResponse response;
       tp.Start();
       const bool parsed = response.ParseFromString(wire);
+      fleet::v1::LogEntry entry_proto;
+      const bool entry_parsed = parsed && response.entries_size() == 1 && entry_proto.ParseFromString(response.entries(0));
       tp.Stop();
-      if (!parsed || response.entries_size() != 1) return absl::InternalError("the response does not parse");
+      if (!entry_parsed) return absl::InternalError("the response does not parse");
       tf.Start();
-      absl::StatusOr<LogEntry> received = LogEntryFromProto(response.entries(0));
+      absl::StatusOr<LogEntry> received = LogEntryFromProto(entry_proto);
       tf.Stop();
       RETURN_IF_ERROR(received.status());
       tv.Start();
       std::vector<absl::Status> statuses = ValidatePlan(received->plan);
       tv.Stop();
       for (const absl::Status& s : statuses) RETURN_IF_ERROR(s);
-      if (received->plan.matrices.size() != specs.size() ||
-          received->plan.matrices.back().blocks.size() != static_cast<size_t>(world)) {
+      if (received->plan.matrices.size() != entry.plan.matrices.size()) {
         return absl::InternalError("the received plan is not the step's");
+      }
+      for (size_t i = 0; i < entry.plan.matrices.size(); ++i) {
+        const std::vector<BlockPlacement>& a = received->plan.matrices[i].blocks;
+        const std::vector<BlockPlacement>& b = entry.plan.matrices[i].blocks;
+        bool same = a.size() == b.size() && received->plan.matrices[i].owner == entry.plan.matrices[i].owner;
+        for (size_t k = 0; same && k < a.size(); ++k) {
+          same = a[k].trainer_rank == b[k].trainer_rank && a[k].fleet_rank == b[k].fleet_rank && a[k].block == b[k].block;
+        }
+        if (!same) return absl::InternalError(absl::StrCat("matrix ", i, ": the received placements differ"));
       }
       f.parse_cpu = tp.cpu;
       f.from_proto_cpu = tf.cpu;
       f.validate_cpu = tv.cpu;
     }
+    entry = LogEntry{};
     std::string().swap(wire);
     // Every member reads past the entry: the coordinator drops it.
     ++next;
@@ -368,7 +394,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
           fleet::v1::ReadyReport proto = report_proto(key, r);
           f.kept_wire_bytes += static_cast<double>(proto.ByteSizeLong());
           decode_kept.Start();
-          absl::StatusOr<ReadyReport> decoded = ReadyReportFromProto(proto);
+          absl::StatusOr<ReadyReport> decoded = ReadyReportFromProto(proto, &spec_lists);
           decode_kept.Stop();
           RETURN_IF_ERROR(decoded.status());
           state.kept.push_back(*std::move(decoded));
@@ -393,8 +419,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
     return Median(v);
   };
   const int64_t blocks = static_cast<int64_t>(specs.size()) * world;
-  const double fanout_cpu =
-      fleet * (med(&StepFigures::read_cpu) + med(&StepFigures::encode_cpu) + med(&StepFigures::serialize_cpu));
+  const double fanout_cpu = med(&StepFigures::fanout_cpu);
   const double planning_cpu = med(&StepFigures::report_cpu) + med(&StepFigures::last_cpu);
   std::printf(
       "{\"W\": %d, \"S\": %d, \"matrices\": %zu, \"blocks\": %lld, \"reps\": %d, \"readers_timed\": %d, "
@@ -406,7 +431,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
       "\"read_cpu_s_per_member\": %.6f, \"encode_cpu_s_per_member\": %.6f, \"serialize_cpu_s_per_member\": %.6f, "
       "\"fanout_cpu_s\": %.6f, \"coordinator_cpu_s\": %.6f, "
       "\"member_parse_cpu_s\": %.6f, \"member_from_proto_cpu_s\": %.6f, \"member_validate_cpu_s\": %.6f, "
-      "\"pending_bytes\": %.0f, \"entry_bytes\": %.0f, \"left_bytes\": %.0f, \"compact_entry_wire_bytes\": %.0f, "
+      "\"pending_bytes\": %.0f, \"entry_bytes\": %.0f, \"left_bytes\": %.0f, \"encodings_per_step\": %.0f, "
       "\"kept_wire_bytes\": %.0f, \"kept_decode_cpu_s\": %.6f, \"kept_read_cpu_s\": %.6f, \"kept_bytes\": %.0f, "
       "\"read_transient_bytes_per_member\": %.0f, "
       "\"peak_rss_bytes\": %lld}\n",
@@ -420,7 +445,7 @@ absl::Status RunPoint(int world, int fleet, int reps, int readers_sampled, const
           med(&StepFigures::kept_read_cpu),
       med(&StepFigures::parse_cpu), med(&StepFigures::from_proto_cpu), med(&StepFigures::validate_cpu),
       med(&StepFigures::pending_bytes), med(&StepFigures::entry_bytes), med(&StepFigures::left_bytes),
-      med(&StepFigures::compact_wire_bytes), med(&StepFigures::kept_wire_bytes), med(&StepFigures::kept_decode_cpu),
+      med(&StepFigures::encodings), med(&StepFigures::kept_wire_bytes), med(&StepFigures::kept_decode_cpu),
       med(&StepFigures::kept_read_cpu), med(&StepFigures::kept_bytes), med(&StepFigures::transient_bytes),
       static_cast<long long>(PeakRss()));
   std::fflush(stdout);

@@ -76,7 +76,7 @@ metrics = [
     ("AssignOwners CPU, ms", lambda r: r["owners_cpu_s"], ms),
     ("report decode CPU (remote reports), ms", lambda r: r["decode_cpu_s"], ms),
     ("kept reports: decode + Read CPU, ms", lambda r: r["kept_decode_cpu_s"] + r["kept_read_cpu_s"], ms),
-    ("log read per member (copy + encode + serialize), ms",
+    ("log read per member (read + encoding + serialize; median), ms",
      lambda r: r["read_cpu_s_per_member"] + r["encode_cpu_s_per_member"] + r["serialize_cpu_s_per_member"], ms),
     ("fan-out CPU (× S members), ms", lambda r: r["fanout_cpu_s"], ms),
     ("coordinator CPU per step, ms", lambda r: r["coordinator_cpu_s"], ms),
@@ -88,7 +88,7 @@ metrics = [
     ("entries out (messages, one per member)", lambda r: r["entries_out"], lambda v: f"{v:.0f}"),
     ("log entry per member on the wire, MB", lambda r: r["entry_wire_bytes"], mb),
     ("entry bytes out (× S), MB", lambda r: r["bytes_out"], mb),
-    ("entry with compact placements (projection), KB", lambda r: r["compact_entry_wire_bytes"], kb),
+    ("entry encodings for the S reads", lambda r: r["encodings_per_step"], lambda v: f"{v:.0f}"),
     ("coordinator memory: pending step, MB", lambda r: r["pending_bytes"], mb),
     ("coordinator memory: log entry, MB", lambda r: r["entry_bytes"], mb),
     ("coordinator memory: kept reports (between steps), MB", lambda r: r["kept_bytes"], mb),
@@ -122,9 +122,10 @@ L.append(f"Step: {m0} matrices (80 layers × q 8192×8192, k and v 1024×8192, o
          "`plan_scale_bench` drives a real `Coordinator` in process the way the fleet service does: each "
          "report built as its fleet rank sends it (untimed), decoded (`ReadyReportFromProto`, timed for the "
          "remote ones) and passed to `Coordinator::Report`; the last one validates the W spec lists, builds "
-         "the BatchPlan and runs AssignOwners before it appends the entry. Fan-out: `Coordinator::Read` "
-         "+ `LogEntryToProto` + serialization of the ReadLogResponse, as `FleetService::ReadLog` does it for "
-         f"every member; timed for {readers} members and multiplied by S. Kept reports: each member "
+         "the BatchPlan and runs AssignOwners before it appends the entry. Fan-out: `Coordinator::ReadAsync` "
+         "+ the entry's encoding (`EncodedLog`: encoded by the first reader, shared by the rest) + serialization "
+         "of the ReadLogResponse, as `FleetService::ReadLog` does it for every member; timed for "
+         f"{readers} members and the rest counted at their median. Kept reports: each member "
          "sends the reports of the trainer ranks it ran with its next read (replays). Memory: bytes in use "
          "(glibc `mallinfo2`, every arena) held by the coordinator. Medians of "
          f"{reps} steps per point.\n")
