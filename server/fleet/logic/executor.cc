@@ -3,6 +3,8 @@
 #include "server/fleet/logic/executor.h"
 
 #include <future>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/fleet_change.h"
@@ -290,23 +292,28 @@ void Executor::ReaderLoop() {
       unreachable(entries.status());
       continue;
     }
-    absl::MutexLock lock(&mu_);
-    last_contact_ = absl::Now();
-    backoff = absl::Milliseconds(50);
-    for (LogEntry& entry : *entries) {
-      if (entry.index < next_read_) continue;
-      next_read_ = entry.index + 1;
-      if (entry.membership() && !entry.graceful && collective_ != nullptr && entry.generation > generation_) {
-        // A member of the generation in use is gone (or its group broke): end the batch that may
-        // be waiting for it. A graceful change (ranks joining, or leaving after running every
-        // batch before this entry) leaves batches in flight alone.
-        collective_->Abort(absl::StrCat("generation ", entry.generation, " replaces generation ", generation_,
-                                        " after a rank was lost or its group broke"));
-        if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
+    std::vector<std::pair<std::vector<Member>, bool>> seen;  // Membership entries read, for on_membership.
+    {
+      absl::MutexLock lock(&mu_);
+      last_contact_ = absl::Now();
+      backoff = absl::Milliseconds(50);
+      for (LogEntry& entry : *entries) {
+        if (entry.index < next_read_) continue;
+        next_read_ = entry.index + 1;
+        if (entry.membership() && !entry.graceful && collective_ != nullptr && entry.generation > generation_) {
+          // A member of the generation in use is gone (or its group broke): end the batch that may
+          // be waiting for it. A graceful change (ranks joining, or leaving after running every
+          // batch before this entry) leaves batches in flight alone.
+          collective_->Abort(absl::StrCat("generation ", entry.generation, " replaces generation ", generation_,
+                                          " after a rank was lost or its group broke"));
+          if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
+        }
+        if (entry.membership() && options_.on_membership) seen.emplace_back(entry.members, entry.graceful);
+        queue_.push_back(std::move(entry));
       }
-      queue_.push_back(std::move(entry));
+      cv_.SignalAll();
     }
-    cv_.SignalAll();
+    for (const auto& [members, graceful] : seen) options_.on_membership(members, graceful);
   }
 }
 

@@ -92,6 +92,11 @@ class Executor {
     // concern this rank), with its index, from the applier thread. Rank 0 tells its coordinator
     // (Coordinator::BatchRan). May be empty.
     std::function<void(int64_t index)> on_step_applied;
+    // Called on the reader thread, outside the executor's lock, for each membership entry as soon
+    // as it is read (before the applier gets to it): the new generation's members, and whether
+    // the change was graceful (ranks joining, or leaving after their work). Fleet cancels the
+    // lone matrices it forwarded to ranks that are gone. May be empty; must not block.
+    std::function<void(const std::vector<Member>& members, bool graceful)> on_membership;
   };
 
   // What this rank knows of the fleet.

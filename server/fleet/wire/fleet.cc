@@ -113,6 +113,11 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   if (Coordinator* coordinator = fleet->coordinator_.get()) {
     e.on_step_applied = [coordinator](int64_t index) { coordinator->BatchRan(index); };
   }
+  // Lone matrices forwarded to a rank that is lost are computed here at once, not at the
+  // collective timeout (the executor goes before the peer client: ~Fleet).
+  e.on_membership = [peers = fleet->peers_.get()](const std::vector<Member>& members, bool graceful) {
+    peers->Generation(members, graceful);
+  };
   ASSIGN_OR_RETURN(fleet->executor_, Executor::Create(e));
   if (options.world > 1) {
     LOG_INFO("fleet") << "rank " << options.rank << " of up to " << options.world << " joins the fleet through "

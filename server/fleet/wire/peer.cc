@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "proto/convert/grpc_status.h"
 #include "grpcpp/channel.h"
@@ -86,32 +87,88 @@ fleet::v1::Peer::Stub& PeerClient::StubFor(const std::string& target, int rank) 
   return *stub;
 }
 
+struct PeerClient::Call {
+  grpc::ClientContext context;
+  fleet::v1::ComputeRequest request;
+  fleet::v1::ComputeResponse response;
+};
+
 void PeerClient::Compute(const std::string& target, int rank, const PeerMatrix& matrix,
                          std::function<void(absl::StatusOr<PeerResult>)> done) {
-  struct Call {
-    grpc::ClientContext context;
-    fleet::v1::ComputeRequest request;
-    fleet::v1::ComputeResponse response;
-  };
   auto call = std::make_shared<Call>();
   call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline_));
   call->request.set_tenant(matrix.tenant);
   call->request.set_job(matrix.job);
   *call->request.mutable_plan() = MatrixPlanToProto(matrix.plan);
   call->request.set_data(std::string(matrix.data));
-  StubFor(target, rank).async()->Compute(
-      &call->context, &call->request, &call->response, [call, done = std::move(done)](grpc::Status status) {
-        if (!status.ok()) {
-          done(FromGrpcStatus(status));
-          return;
-        }
-        PeerResult result;
-        result.status = StatusFromCode(call->response.code(), call->response.message());
-        result.data = std::move(*call->response.mutable_data());
-        result.compute_time = absl::Seconds(call->response.compute_seconds());
-        result.flops = call->response.flops();
-        done(std::move(result));
-      });
+  fleet::v1::Peer::Stub& stub = StubFor(target, rank);
+  bool gone;
+  {
+    absl::MutexLock lock(&flights_->mu);
+    gone = flights_->gone.contains(rank);
+    if (!gone) flights_->calls[rank].insert(call);
+  }
+  if (gone) {
+    done(absl::UnavailableError(absl::StrCat("fleet rank ", rank, " left the fleet's generation")));
+    return;
+  }
+  stub.async()->Compute(&call->context, &call->request, &call->response,
+                        [flights = flights_, rank, call, done = std::move(done)](grpc::Status status) {
+                          {
+                            absl::MutexLock lock(&flights->mu);
+                            auto it = flights->calls.find(rank);
+                            if (it != flights->calls.end()) {
+                              it->second.erase(call);
+                              if (it->second.empty()) flights->calls.erase(it);
+                            }
+                          }
+                          if (!status.ok()) {
+                            done(FromGrpcStatus(status));
+                            return;
+                          }
+                          PeerResult result;
+                          result.status = StatusFromCode(call->response.code(), call->response.message());
+                          result.data = std::move(*call->response.mutable_data());
+                          result.compute_time = absl::Seconds(call->response.compute_seconds());
+                          result.flops = call->response.flops();
+                          done(std::move(result));
+                        });
+}
+
+void PeerClient::Generation(const std::vector<Member>& members, bool graceful) {
+  std::vector<std::shared_ptr<Call>> cancel;
+  {
+    Flights& f = *flights_;
+    absl::MutexLock lock(&f.mu);
+    absl::flat_hash_set<int> in;
+    for (const Member& m : members) in.insert(m.rank);
+    if (!graceful) {
+      // Gone: the previous generation's members, and any rank with calls in flight, that this one
+      // leaves out. Marked even with nothing in flight: a forward picked from the old generation
+      // (the applier may not have reached this entry yet) fails at once.
+      for (int rank : f.members) {
+        if (!in.contains(rank)) f.gone.insert(rank);
+      }
+      for (const auto& [rank, calls] : f.calls) {
+        if (in.contains(rank)) continue;
+        f.gone.insert(rank);
+        LOG_WARNING("fleet") << "fleet rank " << rank << " left the generation: cancelling the " << calls.size()
+                             << " lone matrices forwarded to it (they are computed here instead)";
+        cancel.insert(cancel.end(), calls.begin(), calls.end());
+      }
+    }
+    absl::erase_if(f.gone, [&](int rank) { return in.contains(rank); });
+    f.members = std::move(in);
+  }
+  // Outside the lock: a cancelled call's completion may run on this thread, and it takes the lock.
+  for (const std::shared_ptr<Call>& call : cancel) call->context.TryCancel();
+}
+
+size_t PeerClient::in_flight() const {
+  absl::MutexLock lock(&flights_->mu);
+  size_t n = 0;
+  for (const auto& [rank, calls] : flights_->calls) n += calls.size();
+  return n;
 }
 
 }  // namespace orthoserve

@@ -11,9 +11,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -24,6 +26,7 @@
 #include "server/engine/backend.h"
 #include "server/fleet/wire/fleet_access.h"
 #include "server/fleet/wire/fleet_tls.h"
+#include "server/fleet/logic/fleet_log.h"
 #include "server/fleet/logic/step_fleet.h"
 #include "server/metrics/metrics.h"
 
@@ -61,10 +64,32 @@ class PeerClient {
   // `matrix.data` is copied before this returns. The request carries the plan and the data, not
   // the block: the member computes the whole matrix, and fails the call with INVALID_ARGUMENT
   // when `matrix.block` is not all of it (the data's size does not match).
+  // While fleet rank `rank` is gone (see Generation), `done` gets UNAVAILABLE at once.
   void Compute(const std::string& target, int rank, const PeerMatrix& matrix,
                std::function<void(absl::StatusOr<PeerResult>)> done);
 
+  // The fleet's next generation has `members` (as this rank reads it from the log). When the
+  // change was not graceful (a rank lost, restarted or its group broken), every call in flight
+  // to a rank that is not among the members is cancelled now (its `done` gets CANCELLED, and the
+  // forwarding step computes the matrix itself instead of waiting for the call's deadline, which
+  // is the collective timeout), and later calls to that rank fail at once until a generation
+  // lists it again. A graceful change cancels nothing: a leaving rank finishes what it took.
+  void Generation(const std::vector<Member>& members, bool graceful);
+
+  // Calls in flight (for tests and metrics).
+  size_t in_flight() const;
+
  private:
+  struct Call;
+  // The calls in flight and the ranks that are gone, shared with every call's completion (which
+  // may run after the client is destroyed).
+  struct Flights {
+    absl::Mutex mu;
+    // Calls in flight by rank, each until its completion runs.
+    absl::flat_hash_map<int, absl::flat_hash_set<std::shared_ptr<Call>>> calls ABSL_GUARDED_BY(mu);
+    absl::flat_hash_set<int> members ABSL_GUARDED_BY(mu);  // Ranks of the last generation seen.
+    absl::flat_hash_set<int> gone ABSL_GUARDED_BY(mu);     // Ranks a non-graceful generation left out.
+  };
   fleet::v1::Peer::Stub& StubFor(const std::string& target, int rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration deadline_;
@@ -73,6 +98,7 @@ class PeerClient {
   // By "RANK@HOST:PORT". A stub, once made, is never removed or replaced: StubFor's reference
   // to it outlives the lock.
   absl::flat_hash_map<std::string, std::unique_ptr<fleet::v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Flights> flights_ = std::make_shared<Flights>();
 };
 
 }  // namespace orthoserve

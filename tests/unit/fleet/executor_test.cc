@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/fleet_change.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/collective/gloo/gloo_collective.h"
@@ -84,6 +85,7 @@ class FleetHarness {
     backend_ = *CpuBackend::Create({});
     logs_.resize(world);
     ranks_.resize(world);
+    on_membership_.resize(world);
     for (int r = 0; r < world; ++r) logs_[r] = std::make_unique<FreezableLog>(coordinator_.get());
   }
   ~FleetHarness() {
@@ -118,6 +120,7 @@ class FleetHarness {
         coordinator_->BatchRan(index);
       };
     }
+    o.on_membership = on_membership_[rank];
     std::shared_ptr<Store> store = store_;
     o.join_collective = [store](const CollectiveGroup& g,
                                 absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
@@ -147,6 +150,10 @@ class FleetHarness {
   // Runs with the count after each step entry rank 0 applies, before the coordinator hears of it
   // (so before a paced coordinator appends the next batch). Set before Start(0).
   void OnAppliedByZero(std::function<void(int)> f) { on_applied_by_0_ = std::move(f); }
+  // Executor::Options::on_membership of rank `rank` (set before Start(rank)).
+  void OnMembership(int rank, std::function<void(const std::vector<Member>&, bool)> f) {
+    on_membership_[rank] = std::move(f);
+  }
 
   // Waits (bounded) until a generation of exactly `ranks` is formed on each of them.
   bool WaitFormed(const std::vector<int>& ranks, absl::Duration timeout = absl::Seconds(10)) {
@@ -193,6 +200,7 @@ class FleetHarness {
   std::unique_ptr<Backend> backend_;
   std::vector<std::unique_ptr<FreezableLog>> logs_;
   std::vector<std::unique_ptr<Executor>> ranks_;
+  std::vector<std::function<void(const std::vector<Member>&, bool)>> on_membership_;
   uint64_t next_incarnation_ = 1;
 };
 
@@ -367,6 +375,41 @@ TEST(ExecutorTest, AStoppedMemberEndsTheBatchAtThePeerTimeoutAndTheRetrySucceeds
   h.log(2).Freeze(false);
   ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
   for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2, "run"}, {2, 0}, full, &steps)) ASSERT_OK(o.status);
+}
+
+TEST(ExecutorTest, EveryMembershipEntryIsToldAsSoonAsItIsReadAndALossIsNotGraceful) {
+  FleetHarness h(3);
+  struct Seen {
+    std::vector<int> ranks;
+    bool graceful;
+  };
+  absl::Mutex mu;
+  std::vector<Seen> seen;
+  h.OnMembership(0, [&](const std::vector<Member>& members, bool graceful) {
+    Seen s{{}, graceful};
+    for (const Member& m : members) s.ranks.push_back(m.rank);
+    absl::MutexLock lock(&mu);
+    seen.push_back(std::move(s));
+  });
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1, 2}));
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.back().ranks, (std::vector<int>{0, 1, 2}));
+    EXPECT_TRUE(seen.back().graceful);  // Joins.
+  }
+  h.Kill(2);
+  const absl::Time deadline = absl::Now() + kPeer + absl::Seconds(10);
+  bool lost = false;
+  while (!lost && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    absl::MutexLock lock(&mu);
+    lost = seen.back().ranks == std::vector<int>{0, 1};
+  }
+  ASSERT_TRUE(lost);
+  absl::MutexLock lock(&mu);
+  EXPECT_FALSE(seen.back().graceful);
 }
 
 TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {

@@ -1,7 +1,8 @@
 // The Peer service end to end in process on 127.0.0.1:0: a forwarded matrix is computed as this
 // rank would compute it (the same bits), a request the member must not take is refused before it
 // is queued (a plan that does not decode, too many elements, data that is not the whole
-// matrix), and options the engine rejects fail the matrix in-band.
+// matrix), and options the engine rejects fail the matrix in-band. A member that leaves the
+// generation without a goodbye has the matrices forwarded to it cancelled at once.
 #include "server/fleet/wire/peer.h"
 
 #include <cstring>
@@ -10,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -151,6 +154,58 @@ TEST_F(PeerTest, OptionsTheEngineRejectsFailTheMatrixInBand) {
   ASSERT_OK(result);
   EXPECT_THAT(result->status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps")));
   EXPECT_TRUE(result->data.empty());
+}
+
+TEST_F(PeerTest, ForwardsToARankThatIsLostAreCancelledAtOnceAndNewOnesRefusedUntilItIsBack) {
+  // The member's one compute thread is held: a forwarded matrix waits there, as on a stopped rank.
+  absl::Notification release;
+  pool_->Schedule([&release] { release.WaitForNotificationWithTimeout(absl::Seconds(60)); });
+  const MatrixPlan plan = Plan(4, 4);
+  const std::string in = Floats(plan.view.numel());
+  const PeerMatrix matrix{"tenant", "job", plan, WholeBlock(plan.view), absl::string_view(in)};
+  PeerClient client(absl::Seconds(60));  // The collective timeout: far longer than the test waits.
+  auto forward = [&] {
+    auto done = std::make_shared<std::promise<absl::StatusOr<PeerResult>>>();
+    client.Compute(target_, /*rank=*/1, matrix, [done](absl::StatusOr<PeerResult> r) { done->set_value(std::move(r)); });
+    return done->get_future();
+  };
+  auto wait_in_flight = [&](size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (client.in_flight() != n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return client.in_flight() == n;
+  };
+  const Member zero{0, "rank0", 1, 0}, one{1, "rank1", 2, 0}, two{2, "rank2", 3, 0};
+  client.Generation({zero, one, two}, /*graceful=*/true);
+  std::future<absl::StatusOr<PeerResult>> first = forward();
+  ASSERT_TRUE(wait_in_flight(1));
+
+  // A graceful change (rank 1 leaves after its work) cancels nothing.
+  client.Generation({zero, two}, /*graceful=*/true);
+  EXPECT_EQ(first.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+
+  // Rank 1 is lost: its forward ends now, long before its deadline.
+  const absl::Time lost = absl::Now();
+  client.Generation({zero}, /*graceful=*/false);
+  ASSERT_EQ(first.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_LT(absl::Now() - lost, absl::Seconds(5));
+  EXPECT_THAT(first.get(), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_TRUE(wait_in_flight(0));
+
+  // A forward picked from the old generation fails at once, without a call.
+  std::future<absl::StatusOr<PeerResult>> refused = forward();
+  ASSERT_EQ(refused.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  EXPECT_THAT(refused.get(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fleet rank 1 left")));
+  EXPECT_EQ(client.in_flight(), 0u);
+
+  // A generation that lists rank 1 again takes it back: the next forward is computed there.
+  client.Generation({zero, one}, /*graceful=*/true);
+  std::future<absl::StatusOr<PeerResult>> back = forward();
+  ASSERT_TRUE(wait_in_flight(1));
+  release.Notify();
+  ASSERT_EQ(back.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  absl::StatusOr<PeerResult> result = back.get();
+  ASSERT_OK(result);
+  EXPECT_OK(result->status);
 }
 
 }  // namespace
