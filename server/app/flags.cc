@@ -88,6 +88,13 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM wa
 ABSL_FLAG(absl::Duration, fleet_peer_timeout, absl::Seconds(15),
           "A fleet rank (or the coordinator) unheard of this long counts as lost: the others go on in the next "
           "generation without it and take it back when it returns.");
+ABSL_FLAG(int, fleet_quarantine_after, 3,
+          "A fleet rank that fails to join this many generations' collectives within a minute (or four formation "
+          "timeouts, if longer) is left out of the next generation for a while (a quarantine that doubles each time, "
+          "from --fleet-quarantine-base to --fleet-quarantine-max), so the others form a working generation without "
+          "it. 0: never.");
+ABSL_FLAG(absl::Duration, fleet_quarantine_base, absl::Seconds(10), "A fleet rank's first quarantine.");
+ABSL_FLAG(absl::Duration, fleet_quarantine_max, absl::Minutes(5), "A fleet rank's longest quarantine.");
 ABSL_FLAG(int, fleet_batch_window, 1,
           "Fleets of several ranks: group batches appended to the fleet's log ahead of rank 0 at most; complete steps "
           "wait in a queue weighted fair between tenants (--tenant-shares) and their jobs. 0: batches run in the order "
@@ -134,7 +141,7 @@ const char* const kFlagNames[] = {
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
     "fleet_max_log_entry_bytes",
-    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
+    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
@@ -243,6 +250,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.stall_warning = absl::GetFlag(FLAGS_stall_warning);
   o.peer_timeout = absl::GetFlag(FLAGS_fleet_peer_timeout);
+  o.quarantine_after = absl::GetFlag(FLAGS_fleet_quarantine_after);
+  o.quarantine_base = absl::GetFlag(FLAGS_fleet_quarantine_base);
+  o.quarantine_max = absl::GetFlag(FLAGS_fleet_quarantine_max);
   o.batch_window = absl::GetFlag(FLAGS_fleet_batch_window);
   o.batch_part_time = absl::GetFlag(FLAGS_fleet_batch_part_time);
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);

@@ -86,6 +86,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--rendezvous-timeout and --collective-timeout must be positive");
   }
   if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
+  if (o.quarantine_after < 0) return absl::InvalidArgumentError("--fleet-quarantine-after must be >= 0 (0: never)");
+  if (o.quarantine_base <= absl::ZeroDuration() || o.quarantine_max < o.quarantine_base) {
+    return absl::InvalidArgumentError(
+        "--fleet-quarantine-base must be positive and --fleet-quarantine-max at least --fleet-quarantine-base");
+  }
   if (o.batch_window < 0) return absl::InvalidArgumentError("--fleet-batch-window must be 0 or more");
   if (o.batch_part_time < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fleet-batch-part-time must be 0 or more");
@@ -227,6 +232,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.batch_window = o.batch_window;
   f.batch_part_time = o.batch_part_time;
   f.peer_timeout = o.peer_timeout;
+  f.quarantine_after = o.quarantine_after;
+  f.quarantine_base = o.quarantine_base;
+  f.quarantine_max = o.quarantine_max;
   f.max_tenant_pending_steps = o.service.max_tenant_pending_steps;
   f.max_entry_bytes = static_cast<size_t>(o.fleet_max_log_entry_bytes);
   f.collective = ResolveCollective(o);

@@ -46,6 +46,9 @@ struct ServerOptions {
   int batch_window = 1;  // --fleet-batch-window (Fleet::Options::batch_window).
   absl::Duration batch_part_time = absl::Milliseconds(100);  // --fleet-batch-part-time.
   absl::Duration peer_timeout = absl::Seconds(15);   // A fleet peer silent this long is lost.
+  int quarantine_after = 3;                          // --fleet-quarantine-after (Fleet::Options).
+  absl::Duration quarantine_base = absl::Seconds(10);
+  absl::Duration quarantine_max = absl::Minutes(5);
   // Largest log entry (a group step's plan) the coordinator appends (Fleet::Options::max_entry_bytes).
   int64_t fleet_max_log_entry_bytes = static_cast<int64_t>(kMaxFleetEntryBytes);
   absl::Duration drain_timeout = absl::Seconds(30);

@@ -131,8 +131,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   m->reformations_ = &prometheus::BuildCounter()
                           .Name("orthoserve_fleet_reformations_total")
                           .Help("Fleet generations started by this rank's coordinator, by reason: joined, restarted, "
-                                "left, lost, collective_failed.")
+                                "left, lost, collective_failed, released (a rank's quarantine ended).")
                           .Register(r);
+  m->quarantines_ = &prometheus::BuildCounter()
+                         .Name("orthoserve_fleet_quarantines_total")
+                         .Help("Fleet ranks this rank's coordinator left out of a generation for a while because they "
+                               "kept failing to join its collective, by rank.")
+                         .Register(r);
   m->degraded_seconds_ = &prometheus::BuildCounter()
                               .Name("orthoserve_fleet_degraded_seconds_total")
                               .Help("Seconds this rank saw fewer fleet members than --world (or was not one itself).")
@@ -239,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
     m->collective_duration_->Add({{"op", op}}, kLatencyBuckets);
   }
   for (const char* reason : kStepAbortReasons) m->steps_aborted_->Add({{"reason", reason}});
-  for (const char* reason : {"joined", "restarted", "left", "lost", "collective_failed"}) {
+  for (const char* reason : {"joined", "restarted", "left", "lost", "collective_failed", "released"}) {
     m->reformations_->Add({{"reason", reason}});
   }
   for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) m->steps_retried_->Add({{"method", method}});
@@ -316,6 +321,8 @@ void Metrics::LoneMatrix(absl::string_view where) { lone_matrices_->Add({{"where
 void Metrics::StepRetried(absl::string_view method) {
   steps_retried_->Add({{"method", std::string(method)}}).Increment();
 }
+void Metrics::Quarantined(int rank) { quarantines_->Add({{"rank", std::to_string(rank)}}).Increment(); }
+
 void Metrics::Reformation(absl::string_view reason) { reformations_->Add({{"reason", std::string(reason)}}).Increment(); }
 void Metrics::Degraded(absl::Duration duration) { degraded_seconds_->Increment(absl::ToDoubleSeconds(duration)); }
 

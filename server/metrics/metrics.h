@@ -134,8 +134,12 @@ class Metrics {
   // A lone client's matrix computed `where`: "here", "peer" (forwarded to another member), or
   // "fallback" (forwarded, the member could not compute it, computed here).
   void LoneMatrix(absl::string_view where);
-  // The coordinator started a generation; reason: joined, restarted, left, lost, collective_failed.
+  // The coordinator started a generation; reason: joined, restarted, left, lost, collective_failed,
+  // released (a rank's quarantine ended).
   void Reformation(absl::string_view reason);
+  // The coordinator left fleet rank `rank` out of the next generation for a while: it kept
+  // failing to join the collective (membership.h, "Quarantine").
+  void Quarantined(int rank);
   // Time this rank saw the fleet below its configured size (or itself outside it).
   void Degraded(absl::Duration duration);
 
@@ -188,6 +192,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* steps_retried_ = nullptr;
   prometheus::Family<prometheus::Counter>* lone_matrices_ = nullptr;
   prometheus::Family<prometheus::Counter>* reformations_ = nullptr;
+  prometheus::Family<prometheus::Counter>* quarantines_ = nullptr;
   prometheus::Counter* degraded_seconds_ = nullptr;
   prometheus::Gauge* fleet_generation_ = nullptr;
   prometheus::Counter* flops_ = nullptr;

@@ -44,7 +44,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& 
 Coordinator::Coordinator(const Options& options)
     : options_(options),
       epoch_(RandomNonZeroId()),
-      membership_(Membership::Options{options.fleet_world, options.peer_timeout, options.reform_delay}),
+      membership_(Membership::Options{options.fleet_world, options.peer_timeout, options.reform_delay,
+                                      options.quarantine_after, options.quarantine_window, options.quarantine_base,
+                                      options.quarantine_max}),
       rendezvous_(Rendezvous::Options{options.fleet_world, options.rendezvous_timeout, options.stall_warning,
                                       options.max_tenant_pending_steps}),
       pacer_(BatchPacer::Options{options.batch_window, options.part_time, options.shares}) {
@@ -79,6 +81,11 @@ size_t Coordinator::queued_steps() const {
 Generation Coordinator::generation() const {
   absl::MutexLock lock(&mu_);
   return membership_.generation();
+}
+
+std::vector<int> Coordinator::quarantined() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.Quarantined(absl::Now());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -162,13 +169,21 @@ void Coordinator::ScheduleReformLocked(const std::string& reason, bool force) {
 }
 
 void Coordinator::ReformLocked(const std::string& reason, bool force) {
-  if (!membership_.Reform(reason, force)) return;
+  const int64_t quarantines = membership_.quarantines();
+  const absl::Time now = absl::Now();
+  const bool reformed = membership_.Reform(reason, force, now);
+  if (membership_.quarantines() != quarantines && options_.on_quarantine) {
+    options_.on_quarantine(membership_.last_quarantined());  // At most one a reform.
+  }
+  if (!reformed) return;
   const Generation& generation = membership_.generation();
   if (!generation.members.empty()) {
     LogEntry entry;
     entry.generation = generation.number;
     entry.members = generation.members;
-    entry.graceful = reason == "left" || reason == "joined";
+    // Ranks joining (or taken back from quarantine), or leaving after their work: batches in
+    // flight on the old collective are left to finish.
+    entry.graceful = reason == "left" || reason == "joined" || reason == "released";
     AppendLocked(std::move(entry));
   }
   StepDecisions decisions;
@@ -407,6 +422,7 @@ void Coordinator::TimerLoop() {
     const absl::Time now = absl::Now();
     absl::Time next = now + absl::Milliseconds(250);
     if (membership_.CheckLiveness(now)) ReformLocked("lost", /*force=*/false);
+    if (membership_.QuarantineOver(now)) ReformLocked("released", /*force=*/false);
     if (now >= membership_.reform_at()) {
       const auto [reason, forced] = membership_.TakeScheduled();
       ReformLocked(reason, forced);

@@ -117,8 +117,17 @@ class Coordinator {
     std::function<void()> on_rendezvous_timeout;            // Metrics hook; may be empty.
     // Called when a generation starts, under the coordinator's lock (it must not call back
     // into the coordinator); `reason` is one of joined, restarted, left, lost,
-    // collective_failed. May be empty.
+    // collective_failed, released (a rank's quarantine ended). May be empty.
     std::function<void(const Generation&, const std::string& reason)> on_generation;
+    // Quarantine of a rank that keeps failing to join the collective (membership.h,
+    // "Quarantine"): failures within the window that make it a candidate (0: never), the window,
+    // and the backoff's first and largest length.
+    int quarantine_after = 3;
+    absl::Duration quarantine_window = absl::Seconds(60);
+    absl::Duration quarantine_base = absl::Seconds(10);
+    absl::Duration quarantine_max = absl::Minutes(5);
+    // Called under the coordinator's lock when a rank goes into quarantine. May be empty.
+    std::function<void(int rank)> on_quarantine;
     // Called, under the coordinator's lock, for each refusal that keeps answers their callers'
     // own or metadata bounded; `cause` is run_mismatch, digest_mismatch or limit
     // (Metrics::IntegrityRefused). May be empty.
@@ -179,6 +188,8 @@ class Coordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   Generation generation() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ranks in quarantine now (membership.h, "Quarantine"), in rank order.
+  std::vector<int> quarantined() const ABSL_LOCKS_EXCLUDED(mu_);
   // Rank 0's executor has applied log entry `index` (and every one before it): the batches up
   // to it have run there, or failed.
   void BatchRan(int64_t index) ABSL_LOCKS_EXCLUDED(mu_);

@@ -77,6 +77,10 @@ Membership::Heard Membership::Hear(const ReaderState& reader, int64_t from, absl
     // Once per generation: a member that cannot join (or lost) this generation's collective
     // makes the next one, without the ranks that are gone by then.
     k.failed_generation = generation_.number;
+    if (k.formed_generation != generation_.number && reader.formed_generation != generation_.number) {
+      k.failures.push_back(now);  // It never joined this generation's collective.
+      join_failed_ = generation_.number;
+    }
     LOG_WARNING("fleet") << "fleet rank " << reader.rank << " could not keep generation " << generation_.number
                          << "'s collective; forming the next";
     return Heard::kFailed;
@@ -137,10 +141,80 @@ bool Membership::CheckLiveness(absl::Time now) {
   return lost;
 }
 
-bool Membership::Reform(const std::string& reason, bool force) {
+bool Membership::QuarantineWorst(absl::Time now) {
+  if (options_.quarantine_after <= 0) return false;
+  int live = 0;
+  int pick = -1;
+  size_t worst_failures = 0;
+  for (size_t r = 0; r < known_.size(); ++r) {
+    Known& k = known_[r];
+    while (!k.failures.empty() && now - k.failures.front() > options_.quarantine_window) k.failures.pop_front();
+    if (!(k.state == RankState::kJoining || k.state == RankState::kMember) || now < k.quarantined_until) continue;
+    ++live;
+    if (k.failures.size() >= static_cast<size_t>(options_.quarantine_after) && k.failures.size() >= worst_failures) {
+      pick = static_cast<int>(r);  // Ties go to the highest rank.
+      worst_failures = k.failures.size();
+    }
+  }
+  // A rank taken back by a generation that then failed to form goes straight back out.
+  bool again = false;
+  if (join_failed_ == generation_.number && generation_.number > 0) {
+    for (const Member& m : generation_.members) {
+      const Known& k = known_[m.rank];
+      if (k.probation == generation_.number && k.member.incarnation == m.incarnation && now >= k.quarantined_until) {
+        pick = m.rank;
+        again = true;
+      }
+    }
+  }
+  if (pick < 0 || live < 2) return false;
+  Known& k = known_[pick];
+  const size_t failures = k.failures.size();
+  // A rank that stayed out of trouble for quarantine_max since its last quarantine starts over.
+  const bool fresh = k.backoff == absl::ZeroDuration() || now - k.quarantined_until > options_.quarantine_max;
+  k.backoff = fresh ? options_.quarantine_base : std::min(2 * k.backoff, options_.quarantine_max);
+  k.quarantined_until = now + k.backoff;
+  k.released = false;
+  k.returning = true;
+  for (Known& other : known_) other.failures.clear();  // Explained by this one; counts start over.
+  ++quarantines_;
+  last_quarantined_ = pick;
+  LOG_WARNING("fleet") << "fleet rank " << pick << " (" << k.member.address << ") keeps failing to join the fleet's "
+                       << "collective ("
+                       << (again ? std::string("again, in the generation that took it back")
+                                 : absl::StrCat(failures, " generations within ",
+                                                absl::FormatDuration(options_.quarantine_window)))
+                       << "); the next generation goes without it for " << absl::FormatDuration(k.backoff);
+  return true;
+}
+
+bool Membership::QuarantineOver(absl::Time now) {
+  bool over = false;
+  for (Known& k : known_) {
+    if (k.released || now < k.quarantined_until) continue;
+    k.released = true;
+    if (k.state != RankState::kJoining && k.state != RankState::kMember) continue;
+    LOG_INFO("fleet") << "fleet rank " << k.member.rank << "'s quarantine is over; the next generation takes it back";
+    over = true;
+  }
+  return over;
+}
+
+std::vector<int> Membership::Quarantined(absl::Time now) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < known_.size(); ++r) {
+    if (now < known_[r].quarantined_until) out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+bool Membership::Reform(const std::string& reason, bool force, absl::Time now) {
+  QuarantineWorst(now);
   std::vector<Member> members;
   for (const Known& k : known_) {
-    if (k.state == RankState::kJoining || k.state == RankState::kMember) members.push_back(k.member);
+    if ((k.state == RankState::kJoining || k.state == RankState::kMember) && now >= k.quarantined_until) {
+      members.push_back(k.member);
+    }
   }
   force = force || reform_forced_;
   if (members == generation_.members && !force) return false;
@@ -152,7 +226,15 @@ bool Membership::Reform(const std::string& reason, bool force) {
   ++generation_.number;
   generation_.members = std::move(members);
   generation_.formed = generation_.members.empty();
-  for (const Member& m : generation_.members) known_[m.rank].state = RankState::kMember;
+  for (const Member& m : generation_.members) {
+    Known& k = known_[m.rank];
+    k.state = RankState::kMember;
+    if (k.returning) {  // Taken back after a quarantine: on probation in this generation.
+      k.returning = false;
+      k.probation = generation_.number;
+    }
+  }
+  // A quarantined rank stays joined (it reads the log) but is no member until it is taken back.
   LOG_INFO("fleet") << "generation " << generation_.number << " (" << reason << "): " << generation_.members.size()
                     << " of " << options_.fleet_world << " ranks";
   return true;

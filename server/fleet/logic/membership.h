@@ -2,9 +2,25 @@
 // coordinator (coordinator.h, "Membership"). It decides who is a member; the coordinator puts
 // each new generation into the log and settles what it changes for pending steps. Not
 // thread-safe: the coordinator's lock guards it.
+//
+// Quarantine. A rank that keeps failing to join its generation's collective
+// (`quarantine_after` generations within `quarantine_window`) would otherwise have the same
+// generation formed again and again forever — a partial partition (one rank's collective port
+// refused by one peer) is the case. When the next generation is formed, the worst such rank (the
+// most failures in the window; ties to the highest rank) is left out of it for a backoff that
+// doubles with each quarantine (`quarantine_base` up to `quarantine_max`; it starts over for a
+// rank that stayed out of trouble for `quarantine_max`), so the others form a smaller working
+// generation. One rank at a time, and never the last live one. A quarantined rank keeps reading
+// the log (it is alive) and serves its lone clients; when its time is up the next generation
+// takes it back, and if that generation then fails to form, it goes straight back out for
+// twice as long. Only failures to join count (a rank that formed its generation and then lost
+// the collective was most likely let down by a peer that died, which the peer timeout handles),
+// and each is the rank's own report: both ends of a broken pair report, which is why only the
+// worst goes, and every count starts over after each quarantine.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -21,6 +37,12 @@ class Membership {
     int fleet_world = 1;                                    // S: ranks are 0..S-1.
     absl::Duration peer_timeout = absl::Seconds(15);        // A rank silent this long is lost.
     absl::Duration reform_delay = absl::Milliseconds(200);  // Joins within this time form one generation.
+    // Quarantine (above): failures in distinct generations within the window that make a rank a
+    // candidate (0: never quarantine), and the backoff's first and largest length.
+    int quarantine_after = 3;
+    absl::Duration quarantine_window = absl::Seconds(60);
+    absl::Duration quarantine_base = absl::Seconds(10);
+    absl::Duration quarantine_max = absl::Minutes(5);
   };
   explicit Membership(const Options& options);
 
@@ -70,8 +92,17 @@ class Membership {
   // when a member was lost.
   bool CheckLiveness(absl::Time now);
   // Starts the next generation when the live ranks differ from the members (or `force`, or a
-  // scheduled forced reform); true when it did.
-  bool Reform(const std::string& reason, bool force);
+  // scheduled forced reform); true when it did. First quarantines the worst rank that has
+  // failed too often (above), so that generation goes without it.
+  bool Reform(const std::string& reason, bool force, absl::Time now);
+
+  // True when a live rank's quarantine ended by `now`: the next generation may take it back.
+  bool QuarantineOver(absl::Time now);
+  // Ranks in quarantine at `now`, in rank order.
+  std::vector<int> Quarantined(absl::Time now) const;
+  // Quarantines started so far, and the rank of the last.
+  int64_t quarantines() const { return quarantines_; }
+  int last_quarantined() const { return last_quarantined_; }
 
  private:
   // kLeaving: left gracefully, not a member, but still reads until it sees the generation
@@ -84,7 +115,15 @@ class Membership {
     int64_t cursor = 0;             // Next index it will read.
     int64_t formed_generation = 0;  // Last generation it reported joined.
     int64_t failed_generation = 0;  // Last generation it reported failed.
+    std::deque<absl::Time> failures;  // When it failed to join a generation (within the window).
+    absl::Time quarantined_until = absl::InfinitePast();
+    absl::Duration backoff = absl::ZeroDuration();  // Its last quarantine's length (0: none yet).
+    bool released = true;    // The end of its last quarantine was announced (QuarantineOver).
+    bool returning = false;  // Quarantined, and not yet in a generation since.
+    int64_t probation = 0;   // The generation that took it back after its last quarantine.
   };
+  // Leaves the worst candidate out of the next generation (see "Quarantine"); true if it did.
+  bool QuarantineWorst(absl::Time now);
   static bool Reads(const Known& k) {
     return k.state == RankState::kJoining || k.state == RankState::kMember || k.state == RankState::kLeaving;
   }
@@ -95,6 +134,9 @@ class Membership {
   absl::Time reform_at_ = absl::InfiniteFuture();  // A delayed reform (after joins).
   std::string reform_reason_;
   bool reform_forced_ = false;  // The next reform happens even with unchanged members.
+  int64_t join_failed_ = 0;     // The last generation a member failed to join.
+  int64_t quarantines_ = 0;
+  int last_quarantined_ = -1;
 };
 
 }  // namespace orthoserve

@@ -29,6 +29,11 @@ bool IsWildcard(const std::string& host) { return host.empty() || host == "0.0.0
 // A one-rank fleet is usable as soon as Create returns.
 constexpr absl::Duration kLocalFormation = absl::Seconds(10);
 
+// The bound on joining one generation's collective. Members of a generation are live processes,
+// so joining its group is quick; a member that died meanwhile is dropped by the coordinator
+// within the peer timeout.
+absl::Duration FormationTimeout(absl::Duration peer_timeout) { return std::max(absl::Seconds(10), 2 * peer_timeout); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
@@ -68,6 +73,10 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     c.rendezvous_timeout = options.rendezvous_timeout;
     c.stall_warning = options.stall_warning;
     c.peer_timeout = options.peer_timeout;
+    c.quarantine_after = options.quarantine_after;
+    c.quarantine_window = std::max(absl::Seconds(60), 4 * FormationTimeout(options.peer_timeout));
+    c.quarantine_base = options.quarantine_base;
+    c.quarantine_max = options.quarantine_max;
     if (options.world == 1) c.reform_delay = absl::ZeroDuration();
     // Fleets of several ranks order their batches fairly (one appended ahead of rank 0's
     // executor); a one-rank fleet computes lone steps in the compute queue, and groups there
@@ -81,6 +90,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
       c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
       c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
       c.on_refusal = [metrics](const char* cause) { metrics->IntegrityRefused(cause); };
+      c.on_quarantine = [metrics](int rank) { metrics->Quarantined(rank); };
     }
     ASSIGN_OR_RETURN(fleet->coordinator_, Coordinator::Create(c));
     fleet->served_store_ = std::make_shared<InMemoryStore>();
@@ -107,9 +117,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   // (what is kept for at least that long still).
   e.notice_ttl = options.rendezvous_timeout;
   e.cache_ttl = 2 * (options.rendezvous_timeout + options.peer_timeout);
-  // Members of a generation are live processes, so joining its group is quick; a member that
-  // died meanwhile is dropped by the coordinator within the peer timeout.
-  e.formation_timeout = std::max(absl::Seconds(10), 2 * options.peer_timeout);
+  e.formation_timeout = FormationTimeout(options.peer_timeout);
   if (Coordinator* coordinator = fleet->coordinator_.get()) {
     e.on_step_applied = [coordinator](int64_t index) { coordinator->BatchRan(index); };
   }

@@ -66,6 +66,11 @@ class Fleet final : public StepFleet {
     absl::Duration collective_timeout = absl::Seconds(60);
     absl::Duration stall_warning = absl::Seconds(60);
     absl::Duration peer_timeout = absl::Seconds(15);  // Silence after which a peer (or the coordinator) is lost.
+    // Quarantine of a rank that keeps failing to join (Coordinator::Options; the window is a
+    // minute, or four formation timeouts if longer).
+    int quarantine_after = 3;
+    absl::Duration quarantine_base = absl::Seconds(10);
+    absl::Duration quarantine_max = absl::Minutes(5);
     std::string collective = "gloo";       // world > 1: "gloo" (TCP) or "nccl" (this rank's GPU `device`).
     int device = 0;                        // CUDA device ordinal for nccl.
     Backend* backend = nullptr;            // Not owned.

@@ -651,6 +651,130 @@ TEST(CoordinatorTest, ACollectiveFailureFormsTheNextGenerationWithTheSameMembers
   EXPECT_THAT(g.members, Not(::testing::IsEmpty()));
 }
 
+// Reads as rank `m` with a formation report: generation `formed` joined, `failed` not joined or lost.
+void Tell(Coordinator& c, const Member& m, int64_t formed, int64_t failed) {
+  EXPECT_OK(c.Read(ReaderState{m.rank, c.epoch(), m.incarnation, formed, failed, {}}, 0, absl::Milliseconds(1)).status());
+}
+
+// Keeps `members` heartbeating for `d`.
+void Heartbeat(Coordinator& c, const std::vector<Member>& members, absl::Duration d) {
+  const absl::Time until = absl::Now() + d;
+  while (absl::Now() < until) {
+    for (const Member& m : members) ReadAll(c, m, 0);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+std::vector<int> Ranks(const Generation& g) {
+  std::vector<int> out;
+  for (const Member& m : g.members) out.push_back(m.rank);
+  return out;
+}
+
+Coordinator::Options QuarantineOptions(int world) {
+  Coordinator::Options o = TestOptions(world);
+  o.quarantine_after = 3;
+  o.quarantine_base = absl::Seconds(1);
+  o.quarantine_max = absl::Seconds(4);
+  return o;
+}
+
+TEST(CoordinatorTest, ARankThatKeepsFailingToJoinIsQuarantinedAndTheOthersFormWithoutIt) {
+  // Ranks 1 and 2 cannot reach each other's collective port; rank 0 reaches both.
+  std::vector<int> quarantined;
+  Coordinator::Options options = QuarantineOptions(3);
+  options.on_quarantine = [&quarantined](int rank) { quarantined.push_back(rank); };
+  auto c = Coordinator::Create(options);
+  ASSERT_OK(c);
+  const std::vector<Member> members = {M(0, 10), M(1, 11), M(2, 12)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  Generation g = WaitGeneration(**c, 1, members);
+  ASSERT_EQ(Ranks(g), (std::vector<int>{0, 1, 2}));
+  // Twice the same generation again; the third failure of both ends makes a candidate of each,
+  // and the higher rank goes.
+  for (int round = 0; round < 3; ++round) {
+    Tell(**c, members[0], g.number, 0);
+    Tell(**c, members[1], 0, g.number);
+    Tell(**c, members[2], 0, g.number);
+    g = WaitGeneration(**c, g.number + 1, members);
+    if (round < 2) {
+      EXPECT_EQ(Ranks(g), (std::vector<int>{0, 1, 2})) << round;
+    }
+  }
+  EXPECT_EQ(Ranks(g), (std::vector<int>{0, 1}));
+  EXPECT_EQ((*c)->quarantined(), std::vector<int>{2});
+  EXPECT_EQ(quarantined, std::vector<int>{2});
+  Tell(**c, members[0], g.number, 0);
+  Tell(**c, members[1], g.number, 0);
+  EXPECT_TRUE((*c)->generation().formed);
+
+  // Its first quarantine (1 s) over, it is taken back (gracefully: batches in flight finish).
+  const absl::Time out = absl::Now();
+  g = WaitGeneration(**c, g.number + 1, members);
+  EXPECT_GE(absl::Now() - out, absl::Milliseconds(800));
+  EXPECT_EQ(Ranks(g), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE((*c)->quarantined().empty());
+  const std::vector<LogEntry> log = ReadAll(**c, members[0], 0);
+  ASSERT_FALSE(log.empty());
+  EXPECT_TRUE(log.back().membership() && log.back().graceful);
+
+  // The partition is still there: the generation that took it back fails to form, and it goes
+  // straight back out, for twice as long.
+  Tell(**c, members[0], g.number, 0);
+  Tell(**c, members[1], 0, g.number);
+  Tell(**c, members[2], 0, g.number);
+  g = WaitGeneration(**c, g.number + 1, members);
+  EXPECT_EQ(Ranks(g), (std::vector<int>{0, 1}));
+  EXPECT_EQ((*c)->quarantined(), std::vector<int>{2});
+  EXPECT_EQ(quarantined, (std::vector<int>{2, 2}));
+  Heartbeat(**c, members, absl::Milliseconds(1500));
+  EXPECT_EQ((*c)->quarantined(), std::vector<int>{2}) << "the second quarantine is 2 s";
+  g = WaitGeneration(**c, g.number + 1, members);
+  EXPECT_EQ(Ranks(g), (std::vector<int>{0, 1, 2}));
+}
+
+TEST(CoordinatorTest, LosingAFormedCollectiveIsNoGroundForQuarantine) {
+  // A member that formed its generation and then lost the collective was most likely let down by
+  // a peer that died: the same members form again, as often as it happens.
+  auto c = Coordinator::Create(QuarantineOptions(3));
+  ASSERT_OK(c);
+  const std::vector<Member> members = {M(0, 10), M(1, 11), M(2, 12)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  Generation g = WaitGeneration(**c, 1, members);
+  for (int round = 0; round < 5; ++round) {
+    for (const Member& m : members) Tell(**c, m, g.number, 0);
+    Tell(**c, members[2], g.number, g.number);
+    Tell(**c, members[1], g.number, g.number);
+    g = WaitGeneration(**c, g.number + 1, members);
+    EXPECT_EQ(Ranks(g), (std::vector<int>{0, 1, 2})) << round;
+  }
+  EXPECT_TRUE((*c)->quarantined().empty());
+}
+
+TEST(CoordinatorTest, QuarantineCanBeTurnedOffAndNeverTakesTheLastLiveRank) {
+  for (int after : {0, 3}) {
+    SCOPED_TRACE(after);
+    Coordinator::Options options = QuarantineOptions(2);
+    options.quarantine_after = after;
+    auto c = Coordinator::Create(options);
+    ASSERT_OK(c);
+    const std::vector<Member> members = {M(0, 10), M(1, 11)};
+    for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+    Generation g = WaitGeneration(**c, 1, members);
+    for (int round = 0; round < 4; ++round) {
+      for (const Member& m : members) Tell(**c, m, 0, g.number);
+      g = WaitGeneration(**c, g.number + 1, members);
+    }
+    // Off: the same two, again and again. On: one of the two goes (the higher), never both.
+    EXPECT_EQ(Ranks(g), after == 0 ? (std::vector<int>{0, 1}) : (std::vector<int>{0}));
+    for (int round = 0; round < 4 && after > 0; ++round) {
+      Tell(**c, members[0], 0, g.number);
+      g = WaitGeneration(**c, g.number + 1, members);
+      EXPECT_EQ(Ranks(g), std::vector<int>{0});
+    }
+  }
+}
+
 // A coordinator that paces batches (window 1) with `part_time`, whose first generation of
 // `members` has formed.
 std::unique_ptr<Coordinator> PacedAndFormed(int world, absl::Duration part_time, const std::vector<Member>& members) {
