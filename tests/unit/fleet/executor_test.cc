@@ -122,8 +122,11 @@ class FleetHarness {
     }
     o.on_membership = on_membership_[rank];
     std::shared_ptr<Store> store = store_;
-    o.join_collective = [store](const CollectiveGroup& g,
-                                absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
+    o.join_collective = [store, rank, refuse = refuse_join_](
+                            const CollectiveGroup& g, absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Collective>> {
+      if (refuse && refuse(rank, g)) {
+        return absl::UnavailableError(absl::StrCat("rank ", rank, " cannot reach a peer's collective port"));
+      }
       if (g.world == 1) return std::unique_ptr<Collective>(std::make_unique<LocalCollective>());
       GlooCollective::Options go;
       go.rank = g.index;
@@ -150,6 +153,9 @@ class FleetHarness {
   // Runs with the count after each step entry rank 0 applies, before the coordinator hears of it
   // (so before a paced coordinator appends the next batch). Set before Start(0).
   void OnAppliedByZero(std::function<void(int)> f) { on_applied_by_0_ = std::move(f); }
+  // Makes joining a generation's collective fail at once on rank `rank` when `refuse(rank, group)`
+  // (a partial partition). Set before Start.
+  void RefuseJoin(std::function<bool(int rank, const CollectiveGroup&)> refuse) { refuse_join_ = std::move(refuse); }
   // Executor::Options::on_membership of rank `rank` (set before Start(rank)).
   void OnMembership(int rank, std::function<void(const std::vector<Member>&, bool)> f) {
     on_membership_[rank] = std::move(f);
@@ -186,6 +192,7 @@ class FleetHarness {
     c.reform_delay = absl::Milliseconds(50);
     c.batch_window = batch_window_;
     c.part_time = part_time_;
+    c.quarantine_base = absl::Seconds(2);
     return *Coordinator::Create(c);
   }
 
@@ -201,6 +208,7 @@ class FleetHarness {
   std::vector<std::unique_ptr<FreezableLog>> logs_;
   std::vector<std::unique_ptr<Executor>> ranks_;
   std::vector<std::function<void(const std::vector<Member>&, bool)>> on_membership_;
+  std::function<bool(int rank, const CollectiveGroup&)> refuse_join_;
   uint64_t next_incarnation_ = 1;
 };
 
@@ -410,6 +418,30 @@ TEST(ExecutorTest, EveryMembershipEntryIsToldAsSoonAsItIsReadAndALossIsNotGracef
   ASSERT_TRUE(lost);
   absl::MutexLock lock(&mu);
   EXPECT_FALSE(seen.back().graceful);
+}
+
+TEST(ExecutorTest, APartialPartitionQuarantinesOneEndAndTheOthersRunGroupSteps) {
+  // Ranks 1 and 2 cannot reach each other's collective port: no generation of all three forms.
+  FleetHarness h(3);
+  h.RefuseJoin([](int rank, const CollectiveGroup& g) { return g.world == 3 && rank != 0; });
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}, absl::Seconds(20)));
+  EXPECT_EQ(h.coordinator().quarantined(), std::vector<int>{2});
+  EXPECT_FALSE(h.rank(2).view().member);
+  const std::vector<float> full = RandomMatrix(5);
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 1, "run"}, {0, 1}, full, &steps)) ASSERT_OK(o.status);
+  EXPECT_EQ(Gather(steps), Reference(h.backend(), full));
+
+  // Taken back after its 2 s, the generation fails to form again: out again, and steps go on.
+  const Generation before = h.coordinator().generation();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (h.coordinator().generation().number < before.number + 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(h.WaitFormed({0, 1}, absl::Seconds(20)));
+  EXPECT_EQ(h.coordinator().quarantined(), std::vector<int>{2});
+  for (const StepOutcome& o : RunStep(h, {"t", "j", "g", 2, "run"}, {1, 0}, full, &steps)) ASSERT_OK(o.status);
 }
 
 TEST(ExecutorTest, AGracefulLeaveRunsWhatWasPlannedAndTheFleetGoesOn) {
