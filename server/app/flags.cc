@@ -82,6 +82,19 @@ ABSL_FLAG(absl::Duration, stream_progress_timeout, absl::Seconds(60),
           "A stream waiting on its client (for its next message, or for it to read its results) with nothing happening "
           "for this long is ended: RESOURCE_EXHAUSTED for a client that stopped sending, CANCELLED for one that stopped "
           "reading. Waiting on the server (compute, a group's rendezvous) does not count. 0: never.");
+ABSL_FLAG(absl::Duration, grpc_keepalive_time, absl::Seconds(30),
+          "The public port pings a client connection quiet for this long, and closes it when the ping is not answered "
+          "within --grpc-keepalive-timeout (a vanished client gives back its streams).");
+ABSL_FLAG(absl::Duration, grpc_keepalive_timeout, absl::Seconds(10), "See --grpc-keepalive-time.");
+ABSL_FLAG(absl::Duration, grpc_min_client_ping_interval, absl::Seconds(1),
+          "Clients may send keepalive pings this often (with or without calls); more often twice: GOAWAY.");
+ABSL_FLAG(absl::Duration, grpc_max_connection_idle, absl::Hours(1),
+          "A client connection without calls for this long is closed (the client reconnects); 0: never.");
+ABSL_FLAG(absl::Duration, grpc_max_connection_age, absl::ZeroDuration(),
+          "A client connection this old is asked to go away (its calls get --grpc-max-connection-age-grace); 0: never.");
+ABSL_FLAG(absl::Duration, grpc_max_connection_age_grace, absl::Minutes(5), "See --grpc-max-connection-age.");
+ABSL_FLAG(int, grpc_max_streams_per_connection, 256,
+          "Concurrent calls on one client connection at most (the stream limits apply on top); 0: no limit.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight (after leaving the fleet); the process exits at "
           "this plus 10s at the latest.");
@@ -141,7 +154,7 @@ const char* const kFlagNames[] = {
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
     "fleet_max_log_entry_bytes",
-    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
+    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
@@ -247,6 +260,13 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
   o.service.stream_progress_timeout = absl::GetFlag(FLAGS_stream_progress_timeout);
   o.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
+  o.connections.keepalive_time = absl::GetFlag(FLAGS_grpc_keepalive_time);
+  o.connections.keepalive_timeout = absl::GetFlag(FLAGS_grpc_keepalive_timeout);
+  o.connections.min_client_ping_interval = absl::GetFlag(FLAGS_grpc_min_client_ping_interval);
+  o.connections.max_connection_idle = absl::GetFlag(FLAGS_grpc_max_connection_idle);
+  o.connections.max_connection_age = absl::GetFlag(FLAGS_grpc_max_connection_age);
+  o.connections.max_connection_age_grace = absl::GetFlag(FLAGS_grpc_max_connection_age_grace);
+  o.connections.max_streams_per_connection = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.stall_warning = absl::GetFlag(FLAGS_stall_warning);
   o.peer_timeout = absl::GetFlag(FLAGS_fleet_peer_timeout);

@@ -86,6 +86,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--rendezvous-timeout and --collective-timeout must be positive");
   }
   if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
+  RETURN_IF_ERROR(ValidateConnectionOptions(o.connections));
   if (o.quarantine_after < 0) return absl::InvalidArgumentError("--fleet-quarantine-after must be >= 0 (0: never)");
   if (o.quarantine_base <= absl::ZeroDuration() || o.quarantine_max < o.quarantine_base) {
     return absl::InvalidArgumentError(
@@ -212,6 +213,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.service.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.service.max_message_bytes));
+  ApplyConnectionOptions(o.connections, builder);
 
   server->compute_ = std::make_unique<FairPool>(o.workers, o.tenant_shares);
   // gRPC needs every service registered before it binds, and the service needs the fleet, so

@@ -15,6 +15,7 @@
 #include "grpcpp/server.h"
 #include "server/engine/backend.h"
 #include "server/engine/backend_factory.h"
+#include "server/app/connection_options.h"
 #include "server/fleet/wire/fleet.h"
 #include "server/fleet/wire/fleet_tls.h"
 #include "server/metrics/metrics.h"
@@ -57,6 +58,7 @@ struct ServerOptions {
   std::string tls_client_ca;  // PEM CA bundle; set: clients must present a certificate (mTLS).
   FleetTlsOptions fleet_tls;  // --fleet-tls-*: mutual TLS between fleet members on the fleet port.
   std::string token_file;     // "TOKEN TENANT" lines; set: every call needs a bearer token.
+  ConnectionOptions connections;  // --grpc-*: keepalive, client pings, idle and aged connections.
 };
 
 // Checks every option that can be checked without binding an address or starting the backend
