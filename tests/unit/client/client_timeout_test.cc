@@ -7,8 +7,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/group_client.h"
@@ -18,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/client/fake_retry_environment.h"
 #include "tests/unit/client/fake_server.h"
+#include "tests/unit/client/freezing_proxy.h"
 #include "tests/unit/client/input_util.h"
 #include "tests/util/status_matchers.h"
 
@@ -26,6 +29,7 @@ namespace {
 
 using ::orthoserve::client::testing::FakeRetryEnvironment;
 using ::orthoserve::client::testing::FakeServer;
+using ::orthoserve::client::testing::FreezingProxy;
 using ::orthoserve::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -265,6 +269,38 @@ TEST(GroupClientTimeouts, DiscoversTheFleetThroughTheNextSeedAddress) {
   MatrixInput in = F32Input("w", {4, 4}, a);
   ASSERT_OK((*group)->Step("job", "g", 1, 0, 1, {&in, 1}));
   EXPECT_THAT(Attempts(s0), ElementsAre(0));
+}
+
+TEST(ClientKeepalive, AnUnansweredKeepalivePingEndsACallWhosePeerWentSilent) {
+  FakeServer server;
+  server.Start();
+  server.service->stall_streams = 1000;  // The call stays in flight, with nothing on the wire.
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(server.address.substr(server.address.rfind(':') + 1), &port));
+  FreezingProxy proxy(port);
+  ASSERT_FALSE(proxy.address().empty());
+  ClientOptions o;
+  o.address = proxy.address();
+  o.timeout = absl::Seconds(20);  // Only a bound for this test: keepalive must end the call long before.
+  o.retry.enabled = false;
+  o.keepalive_time = absl::Milliseconds(500);
+  o.keepalive_timeout = absl::Milliseconds(500);
+  auto client = Client::Create(o);
+  ASSERT_OK(client);
+  ASSERT_OK((*client)->GetServerInfo());  // Connected; the limits known.
+  std::thread freezer([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    proxy.Freeze();
+  });
+  const std::vector<float> a(16, 1.0f);
+  MatrixInput in = F32Input("w", {4, 4}, a);
+  const absl::Time start = absl::Now();
+  const absl::Status status = (*client)->Step(StepOptions{}, {&in, 1}).status();
+  const absl::Duration took = absl::Now() - start;
+  freezer.join();
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_EQ(server.service->stalled.load(), 1);
 }
 
 TEST(OrthoctlServers, ACommaSeparatedServerListBecomesTheClientsAddresses) {
