@@ -7,7 +7,8 @@ and a Group may be used by one thread at a time. Calls retry retryable failures 
 
 No call waits forever by default: each attempt has a deadline (DEFAULT_TIMEOUT), an attempt that runs out of it is
 retried on another address or member while the retry deadline allows, and every channel sends HTTP/2 keepalive pings
-while it has calls in flight, so a peer that vanished without closing its connection is noticed (see _keepalive).
+while it has calls in flight, so a peer that vanished without closing its connection is noticed (see
+DEFAULT_KEEPALIVE_TIME).
 
 Every result is checked against what this rank sent before its data is returned: MatrixResult.index in range and
 not repeated, and name, global shape, N-d layout and block equal to the spec sent at that index (for a whole matrix
