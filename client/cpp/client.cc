@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -102,10 +103,58 @@ absl::Status CheckStep(const StepOptions& step, absl::Span<const MatrixInput> in
 
 }  // namespace
 
+std::vector<std::string> ClientAddresses(const ClientOptions& options) {
+  return options.addresses.empty() ? std::vector<std::string>{options.address} : options.addresses;
+}
+
+// The attempts of one call that fails over: attempt k goes to the k-th target after the one that
+// answered last (cycling), and the one that answers becomes the client's preferred target.
+class Client::Attempts {
+ public:
+  Attempts(Client* client, absl::string_view call)
+      : client_(client),
+        call_(call),
+        first_(client->preferred()),
+        loop_(client->options_.retry, client->retry_environment_.get(), client->options_.timeout, "",
+              &client->retries_) {
+    loop_.set_what(What());
+  }
+
+  // The target of the current attempt.
+  size_t target() const { return (first_ + loop_.attempt()) % client_->targets_.size(); }
+  int attempt() const { return loop_.attempt(); }
+  absl::Duration Timeout() { return loop_.AttemptTimeout(); }
+  // RetryLoop::BackOff; the log lines of the next attempt name its address.
+  bool BackOff(const absl::Status& status) {
+    if (!loop_.BackOff(status)) return false;
+    loop_.set_what(What());
+    return true;
+  }
+  absl::Status GiveUp(const absl::Status& status) const { return loop_.GiveUp(status); }
+  // The current target answered: calls start there from now on.
+  void Answered() { client_->preferred_.store(target(), std::memory_order_relaxed); }
+
+ private:
+  std::string What() const { return absl::StrCat(call_, " to ", client_->targets_[target()].address); }
+
+  Client* const client_;
+  const std::string call_;
+  const size_t first_;
+  RetryLoop loop_;
+};
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
-  if (options.address.empty()) return absl::InvalidArgumentError("client address is empty; give HOST:PORT");
+  const std::vector<std::string> addresses = ClientAddresses(options);
+  for (const std::string& address : addresses) {
+    if (address.empty()) return absl::InvalidArgumentError("a client address is empty; give HOST:PORT");
+  }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("client timeout must be positive (or infinite)");
+  }
+  if (options.keepalive_time <= absl::ZeroDuration() || options.keepalive_timeout <= absl::ZeroDuration() ||
+      options.keepalive_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "client keepalive_time must be positive (or infinite: no keepalive), keepalive_timeout positive and finite");
   }
   RETURN_IF_ERROR(ValidateRetryOptions(options.retry));
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
@@ -131,82 +180,116 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_send_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  if (options.keepalive_time != absl::InfiniteDuration()) {
+    const int keepalive_time_ms = static_cast<int>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(options.keepalive_time), 1, std::numeric_limits<int>::max()));
+    const int keepalive_timeout_ms = static_cast<int>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(options.keepalive_timeout), 1, std::numeric_limits<int>::max()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_time_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_timeout_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    // A step may send nothing for minutes (a rendezvous, a large batch): keep pinging through it;
+    // gRPC otherwise stops after two pings without data, and a dead peer goes unnoticed.
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    // Newer gRPC cores end an unanswered keepalive ping only after this (default a minute); 1.51
+    // does not know it and ignores it.
+    args.SetInt("grpc.http2.ping_timeout_ms", keepalive_timeout_ms);
+  }
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(options.address, credentials, args);
-  if (channel == nullptr) return absl::InternalError(absl::StrCat("cannot create a channel to ", options.address));
-  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+  std::vector<Target> targets;
+  for (const std::string& address : addresses) {
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address, credentials, args);
+    if (channel == nullptr) return absl::InternalError(absl::StrCat("cannot create a channel to ", address));
+    targets.push_back(Target{address, channel, v1::Orthogonalizer::NewStub(channel)});
+  }
+  return std::unique_ptr<Client>(new Client(std::move(targets), options));
 }
 
 std::unique_ptr<Client> Client::CreateWithChannel(std::shared_ptr<grpc::Channel> channel,
                                                   const ClientOptions& options) {
-  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+  std::vector<Target> targets;
+  targets.push_back(Target{ClientAddresses(options).front(), channel, v1::Orthogonalizer::NewStub(channel)});
+  return std::unique_ptr<Client>(new Client(std::move(targets), options));
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
+Client::Client(std::vector<Target> targets, const ClientOptions& options)
     : options_(options),
       retry_environment_(options.retry.environment != nullptr ? options.retry.environment
                                                               : MakeSystemRetryEnvironment()),
-      channel_(std::move(channel)),
-      stub_(v1::Orthogonalizer::NewStub(channel_)),
-      send_buffers_(BufferPool::Create(BufferPool::Options{kMaxIdleSendBytes})) {}
+      targets_(std::move(targets)),
+      send_buffers_(BufferPool::Create(BufferPool::Options{kMaxIdleSendBytes})),
+      limits_(targets_.size()) {}
+
+const std::string& Client::address() const { return targets_[preferred()].address; }
+
+std::vector<std::string> Client::addresses() const {
+  std::vector<std::string> out;
+  for (const Target& t : targets_) out.push_back(t.address);
+  return out;
+}
 
 void Client::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
   if (timeout != absl::InfiniteDuration()) context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!options_.bearer_token.empty()) context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
 }
 
-RetryLoop Client::NewRetryLoop(absl::string_view call) const {
-  return RetryLoop(options_.retry, retry_environment_.get(), options_.timeout,
-                   absl::StrCat(call, " to ", options_.address), &retries_);
-}
-
-absl::StatusOr<v1::ServerInfo> Client::GetServerInfoOnce(absl::Duration timeout) {
+absl::StatusOr<v1::ServerInfo> Client::InfoAttempt(size_t target, absl::Duration timeout) {
   grpc::ClientContext context;
   PrepareContext(&context, timeout);
   v1::ServerInfo info;
-  const grpc::Status status = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  const grpc::Status status = targets_[target].stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
   RETURN_IF_ERROR(FromCallStatus(status, context.GetServerTrailingMetadata()));
   absl::MutexLock lock(&mu_);
-  limits_ = info.limits();
+  limits_[target] = info.limits();
   return info;
 }
 
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfoOnce(absl::Duration timeout) {
+  return InfoAttempt(preferred(), timeout);
+}
+
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
-  RetryLoop loop = NewRetryLoop("GetServerInfo");
+  Attempts attempts(this, "GetServerInfo");
   while (true) {
-    absl::StatusOr<v1::ServerInfo> info = GetServerInfoOnce(loop.AttemptTimeout());
-    if (info.ok()) return info;
-    if (!loop.BackOff(info.status())) return loop.GiveUp(info.status());
+    absl::StatusOr<v1::ServerInfo> info = InfoAttempt(attempts.target(), attempts.Timeout());
+    if (info.ok()) {
+      attempts.Answered();
+      return info;
+    }
+    if (!attempts.BackOff(info.status())) return attempts.GiveUp(info.status());
   }
 }
 
 absl::Status Client::Health() {
   grpc::ClientContext context;
   PrepareContext(&context, options_.timeout);
-  ASSIGN_OR_RETURN(ServingStatus serving, CheckHealth(channel_, &context, ""));
+  const Target& target = targets_[preferred()];
+  ASSIGN_OR_RETURN(ServingStatus serving, CheckHealth(target.channel, &context, ""));
   if (serving == ServingStatus::kServing) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("server ", options_.address, " is ", ServingStatusName(serving)));
+  return absl::UnavailableError(absl::StrCat("server ", target.address, " is ", ServingStatusName(serving)));
 }
 
-absl::Status Client::EnsureLimits(absl::Duration timeout) {
+absl::Status Client::EnsureLimits(size_t target, absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
-    if (limits_.has_value() || !options_.discover_limits) return absl::OkStatus();
+    if (limits_[target].has_value() || !options_.discover_limits) return absl::OkStatus();
   }
-  absl::StatusOr<v1::ServerInfo> info = GetServerInfoOnce(timeout);
+  absl::StatusOr<v1::ServerInfo> info = InfoAttempt(target, timeout);
   if (info.ok()) return absl::OkStatus();
   if (info.status().code() == absl::StatusCode::kUnimplemented) {  // Keep the configured chunk size.
     absl::MutexLock lock(&mu_);
-    limits_ = v1::Limits();
+    limits_[target] = v1::Limits();
     return absl::OkStatus();
   }
   return AnnotateKeepingMarks(info.status(), "asking the server for its limits (GetServerInfo)");
 }
 
-size_t Client::chunk_bytes() const {
+size_t Client::ChunkBytesFor(size_t target) const {
   absl::MutexLock lock(&mu_);
-  return EffectiveChunkBytes(options_.chunk_bytes, limits_.value_or(v1::Limits()));
+  return EffectiveChunkBytes(options_.chunk_bytes, limits_[target].value_or(v1::Limits()));
 }
+
+size_t Client::chunk_bytes() const { return ChunkBytesFor(preferred()); }
 
 std::optional<v1::StepSummary> Client::last_summary() const {
   absl::MutexLock lock(&mu_);
@@ -221,21 +304,26 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const
     *m->mutable_spec() = ToSpec(input);
     m->set_data(input.data, input.bytes);
   }
-  RetryLoop loop = NewRetryLoop("Orthogonalize");
+  Attempts attempts(this, "Orthogonalize");
   while (true) {
-    absl::StatusOr<std::vector<MatrixOutput>> outputs = OrthogonalizeAttempt(request, inputs, loop.AttemptTimeout());
-    if (outputs.ok()) return outputs;
-    if (!loop.BackOff(outputs.status())) return loop.GiveUp(outputs.status());
+    absl::StatusOr<std::vector<MatrixOutput>> outputs =
+        OrthogonalizeAttempt(attempts.target(), request, inputs, attempts.Timeout());
+    if (outputs.ok()) {
+      attempts.Answered();
+      return outputs;
+    }
+    if (!attempts.BackOff(outputs.status())) return attempts.GiveUp(outputs.status());
   }
 }
 
-absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(const v1::OrthogonalizeRequest& request,
+absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(size_t target,
+                                                                       const v1::OrthogonalizeRequest& request,
                                                                        absl::Span<const MatrixInput> inputs,
                                                                        absl::Duration timeout) {
   grpc::ClientContext context;
   PrepareContext(&context, timeout);
   v1::OrthogonalizeResponse response;
-  const grpc::Status status = stub_->Orthogonalize(&context, request, &response);
+  const grpc::Status status = targets_[target].stub->Orthogonalize(&context, request, &response);
   RETURN_IF_ERROR(FromCallStatus(status, context.GetServerTrailingMetadata()));
   if (response.results_size() != static_cast<int>(inputs.size())) {
     return absl::InternalError(
@@ -268,12 +356,15 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, 
                                                        const ResultCallback& on_result) {
   RETURN_IF_ERROR(CheckStep(step, inputs));
   std::vector<bool> delivered(inputs.size(), false);
-  RetryLoop loop = NewRetryLoop("Step");
+  Attempts attempts(this, "Step");
   while (true) {
-    absl::StatusOr<std::vector<MatrixOutput>> outputs =
-        StepAttempt(step, loop.attempt(), loop.AttemptTimeout(), inputs, on_result, &delivered);
-    if (outputs.ok()) return outputs;
-    if (!loop.BackOff(outputs.status())) return loop.GiveUp(outputs.status());
+    absl::StatusOr<std::vector<MatrixOutput>> outputs = StepAttempt(
+        attempts.target(), step, attempts.attempt(), attempts.Timeout(), inputs, on_result, &delivered);
+    if (outputs.ok()) {
+      attempts.Answered();
+      return outputs;
+    }
+    if (!attempts.BackOff(outputs.status())) return attempts.GiveUp(outputs.status());
   }
 }
 
@@ -286,16 +377,16 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepOnce(const StepOptions& st
     return absl::InvalidArgumentError(
         absl::StrCat("StepOnce: `delivered` has ", delivered->size(), " entries for ", inputs.size(), " inputs"));
   }
-  return StepAttempt(step, attempt, timeout, inputs, on_result, delivered);
+  return StepAttempt(preferred(), step, attempt, timeout, inputs, on_result, delivered);
 }
 
-absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions& step, int attempt,
+absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(size_t target, const StepOptions& step, int attempt,
                                                               absl::Duration timeout,
                                                               absl::Span<const MatrixInput> inputs,
                                                               const ResultCallback& on_result,
                                                               std::vector<bool>* delivered) {
-  RETURN_IF_ERROR(EnsureLimits(timeout));
-  const size_t chunk = chunk_bytes();
+  RETURN_IF_ERROR(EnsureLimits(target, timeout));
+  const size_t chunk = ChunkBytesFor(target);
 
   grpc::ClientContext context;
   PrepareContext(&context, timeout);
@@ -303,7 +394,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(const StepOptions&
   // not copied into and out of protobuf messages; gRPC's callback threads write them (StepCall)
   // while this thread reassembles the results and runs on_result.
   StepCall call(&context, std::make_unique<StepRequests>(step, attempt, inputs, chunk), send_buffers_.get());
-  call.Start(channel_);
+  call.Start(targets_[target].channel);
 
   StepResultAssembler assembler(inputs);
   absl::Status protocol_error;

@@ -1,6 +1,7 @@
-// orthoserve C++ client: one channel to one server rank, with the unary, streaming, info and
-// health calls of orthoserve.v1.Orthogonalizer (proto/orthoserve/v1/orthogonalizer.proto), which
-// retry retryable failures (client/cpp/retry.h).
+// orthoserve C++ client: a channel to each of one or more server addresses, with the unary,
+// streaming, info and health calls of orthoserve.v1.Orthogonalizer
+// (proto/orthoserve/v1/orthogonalizer.proto), which retry retryable failures and fail over between
+// the addresses (client/cpp/retry.h).
 //
 //   ASSIGN_OR_RETURN(auto client, Client::Create({.address = "127.0.0.1:50051"}));
 //   ASSIGN_OR_RETURN(std::vector<MatrixOutput> out, client->Step(StepOptions{}, inputs));
@@ -29,29 +30,53 @@
 namespace orthoserve::client {
 
 struct ClientOptions {
-  std::string address = "127.0.0.1:50051";     // Server HOST:PORT (any gRPC target string).
-  absl::Duration timeout = absl::Seconds(60);  // Deadline of each attempt; InfiniteDuration for none.
-  int max_send_message_bytes = 256 << 20;      // Channel limit on one outgoing message; -1: none.
-  int max_receive_message_bytes = 256 << 20;   // Channel limit on one incoming message; -1: none.
-  size_t chunk_bytes = 0;                      // DataChunk size; 0: 4 MiB. Lowered to the server's limit.
-  bool discover_limits = true;                 // Ask GetServerInfo for the chunk limit before the first Step.
-  std::string tls_ca_file;                     // PEM roots; non-empty (or a cert) selects TLS.
-  std::string tls_cert_file;                   // PEM client certificate for mutual TLS (with key).
-  std::string tls_key_file;                    // PEM client private key for mutual TLS (with cert).
-  std::string tls_server_name;                 // Overrides the name checked in the server cert.
-  std::string bearer_token;                    // Sent as "authorization: Bearer <token>" when set.
-  RetryOptions retry;                          // Retries of Step, Orthogonalize and GetServerInfo.
+  std::string address = "127.0.0.1:50051";  // Server HOST:PORT (any gRPC target string) when `addresses` is empty.
+  // Server addresses in order of preference; when not empty, used instead of `address`. Lone calls
+  // fail over between them (see Retries).
+  std::vector<std::string> addresses;
+  // Deadline of each attempt; InfiniteDuration for none. 90 s: longer than the service's default
+  // 60 s rendezvous timeout (a step whose other ranks never come ends with the server's ABORTED
+  // naming them), shorter than the 120 s retry deadline (a stalled server leaves time for a retry).
+  absl::Duration timeout = absl::Seconds(90);
+  // HTTP/2 keepalive of every channel: a ping after `keepalive_time` without one while calls are in
+  // flight (never on an idle channel); the connection is dropped, failing its calls with
+  // UNAVAILABLE (retried), when a ping is unanswered for `keepalive_timeout`. 5 min is the least a
+  // server with gRPC's default enforcement accepts (orthoserve sets no keepalive arguments): more
+  // frequent pings are strikes, and after two such a server closes the connection with GOAWAY
+  // "too_many_pings". InfiniteDuration keepalive_time: no keepalive pings.
+  absl::Duration keepalive_time = absl::Minutes(5);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  int max_send_message_bytes = 256 << 20;     // Channel limit on one outgoing message; -1: none.
+  int max_receive_message_bytes = 256 << 20;  // Channel limit on one incoming message; -1: none.
+  size_t chunk_bytes = 0;                     // DataChunk size; 0: 4 MiB. Lowered to the server's limit.
+  bool discover_limits = true;                // Ask GetServerInfo for the chunk limit before the first Step.
+  std::string tls_ca_file;                    // PEM roots; non-empty (or a cert) selects TLS.
+  std::string tls_cert_file;                  // PEM client certificate for mutual TLS (with key).
+  std::string tls_key_file;                   // PEM client private key for mutual TLS (with cert).
+  std::string tls_server_name;                // Overrides the name checked in the server cert.
+  std::string bearer_token;                   // Sent as "authorization: Bearer <token>" when set.
+  RetryOptions retry;                         // Retries of Step, Orthogonalize and GetServerInfo.
 };
+
+// The addresses a client made with `options` connects to: `addresses`, or `address` when that is
+// empty.
+std::vector<std::string> ClientAddresses(const ClientOptions& options);
 
 // Called on the caller's thread as each matrix's result is complete, before Step returns.
 using ResultCallback = std::function<void(const MatrixOutput&)>;
 
 // Retries. Step, Orthogonalize and GetServerInfo retry retryable failures (UNAVAILABLE; ABORTED
-// with `orthoserve-retryable: fleet-change` trailing metadata) under `ClientOptions::retry`: each
+// with `orthoserve-retryable: fleet-change` trailing metadata; CANCELLED) and attempts that ran
+// out of their own `timeout` (DEADLINE_EXCEEDED; RetryLoop) under `ClientOptions::retry`: each
 // attempt is bounded by `timeout`, all of them together by `retry.deadline`, with jittered
 // exponential backoff between them; each retry is logged (LOG_WARNING "client") and counted
 // (retries()). Every other code is final. A call that gives up after more than one attempt returns
 // the last failure's code with "after N attempts: " in front of its message. Health never retries.
+//
+// Fail-over. A call's first attempt goes to the address that answered last (the first address at
+// the start), and each retry to the next address in the list (cycling), so with two or more
+// addresses a retry never goes where the attempt before it failed. Health, GetServerInfoOnce and
+// StepOnce use the address that answered last and do not fail over.
 //
 // Thread-safe: any number of calls may run at once on one Client.
 class Client {
@@ -61,8 +86,9 @@ class Client {
   // PERMISSION_DENIED when a TLS file cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
 
-  // Creates a client over an existing channel (in-process servers, tests). No TLS or token
-  // handling beyond `options.bearer_token` and the per-call timeout; the options are not checked.
+  // Creates a client over an existing channel (in-process servers, tests), named by the first of
+  // ClientAddresses(options). No TLS or token handling beyond `options.bearer_token` and the
+  // per-call timeout; the options are not checked.
   static std::unique_ptr<Client> CreateWithChannel(std::shared_ptr<grpc::Channel> channel,
                                                    const ClientOptions& options);
 
@@ -70,11 +96,11 @@ class Client {
   // Step. The RPC's status on failure.
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
-  // One GetServerInfo attempt bounded by `timeout`, without retries (GroupClient re-reading the
-  // membership). Failures carry the fleet-change mark (IsRetryable) when the server set it.
+  // One GetServerInfo attempt to address() bounded by `timeout`, without retries (GroupClient
+  // re-reading the membership). Failures carry the fleet-change mark (IsRetryable) when the server set it.
   absl::StatusOr<v1::ServerInfo> GetServerInfoOnce(absl::Duration timeout);
 
-  // grpc.health.v1.Health/Check for the overall server (service ""). OK when SERVING;
+  // grpc.health.v1.Health/Check for the overall server (service "") at address(). OK when SERVING;
   // UNAVAILABLE naming the state (NOT_SERVING, UNKNOWN, ...) otherwise; the RPC's status when the
   // call fails (UNIMPLEMENTED when the server has no health service).
   absl::Status Health();
@@ -96,7 +122,8 @@ class Client {
   absl::StatusOr<std::vector<MatrixOutput>> Step(const StepOptions& step, absl::Span<const MatrixInput> inputs,
                                                  const ResultCallback& on_result = nullptr);
 
-  // One attempt of Step, without retries, for callers that run their own retry loop (GroupClient):
+  // One attempt of Step to address(), without retries, for callers that run their own retry loop
+  // (GroupClient):
   // sends `attempt` in the header and bounds the call (and the limits lookup before a first step)
   // by `timeout`. `delivered` (may be null; else inputs.size() entries) carries on_result's
   // once-per-index promise across attempts: indices already true are not passed to on_result,
@@ -109,7 +136,7 @@ class Client {
   // The summary of the last Step that completed on this client (for tools such as bench).
   std::optional<v1::StepSummary> last_summary() const;
 
-  // The chunk size the next Step sends with.
+  // The chunk size the next Step sends with (to the address that answered last).
   size_t chunk_bytes() const;
 
   // Retries made by this client's calls so far (each retry of Step, Orthogonalize, GetServerInfo).
@@ -117,28 +144,45 @@ class Client {
 
   const ClientOptions& options() const { return options_; }
 
+  // The address that answered last (where the next call starts; the first address at the start).
+  const std::string& address() const;
+  // Every address, in the order given (ClientAddresses).
+  std::vector<std::string> addresses() const;
+
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
+  // One server address and its connection.
+  struct Target {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Orthogonalizer::Stub> stub;
+  };
+  // A retried call's attempts: the target of each and the retry loop.
+  class Attempts;
+
+  Client(std::vector<Target> targets, const ClientOptions& options);
   // Sets the deadline (now + `timeout`, none when infinite) and the bearer token.
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
-  absl::Status EnsureLimits(absl::Duration timeout);
-  RetryLoop NewRetryLoop(absl::string_view call) const;
-  // StepOnce after the inputs were checked.
-  absl::StatusOr<std::vector<MatrixOutput>> StepAttempt(const StepOptions& step, int attempt, absl::Duration timeout,
-                                                        absl::Span<const MatrixInput> inputs,
+  // The index of the target that answered last.
+  size_t preferred() const { return preferred_.load(std::memory_order_relaxed); }
+  absl::StatusOr<v1::ServerInfo> InfoAttempt(size_t target, absl::Duration timeout);
+  absl::Status EnsureLimits(size_t target, absl::Duration timeout);
+  size_t ChunkBytesFor(size_t target) const;
+  // StepOnce after the inputs were checked, at `target`.
+  absl::StatusOr<std::vector<MatrixOutput>> StepAttempt(size_t target, const StepOptions& step, int attempt,
+                                                        absl::Duration timeout, absl::Span<const MatrixInput> inputs,
                                                         const ResultCallback& on_result, std::vector<bool>* delivered);
-  absl::StatusOr<std::vector<MatrixOutput>> OrthogonalizeAttempt(const v1::OrthogonalizeRequest& request,
+  absl::StatusOr<std::vector<MatrixOutput>> OrthogonalizeAttempt(size_t target, const v1::OrthogonalizeRequest& request,
                                                                  absl::Span<const MatrixInput> inputs,
                                                                  absl::Duration timeout);
 
   const ClientOptions options_;
   const std::shared_ptr<RetryEnvironment> retry_environment_;
   mutable std::atomic<int64_t> retries_{0};
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Orthogonalizer::Stub> stub_;
+  const std::vector<Target> targets_;  // Never empty.
+  std::atomic<size_t> preferred_{0};   // Index into targets_ of the one that answered last.
   std::shared_ptr<BufferPool> send_buffers_;  // Step's outgoing chunks.
   mutable absl::Mutex mu_;
-  std::optional<v1::Limits> limits_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::optional<v1::Limits>> limits_ ABSL_GUARDED_BY(mu_);  // Per target, once asked.
   std::optional<v1::StepSummary> last_summary_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -16,8 +16,17 @@ namespace orthoserve::client {
 absl::StatusOr<std::unique_ptr<GroupClient>> GroupClient::Create(const Options& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Client> seed, Client::Create(options.client));
   absl::StatusOr<v1::ServerInfo> info = seed->GetServerInfo();
-  if (!info.ok())
-    return Annotate(info.status(), absl::StrCat("discovering the fleet through ", options.client.address));
+  if (!info.ok()) {
+    return Annotate(info.status(),
+                    absl::StrCat("discovering the fleet through ", absl::StrJoin(seed->addresses(), ", ")));
+  }
+  if (seed->addresses().size() > 1) {
+    // The seed serves the one address that answered; a connection of its own to that address.
+    ClientOptions o = options.client;
+    o.address = seed->address();
+    o.addresses.clear();
+    ASSIGN_OR_RETURN(seed, Client::Create(o));
+  }
   return CreateFromInfo(options, *info, std::move(seed));
 }
 
@@ -28,7 +37,7 @@ absl::StatusOr<std::unique_ptr<GroupClient>> GroupClient::CreateFromInfo(const O
   if (options.membership_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("membership_timeout must be positive (or infinite)");
   }
-  const std::string seed_address = seed != nullptr ? seed->options().address : options.client.address;
+  const std::string seed_address = seed != nullptr ? seed->address() : ClientAddresses(options.client).front();
   ASSIGN_OR_RETURN(std::vector<Member> members, MembersFromInfo(info, seed_address));
   std::unique_ptr<GroupClient> group(new GroupClient(options));
   absl::MutexLock lock(&group->mu_);
@@ -101,6 +110,7 @@ absl::StatusOr<Client*> GroupClient::ClientFor(const std::string& address) {
   if (client == nullptr) {
     ClientOptions o = options_.client;
     o.address = address;
+    o.addresses.clear();
     absl::StatusOr<std::unique_ptr<Client>> made = Client::Create(o);
     if (!made.ok()) {
       clients_.erase(address);
@@ -138,7 +148,7 @@ void GroupClient::RefreshMembership(const std::string& failed_address, absl::Dur
     absl::MutexLock lock(&mu_);
     std::vector<std::string> addresses = {failed_address};
     for (const Member& m : members_) addresses.push_back(m.address);
-    addresses.push_back(options_.client.address);
+    for (const std::string& seed : ClientAddresses(options_.client)) addresses.push_back(seed);
     for (const std::string& address : addresses) {
       absl::StatusOr<Client*> client = ClientFor(address);
       if (client.ok() && std::find(ask.begin(), ask.end(), *client) == ask.end()) ask.push_back(*client);
@@ -147,11 +157,9 @@ void GroupClient::RefreshMembership(const std::string& failed_address, absl::Dur
   std::optional<std::pair<std::vector<Member>, int64_t>> fallback;
   for (Client* client : ask) {
     absl::StatusOr<v1::ServerInfo> info = client->GetServerInfoOnce(timeout);
-    absl::StatusOr<std::vector<Member>> members =
-        info.ok() ? MembersFromInfo(*info, client->options().address) : info.status();
+    absl::StatusOr<std::vector<Member>> members = info.ok() ? MembersFromInfo(*info, client->address()) : info.status();
     if (!members.ok()) {
-      VLOG("client", 1) << "re-reading the fleet membership from " << client->options().address << ": "
-                        << members.status();
+      VLOG("client", 1) << "re-reading the fleet membership from " << client->address() << ": " << members.status();
       continue;
     }
     if (info->ready()) {  // A rank of the current generation: its view is current.

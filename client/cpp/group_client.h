@@ -25,10 +25,12 @@ namespace orthoserve::client {
 // listed members. With every member ready this is fleet rank floor(r·S/W).
 //
 // Retries. Step retries retryable failures (UNAVAILABLE; ABORTED with the fleet-change trailing
-// metadata) under `Options::client.retry`, like Client::Step: after each backoff it re-reads the
+// metadata; CANCELLED) and attempts that ran out of their own `client.timeout` (DEADLINE_EXCEEDED;
+// RetryLoop) under `Options::client.retry`, like Client::Step: after each backoff it re-reads the
 // membership with GetServerInfo, asking the member it used, then the other members, then the seed
-// address (the first answer from a rank that reports itself ready wins; otherwise the first usable
-// answer; with none the membership stays), routes again and sends the whole step with
+// addresses (the first answer from a rank that reports itself ready wins; otherwise the first usable
+// answer; with none the membership stays), routes again, passing over the member the failed
+// attempt went to for the next ready one while there is another, and sends the whole step with
 // StepHeader.attempt + 1. Connections to addresses not seen before are made as needed.
 //
 // Thread-safe: steps of different groups may run at once, and the membership may change under
@@ -36,7 +38,7 @@ namespace orthoserve::client {
 class GroupClient {
  public:
   struct Options {
-    ClientOptions client;                                   // Every connection's; `address`: the seed.
+    ClientOptions client;  // Every connection's; `address` (or `addresses`, tried in turn): the seed.
     absl::Duration membership_timeout = absl::Seconds(10);  // Each GetServerInfo re-reading the membership.
     // The run id of every step (StepHeader.run_id): the same on every trainer rank of the run and
     // on no other run. Empty: DefaultRunId() (client/cpp/run_id.h: $ORTHOSERVE_RUN_ID,
@@ -44,8 +46,9 @@ class GroupClient {
     std::string run_id;
   };
 
-  // Connects to the seed, asks it for the fleet (GetServerInfo, with retries) and prepares one
-  // client per member. The seed's RPC status on failure; FAILED_PRECONDITION when the membership is
+  // Connects to the seed, asks it for the fleet (GetServerInfo, with retries and fail-over
+  // between the seed addresses) and prepares one client per member; the seed address that
+  // answered is the seed from then on. The seed's RPC status on failure; FAILED_PRECONDITION when the membership is
   // unusable (see CreateFromInfo); INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<GroupClient>> Create(const Options& options);
 

@@ -106,16 +106,39 @@ RetryLoop::RetryLoop(const RetryOptions& options, RetryEnvironment* environment,
       retries_(retries),
       deadline_(environment->Now() + options.deadline) {}
 
-absl::Duration RetryLoop::AttemptTimeout() const {
-  if (attempt_ == 0 || !options_.enabled) return per_attempt_timeout_;
+absl::Duration RetryLoop::AttemptTimeout() {
+  attempt_start_ = environment_->Now();
+  cut_ = false;
+  attempt_timeout_ = per_attempt_timeout_;
+  if (attempt_ == 0 || !options_.enabled) return attempt_timeout_;
   // BackOff only lets a retry start before the deadline; the floor keeps a deadline that passed
   // while this attempt was being prepared from turning into "no deadline".
-  const absl::Duration remaining = std::max(deadline_ - environment_->Now(), absl::Milliseconds(1));
-  return std::min(per_attempt_timeout_, remaining);
+  const absl::Duration remaining = std::max(deadline_ - attempt_start_, absl::Milliseconds(1));
+  if (remaining < per_attempt_timeout_) {
+    cut_ = true;
+    attempt_timeout_ = remaining;
+  }
+  return attempt_timeout_;
+}
+
+bool RetryLoop::TimedOut(const absl::Status& status) const {
+  // gRPC's timer fires at the deadline; the slack absorbs the clocks' granularity.
+  return status.code() == absl::StatusCode::kDeadlineExceeded && !cut_ &&
+         attempt_timeout_ != absl::InfiniteDuration() &&
+         environment_->Now() - attempt_start_ >= attempt_timeout_ * 0.99;
 }
 
 bool RetryLoop::BackOff(const absl::Status& status) {
-  if (status.ok() || !IsRetryable(status)) return false;
+  retryable_ = false;
+  if (status.ok()) return false;
+  if (status.code() == absl::StatusCode::kDeadlineExceeded && cut_) {
+    // A retry ran out of the overall deadline, not of its own timeout: final.
+    stop_reason_ = absl::StrCat("retry deadline of ", DurationText(options_.deadline), " reached");
+    retryable_ = true;
+    return false;
+  }
+  if (!IsRetryable(status) && !TimedOut(status)) return false;
+  retryable_ = true;
   if (!options_.enabled) {
     stop_reason_ = "retries are disabled";
     return false;
@@ -142,7 +165,7 @@ bool RetryLoop::BackOff(const absl::Status& status) {
 
 absl::Status RetryLoop::GiveUp(const absl::Status& status) const {
   if (status.ok() || attempt_ == 0) return status;
-  const bool stopped_early = IsRetryable(status) && !stop_reason_.empty();
+  const bool stopped_early = retryable_ && !stop_reason_.empty();
   return AnnotateKeepingMarks(status, absl::StrCat("after ", attempt_ + 1, " attempts",
                                                    stopped_early ? absl::StrCat(" (", stop_reason_, ")") : ""));
 }

@@ -54,7 +54,8 @@ absl::Status ValidateRetryOptions(const RetryOptions& options);
 // Whether a failed call may be retried: UNAVAILABLE; ABORTED when `trailing` (the call's
 // trailing metadata) holds `orthoserve-retryable: fleet-change`; CANCELLED (the client never
 // cancels a call whose status it reports, so the server gave up on it: it was shutting down).
-// Every other code is final.
+// Every other code is final. (RetryLoop also retries an attempt that its own per-attempt timeout
+// ended: RetryLoop::TimedOut.)
 bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_ref, grpc::string_ref>& trailing);
 
 // The same for a status that left the call: UNAVAILABLE, or ABORTED or CANCELLED carrying the
@@ -75,6 +76,13 @@ absl::Status AnnotateKeepingMarks(const absl::Status& status, absl::string_view 
 // The attempts of one call under a RetryOptions policy: the timeout of each attempt, the decision
 // to retry, the wait, the log line and the count. Not thread-safe; one per call.
 //
+// Besides the retryable codes (IsRetryable), an attempt that ran out of its own per-attempt
+// timeout (DEADLINE_EXCEEDED once that timeout has passed: the server, or the connection to it,
+// stalled) is retried while the overall deadline allows; the caller sends the retry elsewhere
+// when it can. A DEADLINE_EXCEEDED that comes before the attempt's timeout passed (the server's
+// own) is final, and so is one of an attempt whose timeout was cut to what remained of the
+// overall deadline (GiveUp then says that the retry deadline was reached).
+//
 //   RetryLoop loop(options.retry, env, options.timeout, "Step to host:1", &retries_);
 //   while (true) {
 //     absl::Status s = Attempt(loop.attempt(), loop.AttemptTimeout());
@@ -93,14 +101,23 @@ class RetryLoop {
 
   // The timeout to give the current attempt. The first attempt always gets the whole per-attempt
   // timeout (retries never shorten a call that would have worked without them); a retry gets the
-  // per-attempt timeout cut to what remains of the overall deadline.
-  absl::Duration AttemptTimeout() const;
+  // per-attempt timeout cut to what remains of the overall deadline. The attempt is taken to
+  // start now (TimedOut measures from the last call).
+  absl::Duration AttemptTimeout();
 
-  // Call after the current attempt failed with `status`. When it is retryable (IsRetryable) and
-  // the policy allows another attempt that starts before the overall deadline, logs a warning
-  // (attempt, code, message, wait), counts the retry, sleeps the jittered backoff, advances
-  // attempt() and returns true. Returns false otherwise.
+  // Whether `status` is the current attempt running out of its own per-attempt timeout: a
+  // DEADLINE_EXCEEDED when (nearly) all of the timeout AttemptTimeout last gave has passed, and
+  // that timeout was the per-attempt one, not what remained of the overall deadline.
+  bool TimedOut(const absl::Status& status) const;
+
+  // Call after the current attempt failed with `status`. When it is retryable (IsRetryable, or
+  // TimedOut) and the policy allows another attempt that starts before the overall deadline,
+  // logs a warning (attempt, code, message, wait), counts the retry, sleeps the jittered backoff,
+  // advances attempt() and returns true. Returns false otherwise.
   bool BackOff(const absl::Status& status);
+
+  // Names the call in later log lines (the address of the next attempt, say).
+  void set_what(std::string what) { what_ = std::move(what); }
 
   // The status to return: `status` as it is after a single attempt (or when OK); otherwise its
   // code with "after N attempts[ (why it stopped)]: " in front of its message.
@@ -110,11 +127,15 @@ class RetryLoop {
   const RetryOptions options_;
   RetryEnvironment* const environment_;
   const absl::Duration per_attempt_timeout_;
-  const std::string what_;
+  std::string what_;
   std::atomic<int64_t>* const retries_;
   const absl::Time deadline_;  // In environment_'s clock.
   int attempt_ = 0;
   std::string stop_reason_;  // Why BackOff declined a retryable failure.
+  bool retryable_ = false;   // The last failure BackOff saw was one it may retry (or a cut timeout).
+  absl::Time attempt_start_ = absl::InfinitePast();            // When AttemptTimeout was last called.
+  absl::Duration attempt_timeout_ = absl::InfiniteDuration();  // What it gave.
+  bool cut_ = false;  // That timeout was what remained of the overall deadline.
 };
 
 }  // namespace orthoserve::client

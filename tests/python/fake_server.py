@@ -3,7 +3,9 @@ chunk sizes, headers, blocks, routing, error mapping, retries) without the C++ s
 bytes back; numerics are tested against the real server elsewhere.
 
 Failures are injected with fail(): each queued Failure fails the next call of its method (or of any method)
-with its code, message and trailing metadata, after the call was recorded. Wrong answers are injected with
+with its code, message and trailing metadata, after the call was recorded. Stalls are injected with stall(): the
+next calls of a method are recorded and then never answered (each waits until the client's deadline or cancel, or
+the server's stop, ends it), as a server that hangs would. Wrong answers are injected with
 `servicer.tamper` (see TAMPERS): every call's result for its highest index is altered that way, so that the client's
 integrity checks can be shown to catch each."""
 
@@ -95,6 +97,27 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         # older server, which reads every tensor flattened and leaves MatrixResult.nd_layout unset).
         self.echo_nd_layout = True
         self.tamper: Optional[str] = None  # One of TAMPERS, or None.
+        self.stalls: dict = {}  # Method -> how many of its next calls are never answered.
+        self.stalled: List[str] = []  # Every call that stalled, by method, in order.
+
+    def stall(self, method: str, count: int = 1 << 30) -> None:
+        """Makes the next `count` calls of `method` ("info", "unary", "stream") hang (every one by default)."""
+        with self.lock:
+            self.stalls[method] = count
+
+    def _maybe_stall(self, method: str, context) -> bool:
+        """Waits while the call is alive when `method` is to stall (a minute at most, so a broken test cannot keep a
+        thread forever); True when it stalled."""
+        with self.lock:
+            left = self.stalls.get(method, 0)
+            if left <= 0:
+                return False
+            self.stalls[method] = left - 1
+            self.stalled.append(method)
+        end = time.monotonic() + 60
+        while context.is_active() and time.monotonic() < end:
+            time.sleep(0.01)
+        return True
 
     def fail(self, *failures: Failure) -> None:
         with self.lock:
@@ -116,6 +139,8 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
 
     def GetServerInfo(self, request, context):
         self._maybe_fail("info", context)
+        if self._maybe_stall("info", context):
+            context.abort(grpc.StatusCode.CANCELLED, "stalled call ended")
         return pb.ServerInfo(version="fake", backend="cpu", fleet_rank=self.fleet_rank,
                              fleet_world=max(1, len(self.members)), members=self.members, ready=True,
                              fleet_generation=self.fleet_generation, limits=pb.Limits(chunk_bytes=self.chunk_bytes))
@@ -123,6 +148,8 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
     def Orthogonalize(self, request, context):
         self.metadata.append(dict(context.invocation_metadata()))
         self._maybe_fail("unary", context)
+        if self._maybe_stall("unary", context):
+            context.abort(grpc.StatusCode.CANCELLED, "stalled call ended")
         out = pb.OrthogonalizeResponse()
         count = len(request.matrices)
         for i, m in enumerate(request.matrices):
@@ -143,6 +170,8 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
             self.streams.append(messages)
             self.metadata.append(dict(context.invocation_metadata()))
         self._maybe_fail("stream", context)
+        if self._maybe_stall("stream", context):
+            return
         header = messages[0].header
         if header.job == "abort":
             context.abort(grpc.StatusCode.ABORTED, "step 3 of group g aborted: trainer ranks [1] missing")

@@ -1,7 +1,7 @@
 """The client's retries against fake servers (tests/python/fake_server.py) that fail chosen calls: which codes are
 retried (UNAVAILABLE; ABORTED only with `orthoserve-retryable: fleet-change`), StepHeader.attempt counting up,
-the overall deadline and max_attempts, disabled retries, per-attempt timeouts, lone fail-over to other addresses
-and fleet members, the logged and counted retries, and a group step re-routed when members' ready flags change.
+the overall deadline and max_attempts, disabled retries, per-attempt timeouts (more in test_timeouts.py), lone
+fail-over to other addresses and fleet members, the logged and counted retries, and a group step re-routed when members' ready flags change.
 Backoffs are a few milliseconds, so the suite stays fast."""
 
 import logging
@@ -139,8 +139,9 @@ def test_deadline_bounds_all_attempts(fake):
 
 def test_a_retry_cut_short_by_the_deadline_reports_the_unavailable_service():
     """A retry whose timeout is what remains of the retry deadline, and that runs out of it, failed because the
-    service stayed unavailable: that failure is reported (not the DEADLINE_EXCEEDED of the cut attempt); the
-    call's own timeout running out stays DEADLINE_EXCEEDED. No retry starts with almost nothing left."""
+    service stayed unavailable: that failure is reported (not the DEADLINE_EXCEEDED of the cut attempt); a
+    DEADLINE_EXCEEDED before the call's own timeout ran out (the server's) stays final, while one after it is
+    retried. No retry starts with almost nothing left."""
     from orthoserve import errors, retry
 
     policy = orthoserve.RetryPolicy(deadline=0.3, initial_backoff=0.01, max_backoff=0.01)
@@ -157,13 +158,18 @@ def test_a_retry_cut_short_by_the_deadline_reports_the_unavailable_service():
     assert timeouts[0] is None and all(t is not None and t >= 0.03 - 0.005 for t in timeouts[1:]), timeouts
     assert isinstance(final, errors.UnavailableError) and final.attempts == 3
     assert "after 3 attempts (retry deadline of 0.3 s reached)" in str(final)
-    # The call's own timeout (shorter than what remains of the deadline) running out is final as it is.
+    # A DEADLINE_EXCEEDED well before the call's own timeout (shorter than what remains of the deadline) ran out came
+    # from the server: final as it is. After the timeout ran out, the same code is the attempt's timeout: retried.
     attempts = retry.Attempts(policy, 0.05, "call")
     attempts.timeout()
     assert attempts.back_off(unavailable_error)
     assert attempts.timeout() == 0.05
     assert not attempts.back_off(expired)
     assert isinstance(attempts.give_up(expired), errors.DeadlineExceededError)
+    attempts = retry.Attempts(policy, 0.05, "call")
+    assert attempts.timeout() == 0.05
+    time.sleep(0.05)
+    assert attempts.back_off(expired) and attempts.number == 1
     # Retries stop while a useful attempt still fits: never a retry with under a tenth of the deadline left.
     attempts = retry.Attempts(orthoserve.RetryPolicy(deadline=0.3, initial_backoff=0.02, max_backoff=0.02), None,
                               "call")
@@ -192,13 +198,19 @@ def test_disabled(fake, retry):
     assert len(fake.headers) == 1 and err.value.attempts == 1 and err.value.retryable
 
 
+@pytest.mark.deadline(20)
 def test_each_attempt_is_bounded_by_the_call_timeout(fake):
-    # The fake sleeps 2 s on job "slow"; DEADLINE_EXCEEDED is final.
-    with orthoserve.Client(fake.address, timeout=0.2, retry=FAST) as client:
+    # The fake sleeps 2 s on job "slow": each attempt ends after 0.2 s and is retried until the 1 s retry deadline.
+    policy = orthoserve.RetryPolicy(deadline=1.0, initial_backoff=0.001, max_backoff=0.005)
+    with orthoserve.Client(fake.address, timeout=0.2, retry=policy) as client:
         start = time.monotonic()
-        with pytest.raises(orthoserve.DeadlineExceededError):
+        with pytest.raises(orthoserve.DeadlineExceededError) as err:
             client.group("slow", "g", 0, 1).step(1, [orthoserve.Shard("w", (3, 4), (0, 0), M)])
-        assert time.monotonic() - start < 1.5 and client.retries == 0
+        assert time.monotonic() - start < 1.5 and client.retries >= 3
+    assert err.value.attempts == client.retries + 1
+    # Each attempt went out with its number (the last one's may still be arriving at the fake as the call ends).
+    assert [h.attempt for h in fake.headers] == list(range(len(fake.headers))) and len(fake.headers) >= 3
+    assert "retry deadline of 1 s reached" in str(err.value)
 
 
 def test_unary_and_info_are_retried(fake):
@@ -221,14 +233,17 @@ def test_lone_requests_fail_over_to_the_next_address(fake):
     assert [h.attempt for h in fake.headers] == [1, 0]
 
 
+@pytest.mark.deadline(30)
 def test_lone_requests_fail_over_to_ready_fleet_members():
+    # The stream to `a` as it stops once hung with no deadline (6 minutes, until the suite's timeout); each attempt
+    # now has one (the client's default, 90 s; 5 s here), and one that runs out goes to the next member.
     a, b, c = FakeServer(), FakeServer(fleet_rank=1), FakeServer(fleet_rank=2)
     try:
         members = [pb.FleetMember(rank=0, address=a.address, ready=True),
                    pb.FleetMember(rank=1, address=b.address, ready=False),
                    pb.FleetMember(rank=2, address=c.address, ready=True)]
         a.servicer.members = members
-        with orthoserve.Client(a.address, retry=FAST) as client:
+        with orthoserve.Client(a.address, timeout=5.0, retry=FAST) as client:
             client.info()
             a.stop()
             assert np.array_equal(client.orthogonalize([M])[0], M)

@@ -118,11 +118,19 @@ TEST_F(ErrorsTest, ArraysThatAreNotMatricesAreRejected) {
 }
 
 // A client deadline that expires while the server computes: DEADLINE_EXCEEDED, exit 2, and the
-// server goes on serving others.
+// server goes on serving others. Each attempt that runs out of --timeout is retried until
+// --retry-deadline, whose end is final.
 TEST_F(ErrorsTest, ClientDeadlineExpiresMidCall) {
   const std::string big = Path("big.npy");
   ASSERT_OK(client::WriteNpy(big, RandomArray(DType::kF32, {1024, 1024}, 2)));
-  ProcessResult r = RunOrthogonalize("deadline", big, {"--precision", "highest", "--timeout", "0.05"});
+  const absl::Time start = absl::Now();
+  ProcessResult r = RunOrthogonalize("deadline", big,
+                                     {"--precision", "highest", "--timeout", "0.05", "--retry-deadline", "0.3"});
+  EXPECT_EQ(r.exit_code, kExitRpc);
+  EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_THAT(r.err, HasSubstr("(retry deadline of 300ms reached)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  r = RunOrthogonalize("deadline_no_retry", big, {"--precision", "highest", "--timeout", "0.05", "--no-retry"});
   EXPECT_EQ(r.exit_code, kExitRpc);
   EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
   ExpectStillServing("a call whose deadline expired");

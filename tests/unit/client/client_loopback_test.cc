@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/group_client.h"
 #include "client/cpp/npy.h"
@@ -202,11 +203,20 @@ TEST_F(ClientLoopbackTest, DeadlineExceeded) {
   ClientOptions options;
   options.address = server_.address;
   options.timeout = absl::Milliseconds(500);
+  // Each attempt that runs out of its timeout is retried until the retry deadline (its last one is
+  // cut to what remains of it, and that DEADLINE_EXCEEDED is final).
+  options.retry.deadline = absl::Milliseconds(1200);
+  options.retry.initial_backoff = absl::Milliseconds(1);
+  options.retry.max_backoff = absl::Milliseconds(5);
   auto client = Client::Create(options);
   ASSERT_OK(client);
   const std::vector<float> a = Ramp(16, 1.0f);
   std::vector<MatrixInput> inputs = {F32Input("a", {4, 4}, a), F32Input("b", {4, 4}, a)};
-  EXPECT_THAT((*client)->Step(StepOptions{}, inputs), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT((*client)->Step(StepOptions{}, inputs),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("after 3 attempts (retry deadline of 1.2s")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ((*client)->retries(), 2);
   never->Notify();  // Lets the server's handler finish promptly.
 }
 

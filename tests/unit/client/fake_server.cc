@@ -78,12 +78,26 @@ grpc::Status FakeOrthogonalizer::TakeFailure(std::atomic<int>& budget, grpc::Ser
   return grpc::Status(fail_code, "injected failure");
 }
 
+bool FakeOrthogonalizer::Stall(std::atomic<int>& budget, grpc::ServerContext* context) {
+  int left = budget.load();
+  while (left > 0 && !budget.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left <= 0) return false;
+  ++stalled;
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  while (!context->IsCancelled() && std::chrono::system_clock::now() < context->deadline() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
 grpc::Status FakeOrthogonalizer::GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest*,
                                                v1::ServerInfo* info) {
   ++info_calls;
   grpc::Status auth = CheckAuth(context);
   if (!auth.ok()) return auth;
   if (grpc::Status failure = TakeFailure(fail_info, context); !failure.ok()) return failure;
+  if (Stall(stall_info, context)) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "stalled");
   absl::MutexLock lock(&mu);
   info->set_version("fake");
   info->set_backend("cpu");
@@ -108,6 +122,7 @@ grpc::Status FakeOrthogonalizer::Orthogonalize(grpc::ServerContext* context, con
   grpc::Status auth = CheckAuth(context);
   if (!auth.ok()) return auth;
   if (grpc::Status failure = TakeFailure(fail_unary, context); !failure.ok()) return failure;
+  if (Stall(stall_unary, context)) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "stalled");
   for (int i = 0; i < request->matrices_size(); ++i) {
     v1::MatrixResult* r = response->add_results();
     r->set_index(i);
@@ -138,6 +153,7 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
   }
   grpc::Status failure = TakeFailure(fail_streams, context);
   if (!failure.ok() && !fail_after_results) return failure;
+  if (Stall(stall_streams, context)) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "stalled");
   if (header.job() == "abort") return grpc::Status(grpc::StatusCode::ABORTED, "step 7 of group abort/x aborted");
   int ok = 0, failed = 0;
   for (int i = 0; i < header.num_matrices(); ++i) {

@@ -45,6 +45,14 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
   bool fail_fleet_change = false;
   bool fail_after_results = false;
 
+  // Stalls: the next `stall_streams` OrthogonalizeStream calls (`stall_unary` Orthogonalize,
+  // `stall_info` GetServerInfo calls) never answer: each waits until the client's deadline or
+  // cancel (a minute at most) and is counted in `stalled`, as a server that hangs would.
+  std::atomic<int> stall_streams{0};
+  std::atomic<int> stall_unary{0};
+  std::atomic<int> stall_info{0};
+  std::atomic<int> stalled{0};
+
   std::atomic<int> streams{0};
   std::atomic<int> unary_calls{0};
   std::atomic<int> info_calls{0};
@@ -69,6 +77,8 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
   grpc::Status CheckAuth(grpc::ServerContext* context);
   // The injected failure when `budget` (one of the fail_* counters) is not spent; OK otherwise.
   grpc::Status TakeFailure(std::atomic<int>& budget, grpc::ServerContext* context);
+  // When `budget` is not spent: waits while the call lives, then returns true.
+  bool Stall(std::atomic<int>& budget, grpc::ServerContext* context);
 };
 
 // A running server on 127.0.0.1:<ephemeral port> with the fake service and the default health

@@ -5,6 +5,11 @@ A Client holds one gRPC channel per server address; it is safe to share between 
 and a Group may be used by one thread at a time. Calls retry retryable failures under the client's RetryPolicy
 (orthoserve.retry). A group step carries its run's id (StepHeader.run_id; orthoserve.runs).
 
+No call waits forever by default: each attempt has a deadline (DEFAULT_TIMEOUT), an attempt that runs out of it is
+retried on another address or member while the retry deadline allows, and every channel sends HTTP/2 keepalive pings
+while it has calls in flight, so a peer that vanished without closing its connection is noticed (see
+DEFAULT_KEEPALIVE_TIME).
+
 Every result is checked against what this rank sent before its data is returned: MatrixResult.index in range and
 not repeated, and name, global shape, N-d layout and block equal to the spec sent at that index (for a whole matrix
 the block is its whole 2-D view). A mismatch raises orthoserve.IntegrityError and returns nothing.
@@ -22,9 +27,24 @@ from orthoserve import arrays, errors, layout, options as options_lib, retry as 
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
-__all__ = ["Client", "Group", "DEFAULT_CHUNK_BYTES", "ND_MODES"]
+__all__ = ["Client", "Group", "DEFAULT_CHUNK_BYTES", "DEFAULT_TIMEOUT", "DEFAULT_KEEPALIVE_TIME",
+           "DEFAULT_KEEPALIVE_TIMEOUT", "ND_MODES"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+# Seconds each attempt of a call may take unless the caller says otherwise. Longer than the service's default
+# rendezvous timeout (60 s), so that a group step whose other trainer ranks never come ends with the server's ABORTED
+# naming them rather than with a client timeout; shorter than the retry deadline (120 s), so that an attempt stuck on
+# a stalled member leaves time for a retry elsewhere.
+DEFAULT_TIMEOUT = 90.0
+# HTTP/2 keepalive of every channel (seconds): a ping after this long without one while calls are in flight, and the
+# connection is dropped (its calls fail with UNAVAILABLE, which is retried) when the ping is not answered within
+# DEFAULT_KEEPALIVE_TIMEOUT. 300 s is the least a gRPC server accepts by default
+# (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS; orthoserve sets no keepalive arguments of its own): pings
+# more often count as "strikes", and after two a server closes the connection with GOAWAY "too_many_pings", failing
+# the calls on it. Pings are not sent on idle channels (keepalive_permit_without_calls off): a default server allows
+# those only two hours apart. A caller whose servers permit more may pass a shorter keepalive_time.
+DEFAULT_KEEPALIVE_TIME = 300.0
+DEFAULT_KEEPALIVE_TIMEOUT = 20.0
 # Our messages are at most one chunk plus a few bytes; allow generous room for unary calls.
 _MAX_MESSAGE_BYTES = 1 << 30
 # How N-d (>= 3 dims) arrays are read as matrices (MatrixSpec.nd_layout): "flatten" as one shape[0] x prod(rest)
@@ -149,7 +169,11 @@ class Client:
         list by the same rule when the server reports no members.
       tls: None (plaintext), True, a dict (root_certificates, private_key, certificate_chain) or credentials.
       token: bearer token sent as "authorization: Bearer <token>" on every call.
-      timeout: default deadline in seconds of each attempt of a call (None: no deadline).
+      timeout: default deadline in seconds of each attempt of a call (DEFAULT_TIMEOUT, 90 s; None: no deadline). An
+        attempt that runs out of it is retried, at another address or fleet member when there is one, while the
+        retry policy's deadline allows.
+      keepalive_time, keepalive_timeout: HTTP/2 keepalive of every channel, seconds (DEFAULT_KEEPALIVE_TIME,
+        DEFAULT_KEEPALIVE_TIMEOUT; see there); keepalive_time None sends no keepalive pings.
       retry: an orthoserve.RetryPolicy; None or True for the default policy, False to make every call a single
         attempt.
 
@@ -159,15 +183,25 @@ class Client:
     """
 
     def __init__(self, address_or_addresses: Union[str, Sequence[str]], *, tls: Any = None,
-                 token: Optional[str] = None, timeout: Optional[float] = None, retry: Any = None):
+                 token: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT, retry: Any = None,
+                 keepalive_time: Optional[float] = DEFAULT_KEEPALIVE_TIME,
+                 keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT):
         if isinstance(address_or_addresses, str):
             addresses = [address_or_addresses]
         else:
             addresses = [str(a) for a in address_or_addresses]
         if not addresses:
             raise ValueError("orthoserve: Client needs at least one address")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"orthoserve: timeout must be > 0 seconds or None, got {timeout}")
+        if keepalive_time is not None and not keepalive_time > 0:
+            raise ValueError(f"orthoserve: keepalive_time must be > 0 seconds or None, got {keepalive_time}")
+        if not keepalive_timeout > 0:
+            raise ValueError(f"orthoserve: keepalive_timeout must be > 0 seconds, got {keepalive_timeout}")
         self.addresses = addresses
         self.timeout = timeout
+        self.keepalive_time = keepalive_time
+        self.keepalive_timeout = keepalive_timeout
         self.retry = retry_lib.policy_of(retry)
         self.retries = 0
         self._credentials = _credentials(tls)
@@ -184,6 +218,16 @@ class Client:
     def _channel_options(self) -> List[tuple]:
         opts = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+        if self.keepalive_time is not None:
+            opts += [("grpc.keepalive_time_ms", max(1, int(self.keepalive_time * 1000))),
+                     ("grpc.keepalive_timeout_ms", max(1, int(self.keepalive_timeout * 1000))),
+                     # Newer gRPC cores (grpcio 1.85 here) end an unanswered keepalive ping only after this, which
+                     # defaults to a minute: keep it the keepalive timeout.
+                     ("grpc.http2.ping_timeout_ms", max(1, int(self.keepalive_timeout * 1000))),
+                     ("grpc.keepalive_permit_without_calls", 0),
+                     # A long step (a rendezvous, a large batch) may send nothing for minutes: keep pinging through
+                     # it (gRPC otherwise stops after two pings without data, and a dead peer goes unnoticed).
+                     ("grpc.http2.max_pings_without_data", 0)]
         if self.retry.enabled:
             # A channel whose server went away reconnects with gRPC's own backoff (up to 120 s by default), and
             # calls fail at once with UNAVAILABLE until it does; keep it within the retry policy's waits, so a
@@ -243,19 +287,24 @@ class Client:
     def _lone_call(self, what: str, timeout: Optional[float], attempt: Callable[[str, int, Optional[float]], T],
                    address: Optional[str] = None) -> T:
         """Runs attempt(address, number, timeout) under the retry policy: at `address` every time when given,
-        else attempt k at the k-th of the lone targets (cycling), remembering the one that answered."""
+        else attempt k at the k-th of the lone targets (cycling; never the target the previous attempt failed on
+        while there is another), remembering the one that answered."""
         attempts = self._attempts(timeout, what)
+        failed: Optional[str] = None
         while True:
             if address is not None:
                 target = address
             else:
                 targets = self._lone_targets()
                 target = targets[attempts.number % len(targets)]
+                if target == failed and len(targets) > 1:
+                    target = targets[(attempts.number + 1) % len(targets)]
             attempts.what = f"{what} to {target}"
             try:
                 result = attempt(target, attempts.number, attempts.timeout())
             except errors.OrthoserveError as e:
                 if attempts.back_off(e):
+                    failed = target
                     continue
                 raise attempts.give_up(e) from None
             if address is None:
@@ -515,9 +564,11 @@ class Group:
     Every rank calls step(n, shards) with the same step number and the same ordered matrices (name, global
     shape, dtype, options, algorithm), each with its own block; the blocks of the W ranks tile each matrix.
     This rank's request goes to the ready fleet member at position floor(rank * M / W) of the M ready members
-    sorted by rank (all members when none is marked ready). A step that fails retryably is retried under the
-    client's policy: the membership is re-read (GetServerInfo from any reachable address), the rank re-routed
-    by the same rule and the whole step sent again with StepHeader.attempt one higher.
+    sorted by rank (all members when none is marked ready). A step that fails retryably (or whose attempt ran out
+    of its timeout) is retried under the client's policy: the membership is re-read (GetServerInfo from any
+    reachable address), the rank re-routed by the same rule, except that the member the failed attempt went to is
+    passed over for the next one while there is another, and the whole step sent again with StepHeader.attempt one
+    higher. The member chosen stays this rank's until the next failure.
 
     Run id (StepHeader.run_id, sent on every attempt of every step when world > 1): the fleet keys a group step by
     tenant, job, group, step and run, so the reports of two runs (a relaunch, two members of a sweep) that use the
@@ -555,17 +606,22 @@ class Group:
                                                       self.client.addresses)
         return self._address
 
-    def _reroute(self, timeout: Optional[float]) -> None:
-        """Re-reads the membership (one GetServerInfo per address until one answers) and picks this rank's
-        member; keeps the previous choice when no address answers."""
+    def _reroute(self, timeout: Optional[float], avoid: str) -> None:
+        """Re-reads the membership (one GetServerInfo per address until one answers; the last one read when none
+        answers) and picks this rank's member, other than `avoid` (where the last attempt failed) when the pool has
+        another."""
         info = self.client._membership(timeout)
-        if info is not None:
-            self._address = routing.preferred_address(info, self.rank, self.world, self.client.addresses)
+        if info is None:
+            with self.client._lock:
+                info = self.client._fleet
+        self._address = routing.preferred_address(info if info is not None else pb.ServerInfo(), self.rank,
+                                                  self.world, self.client.addresses, avoid)
 
     def step(self, step: int, shards: Sequence[layout.Shard], *, timeout: Optional[float] = None) -> List[Any]:
         """Sends this rank's blocks for step `step`; returns this rank's result blocks, in order, each of the
         same type, dtype, shape and device as the shard's data. `timeout` bounds each attempt (default: the
-        client's). Raises OrthoserveError once the client's retry policy gives up."""
+        client's; an attempt that runs out of it is retried at another member). Raises OrthoserveError once the
+        client's retry policy gives up."""
         if not shards:
             return []
         entries = []
@@ -582,12 +638,13 @@ class Group:
             shape = s.info.shape if len(s.info.shape) >= 2 else (0, cols)
             entries.append(_Entry(spec, arrays.to_bytes(s.data), s.info, shape))
         attempts = self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")
+        failed = address = ""  # The member the previous attempt failed on; the current attempt's.
         while True:
             header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
                                    num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "")
             try:
                 if attempts.number > 0:
-                    self._reroute(attempts.timeout())
+                    self._reroute(attempts.timeout(), failed)
                 address = self.address
                 attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
                 results = self.client._stream(address, header, entries, attempts.timeout())
@@ -595,4 +652,5 @@ class Group:
             except errors.OrthoserveError as e:
                 if not attempts.back_off(e):
                     raise attempts.give_up(e) from None
+                failed = address
         return [r.reshape(s.info.shape) if len(s.info.shape) < 2 else r for r, s in zip(results, shards)]

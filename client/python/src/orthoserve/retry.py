@@ -2,8 +2,11 @@
 
 Which failures may be retried is the service's rule (proto/orthoserve/v1/orthogonalizer.proto, above
 `service Orthogonalizer`): UNAVAILABLE, and ABORTED whose trailing metadata holds
-`orthoserve-retryable: fleet-change`; every other code is final (OrthoserveError.retryable). Steps are
-deterministic, so a retry re-sends the whole step, with StepHeader.attempt one higher.
+`orthoserve-retryable: fleet-change`; every other code is final (OrthoserveError.retryable). Besides those, the
+client retries an attempt that its own per-attempt timeout ended (DEADLINE_EXCEEDED when the attempt's timeout ran
+out and was not cut to what remained of the retry deadline): the member it was talking to may have stalled, and the
+retry goes elsewhere while the retry deadline allows. Steps are deterministic, so a retry re-sends the whole step,
+with StepHeader.attempt one higher.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ __all__ = ["RetryPolicy", "Attempts", "policy_of"]
 # A retry starts only when at least this much of the deadline (seconds; at most a tenth of the deadline) is left
 # after its wait: an attempt cut to a millisecond fails with DEADLINE_EXCEEDED before the server can answer.
 _MIN_ATTEMPT_SECONDS = 0.05
+# A DEADLINE_EXCEEDED counts as the attempt's own timeout running out when at least this fraction of that timeout
+# has passed since the attempt began (gRPC's timer fires at the deadline; the slack absorbs clock granularity). An
+# earlier DEADLINE_EXCEEDED came from the server (its own wait ran out) and is final like any other code.
+_TIMER_FRACTION = 0.99
 
 logger = logging.getLogger("orthoserve")
 
@@ -34,7 +41,8 @@ class RetryPolicy:
     The wait before retry k (k = 0 for the first retry) is drawn uniformly from
     [0, min(max_backoff, initial_backoff * multiplier**k)] ("full jitter"). A retry starts only if it can start
     before `deadline` seconds have passed since the call began. Each attempt is still bounded by the call's own
-    timeout (a retry's by whatever remains of the deadline, if less).
+    timeout (a retry's by whatever remains of the deadline, if less). An attempt ended by that per-attempt timeout
+    (DEADLINE_EXCEEDED) is retried like a retryable failure; one ended because the deadline ran out is final.
 
     Attributes:
       enabled: False makes every call a single attempt.
@@ -105,6 +113,9 @@ class Attempts:
         self._start = time.monotonic()
         self._stop_reason = ""
         self._cut = False  # The current attempt's timeout is what remains of the deadline.
+        self._attempt_start = self._start  # When the current attempt's timeout was handed out.
+        self._attempt_timeout: Optional[float] = None  # That timeout.
+        self._retryable = False  # The last failure given to back_off was one that may be retried.
         self._previous: Optional[errors.OrthoserveError] = None  # The retryable failure before this attempt.
         self._final: Optional[errors.OrthoserveError] = None  # The error give_up reports instead, if any.
 
@@ -116,8 +127,14 @@ class Attempts:
 
     def timeout(self) -> Optional[float]:
         """The timeout of the current attempt. The first gets the call's whole timeout (retries never shorten a
-        call that would have worked without them); a retry gets it cut to what remains of the deadline."""
+        call that would have worked without them); a retry gets it cut to what remains of the deadline. The attempt
+        is taken to begin now (see timed_out)."""
         self._cut = False
+        self._attempt_start = time.monotonic()
+        self._attempt_timeout = self._attempt_timeout_now()
+        return self._attempt_timeout
+
+    def _attempt_timeout_now(self) -> Optional[float]:
         if self.number == 0 or not self.policy.enabled:
             return self._timeout
         remaining = self.remaining()
@@ -127,20 +144,31 @@ class Attempts:
         self._cut = self._timeout is None or remaining < self._timeout
         return remaining if self._timeout is None else min(self._timeout, remaining)
 
+    def timed_out(self, error: BaseException) -> bool:
+        """Whether `error` is the current attempt's own per-attempt timeout running out: a call-level
+        DEADLINE_EXCEEDED after (nearly) all of the timeout that timeout() last handed out, when that timeout was the
+        call's and not what remained of the retry deadline."""
+        return (isinstance(error, errors.OrthoserveError) and error.code == grpc.StatusCode.DEADLINE_EXCEEDED and
+                error.matrix is None and not self._cut and self._attempt_timeout is not None and
+                time.monotonic() - self._attempt_start >= _TIMER_FRACTION * self._attempt_timeout)
+
     def back_off(self, error: BaseException) -> bool:
-        """After the current attempt failed with `error`: when it is retryable and the policy allows another
-        attempt that starts before the deadline, logs a warning, counts the retry, sleeps the jittered wait,
-        advances `number` and returns True; returns False otherwise."""
+        """After the current attempt failed with `error`: when it is retryable (or the attempt's own timeout ran out:
+        timed_out) and the policy allows another attempt that starts before the deadline, logs a warning, counts the
+        retry, sleeps the jittered wait, advances `number` and returns True; returns False otherwise."""
         policy = self.policy
+        self._retryable = False
         if (isinstance(error, errors.OrthoserveError) and error.code == grpc.StatusCode.DEADLINE_EXCEEDED and
                 self._cut and self._previous is not None):
             # A retry ran out of the retry deadline, not of the call's timeout: the call failed because the service
             # stayed unavailable; report that failure.
             self._stop_reason = f"retry deadline of {policy.deadline:g} s reached"
             self._final = self._previous
+            self._retryable = True  # The failure reported is the previous, retried one.
             return False
-        if not isinstance(error, errors.OrthoserveError) or not error.retryable:
+        if not isinstance(error, errors.OrthoserveError) or not (error.retryable or self.timed_out(error)):
             return False
+        self._retryable = True
         if not policy.enabled:
             self._stop_reason = "retries are disabled"
             return False
@@ -168,5 +196,5 @@ class Attempts:
             error = self._final
         if self.number == 0 or not isinstance(error, errors.OrthoserveError):
             return error
-        note = self._stop_reason if error.retryable else ""
+        note = self._stop_reason if self._retryable else ""
         return error.after_attempts(self.number + 1, note)

@@ -28,11 +28,16 @@ def ready_addresses(info: pb.ServerInfo) -> List[str]:
     return ready or [m.address for m in members]
 
 
-def preferred_address(info: pb.ServerInfo, rank: int, world: int, fallback: Sequence[str]) -> str:
+def preferred_address(info: pb.ServerInfo, rank: int, world: int, fallback: Sequence[str], avoid: str = "") -> str:
     """Trainer rank `rank` of `world`: the member at position floor(rank * M / world) of the M ready members
-    sorted by rank (all members if none is ready); of `fallback` by the same rule when none are listed."""
+    sorted by rank (all members if none is ready); of `fallback` by the same rule when none are listed. When that
+    one is `avoid` (where the previous attempt failed: it may still look ready while it stalls or drains) and the
+    pool has another, the next one in the pool instead."""
     pool = ready_addresses(info) or list(fallback)
-    return pool[rank * len(pool) // world]
+    i = rank * len(pool) // world
+    if pool[i] == avoid and len(pool) > 1:
+        i = (i + 1) % len(pool)
+    return pool[i]
 
 
 def unique(addresses: Iterable[str]) -> List[str]:

@@ -693,32 +693,28 @@ class Muon(torch.optim.Optimizer):
     def _group_settings(self, group: Dict[str, Any]) -> Dict[str, Any]:
         return {k: self._setting(group, self.defaults, k) for k in _FLAVOR_DEFAULTS["eo"]}
 
-    def _apply_weight_decay_inplace(self, p: torch.Tensor, grad: torch.Tensor, lr: float, wd: float,
-                                    method: str = "decoupled") -> None:
-        if wd == 0.0:
-            return
-        if method == "decoupled":
-            p.add_(p, alpha=-wd * lr)
-        elif method == "independent":
-            p.add_(p, alpha=-wd)
-        else:  # l2
-            grad.add_(p, alpha=wd)
-
     # -- the step ------------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """One optimizer step; the orthogonalization of all its parameters is one remote request."""
+        """One optimizer step; the orthogonalization of all its parameters is one remote request.
+
+        Nothing the step changes (parameters, momentum buffers, an l2 weight decay's gradients, the step count) is
+        touched until every orthogonalized update is in hand: the new momentum buffers and gradients are computed
+        into new tensors first, and written, with the weight decay and the update, only after the remote call
+        returned. A step that raises (the service unreachable after the retries, an error answer, an integrity
+        failure, a bad parameter) leaves parameters and optimizer state exactly as they were, so calling step()
+        again after an exception is the same as calling it once."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         todo: List[Tuple[torch.Tensor, Dict[str, Any]]] = []
         updates: List[torch.Tensor] = []
-        self._group_of = {}
+        pending: List[Tuple[Optional[torch.Tensor], torch.Tensor]] = []  # (new gradient or None, new buffer) per p.
+        group_of: Dict[int, Dict[str, Any]] = {}
         for group in self.param_groups:
             settings = self._group_settings(group)
-            lr = float(settings["lr"])
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -726,25 +722,39 @@ class Muon(torch.optim.Optimizer):
                     raise RuntimeError("Muon does not support complex parameters")
                 if p.grad.is_sparse:
                     raise RuntimeError("Muon does not support sparse gradients")
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
                 grad = p.grad
-                self._apply_weight_decay_inplace(p, grad, lr, settings["weight_decay"],
-                                                 settings["weight_decay_method"])
-                buf = state["momentum_buffer"]
-                buf.lerp_(grad, 1 - settings["momentum"])
+                new_grad = None
+                if settings["weight_decay"] != 0.0 and settings["weight_decay_method"] == "l2":
+                    new_grad = grad = grad.add(p, alpha=settings["weight_decay"])
+                buf = self.state[p].get("momentum_buffer") if p in self.state else None
+                if buf is None:
+                    buf = torch.zeros_like(p)
+                buf = buf.lerp(grad, 1 - settings["momentum"])
                 update = grad.lerp(buf, settings["momentum"]) if settings["nesterov"] else buf
-                self._group_of[id(p)] = settings
+                group_of[id(p)] = settings
                 todo.append((p, settings))
                 updates.append(update)
-        if todo:
-            orth = self.orthogonalize_batch([p for p, _ in todo], updates)
-            for (p, settings), o in zip(todo, orth):
-                rows = p.shape[0]
-                cols = math.prod(p.shape[1:])
-                p.add_(o, alpha=-float(settings["lr"]) * _lr_ratio(settings["adjust_lr_fn"], rows, cols))
-            self._remote_steps += 1
+                pending.append((new_grad, buf))
+        self._group_of = group_of
+        if not todo:
+            return loss
+        orth = self.orthogonalize_batch([p for p, _ in todo], updates)
+        # Every update is known: apply the step (the same operations, in the same order, as an in-place step).
+        for (p, settings), (new_grad, buf), o in zip(todo, pending, orth):
+            lr, wd = float(settings["lr"]), settings["weight_decay"]
+            if new_grad is not None:
+                p.grad.copy_(new_grad)
+            elif wd != 0.0:
+                p.add_(p, alpha=-wd * lr if settings["weight_decay_method"] == "decoupled" else -wd)
+            state = self.state[p]
+            if "momentum_buffer" in state:
+                state["momentum_buffer"].copy_(buf)
+            else:
+                state["momentum_buffer"] = buf
+            rows = p.shape[0]
+            cols = math.prod(p.shape[1:])
+            p.add_(o, alpha=-lr * _lr_ratio(settings["adjust_lr_fn"], rows, cols))
+        self._remote_steps += 1
         return loss
 
     def _options_for(self, p: torch.Tensor) -> Dict[str, Any]:
