@@ -5,6 +5,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -56,8 +57,7 @@ absl::StatusOr<std::unique_ptr<EndpointPool>> EndpointPool::Create(const EtcdOpt
   for (const std::string& endpoint : endpoints) {
     channels.push_back(grpc::CreateCustomChannel(endpoint, credentials, args));
   }
-  return std::unique_ptr<EndpointPool>(
-      new EndpointPool(options, std::move(endpoints), std::move(channels)));
+  return std::unique_ptr<EndpointPool>(new EndpointPool(options, std::move(endpoints), std::move(channels)));
 }
 
 size_t EndpointPool::Preferred() const {
@@ -75,8 +75,20 @@ bool EndpointPool::WaitConnected(size_t index, absl::Time deadline) const {
   return channels_[index]->WaitForConnected(absl::ToChronoTime(until));
 }
 
-absl::Status EndpointPool::Call(absl::string_view what, absl::Time deadline,
-                                const Attempt& attempt) {
+namespace {
+
+// Whether an UNAVAILABLE answer proves that the request was not applied: etcd refuses requests
+// while its member has no raft leader (rpctypes.ErrGRPCNoLeader), and gRPC fails a call it
+// could not send anywhere with this message. A reset connection or etcd's "request timed out"
+// proves nothing.
+bool NotApplied(const grpc::Status& status) {
+  return absl::StrContains(status.error_message(), "etcdserver: no leader") ||
+         absl::StrContains(status.error_message(), "failed to connect to all addresses");
+}
+
+}  // namespace
+
+absl::Status EndpointPool::Call(absl::string_view what, Retry retry, absl::Time deadline, const Attempt& attempt) {
   const size_t first = Preferred();
   std::vector<std::string> failures;
   bool attempted = false;  // Whether any endpoint was connected and got the call.
@@ -91,6 +103,10 @@ absl::Status EndpointPool::Call(absl::string_view what, absl::Time deadline,
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     const grpc::Status status = attempt(channels_[index], context);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && retry == Retry::kMutation && !NotApplied(status)) {
+      return absl::UnavailableError(absl::StrCat(what, " (", endpoints_[index], "): ", status.error_message(),
+                                                 "; the write may or may not have been applied"));
+    }
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       failures.push_back(absl::StrCat(endpoints_[index], ": ", status.error_message()));
       continue;
@@ -100,11 +116,9 @@ absl::Status EndpointPool::Call(absl::string_view what, absl::Time deadline,
   }
   // A cluster that never connected is UNAVAILABLE even when the deadline ran out meanwhile.
   if (attempted && absl::Now() >= deadline) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(what, ": deadline passed after ", absl::StrJoin(failures, "; ")));
+    return absl::DeadlineExceededError(absl::StrCat(what, ": deadline passed after ", absl::StrJoin(failures, "; ")));
   }
-  return absl::UnavailableError(
-      absl::StrCat(what, ": no etcd endpoint answered: ", absl::StrJoin(failures, "; ")));
+  return absl::UnavailableError(absl::StrCat(what, ": no etcd endpoint answered: ", absl::StrJoin(failures, "; ")));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> EndpointPool::ConnectedChannel(absl::Time deadline) {
@@ -117,8 +131,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> EndpointPool::ConnectedChannel(ab
       return channels_[index];
     }
   }
-  return absl::UnavailableError(absl::StrCat("no etcd endpoint connected within the dial timeout: ",
-                                             absl::StrJoin(endpoints_, ",")));
+  return absl::UnavailableError(
+      absl::StrCat("no etcd endpoint connected within the dial timeout: ", absl::StrJoin(endpoints_, ",")));
 }
 
 }  // namespace orthoserve::etcd

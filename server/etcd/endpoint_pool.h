@@ -28,14 +28,24 @@ class EndpointPool {
   static absl::StatusOr<std::unique_ptr<EndpointPool>> Create(const EtcdOptions& options);
 
   // One attempt of a call on one channel; `context` carries the deadline already.
-  using Attempt = std::function<grpc::Status(const std::shared_ptr<grpc::Channel>& channel,
-                                            grpc::ClientContext& context)>;
+  using Attempt =
+      std::function<grpc::Status(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context)>;
+
+  // Whether a call may be sent again to another endpoint after it may have been applied.
+  enum class Retry {
+    kRepeatable,  // Reads, and writes that are idempotent by construction (leases, election).
+    kMutation,    // Put, DeleteRange, Txn: a second application could change the answer.
+  };
 
   // Runs `attempt` on the endpoints in failover order until one answers with anything but
-  // UNAVAILABLE, or `deadline` passes. Returns that answer as an absl::Status (the gRPC code,
-  // the message prefixed with `what`); UNAVAILABLE naming every endpoint when none answered;
-  // DEADLINE_EXCEEDED when the deadline passed after some endpoint was reached. Thread-safe.
-  absl::Status Call(absl::string_view what, absl::Time deadline, const Attempt& attempt);
+  // UNAVAILABLE, or `deadline` passes. An endpoint that is not connected within the dial
+  // timeout is always skipped. A kMutation call that reached an endpoint fails over only when
+  // etcd says it was not applied (no raft leader, or gRPC found no connection); otherwise its
+  // UNAVAILABLE is returned, saying the outcome is unknown (as etcd's Go client does).
+  // Returns the answer as an absl::Status (the gRPC code, the message prefixed with `what`);
+  // UNAVAILABLE naming every endpoint when none answered; DEADLINE_EXCEEDED when the deadline
+  // passed after some endpoint was reached. Thread-safe.
+  absl::Status Call(absl::string_view what, Retry retry, absl::Time deadline, const Attempt& attempt);
 
   // A channel that is connected now, in failover order, for a stream. UNAVAILABLE naming every
   // endpoint when none connects within the dial timeout (and `deadline`). Thread-safe.
@@ -47,9 +57,7 @@ class EndpointPool {
  private:
   EndpointPool(EtcdOptions options, std::vector<std::string> endpoints,
                std::vector<std::shared_ptr<grpc::Channel>> channels)
-      : options_(std::move(options)),
-        endpoints_(std::move(endpoints)),
-        channels_(std::move(channels)) {}
+      : options_(std::move(options)), endpoints_(std::move(endpoints)), channels_(std::move(channels)) {}
 
   // Waits until channel `index` is connected, at most the dial timeout and until `deadline`.
   bool WaitConnected(size_t index, absl::Time deadline) const;

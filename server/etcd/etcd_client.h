@@ -4,7 +4,10 @@
 // endpoints: LeaseKeeper (lease_keeper.h) and Watcher (watcher.h).
 //
 // Contract: every call has a deadline (Options::call_timeout, or the one given) and fails over
-// across the endpoints on UNAVAILABLE (endpoint_pool.h). Errors are etcd's gRPC codes as an
+// across the endpoints on UNAVAILABLE (endpoint_pool.h). Writes (Put, Delete, the Txn helpers)
+// are not sent twice when they may have been applied: they fail over only from an endpoint
+// that is unreachable or has no raft leader, and otherwise return UNAVAILABLE with "may or may
+// not have been applied" (read the key to learn which). Errors are etcd's gRPC codes as an
 // absl::Status, the message prefixed with the operation and the endpoint; UNAVAILABLE when no
 // endpoint answers. Thread-safe: any number of threads may call at once.
 #pragma once
@@ -57,12 +60,11 @@ class EtcdClient {
   // --- Compare-and-swap (Txn) ---
 
   // Writes `key` only if it does not exist. On failure `current` holds the existing key.
-  absl::StatusOr<TxnResult> CreateIfAbsent(const std::string& key, const std::string& value,
-                                           int64_t lease = 0);
+  absl::StatusOr<TxnResult> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease = 0);
   // Writes `key` only if its mod revision is `mod_revision` (0: only if it does not exist).
   // On failure `current` holds the key as it is (nullopt when absent).
-  absl::StatusOr<TxnResult> PutIfModRevision(const std::string& key, const std::string& value,
-                                             int64_t mod_revision, int64_t lease = 0);
+  absl::StatusOr<TxnResult> PutIfModRevision(const std::string& key, const std::string& value, int64_t mod_revision,
+                                             int64_t lease = 0);
   // Any transaction, for guards these helpers do not cover (e.g. fencing a write on a leader
   // key's create revision).
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(const etcdserverpb::TxnRequest& request);
@@ -72,7 +74,8 @@ class EtcdClient {
   // A new lease of `ttl` (rounded up to whole seconds, at least 1; etcd may raise it to its
   // minimum). Keep it alive with a LeaseKeeper.
   absl::StatusOr<Lease> GrantLease(absl::Duration ttl);
-  // Revokes `lease_id`: its keys are deleted at once. NOT_FOUND when no such lease exists.
+  // Revokes `lease_id`: its keys are deleted at once. NOT_FOUND when no such lease exists
+  // (also when a retry on another endpoint finds it already revoked by the first attempt).
   absl::Status RevokeLease(int64_t lease_id);
 
   // --- Leader election (etcd's Election service, v3electionpb) ---
@@ -82,8 +85,8 @@ class EtcdClient {
   // LeaseKeeper) and until Resign. Campaigning again with the same lease is idempotent.
   // DEADLINE_EXCEEDED when `deadline` passed first (etcd then withdraws the candidacy);
   // NOT_FOUND when the lease does not exist.
-  absl::StatusOr<LeaderKey> Campaign(const std::string& name, int64_t lease,
-                                     const std::string& value, absl::Time deadline);
+  absl::StatusOr<LeaderKey> Campaign(const std::string& name, int64_t lease, const std::string& value,
+                                     absl::Time deadline);
   // The current leader's key and proclaimed value (its create_revision is the term).
   // NOT_FOUND when the election has no leader.
   absl::StatusOr<KeyValue> Leader(const std::string& name);
@@ -101,8 +104,8 @@ class EtcdClient {
   explicit EtcdClient(std::unique_ptr<EndpointPool> pool) : pool_(std::move(pool)) {}
 
   absl::Time CallDeadline() const { return absl::Now() + pool_->options().call_timeout; }
-  absl::StatusOr<TxnResult> GuardedPut(const std::string& key, const std::string& value,
-                                       int64_t mod_revision, int64_t lease);
+  absl::StatusOr<TxnResult> GuardedPut(const std::string& key, const std::string& value, int64_t mod_revision,
+                                       int64_t lease);
 
   std::unique_ptr<EndpointPool> pool_;
 };

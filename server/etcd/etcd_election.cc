@@ -48,18 +48,18 @@ v3electionpb::LeaderKey ToProto(const LeaderKey& leader) {
 
 }  // namespace
 
-absl::StatusOr<LeaderKey> EtcdClient::Campaign(const std::string& name, int64_t lease,
-                                               const std::string& value, absl::Time deadline) {
+absl::StatusOr<LeaderKey> EtcdClient::Campaign(const std::string& name, int64_t lease, const std::string& value,
+                                               absl::Time deadline) {
   v3electionpb::CampaignRequest request;
   request.set_name(name);
   request.set_lease(lease);
   request.set_value(value);
   v3electionpb::CampaignResponse response;
-  RETURN_IF_ERROR(MapElectionError(pool_->Call(
-      absl::StrCat("etcd campaign ", name), deadline,
-      [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
-        return v3electionpb::Election::NewStub(channel)->Campaign(&context, request, &response);
-      })));
+  RETURN_IF_ERROR(MapElectionError(
+      pool_->Call(absl::StrCat("etcd campaign ", name), EndpointPool::Retry::kRepeatable, deadline,
+                  [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
+                    return v3electionpb::Election::NewStub(channel)->Campaign(&context, request, &response);
+                  })));
   LeaderKey leader;
   leader.name = response.leader().name();
   leader.key = response.leader().key();
@@ -72,11 +72,11 @@ absl::StatusOr<KeyValue> EtcdClient::Leader(const std::string& name) {
   v3electionpb::LeaderRequest request;
   request.set_name(name);
   v3electionpb::LeaderResponse response;
-  RETURN_IF_ERROR(MapElectionError(pool_->Call(
-      absl::StrCat("etcd leader ", name), CallDeadline(),
-      [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
-        return v3electionpb::Election::NewStub(channel)->Leader(&context, request, &response);
-      })));
+  RETURN_IF_ERROR(MapElectionError(
+      pool_->Call(absl::StrCat("etcd leader ", name), EndpointPool::Retry::kRepeatable, CallDeadline(),
+                  [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
+                    return v3electionpb::Election::NewStub(channel)->Leader(&context, request, &response);
+                  })));
   if (!response.has_kv()) return absl::NotFoundError(absl::StrCat("etcd leader ", name, ": none"));
   return FromProto(response.kv());
 }
@@ -86,22 +86,22 @@ absl::Status EtcdClient::Proclaim(const LeaderKey& leader, const std::string& va
   *request.mutable_leader() = ToProto(leader);
   request.set_value(value);
   v3electionpb::ProclaimResponse response;
-  return MapElectionError(pool_->Call(
-      absl::StrCat("etcd proclaim ", leader.name), CallDeadline(),
-      [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
-        return v3electionpb::Election::NewStub(channel)->Proclaim(&context, request, &response);
-      }));
+  return MapElectionError(
+      pool_->Call(absl::StrCat("etcd proclaim ", leader.name), EndpointPool::Retry::kRepeatable, CallDeadline(),
+                  [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
+                    return v3electionpb::Election::NewStub(channel)->Proclaim(&context, request, &response);
+                  }));
 }
 
 absl::Status EtcdClient::Resign(const LeaderKey& leader) {
   v3electionpb::ResignRequest request;
   *request.mutable_leader() = ToProto(leader);
   v3electionpb::ResignResponse response;
-  return MapElectionError(pool_->Call(
-      absl::StrCat("etcd resign ", leader.name), CallDeadline(),
-      [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
-        return v3electionpb::Election::NewStub(channel)->Resign(&context, request, &response);
-      }));
+  return MapElectionError(
+      pool_->Call(absl::StrCat("etcd resign ", leader.name), EndpointPool::Retry::kRepeatable, CallDeadline(),
+                  [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
+                    return v3electionpb::Election::NewStub(channel)->Resign(&context, request, &response);
+                  }));
 }
 
 }  // namespace orthoserve::etcd

@@ -15,8 +15,8 @@ absl::StatusOr<std::vector<std::string>> ValidateEtcdOptions(const EtcdOptions& 
     if (part.empty()) continue;
     const size_t colon = part.rfind(':');
     int port = 0;
-    if (colon == absl::string_view::npos || colon == 0 ||
-        !absl::SimpleAtoi(part.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    if (colon == absl::string_view::npos || colon == 0 || !absl::SimpleAtoi(part.substr(colon + 1), &port) ||
+        port <= 0 || port > 65535) {
       return absl::InvalidArgumentError(
           absl::StrCat("etcd endpoints: \"", part, "\" is not host:port (e.g. 127.0.0.1:2379)"));
     }
@@ -32,8 +32,7 @@ absl::StatusOr<std::vector<std::string>> ValidateEtcdOptions(const EtcdOptions& 
     return absl::InvalidArgumentError("etcd call_timeout must be positive");
   }
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "etcd TLS: give both tls_cert_file and tls_key_file for mutual TLS, or neither");
+    return absl::InvalidArgumentError("etcd TLS: give both tls_cert_file and tls_key_file for mutual TLS, or neither");
   }
   if (!options.tls_cert_file.empty() && options.tls_ca_file.empty()) {
     return absl::InvalidArgumentError("etcd TLS: a client certificate needs tls_ca_file too");

@@ -38,10 +38,10 @@ struct WatchEvent {
   enum class Type { kPut, kDelete };
   Type type = Type::kPut;
   std::string key;
-  std::string value;           // Empty for kDelete.
-  int64_t mod_revision = 0;    // The revision of this change (of the deletion for kDelete).
-  int64_t create_revision = 0; // For kPut: the key's creation revision.
-  int64_t lease = 0;           // For kPut: the key's lease.
+  std::string value;            // Empty for kDelete.
+  int64_t mod_revision = 0;     // The revision of this change (of the deletion for kDelete).
+  int64_t create_revision = 0;  // For kPut: the key's creation revision.
+  int64_t lease = 0;            // For kPut: the key's lease.
 };
 
 // A granted lease.
@@ -54,10 +54,10 @@ struct Lease {
 // revision of the leader's key: it grows with every new leader, so it is the fencing term
 // (a write guarded by "the key's create revision == revision" fails once leadership moved on).
 struct LeaderKey {
-  std::string name;       // The election's name.
-  std::string key;        // The leader's key in etcd ("name/<lease id in hex>").
-  int64_t revision = 0;   // The create revision of `key`: the leadership term.
-  int64_t lease = 0;      // The lease that holds the leadership.
+  std::string name;      // The election's name.
+  std::string key;       // The leader's key in etcd ("name/<lease id in hex>").
+  int64_t revision = 0;  // The create revision of `key`: the leadership term.
+  int64_t lease = 0;     // The lease that holds the leadership.
 };
 
 }  // namespace orthoserve::etcd

@@ -27,8 +27,7 @@ absl::StatusOr<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(EndpointPool* po
   return keeper;
 }
 
-LeaseKeeper::LeaseKeeper(EndpointPool* pool, Options options)
-    : pool_(pool), options_(std::move(options)) {
+LeaseKeeper::LeaseKeeper(EndpointPool* pool, Options options) : pool_(pool), options_(std::move(options)) {
   absl::MutexLock lock(&mu_);
   last_renewed_ = absl::Now();
   last_ttl_ = options_.ttl;
@@ -81,8 +80,8 @@ void LeaseKeeper::Run() {
   absl::Status lost;
   while (!Stopping()) {
     if (absl::Now() >= ExpiresAt()) {
-      lost = absl::UnavailableError(absl::StrCat("etcd lease ", options_.lease_id,
-                                                 ": no keep-alive acknowledged for a whole TTL"));
+      lost = absl::UnavailableError(
+          absl::StrCat("etcd lease ", options_.lease_id, ": no keep-alive acknowledged for a whole TTL"));
       break;
     }
     const absl::Status stream = RunStream();

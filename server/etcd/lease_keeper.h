@@ -28,9 +28,9 @@ namespace orthoserve::etcd {
 class LeaseKeeper {
  public:
   struct Options {
-    int64_t lease_id = 0;                             // The lease to keep (from GrantLease).
-    absl::Duration ttl = absl::ZeroDuration();        // Its TTL as granted (Lease::ttl_seconds).
-    absl::Duration interval = absl::ZeroDuration();   // Between keep-alives; zero: ttl / 3.
+    int64_t lease_id = 0;                                        // The lease to keep (from GrantLease).
+    absl::Duration ttl = absl::ZeroDuration();                   // Its TTL as granted (Lease::ttl_seconds).
+    absl::Duration interval = absl::ZeroDuration();              // Between keep-alives; zero: ttl / 3.
     std::function<void(const absl::Status&)> on_lost = nullptr;  // Called once on loss.
   };
 

@@ -32,13 +32,10 @@ absl::StatusOr<std::unique_ptr<Watcher>> Watcher::Start(EndpointPool* pool, Opti
   if (!options.on_events) return absl::InvalidArgumentError("Watcher: on_events is required");
   if (options.start_revision < 0) return absl::InvalidArgumentError("Watcher: start_revision < 0");
   std::unique_ptr<Watcher> watcher(new Watcher(pool, std::move(options)));
-  const absl::Time deadline =
-      absl::Now() + pool->options().dial_timeout + pool->options().call_timeout;
+  const absl::Time deadline = absl::Now() + pool->options().dial_timeout + pool->options().call_timeout;
   absl::StatusOr<std::unique_ptr<Stream>> stream = watcher->OpenStream(deadline);
   if (!stream.ok()) return stream.status();
-  watcher->thread_ = std::thread([w = watcher.get(), s = std::move(*stream)]() mutable {
-    w->Run(std::move(s));
-  });
+  watcher->thread_ = std::thread([w = watcher.get(), s = std::move(*stream)]() mutable { w->Run(std::move(s)); });
   return watcher;
 }
 
@@ -96,15 +93,28 @@ absl::StatusOr<std::unique_ptr<Watcher::Stream>> Watcher::OpenStream(absl::Time 
   stream->stub = etcdserverpb::Watch::NewStub(*channel);
   etcdserverpb::Watch::Stub* stub = stream->stub.get();
   stream->call = std::make_unique<Stream::Call>(
-      [stub](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
-        return stub->PrepareAsyncWatch(context, cq);
-      });
+      [stub](grpc::ClientContext* context, grpc::CompletionQueue* cq) { return stub->PrepareAsyncWatch(context, cq); });
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::CancelledError("Watcher stopped");
+    stream_ = stream.get();  // Stop cancels it while it opens.
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> result = Confirm(std::move(stream), deadline);
+  absl::MutexLock lock(&mu_);
+  stream_ = nullptr;
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<Watcher::Stream>> Watcher::Confirm(std::unique_ptr<Stream> stream, absl::Time deadline) {
   etcdserverpb::WatchRequest request;
   etcdserverpb::WatchCreateRequest* create = request.mutable_create_request();
   create->set_key(options_.prefix.empty() ? std::string(1, '\0') : options_.prefix);
   create->set_range_end(PrefixRangeEnd(options_.prefix));
   const int64_t from = next_revision();
   create->set_start_revision(from);
+  // etcd then reports, now and then, how far an idle watch has got, so that next_revision_
+  // moves with the store and a reconnection after a long quiet spell is not compacted away.
+  create->set_progress_notify(true);
   const std::string what = absl::StrCat("etcd watch ", options_.prefix, " from revision ", from);
   if (absl::Status s = stream->call->Start(deadline); !s.ok()) return Annotate(s, what);
   if (absl::Status s = stream->call->Write(request, deadline); !s.ok()) return Annotate(s, what);
@@ -113,15 +123,15 @@ absl::StatusOr<std::unique_ptr<Watcher::Stream>> Watcher::OpenStream(absl::Time 
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       return absl::UnavailableError(absl::StrCat(what, ": not confirmed in time"));
     }
-    return Annotate(stream->call->Finish(deadline), what);
+    const absl::Status finished = stream->call->Finish(deadline);
+    if (finished.ok()) return absl::UnavailableError(absl::StrCat(what, ": stream ended at once"));
+    return Annotate(finished, what);
   }
   if (response.compact_revision() > 0) {
-    return absl::OutOfRangeError(absl::StrCat(what, ": compacted up to revision ",
-                                              response.compact_revision()));
+    return absl::OutOfRangeError(absl::StrCat(what, ": compacted up to revision ", response.compact_revision()));
   }
   if (!response.created() || response.canceled()) {
-    return absl::UnavailableError(
-        absl::StrCat(what, ": not created (", response.cancel_reason(), ")"));
+    return absl::UnavailableError(absl::StrCat(what, ": not created (", response.cancel_reason(), ")"));
   }
   if (from == 0) {
     absl::MutexLock lock(&mu_);
@@ -136,8 +146,7 @@ void Watcher::Run(std::unique_ptr<Stream> stream) {
     if (stream == nullptr) {
       SleepUntil(absl::Now() + options_.retry_interval);
       if (Stopping()) break;
-      const absl::Time deadline =
-          absl::Now() + pool_->options().dial_timeout + pool_->options().call_timeout;
+      const absl::Time deadline = absl::Now() + pool_->options().dial_timeout + pool_->options().call_timeout;
       absl::StatusOr<std::unique_ptr<Stream>> opened = OpenStream(deadline);
       if (opened.status().code() == absl::StatusCode::kOutOfRange) {
         ended = opened.status();
@@ -178,13 +187,19 @@ absl::Status Watcher::Follow(Stream& stream) {
     if (read.code() == absl::StatusCode::kDeadlineExceeded) continue;
     if (!read.ok()) break;  // Broken: reopened by Run from next_revision_.
     if (response.compact_revision() > 0) {
-      result = absl::OutOfRangeError(absl::StrCat("etcd watch ", options_.prefix,
-                                                  ": compacted up to revision ",
-                                                  response.compact_revision()));
+      result = absl::OutOfRangeError(
+          absl::StrCat("etcd watch ", options_.prefix, ": compacted up to revision ", response.compact_revision()));
       break;
     }
     if (response.canceled()) break;  // etcd dropped the watch: reopen it.
-    if (response.events_size() == 0) continue;
+    if (response.events_size() == 0) {
+      // A progress notification: every change up to the header's revision has been sent.
+      if (!response.created()) {
+        absl::MutexLock lock(&mu_);
+        next_revision_ = std::max(next_revision_, response.header().revision() + 1);
+      }
+      continue;
+    }
     events.clear();
     events.reserve(response.events_size());
     for (const mvccpb::Event& event : response.events()) events.push_back(FromProto(event));

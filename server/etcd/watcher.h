@@ -30,11 +30,11 @@ namespace orthoserve::etcd {
 class Watcher {
  public:
   struct Options {
-    std::string prefix;            // Watch keys starting with it (empty: every key).
-    int64_t start_revision = 0;    // First revision to deliver; 0: changes after Start returns.
+    std::string prefix;          // Watch keys starting with it (empty: every key).
+    int64_t start_revision = 0;  // First revision to deliver; 0: changes after Start returns.
     std::function<void(const std::vector<WatchEvent>& events)> on_events = nullptr;  // Required.
-    std::function<void(const absl::Status& status)> on_ended = nullptr;  // Optional: compacted.
-    absl::Duration retry_interval = absl::Milliseconds(200);  // Pause before reopening a stream.
+    std::function<void(const absl::Status& status)> on_ended = nullptr;              // Optional: compacted.
+    absl::Duration retry_interval = absl::Milliseconds(200);                         // Pause before reopening a stream.
   };
 
   // Opens the watch and returns once etcd has confirmed it (changes from then on, or from
@@ -43,7 +43,8 @@ class Watcher {
   // timeouts; OUT_OF_RANGE when `start_revision` has been compacted.
   static absl::StatusOr<std::unique_ptr<Watcher>> Start(EndpointPool* pool, Options options);
 
-  // Stops and joins the thread.
+  // Stops and joins the thread (within about one dial timeout: a connection attempt in
+  // progress is not interrupted).
   ~Watcher();
 
   // Stops watching and joins the thread; idempotent. Must not be called from `on_events`.
@@ -68,6 +69,8 @@ class Watcher {
 
   // Opens a stream from next_revision_ and waits for etcd's confirmation until `deadline`.
   absl::StatusOr<std::unique_ptr<Stream>> OpenStream(absl::Time deadline);
+  // Asks etcd for the watch on a new `stream` and waits for the confirmation.
+  absl::StatusOr<std::unique_ptr<Stream>> Confirm(std::unique_ptr<Stream> stream, absl::Time deadline);
   void Run(std::unique_ptr<Stream> stream);
   // Delivers the events of one stream until it breaks (OK), the watch ends (OUT_OF_RANGE) or
   // the watcher stops (CANCELLED).

@@ -27,8 +27,8 @@ class EtcdElectionTest : public EtcdTest {
     absl::StatusOr<etcd::Lease> lease = client_->GrantLease(ttl);
     EXPECT_OK(lease);
     if (!lease.ok()) return 0;
-    absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper = etcd::LeaseKeeper::Start(
-        &client_->pool(), {.lease_id = lease->id, .ttl = absl::Seconds(lease->ttl_seconds)});
+    absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper =
+        etcd::LeaseKeeper::Start(&client_->pool(), {.lease_id = lease->id, .ttl = absl::Seconds(lease->ttl_seconds)});
     EXPECT_OK(keeper);
     if (keeper.ok()) keepers_.push_back(std::move(*keeper));
     return lease->id;
@@ -58,8 +58,7 @@ class EtcdElectionTest : public EtcdTest {
 TEST_F(EtcdElectionTest, SecondCampaignerLeadsAfterTheFirstResigns) {
   const int64_t lease_a = KeptLease(absl::Seconds(5));
   const int64_t lease_b = KeptLease(absl::Seconds(5));
-  absl::StatusOr<etcd::LeaderKey> a =
-      client_->Campaign(kElection, lease_a, "rank-a", absl::Now() + absl::Seconds(5));
+  absl::StatusOr<etcd::LeaderKey> a = client_->Campaign(kElection, lease_a, "rank-a", absl::Now() + absl::Seconds(5));
   ASSERT_OK(a);
   EXPECT_EQ(a->lease, lease_a);
   EXPECT_GT(a->revision, 0);
@@ -90,10 +89,8 @@ TEST_F(EtcdElectionTest, SecondCampaignerLeadsAfterTheFirstResigns) {
   EXPECT_EQ(leader->value, "rank-b");
 
   ASSERT_OK(other->Proclaim(*b, "rank-b v2"));
-  EXPECT_THAT(client_->Leader(kElection),
-              IsOkAndHolds(::testing::Field(&etcd::KeyValue::value, "rank-b v2")));
-  EXPECT_THAT(client_->Proclaim(*a, "stale"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not leader")));
+  EXPECT_THAT(client_->Leader(kElection), IsOkAndHolds(::testing::Field(&etcd::KeyValue::value, "rank-b v2")));
+  EXPECT_THAT(client_->Proclaim(*a, "stale"), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not leader")));
 }
 
 TEST_F(EtcdElectionTest, SecondCampaignerLeadsAfterTheLeadersLeaseExpires) {
@@ -105,20 +102,17 @@ TEST_F(EtcdElectionTest, SecondCampaignerLeadsAfterTheLeadersLeaseExpires) {
       client_->Campaign(kElection, short_lease->id, "rank-a", absl::Now() + absl::Seconds(5));
   ASSERT_OK(a);
   const absl::Time start = absl::Now();
-  absl::StatusOr<etcd::LeaderKey> b =
-      client_->Campaign(kElection, lease_b, "rank-b", absl::Now() + absl::Seconds(20));
+  absl::StatusOr<etcd::LeaderKey> b = client_->Campaign(kElection, lease_b, "rank-b", absl::Now() + absl::Seconds(20));
   ASSERT_OK(b);
   EXPECT_GT(b->revision, a->revision);
   EXPECT_LT(absl::Now() - start, absl::Seconds(short_lease->ttl_seconds + 3));
-  EXPECT_THAT(client_->Leader(kElection),
-              IsOkAndHolds(::testing::Field(&etcd::KeyValue::value, "rank-b")));
+  EXPECT_THAT(client_->Leader(kElection), IsOkAndHolds(::testing::Field(&etcd::KeyValue::value, "rank-b")));
 }
 
 TEST_F(EtcdElectionTest, CampaignHonoursItsDeadlineAndWithdraws) {
   const int64_t lease_a = KeptLease(absl::Seconds(5));
   const int64_t lease_b = KeptLease(absl::Seconds(5));
-  absl::StatusOr<etcd::LeaderKey> a =
-      client_->Campaign(kElection, lease_a, "rank-a", absl::Now() + absl::Seconds(5));
+  absl::StatusOr<etcd::LeaderKey> a = client_->Campaign(kElection, lease_a, "rank-a", absl::Now() + absl::Seconds(5));
   ASSERT_OK(a);
   const absl::Time start = absl::Now();
   EXPECT_THAT(client_->Campaign(kElection, lease_b, "rank-b", absl::Now() + absl::Seconds(1)),

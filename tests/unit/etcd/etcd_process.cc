@@ -17,10 +17,10 @@ absl::StatusOr<std::string> EtcdBinary() {
   const char* env = getenv("ORTHOSERVE_ETCD_BINARY");
   const std::string path = env != nullptr && *env != '\0' ? env : "/usr/bin/etcd";
   if (access(path.c_str(), X_OK) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "etcd not found at ", path,
-        ": install Debian's etcd-server package (scripts/setup.sh does), or set "
-        "ORTHOSERVE_ETCD_BINARY"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("etcd not found at ", path,
+                     ": install Debian's etcd-server package (scripts/setup.sh does), or set "
+                     "ORTHOSERVE_ETCD_BINARY"));
   }
   return path;
 }
@@ -30,8 +30,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
   if (!binary.ok()) return binary.status();
   std::unique_ptr<EtcdCluster> cluster(new EtcdCluster());
   cluster->binary_ = *binary;
-  std::string root_template =
-      (std::filesystem::temp_directory_path() / "orthoserve-etcd-XXXXXX").string();
+  std::string root_template = (std::filesystem::temp_directory_path() / "orthoserve-etcd-XXXXXX").string();
   if (mkdtemp(root_template.data()) == nullptr) return absl::InternalError("mkdtemp failed");
   cluster->root_ = root_template;
   std::vector<std::string> peers;
@@ -66,9 +65,7 @@ EtcdCluster::~EtcdCluster() {
   }
 }
 
-std::string EtcdCluster::endpoint(int i) const {
-  return absl::StrCat("127.0.0.1:", members_[i].client_port);
-}
+std::string EtcdCluster::endpoint(int i) const { return absl::StrCat("127.0.0.1:", members_[i].client_port); }
 
 std::string EtcdCluster::endpoints() const {
   std::vector<std::string> all;
@@ -81,25 +78,15 @@ absl::Status EtcdCluster::Launch(int i) {
   const std::string client_url = absl::StrCat("http://127.0.0.1:", m.client_port);
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", m.peer_port);
   std::vector<std::string> argv = {
-      binary_,
-      "--name", m.name,
-      "--data-dir", m.data_dir,
-      "--listen-client-urls", client_url,
-      "--advertise-client-urls", client_url,
-      "--listen-peer-urls", peer_url,
-      "--initial-advertise-peer-urls", peer_url,
-      "--initial-cluster", initial_cluster_,
-      "--initial-cluster-token", absl::StrCat("orthoserve-test-", getpid()),
+      binary_, "--name", m.name, "--data-dir", m.data_dir, "--listen-client-urls", client_url,
+      "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+      "--initial-cluster", initial_cluster_, "--initial-cluster-token", absl::StrCat("orthoserve-test-", getpid()),
       "--initial-cluster-state", "new",
       // Fast elections keep the tests short; etcd's lease minimum follows (about 1 s).
-      "--heartbeat-interval", "50",
-      "--election-timeout", "500",
-      "--logger", "zap",
-      "--log-outputs", "stderr",
+      "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-outputs", "stderr",
       // A restarted member rejoins from its data directory; these flags are then ignored.
   };
-  absl::StatusOr<std::unique_ptr<Subprocess>> process =
-      Subprocess::Start(argv, absl::StrCat(root_, "/", m.name));
+  absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(argv, absl::StrCat(root_, "/", m.name));
   if (!process.ok()) return process.status();
   m.process = std::move(*process);
   return absl::OkStatus();
@@ -117,17 +104,16 @@ absl::Status EtcdCluster::WaitReady(const std::string& endpoints, absl::Duration
   while (absl::Now() < deadline) {
     for (Member& m : members_) {
       if (m.process != nullptr && !m.process->Running()) {
-        return absl::UnavailableError(absl::StrCat("etcd member ", m.name, " exited: ",
-                                                   m.process->Stderr().substr(0, 4000)));
+        return absl::UnavailableError(
+            absl::StrCat("etcd member ", m.name, " exited: ", m.process->Stderr().substr(0, 4000)));
       }
     }
     last = (*client)->Get("orthoserve-test-ready").status();
     if (last.ok()) return absl::OkStatus();
     absl::SleepFor(absl::Milliseconds(100));
   }
-  return absl::UnavailableError(absl::StrCat("etcd at ", endpoints, " not ready within ",
-                                             absl::FormatDuration(timeout), " (", last.ToString(),
-                                             "); logs under ", root_));
+  return absl::UnavailableError(absl::StrCat("etcd at ", endpoints, " not ready within ", absl::FormatDuration(timeout),
+                                             " (", last.ToString(), "); logs under ", root_));
 }
 
 void EtcdCluster::Kill(int i) { members_[i].process.reset(); }

@@ -32,8 +32,8 @@ TEST(EtcdFailoverTest, CallsLeasesAndWatchesSurviveTheLossOfAMember) {
   absl::StatusOr<etcd::Lease> lease = etcd.GrantLease(absl::Seconds(3));
   ASSERT_OK(lease);
   ASSERT_OK(etcd.Put("/f/member", "alive", lease->id));
-  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper = etcd::LeaseKeeper::Start(
-      &etcd.pool(), {.lease_id = lease->id, .ttl = absl::Seconds(lease->ttl_seconds)});
+  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper =
+      etcd::LeaseKeeper::Start(&etcd.pool(), {.lease_id = lease->id, .ttl = absl::Seconds(lease->ttl_seconds)});
   ASSERT_OK(keeper);
 
   absl::Mutex mu;
@@ -52,15 +52,14 @@ TEST(EtcdFailoverTest, CallsLeasesAndWatchesSurviveTheLossOfAMember) {
   absl::StatusOr<int64_t> put = etcd.Put("/f/after", "2");
   ASSERT_OK(put);
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
-  EXPECT_THAT(etcd.Get("/f/before"),
-              IsOkAndHolds(::testing::Optional(::testing::Field(&etcd::KeyValue::value, "1"))));
+  EXPECT_THAT(etcd.Get("/f/before"), IsOkAndHolds(::testing::Optional(::testing::Field(&etcd::KeyValue::value, "1"))));
   ASSERT_OK(etcd.Put("/f/w/2", "y"));
 
   // The keeper moved too: after twice the TTL its key is still there.
   absl::SleepFor(absl::Seconds(2 * lease->ttl_seconds));
   EXPECT_OK((*keeper)->status());
-  EXPECT_THAT(etcd.Get("/f/member"), IsOkAndHolds(::testing::Optional(
-                                         ::testing::Field(&etcd::KeyValue::lease, lease->id))));
+  EXPECT_THAT(etcd.Get("/f/member"),
+              IsOkAndHolds(::testing::Optional(::testing::Field(&etcd::KeyValue::lease, lease->id))));
   {
     absl::MutexLock lock(&mu);
     auto both = [&seen]() { return seen.size() >= 2; };

@@ -25,11 +25,9 @@ TEST(PrefixRangeEndTest, IncrementsTheLastByteAndDropsTrailingFF) {
 TEST(EtcdOptionsTest, RejectsBadOptionsNamingTheField) {
   etcd::EtcdOptions options;
   options.endpoints = " , ";
-  EXPECT_THAT(etcd::EtcdClient::Create(options),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("endpoints")));
+  EXPECT_THAT(etcd::EtcdClient::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("endpoints")));
   options.endpoints = "127.0.0.1";
-  EXPECT_THAT(etcd::EtcdClient::Create(options),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host:port")));
+  EXPECT_THAT(etcd::EtcdClient::Create(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host:port")));
   options.endpoints = "127.0.0.1:2379";
   options.call_timeout = absl::ZeroDuration();
   EXPECT_THAT(etcd::EtcdClient::Create(options),
@@ -56,8 +54,8 @@ TEST(EtcdUnreachableTest, UnavailableWithinTheDialTimeout) {
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
   ASSERT_OK(client);
   const absl::Time start = absl::Now();
-  EXPECT_THAT((*client)->Get("k"), StatusIs(absl::StatusCode::kUnavailable,
-                                            HasSubstr(absl::StrCat("127.0.0.1:", *port2))));
+  EXPECT_THAT((*client)->Get("k"),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("127.0.0.1:", *port2))));
   // One dial timeout per endpoint, not the call timeout.
   EXPECT_LT(absl::Now() - start, 2 * options.dial_timeout + absl::Milliseconds(500));
   EXPECT_THAT((*client)->GrantLease(absl::Seconds(5)), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
@@ -82,8 +80,7 @@ TEST_F(EtcdKvTest, PutGetPrefixDelete) {
 
   absl::StatusOr<etcd::RangeResult> prefix = client_->GetPrefix("/a/");
   ASSERT_OK(prefix);
-  EXPECT_THAT(prefix->kvs, ElementsAre(Field(&etcd::KeyValue::key, "/a/1"),
-                                       Field(&etcd::KeyValue::key, "/a/2")));
+  EXPECT_THAT(prefix->kvs, ElementsAre(Field(&etcd::KeyValue::key, "/a/1"), Field(&etcd::KeyValue::key, "/a/2")));
   EXPECT_GE(prefix->revision, *rev1 + 2);
 
   EXPECT_THAT(client_->Delete("/a/1"), IsOkAndHolds(1));
@@ -92,8 +89,7 @@ TEST_F(EtcdKvTest, PutGetPrefixDelete) {
   prefix = client_->GetPrefix("/a/");
   ASSERT_OK(prefix);
   EXPECT_TRUE(prefix->kvs.empty());
-  EXPECT_THAT(client_->Get("/b/1"), IsOkAndHolds(::testing::Optional(
-                                        Field(&etcd::KeyValue::value, "other"))));
+  EXPECT_THAT(client_->Get("/b/1"), IsOkAndHolds(::testing::Optional(Field(&etcd::KeyValue::value, "other"))));
 }
 
 TEST_F(EtcdKvTest, CreateIfAbsentRefusesTheSecondCreator) {
@@ -128,13 +124,11 @@ TEST_F(EtcdKvTest, PutIfModRevisionIsACompareAndSwap) {
   absl::StatusOr<etcd::TxnResult> again = client_->PutIfModRevision("/cas", "v3", *rev);
   ASSERT_OK(again);
   EXPECT_FALSE(again->succeeded);
-  EXPECT_THAT(client_->Get("/cas"),
-              IsOkAndHolds(::testing::Optional(Field(&etcd::KeyValue::value, "v2"))));
+  EXPECT_THAT(client_->Get("/cas"), IsOkAndHolds(::testing::Optional(Field(&etcd::KeyValue::value, "v2"))));
 }
 
 TEST_F(EtcdKvTest, PutWithAnUnknownLeaseIsNotFound) {
-  EXPECT_THAT(client_->Put("/k", "v", /*lease=*/12345),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("lease")));
+  EXPECT_THAT(client_->Put("/k", "v", /*lease=*/12345), StatusIs(absl::StatusCode::kNotFound, HasSubstr("lease")));
   EXPECT_THAT(client_->RevokeLease(12345), StatusIs(absl::StatusCode::kNotFound, HasSubstr("lease")));
 }
 

@@ -34,8 +34,8 @@ TEST_F(EtcdLeaseTest, KeysStayWhileKeptAndVanishAfterTheKeeperStops) {
   ASSERT_OK(lease);
   EXPECT_GE(lease->ttl_seconds, 2);
   ASSERT_OK(client_->Put("/members/a", "alive", lease->id));
-  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper = etcd::LeaseKeeper::Start(
-      &client_->pool(), {.lease_id = lease->id, .ttl = absl::Seconds(lease->ttl_seconds)});
+  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper =
+      etcd::LeaseKeeper::Start(&client_->pool(), {.lease_id = lease->id, .ttl = absl::Seconds(lease->ttl_seconds)});
   ASSERT_OK(keeper);
 
   // Twice the TTL: without the keeper the key would be gone.
@@ -61,14 +61,14 @@ TEST_F(EtcdLeaseTest, KeeperReportsLossWhenTheLeaseIsRevoked) {
   ASSERT_OK(client_->Put("/members/b", "alive", lease->id));
   absl::Notification lost;
   absl::Status lost_status;
-  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper = etcd::LeaseKeeper::Start(
-      &client_->pool(), {.lease_id = lease->id,
-                         .ttl = absl::Seconds(lease->ttl_seconds),
-                         .interval = absl::Milliseconds(300),
-                         .on_lost = [&](const absl::Status& status) {
-                           lost_status = status;
-                           lost.Notify();
-                         }});
+  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper =
+      etcd::LeaseKeeper::Start(&client_->pool(), {.lease_id = lease->id,
+                                                  .ttl = absl::Seconds(lease->ttl_seconds),
+                                                  .interval = absl::Milliseconds(300),
+                                                  .on_lost = [&](const absl::Status& status) {
+                                                    lost_status = status;
+                                                    lost.Notify();
+                                                  }});
   ASSERT_OK(keeper);
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_OK((*keeper)->status());
@@ -84,10 +84,10 @@ TEST_F(EtcdLeaseTest, KeeperReportsLossWhenEtcdIsGoneForAWholeTtl) {
   absl::StatusOr<etcd::Lease> lease = client_->GrantLease(absl::Seconds(2));
   ASSERT_OK(lease);
   absl::Notification lost;
-  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper = etcd::LeaseKeeper::Start(
-      &client_->pool(), {.lease_id = lease->id,
-                         .ttl = absl::Seconds(lease->ttl_seconds),
-                         .on_lost = [&](const absl::Status&) { lost.Notify(); }});
+  absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper =
+      etcd::LeaseKeeper::Start(&client_->pool(), {.lease_id = lease->id,
+                                                  .ttl = absl::Seconds(lease->ttl_seconds),
+                                                  .on_lost = [&](const absl::Status&) { lost.Notify(); }});
   ASSERT_OK(keeper);
   absl::SleepFor(absl::Milliseconds(300));
   cluster_->Kill(0);
@@ -99,8 +99,7 @@ TEST_F(EtcdLeaseTest, StartRejectsBadOptions) {
   EXPECT_THAT(etcd::LeaseKeeper::Start(&client_->pool(), {.lease_id = 0, .ttl = absl::Seconds(2)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lease_id")));
   EXPECT_THAT(etcd::LeaseKeeper::Start(&client_->pool(),
-                                       {.lease_id = 1, .ttl = absl::Seconds(2),
-                                        .interval = absl::Seconds(3)}),
+                                       {.lease_id = 1, .ttl = absl::Seconds(2), .interval = absl::Seconds(3)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("interval")));
 }
 

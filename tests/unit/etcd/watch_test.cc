@@ -16,9 +16,9 @@
 namespace orthoserve::testing {
 namespace {
 
+using etcd::WatchEvent;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using etcd::WatchEvent;
 
 // Collects a watcher's events as "PUT key=value@rev" / "DELETE key@rev" lines.
 class EventLog {
@@ -26,9 +26,8 @@ class EventLog {
   void Add(const std::vector<WatchEvent>& events) {
     absl::MutexLock lock(&mu_);
     for (const WatchEvent& e : events) {
-      lines_.push_back(e.type == WatchEvent::Type::kPut
-                           ? absl::StrCat("PUT ", e.key, "=", e.value)
-                           : absl::StrCat("DELETE ", e.key));
+      lines_.push_back(e.type == WatchEvent::Type::kPut ? absl::StrCat("PUT ", e.key, "=", e.value)
+                                                        : absl::StrCat("DELETE ", e.key));
       revisions_.push_back(e.mod_revision);
     }
   }
@@ -70,8 +69,8 @@ TEST_F(EtcdWatchTest, SeesPutsAndDeletesUnderThePrefixInOrder) {
   ASSERT_OK(client_->Delete("/fleet/r1"));
   absl::StatusOr<int64_t> last = client_->Put("/fleet/r2", "d");
   ASSERT_OK(last);
-  EXPECT_THAT(log.WaitFor(5), ElementsAre("PUT /fleet/r0=a", "PUT /fleet/r1=b", "PUT /fleet/r0=c",
-                                          "DELETE /fleet/r1", "PUT /fleet/r2=d"));
+  EXPECT_THAT(log.WaitFor(5), ElementsAre("PUT /fleet/r0=a", "PUT /fleet/r1=b", "PUT /fleet/r0=c", "DELETE /fleet/r1",
+                                          "PUT /fleet/r2=d"));
   const std::vector<int64_t> revisions = log.revisions();
   EXPECT_TRUE(std::is_sorted(revisions.begin(), revisions.end()));
   EXPECT_EQ(revisions.back(), *last);
@@ -103,8 +102,7 @@ TEST_F(EtcdWatchTest, ResumesFromItsRevisionAfterTheStreamBreaks) {
   (*watcher)->BreakStreamForTesting();
   // Written while the watcher reopens its stream: it must neither miss nor repeat them.
   for (int i = 2; i <= 5; ++i) ASSERT_OK(client_->Put(absl::StrCat("/w/", i), "b"));
-  EXPECT_THAT(log.WaitFor(5), ElementsAre("PUT /w/1=a", "PUT /w/2=b", "PUT /w/3=b", "PUT /w/4=b",
-                                          "PUT /w/5=b"));
+  EXPECT_THAT(log.WaitFor(5), ElementsAre("PUT /w/1=a", "PUT /w/2=b", "PUT /w/3=b", "PUT /w/4=b", "PUT /w/5=b"));
   EXPECT_GE((*watcher)->restarts(), 1);
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(log.WaitFor(5).size(), 5u);  // Nothing repeated afterwards.
