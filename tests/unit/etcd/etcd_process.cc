@@ -25,11 +25,12 @@ absl::StatusOr<std::string> EtcdBinary() {
   return path;
 }
 
-absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members, const EtcdTlsFiles* tls) {
   absl::StatusOr<std::string> binary = EtcdBinary();
   if (!binary.ok()) return binary.status();
   std::unique_ptr<EtcdCluster> cluster(new EtcdCluster());
   cluster->binary_ = *binary;
+  if (tls != nullptr) cluster->tls_ = *tls;
   std::string root_template = (std::filesystem::temp_directory_path() / "orthoserve-etcd-XXXXXX").string();
   if (mkdtemp(root_template.data()) == nullptr) return absl::InternalError("mkdtemp failed");
   cluster->root_ = root_template;
@@ -75,7 +76,7 @@ std::string EtcdCluster::endpoints() const {
 
 absl::Status EtcdCluster::Launch(int i) {
   Member& m = members_[i];
-  const std::string client_url = absl::StrCat("http://127.0.0.1:", m.client_port);
+  const std::string client_url = absl::StrCat(tls_ ? "https" : "http", "://127.0.0.1:", m.client_port);
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", m.peer_port);
   std::vector<std::string> argv = {
       binary_, "--name", m.name, "--data-dir", m.data_dir, "--listen-client-urls", client_url,
@@ -86,6 +87,13 @@ absl::Status EtcdCluster::Launch(int i) {
       "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-outputs", "stderr",
       // A restarted member rejoins from its data directory; these flags are then ignored.
   };
+  if (tls_) {
+    for (const std::string& arg :
+         {std::string("--cert-file"), tls_->server_cert_file, std::string("--key-file"), tls_->server_key_file,
+          std::string("--trusted-ca-file"), tls_->ca_file, std::string("--client-cert-auth")}) {
+      argv.push_back(arg);
+    }
+  }
   absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(argv, absl::StrCat(root_, "/", m.name));
   if (!process.ok()) return process.status();
   m.process = std::move(*process);
@@ -97,6 +105,11 @@ absl::Status EtcdCluster::WaitReady(const std::string& endpoints, absl::Duration
   options.endpoints = endpoints;
   options.dial_timeout = absl::Milliseconds(200);
   options.call_timeout = absl::Seconds(1);
+  if (tls_) {
+    options.tls_ca_file = tls_->ca_file;
+    options.tls_cert_file = tls_->client_cert_file;
+    options.tls_key_file = tls_->client_key_file;
+  }
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
   if (!client.ok()) return client.status();
   const absl::Time deadline = absl::Now() + timeout;

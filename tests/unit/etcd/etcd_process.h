@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,13 +19,23 @@ namespace orthoserve::testing {
 // The etcd binary, or FAILED_PRECONDITION naming the package to install.
 absl::StatusOr<std::string> EtcdBinary();
 
+// PEM files for a cluster that serves clients over mutual TLS (peers stay plaintext).
+struct EtcdTlsFiles {
+  std::string ca_file;           // Trusted by etcd for client certificates, and by the client.
+  std::string server_cert_file;  // etcd's certificate (valid for 127.0.0.1).
+  std::string server_key_file;
+  std::string client_cert_file;  // The client certificate used to see that etcd is ready.
+  std::string client_key_file;
+};
+
 // A single-member or multi-member etcd cluster on loopback. Not thread-safe.
 class EtcdCluster {
  public:
-  // Starts `members` members and waits until the cluster serves a read (20 s at most).
+  // Starts `members` members and waits until the cluster serves a read (20 s at most); with
+  // `tls`, clients must connect with TLS and a client certificate signed by tls->ca_file.
   // FAILED_PRECONDITION when etcd is not installed; UNAVAILABLE when it did not come up (the
   // members' logs are named in the message).
-  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members = 1);
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members = 1, const EtcdTlsFiles* tls = nullptr);
 
   // Kills every member (SIGKILL, by pid) and removes the data directories.
   ~EtcdCluster();
@@ -53,6 +64,7 @@ class EtcdCluster {
   absl::Status Launch(int i);
   absl::Status WaitReady(const std::string& endpoints, absl::Duration timeout);
 
+  std::optional<EtcdTlsFiles> tls_;
   std::string binary_;
   std::string root_;  // Temporary directory holding the data directories and logs.
   std::string initial_cluster_;
