@@ -49,6 +49,7 @@ TEST_F(EtcdLeaseTest, KeysStayWhileKeptAndVanishAfterTheKeeperStops) {
 
   const absl::Time stopped = absl::Now();
   (*keeper)->Stop();
+  EXPECT_LT(absl::Now() - stopped, absl::Milliseconds(500));  // Stop cancels the stream's wait.
   EXPECT_THAT((*keeper)->status(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("stopped")));
   EXPECT_TRUE(WaitGone(*client_, "/members/a", absl::Seconds(lease->ttl_seconds + 3)));
   // Not before the TTL (less the keeper's last interval) ran out.

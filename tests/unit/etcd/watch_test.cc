@@ -76,7 +76,9 @@ TEST_F(EtcdWatchTest, SeesPutsAndDeletesUnderThePrefixInOrder) {
   EXPECT_EQ(revisions.back(), *last);
   EXPECT_EQ((*watcher)->next_revision(), *last + 1);
   EXPECT_OK((*watcher)->status());
+  const absl::Time stopping = absl::Now();
   (*watcher)->Stop();
+  EXPECT_LT(absl::Now() - stopping, absl::Milliseconds(500));  // Stop cancels the stream's wait.
   EXPECT_THAT((*watcher)->status(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("stopped")));
 }
 
