@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<EndpointPool>> EndpointPool::Create(const EtcdOpt
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.reserve(endpoints.size());
   for (const std::string& endpoint : endpoints) {
     channels.push_back(grpc::CreateCustomChannel(endpoint, credentials, args));
   }

@@ -70,6 +70,7 @@ std::string EtcdCluster::endpoint(int i) const { return absl::StrCat("127.0.0.1:
 
 std::string EtcdCluster::endpoints() const {
   std::vector<std::string> all;
+  all.reserve(members_.size());
   for (int i = 0; i < size(); ++i) all.push_back(endpoint(i));
   return absl::StrJoin(all, ",");
 }
