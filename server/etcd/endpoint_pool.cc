@@ -105,6 +105,9 @@ absl::Status EndpointPool::Call(absl::string_view what, Retry retry, absl::Time 
     context.set_deadline(absl::ToChronoTime(deadline));
     const grpc::Status status = attempt(channels_[index], context);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE && retry == Retry::kMutation && !NotApplied(status)) {
+      // Not sent on, but the next call starts at the next endpoint: this one just failed, and
+      // gRPC may not have noticed its broken connection yet.
+      Prefer((index + 1) % endpoints_.size());
       return absl::UnavailableError(absl::StrCat(what, " (", endpoints_[index], "): ", status.error_message(),
                                                  "; the write may or may not have been applied"));
     }

@@ -41,7 +41,8 @@ class EndpointPool {
   // UNAVAILABLE, or `deadline` passes. An endpoint that is not connected within the dial
   // timeout is always skipped. A kMutation call that reached an endpoint fails over only when
   // etcd says it was not applied (no raft leader, or gRPC found no connection); otherwise its
-  // UNAVAILABLE is returned, saying the outcome is unknown (as etcd's Go client does).
+  // UNAVAILABLE is returned, saying the outcome is unknown (as etcd's Go client does), and the
+  // next call starts at the next endpoint.
   // Returns the answer as an absl::Status (the gRPC code, the message prefixed with `what`);
   // UNAVAILABLE naming every endpoint when none answered; DEADLINE_EXCEEDED when the deadline
   // passed after some endpoint was reached. Thread-safe.

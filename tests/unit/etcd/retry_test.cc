@@ -83,18 +83,26 @@ class EtcdRetryTest : public EtcdTest {
 TEST_F(EtcdRetryTest, AWriteThatMayHaveBeenAppliedIsNotSentAgain) {
   FakeMember fake("etcdserver: request timed out");
   ASSERT_NE(fake.server, nullptr);
+  const auto kUnknownOutcome = StatusIs(absl::StatusCode::kUnavailable, HasSubstr("may or may not have been applied"));
   std::unique_ptr<etcd::EtcdClient> client = ClientVia(fake);
   ASSERT_NE(client, nullptr);
-  EXPECT_THAT(client->Put("/k", "v"),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("may or may not have been applied")));
-  EXPECT_THAT(client->CreateIfAbsent("/k", "v"),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("may or may not have been applied")));
-  EXPECT_EQ(fake.service.calls(), 2);
-  EXPECT_THAT(client_->Get("/k"), IsOkAndHolds(::testing::Eq(std::nullopt)));  // Never sent on.
-  // A read is: it fails over to the real member, which then stays preferred.
-  EXPECT_THAT(client->Get("/k"), IsOkAndHolds(::testing::Eq(std::nullopt)));
-  EXPECT_EQ(fake.service.calls(), 3);
+  EXPECT_THAT(client->Put("/k", "v"), kUnknownOutcome);
+  EXPECT_EQ(fake.service.calls(), 1);
+  EXPECT_THAT(client_->Get("/k"), IsOkAndHolds(::testing::Eq(std::nullopt)));  // Not sent on.
+  // The next call starts at the next endpoint.
   EXPECT_OK(client->Put("/k", "v"));
+  EXPECT_EQ(fake.service.calls(), 1);
+
+  std::unique_ptr<etcd::EtcdClient> cas = ClientVia(fake);
+  ASSERT_NE(cas, nullptr);
+  EXPECT_THAT(cas->CreateIfAbsent("/c", "v"), kUnknownOutcome);
+  EXPECT_EQ(fake.service.calls(), 2);
+  EXPECT_THAT(client_->Get("/c"), IsOkAndHolds(::testing::Eq(std::nullopt)));
+
+  // A read fails over to the real member at once.
+  std::unique_ptr<etcd::EtcdClient> reader = ClientVia(fake);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_THAT(reader->Get("/k"), IsOkAndHolds(::testing::Optional(::testing::Field(&etcd::KeyValue::value, "v"))));
   EXPECT_EQ(fake.service.calls(), 3);
 }
 
