@@ -13,12 +13,18 @@ build_dir=${ORTHOSERVE_BUILD_DIR:-build}
 jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 
 # System packages (Debian 12 "bookworm"). Keep this list in step with the Dockerfile.
+# etcd-server (3.4) is for the tests of server/etcd, which start their own members from
+# /usr/bin/etcd on free loopback ports with temporary data directories: they never use etcd's
+# default ports 2379/2380, so the system service the package may start (Debian's postinst does
+# where services can start) neither serves nor disturbs them. This script leaves that service
+# as the package set it up.
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus yamllint openssl
+  etcd-server
   python3 python3-venv python3-dev python3-numpy
 )
 
