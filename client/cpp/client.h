@@ -40,12 +40,13 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(90);
   // HTTP/2 keepalive of every channel: a ping after `keepalive_time` without one while calls are in
   // flight (never on an idle channel); the connection is dropped, failing its calls with
-  // UNAVAILABLE (retried), when a ping is unanswered for `keepalive_timeout`. 5 min is the least a
-  // server with gRPC's default enforcement accepts (orthoserve sets no keepalive arguments): more
-  // frequent pings are strikes, and after two such a server closes the connection with GOAWAY
-  // "too_many_pings". InfiniteDuration keepalive_time: no keepalive pings.
-  absl::Duration keepalive_time = absl::Minutes(5);
-  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // UNAVAILABLE (retried), when a ping is unanswered for `keepalive_timeout`: a server rank that
+  // stopped is noticed within 15 s, about the fleet's peer timeout. orthoserve servers accept
+  // pings every second (--grpc-min-client-ping-interval); a server with gRPC's default enforcement
+  // (one in 5 min) would close the connection with GOAWAY "too_many_pings" (retried): use 5 min
+  // for such servers. InfiniteDuration keepalive_time: no keepalive pings.
+  absl::Duration keepalive_time = absl::Seconds(10);
+  absl::Duration keepalive_timeout = absl::Seconds(5);
   int max_send_message_bytes = 256 << 20;     // Channel limit on one outgoing message; -1: none.
   int max_receive_message_bytes = 256 << 20;  // Channel limit on one incoming message; -1: none.
   size_t chunk_bytes = 0;                     // DataChunk size; 0: 4 MiB. Lowered to the server's limit.

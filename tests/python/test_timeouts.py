@@ -46,7 +46,7 @@ def test_defaults():
     assert c._attempts(None, "call").timeout() == 90.0
     opts = dict(c._channel_options())
     assert (opts["grpc.keepalive_time_ms"], opts["grpc.keepalive_timeout_ms"], opts["grpc.http2.ping_timeout_ms"]) == (
-        300_000, 20_000, 20_000)
+        10_000, 5_000, 5_000)
     assert opts["grpc.keepalive_permit_without_calls"] == 0 and opts["grpc.http2.max_pings_without_data"] == 0
     opts = dict(orthoserve.Client("127.0.0.1:1", keepalive_time=None)._channel_options())
     assert not any(k.startswith("grpc.keepalive") or k == "grpc.http2.ping_timeout_ms" for k in opts)

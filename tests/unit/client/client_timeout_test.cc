@@ -147,8 +147,8 @@ TEST(ClientFailover, CreateRejectsAnEmptyAddressAndBadKeepalive) {
   k.keepalive_time = absl::InfiniteDuration();  // No keepalive: allowed.
   EXPECT_OK(Client::Create(k));
   EXPECT_EQ(ClientOptions().timeout, absl::Seconds(90));
-  EXPECT_EQ(ClientOptions().keepalive_time, absl::Minutes(5));
-  EXPECT_EQ(ClientOptions().keepalive_timeout, absl::Seconds(20));
+  EXPECT_EQ(ClientOptions().keepalive_time, absl::Seconds(10));
+  EXPECT_EQ(ClientOptions().keepalive_timeout, absl::Seconds(5));
 }
 
 class StalledServerTest : public ::testing::TestWithParam<bool> {};  // Param: unary.

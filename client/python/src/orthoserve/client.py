@@ -38,13 +38,13 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_TIMEOUT = 90.0
 # HTTP/2 keepalive of every channel (seconds): a ping after this long without one while calls are in flight, and the
 # connection is dropped (its calls fail with UNAVAILABLE, which is retried) when the ping is not answered within
-# DEFAULT_KEEPALIVE_TIMEOUT. 300 s is the least a gRPC server accepts by default
-# (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS; orthoserve sets no keepalive arguments of its own): pings
-# more often count as "strikes", and after two a server closes the connection with GOAWAY "too_many_pings", failing
-# the calls on it. Pings are not sent on idle channels (keepalive_permit_without_calls off): a default server allows
-# those only two hours apart. A caller whose servers permit more may pass a shorter keepalive_time.
-DEFAULT_KEEPALIVE_TIME = 300.0
-DEFAULT_KEEPALIVE_TIMEOUT = 20.0
+# DEFAULT_KEEPALIVE_TIMEOUT: a server rank that stopped (SIGSTOP, a frozen node) is noticed within 15 s, about the
+# fleet's peer timeout, and the call is retried elsewhere. orthoserve servers accept pings every second
+# (--grpc-min-client-ping-interval); a server with gRPC's default enforcement (one ping in 5 minutes) would count these
+# as "strikes" and close the connection with GOAWAY "too_many_pings" (retried; gRPC then doubles the interval for that
+# channel): pass keepalive_time=300 for such servers. Pings are not sent on idle channels.
+DEFAULT_KEEPALIVE_TIME = 10.0
+DEFAULT_KEEPALIVE_TIMEOUT = 5.0
 # Our messages are at most one chunk plus a few bytes; allow generous room for unary calls.
 _MAX_MESSAGE_BYTES = 1 << 30
 # How N-d (>= 3 dims) arrays are read as matrices (MatrixSpec.nd_layout): "flatten" as one shape[0] x prod(rest)
