@@ -194,6 +194,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     // Newer gRPC cores end an unanswered keepalive ping only after this (default a minute); 1.51
     // does not know it and ignores it.
     args.SetInt("grpc.http2.ping_timeout_ms", keepalive_timeout_ms);
+    // Keepalive guards an established connection only: a connection attempt to a server that
+    // accepts TCP but does not answer (a stopped process) would otherwise hold the calls waiting
+    // for it for gRPC's 20 s minimum connect timeout. Give it up as keepalive would.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+                static_cast<int>(std::min<int64_t>(int64_t{keepalive_time_ms} + keepalive_timeout_ms,
+                                                   std::numeric_limits<int>::max())));
   }
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   std::vector<Target> targets;

@@ -143,12 +143,19 @@ absl::StatusOr<GroupClient::Route> GroupClient::RouteFor(int rank, int world, co
 }
 
 void GroupClient::RefreshMembership(const std::string& failed_address, absl::Duration timeout) {
-  std::vector<Client*> ask;  // The member used, the others, the seed; each address once.
+  // The other members, the seeds, and the member the attempt failed on last: a stopped member
+  // would hold the read for its whole timeout. Each address once.
+  std::vector<Client*> ask;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<std::string> addresses = {failed_address};
-    for (const Member& m : members_) addresses.push_back(m.address);
-    for (const std::string& seed : ClientAddresses(options_.client)) addresses.push_back(seed);
+    std::vector<std::string> addresses;
+    for (const Member& m : members_) {
+      if (m.address != failed_address) addresses.push_back(m.address);
+    }
+    for (const std::string& seed : ClientAddresses(options_.client)) {
+      if (seed != failed_address) addresses.push_back(seed);
+    }
+    addresses.push_back(failed_address);
     for (const std::string& address : addresses) {
       absl::StatusOr<Client*> client = ClientFor(address);
       if (client.ok() && std::find(ask.begin(), ask.end(), *client) == ask.end()) ask.push_back(*client);

@@ -92,6 +92,24 @@ def test_a_stalled_group_member_is_avoided_on_the_retry(servers):
     assert [(h.step, h.rank, h.attempt) for h in a.headers] == [(3, 1, 1)]
 
 
+@pytest.mark.deadline(10)
+def test_a_group_retry_reads_the_membership_from_another_member_before_the_one_that_stalled(servers):
+    # The stalled member is the client's first address, so it would be asked first; a stopped rank would hold
+    # that read for its whole timeout.
+    a, b = servers(fleet_rank=0), servers(fleet_rank=1)
+    for s in (a, b):
+        s.servicer.members = [pb.FleetMember(rank=0, address=a.address, ready=True),
+                              pb.FleetMember(rank=1, address=b.address, ready=True)]
+    with orthoserve.Client([b.address, a.address], timeout=0.5, retry=policy(10.0)) as client:
+        group = client.group("job", "g", 1, 2, run_id="run-m")
+        assert group.address == b.address
+        b.servicer.stall("stream")
+        b.servicer.stall("info")
+        [out] = group.step(4, [orthoserve.Shard("w", (6, 4), (3, 0), M)])
+        assert np.array_equal(out, M) and group.address == a.address
+    assert b.servicer.stalled == ["stream"]
+
+
 @pytest.mark.deadline(20)
 def test_a_member_that_fails_is_avoided_even_when_the_membership_still_lists_it_ready(servers):
     a, b = servers(fleet_rank=0), servers(fleet_rank=1)
@@ -204,6 +222,23 @@ class FreezingProxy:
         self._listener.close()
         for s in self._sockets:
             s.close()
+
+
+@pytest.mark.deadline(30)
+def test_a_connection_attempt_to_a_server_that_never_answers_gives_up_as_keepalive_would(servers):
+    a = servers()
+    proxy = FreezingProxy(a.address)
+    proxy.freeze()  # TCP connects, and nothing is ever answered: a stopped process.
+    try:
+        with orthoserve.Client(proxy.address, timeout=None, retry=False, keepalive_time=0.5,
+                               keepalive_timeout=0.5) as client:
+            start = time.monotonic()
+            with pytest.raises(orthoserve.UnavailableError):
+                client.info(refresh=True)
+            elapsed = time.monotonic() - start
+        assert elapsed < 10.0  # gRPC's own minimum connect timeout is 20 s.
+    finally:
+        proxy.close()
 
 
 @pytest.mark.deadline(30)

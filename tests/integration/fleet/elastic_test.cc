@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -52,6 +53,11 @@ constexpr absl::Duration kRestartDelay = absl::Milliseconds(500);
 constexpr absl::Duration kExitMargin = absl::Seconds(6);
 // The fleet must be whole again this long after a fault ends.
 constexpr absl::Duration kReformBound = absl::Seconds(15);
+// The clients' keepalive: a call on a stopped rank ends this long after the stop at most
+// (a ping after a second without one, unanswered for a second).
+constexpr absl::Duration kClientKeepalive = absl::Seconds(1);
+// A trainer stalls at most the peer timeout plus this when a rank stops (issue #26).
+constexpr absl::Duration kStallMargin = absl::Seconds(3);
 
 // S rank processes, started, signalled and restarted one by one.
 class Fleet {
@@ -77,7 +83,9 @@ class Fleet {
                                      "--metrics-address", "",
                                      "--fleet-peer-timeout", absl::StrCat(absl::ToInt64Seconds(kPeer), "s"),
                                      "--drain-timeout", absl::StrCat(absl::ToInt64Seconds(kDrain), "s"),
-                                     "--rendezvous-timeout", "30s"};
+                                     "--rendezvous-timeout", "30s",
+                                     // The clients below ping every second (kClientKeepalive).
+                                     "--grpc-min-client-ping-interval", "500ms"};
     auto p = Subprocess::Start(argv, absl::StrCat(dir_, "/rank", r, "-", starts_++));
     ASSERT_OK(p);
     ranks_[r] = std::move(*p);
@@ -232,6 +240,23 @@ class Workload {
     for (std::thread& t : threads_) t.join();
   }
   int64_t group_steps() const { return done_.load(); }
+  // The longest time the group (or the lone client) went without completing a step within
+  // [from, to], counted from its last step before `from`: what a trainer saw of a fault.
+  absl::Duration LongestStall(absl::Time from, absl::Time to, bool group) {
+    std::lock_guard<std::mutex> lock(done_mu_);
+    const std::vector<absl::Time>& done = group ? group_done_at_ : lone_done_at_;
+    absl::Time prev = from;
+    for (absl::Time t : done) {
+      if (t <= from) prev = t;
+    }
+    absl::Duration longest = absl::ZeroDuration();
+    for (absl::Time t : done) {
+      if (t <= from || t > to) continue;
+      longest = std::max(longest, t - prev);
+      prev = t;
+    }
+    return std::max(longest, to - prev);
+  }
   int64_t lone_steps() const { return lone_tally_.steps.load(); }
   // Waits until `n` more group and lone steps have completed (bounded).
   bool Progress(int n, absl::Duration timeout) {
@@ -271,7 +296,11 @@ class Workload {
           tally_.Mismatch(absl::StrCat("trainer ", r, " step ", s));
         }
       }
-      if (r == 0) done_.fetch_add(1);
+      if (r == 0) {
+        done_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(done_mu_);
+        group_done_at_.push_back(absl::Now());
+      }
       tally_.steps.fetch_add(1);
     }
   }
@@ -298,6 +327,8 @@ class Workload {
         lone_tally_.Mismatch(absl::StrCat("lone step ", lone_tally_.steps.load()));
       }
       lone_tally_.steps.fetch_add(1);
+      std::lock_guard<std::mutex> lock(done_mu_);
+      lone_done_at_.push_back(absl::Now());
     }
   }
 
@@ -311,6 +342,9 @@ class Workload {
   std::atomic<int64_t> last_step_{std::numeric_limits<int64_t>::max()};
   std::atomic<int64_t> done_{0};
   std::atomic<bool> stop_lone_{false};
+  std::mutex done_mu_;
+  std::vector<absl::Time> group_done_at_;  // When each group step completed (on trainer 0).
+  std::vector<absl::Time> lone_done_at_;
   Tally tally_;
   Tally lone_tally_;
   std::vector<std::thread> threads_;
@@ -329,11 +363,15 @@ TEST(ElasticFleetTest, TrainersRideThroughKillsRestartsRollingUpdatesAndStops) {
   GroupClient::Options go;
   go.client.address = fleet.Address(0);
   go.client.timeout = absl::Seconds(60);
+  go.client.keepalive_time = kClientKeepalive;
+  go.client.keepalive_timeout = kClientKeepalive;
   auto group = GroupClient::Create(go);
   ASSERT_OK(group);
   ClientOptions lo;
   lo.address = fleet.Address(1);
   lo.timeout = absl::Seconds(60);
+  lo.keepalive_time = kClientKeepalive;
+  lo.keepalive_timeout = kClientKeepalive;
   auto lone = Client::Create(lo);
   ASSERT_OK(lone);
 
@@ -344,15 +382,21 @@ TEST(ElasticFleetTest, TrainersRideThroughKillsRestartsRollingUpdatesAndStops) {
   // Times are from the start of the fault; "whole again" is when every rank reports a formed
   // generation of all three.
   std::string table =
-      "| fault | rank gone after | fleet whole again after | group steps retried | lone steps retried |\n"
-      "|---|---|---|---|---|\n";
+      "| fault | rank gone after | fleet whole again after | group steps retried | lone steps retried | "
+      "longest group stall | longest lone stall |\n"
+      "|---|---|---|---|---|---|---|\n";
+  // Returns the longest group stall.
   auto row = [&](const std::string& fault, const std::string& gone, absl::Time start, int64_t g0, int64_t l0) {
     const absl::Duration whole = fleet.WaitWhole(absl::Seconds(60));
     const absl::Duration since = whole == absl::InfiniteDuration() ? whole : absl::Now() - start;
-    absl::StrAppend(&table, "| ", fault, " | ", gone, " | ", FormatSeconds(since), " | ", (*group)->retries() - g0,
-                    " | ", (*lone)->retries() - l0, " |\n");
     EXPECT_LE(since, kReformBound) << fault;
     EXPECT_TRUE(work.Progress(3, absl::Seconds(60))) << "no progress after " << fault;
+    const absl::Duration group_stall = work.LongestStall(start, absl::Now(), /*group=*/true);
+    const absl::Duration lone_stall = work.LongestStall(start, absl::Now(), /*group=*/false);
+    absl::StrAppend(&table, "| ", fault, " | ", gone, " | ", FormatSeconds(since), " | ", (*group)->retries() - g0,
+                    " | ", (*lone)->retries() - l0, " | ", FormatSeconds(group_stall), " | ", FormatSeconds(lone_stall),
+                    " |\n");
+    return std::make_pair(group_stall, lone_stall);
   };
 
   for (int r : {2, 0}) {  // SIGKILL of a member, then of the coordinator, restarted after 0.5 s.
@@ -376,16 +420,26 @@ TEST(ElasticFleetTest, TrainersRideThroughKillsRestartsRollingUpdatesAndStops) {
     row(absl::StrCat("SIGTERM rank ", r, " (rolling update), restart at its exit"),
         absl::StrCat("exited in ", FormatSeconds(exited)), start, g0, l0);
   }
-  {  // SIGSTOP of a member for longer than the peer timeout.
+  {  // SIGSTOP of a member for well over the peer timeout: the trainers and the lone client must
+     // go on after about the peer timeout, not when it resumes.
     const int64_t g0 = (*group)->retries(), l0 = (*lone)->retries();
     const absl::Time start = absl::Now();
     fleet.rank(2).Signal(SIGSTOP);
     const absl::Duration detect = fleet.WaitDropped(0, kPeer + absl::Seconds(10));
-    absl::SleepFor(std::max(absl::ZeroDuration(), kPeer + absl::Seconds(1) - detect));
-    fleet.rank(2).Signal(SIGCONT);
     EXPECT_LE(detect, kPeer + absl::Seconds(3));
-    row("SIGSTOP rank 2 for the peer timeout (2 s) + 1 s, then SIGCONT",
-        absl::StrCat("dropped after ", FormatSeconds(detect)), start, g0, l0);
+    const absl::Duration stopped = kPeer + absl::Seconds(6);
+    absl::SleepFor(std::max(absl::ZeroDuration(), stopped - (absl::Now() - start)));
+    // While it is still stopped, both have moved on.
+    const absl::Duration group_then = work.LongestStall(start, absl::Now(), /*group=*/true);
+    const absl::Duration lone_then = work.LongestStall(start, absl::Now(), /*group=*/false);
+    fleet.rank(2).Signal(SIGCONT);
+    const auto [group_stall, lone_stall] =
+        row("SIGSTOP rank 2 for the peer timeout (2 s) + 6 s, then SIGCONT",
+            absl::StrCat("dropped after ", FormatSeconds(detect)), start, g0, l0);
+    EXPECT_LE(group_then, kPeer + kStallMargin) << "the group waited for the stopped rank";
+    EXPECT_LE(lone_then, kPeer + kStallMargin) << "the lone client waited for the stopped rank";
+    EXPECT_LE(group_stall, kPeer + kStallMargin);
+    EXPECT_LE(lone_stall, kPeer + kStallMargin);
   }
 
   work.Stop();

@@ -227,7 +227,12 @@ class Client:
                      ("grpc.keepalive_permit_without_calls", 0),
                      # A long step (a rendezvous, a large batch) may send nothing for minutes: keep pinging through
                      # it (gRPC otherwise stops after two pings without data, and a dead peer goes unnoticed).
-                     ("grpc.http2.max_pings_without_data", 0)]
+                     ("grpc.http2.max_pings_without_data", 0),
+                     # Keepalive guards an established connection only: a connection attempt to a server that
+                     # accepts TCP but does not answer (a stopped process) would otherwise hold the calls waiting
+                     # for it for gRPC's 20 s minimum connect timeout. Give it up as keepalive would.
+                     ("grpc.min_reconnect_backoff_ms",
+                      max(1, int((self.keepalive_time + self.keepalive_timeout) * 1000)))]
         if self.retry.enabled:
             # A channel whose server went away reconnects with gRPC's own backoff (up to 120 s by default), and
             # calls fail at once with UNAVAILABLE until it does; keep it within the retry policy's waits, so a
@@ -360,13 +365,16 @@ class Client:
             fleet = self._fleet
         return fleet if fleet is not None else self.info()
 
-    def _membership(self, timeout: Optional[float]) -> Optional[pb.ServerInfo]:
-        """Re-reads the membership from the first reachable address (the client's, then the known members), one
-        call each without retries; None when none answers."""
+    def _membership(self, timeout: Optional[float], avoid: str = "") -> Optional[pb.ServerInfo]:
+        """Re-reads the membership from the first reachable address (the client's, then the known members; `avoid`,
+        where an attempt just failed, last: a stopped member would hold the read for its whole timeout), one call
+        each without retries; None when none answers."""
         with self._lock:
             fleet = self._fleet
         known = routing.member_addresses(fleet) if fleet is not None else []
         candidates = routing.unique([*self.addresses, *(routing.ready_addresses(fleet) if fleet else []), *known])
+        if avoid in candidates:
+            candidates = [a for a in candidates if a != avoid] + [avoid]
         bound = _MEMBERSHIP_TIMEOUT if timeout is None else min(timeout, _MEMBERSHIP_TIMEOUT)
         for address in candidates:
             try:
@@ -610,7 +618,7 @@ class Group:
         """Re-reads the membership (one GetServerInfo per address until one answers; the last one read when none
         answers) and picks this rank's member, other than `avoid` (where the last attempt failed) when the pool has
         another."""
-        info = self.client._membership(timeout)
+        info = self.client._membership(timeout, avoid)
         if info is None:
             with self.client._lock:
                 info = self.client._fleet
