@@ -139,7 +139,7 @@ ABSL_FLAG(std::string, tenant_labels, "off",
 ABSL_FLAG(std::string, tenant_shares, "",
           "Compute shares of tenants, \"NAME=WEIGHT[@PRIORITY],...\": the compute queue serves backlogged tenants in "
           "proportion to WEIGHT (default 1) and a higher PRIORITY class (default 0) first; the jobs of a tenant "
-          "share its part equally. Tenants are the token file's names (\"\" without tokens).");
+          "share its part equally. Tenants are the token file's names (\"default\" without a token file).");
 ABSL_FLAG(std::string, log_level, "info", "Lowest level logged: debug, info, warning or error.");
 ABSL_FLAG(std::string, log_verbose, "", "Per-subsystem verbosity, e.g. \"rpc=2,fleet=1\".");
 ABSL_FLAG(bool, check_config, false, "Validate the flags and environment, print the configuration and exit.");

@@ -323,6 +323,10 @@ void Metrics::StepRetried(absl::string_view method) {
 }
 void Metrics::Quarantined(int rank) { quarantines_->Add({{"rank", std::to_string(rank)}}).Increment(); }
 
+void Metrics::FleetRanks(int world) {
+  for (int r = 0; r < world; ++r) quarantines_->Add({{"rank", std::to_string(r)}});
+}
+
 void Metrics::Reformation(absl::string_view reason) { reformations_->Add({{"reason", std::string(reason)}}).Increment(); }
 void Metrics::Degraded(absl::Duration duration) { degraded_seconds_->Increment(absl::ToDoubleSeconds(duration)); }
 

@@ -140,6 +140,8 @@ class Metrics {
   // The coordinator left fleet rank `rank` out of the next generation for a while: it kept
   // failing to join the collective (membership.h, "Quarantine").
   void Quarantined(int rank);
+  // The fleet has ranks 0..world-1: their quarantine counters exist (at 0) from the start.
+  void FleetRanks(int world);
   // Time this rank saw the fleet below its configured size (or itself outside it).
   void Degraded(absl::Duration duration);
 

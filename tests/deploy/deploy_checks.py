@@ -463,6 +463,36 @@ def check_statefulset(objs, sts):
                 expect(bool(peers) and all(p.get("podSelector") and not p.get("namespaceSelector")
                                            and selects(p["podSelector"].get("matchLabels"), labels) for p in peers),
                        f"NetworkPolicy {pol['metadata']['name']} opens the fleet port to pods outside the fleet")
+    # Egress: only to the fleet's own pods and the cluster DNS (port 53); no rule open to everywhere.
+    egress_pols = [p for p in pols if "Egress" in p["spec"].get("policyTypes", [])]
+    expect(bool(egress_pols), "no NetworkPolicy limits the fleet pods' egress (policyTypes without Egress)")
+    dns = own = False
+    for pol in egress_pols:
+        for rule in pol["spec"].get("egress", []):
+            peers = rule.get("to", [])
+            expect(bool(peers), f"NetworkPolicy {pol['metadata']['name']} has an egress rule to everywhere")
+            ports = {(p.get("port"), p.get("protocol", "TCP")) for p in rule.get("ports", [])}
+            for peer in peers:
+                if "ipBlock" in peer:
+                    expect(peer["ipBlock"].get("cidr") not in ("0.0.0.0/0", "::/0"),
+                           f"NetworkPolicy {pol['metadata']['name']} lets the fleet pods reach any address")
+                elif peer.get("podSelector") and not peer.get("namespaceSelector"):
+                    own = own or selects(peer["podSelector"].get("matchLabels"), labels)
+                    expect(selects(peer["podSelector"].get("matchLabels"), labels),
+                           f"NetworkPolicy {pol['metadata']['name']} lets the fleet pods reach pods outside the fleet")
+                else:
+                    expect(bool(ports) and all(port == 53 for port, _ in ports),
+                           f"NetworkPolicy {pol['metadata']['name']} lets the fleet pods reach other namespaces on "
+                           f"ports other than DNS: {sorted(ports)}")
+                    dns = dns or {(53, "UDP"), (53, "TCP")} <= ports
+    expect(own, "no egress rule lets the fleet pods reach each other (the coordinator, peers, the collective)")
+    expect(dns, "no egress rule lets the fleet pods reach the cluster DNS (port 53, UDP and TCP)")
+    # Scratch space is bounded: an emptyDir without a sizeLimit can fill the node's disk or memory.
+    for v in pod.get("volumes", []):
+        if "emptyDir" in v:
+            expect(bool((v["emptyDir"] or {}).get("sizeLimit")), f"emptyDir volume {v['name']} has no sizeLimit")
+    rate = cm.get("ORTHOSERVE_MAX_TENANT_CALLS_PER_SECOND", "0")
+    expect(float(rate) > 0, f"ORTHOSERVE_MAX_TENANT_CALLS_PER_SECOND is {rate!r}: set the call-rate limit")
     pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget" and selects(o["spec"]["selector"].get("matchLabels"),
                                                                                labels)]
     expect(len(pdbs) == 1, f"{len(pdbs)} PodDisruptionBudgets select the fleet pods, want 1")

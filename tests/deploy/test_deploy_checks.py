@@ -195,6 +195,45 @@ class RenderedTest(TempDir):
         with self.assertRaisesRegex(dc.CheckError, "NetworkPolicy orthoserve-a opens the fleet port"):
             self.check(objs)
 
+    def test_egress_must_be_limited_to_the_fleet_and_dns(self):
+        objs = self.load()
+        pol = next(o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "orthoserve-a")
+        pol["spec"]["egress"].append({})  # To everywhere.
+        with self.assertRaisesRegex(dc.CheckError, "NetworkPolicy orthoserve-a has an egress rule to everywhere"):
+            self.check(objs)
+        pol["spec"]["egress"][-1] = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}
+        with self.assertRaisesRegex(dc.CheckError, "lets the fleet pods reach any address"):
+            self.check(objs)
+        pol["spec"]["egress"][-1] = {"to": [{"namespaceSelector": {}}], "ports": [{"port": 443, "protocol": "TCP"}]}
+        with self.assertRaisesRegex(dc.CheckError, "other namespaces on ports other than DNS"):
+            self.check(objs)
+        pol["spec"]["egress"].pop()
+        pol["spec"]["egress"].pop()  # The DNS rule.
+        with self.assertRaisesRegex(dc.CheckError, "reach the cluster DNS"):
+            self.check(objs)
+
+    def test_egress_must_be_limited_at_all(self):
+        objs = self.load()
+        pol = next(o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "orthoserve-b")
+        pol["spec"]["policyTypes"] = ["Ingress"]
+        with self.assertRaisesRegex(dc.CheckError, "no NetworkPolicy limits the fleet pods' egress"):
+            self.check(objs)
+
+    def test_every_emptydir_needs_a_size_limit(self):
+        objs = self.load()
+        vols = self.sts(objs)["spec"]["template"]["spec"]["volumes"]
+        next(v for v in vols if v["name"] == "tmp")["emptyDir"] = {}
+        with self.assertRaisesRegex(dc.CheckError, "emptyDir volume tmp has no sizeLimit"):
+            self.check(objs)
+
+    def test_the_call_rate_limit_must_be_set(self):
+        objs = self.load()
+        for cm in (o for o in objs if o["kind"] == "ConfigMap" and "ORTHOSERVE_MAX_TENANT_CALLS_PER_SECOND" in
+                   o.get("data", {})):
+            cm["data"]["ORTHOSERVE_MAX_TENANT_CALLS_PER_SECOND"] = "0"
+        with self.assertRaisesRegex(dc.CheckError, "set the call-rate limit"):
+            self.check(objs)
+
     def test_servicemonitor_selecting_both_cells_fails(self):
         objs = self.load()
         mon = next(o for o in objs if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == "orthoserve-a")

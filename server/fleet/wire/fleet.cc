@@ -65,7 +65,10 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   }
   fleet->access_ = std::make_unique<FleetAccess>(fleet->tls_, options.metrics);
   Metrics* metrics = options.metrics;
-  if (metrics != nullptr) metrics->fleet_size().Set(options.world);
+  if (metrics != nullptr) {
+    metrics->fleet_size().Set(options.world);
+    if (options.rank == 0) metrics->FleetRanks(options.world);  // Rank 0's coordinator counts quarantines.
+  }
 
   if (options.rank == 0) {
     Coordinator::Options c;
