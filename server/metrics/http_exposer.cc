@@ -7,12 +7,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "prometheus/text_serializer.h"
 
 namespace orthoserve {
@@ -28,21 +30,40 @@ bool SplitHostPort(const std::string& address, std::string* host, std::string* p
   return !port->empty();
 }
 
-void WriteAll(int fd, const std::string& data) {
+// Waits until `fd` is ready for `events`, the exposer stops (`wake`) or `deadline` passes;
+// true when `fd` is ready.
+bool WaitFor(int fd, short events, int wake, absl::Time deadline) {
+  for (;;) {
+    const int64_t left = absl::ToInt64Milliseconds(absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (left <= 0) return false;
+    pollfd fds[2] = {{fd, events, 0}, {wake, POLLIN, 0}};
+    const int n = poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || fds[1].revents != 0) return false;
+    return true;  // Ready, or an error recv/send will report.
+  }
+}
+
+// Sends all of `data` by `deadline`; false when it could not.
+bool WriteAll(int fd, const std::string& data, int wake, absl::Time deadline) {
   size_t sent = 0;
   while (sent < data.size()) {
-    ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return;
-    }
+    if (!WaitFor(fd, POLLOUT, wake, deadline)) return false;
+    ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n <= 0) return false;
     sent += static_cast<size_t>(n);
   }
+  return true;
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::string& address, CollectFn collect) {
+absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::string& address, CollectFn collect,
+                                                                 const Options& options) {
+  if (options.threads < 1 || options.connection_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the metrics endpoint needs at least one thread and a positive deadline");
+  }
   std::string host, port;
   if (!SplitHostPort(address, &host, &port)) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-address \"", address, "\" is not HOST:PORT"));
@@ -56,7 +77,7 @@ absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::stri
   if (rc != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-address ", address, ": ", gai_strerror(rc)));
   }
-  std::unique_ptr<HttpExposer> exposer(new HttpExposer());
+  std::unique_ptr<HttpExposer> exposer(new HttpExposer(options));
   std::string error = "no address";
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -82,22 +103,31 @@ absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Create(const std::stri
   if (pipe(exposer->wake_fds_) != 0) return absl::InternalError("pipe() failed for the metrics endpoint");
   exposer->collect_ = std::move(collect);
   HttpExposer* raw = exposer.get();
-  exposer->thread_ = std::thread([raw] { raw->Serve(); });
+  exposer->acceptor_ = std::thread([raw] { raw->Accept(); });
+  for (int i = 0; i < options.threads; ++i) exposer->workers_.emplace_back([raw] { raw->Work(); });
   return exposer;
 }
 
 HttpExposer::~HttpExposer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    work_cv_.SignalAll();
+  }
   if (wake_fds_[1] >= 0) {
     const char byte = 1;
     [[maybe_unused]] ssize_t n = write(wake_fds_[1], &byte, 1);
   }
-  if (thread_.joinable()) thread_.join();
+  if (acceptor_.joinable()) acceptor_.join();
+  for (std::thread& t : workers_) t.join();
+  absl::MutexLock lock(&mu_);
+  for (const Waiting& w : waiting_) close(w.fd);
   for (int fd : {listen_fd_, wake_fds_[0], wake_fds_[1]}) {
     if (fd >= 0) close(fd);
   }
 }
 
-void HttpExposer::Serve() {
+void HttpExposer::Accept() {
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fds_[0], POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
@@ -106,22 +136,50 @@ void HttpExposer::Serve() {
     }
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
-    int connection = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int connection = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (connection < 0) continue;
-    Answer(connection);
-    close(connection);
+    absl::MutexLock lock(&mu_);
+    if (waiting_.size() >= options_.max_waiting) {
+      close(connection);  // Every thread is busy and many wait already: a flood, not a scrape.
+      continue;
+    }
+    waiting_.push_back(Waiting{connection, absl::Now() + options_.connection_deadline});
+    work_cv_.Signal();
   }
 }
 
-void HttpExposer::Answer(int connection) {
-  // Read the request head (bounded in size and time: a slow client cannot hold the endpoint).
-  timeval timeout{2, 0};
-  setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+void HttpExposer::Work() {
+  for (;;) {
+    Waiting next;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && waiting_.empty()) work_cv_.Wait(&mu_);
+      if (stopping_) return;
+      next = waiting_.front();
+      waiting_.pop_front();
+    }
+    Answer(next.fd, next.deadline);
+    close(next.fd);
+  }
+}
+
+std::string HttpExposer::Scrape() {
+  absl::MutexLock lock(&collect_mu_);
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, collect_());
+  return out.str();
+}
+
+void HttpExposer::Answer(int connection, absl::Time deadline) {
+  // Read the request head, bounded in size and, with the answer, in time: a slow client holds
+  // this thread until the deadline at most.
   std::string request;
   char buffer[2048];
   while (request.size() < 16384 && request.find("\r\n\r\n") == std::string::npos &&
          request.find("\n\n") == std::string::npos) {
-    ssize_t n = recv(connection, buffer, sizeof(buffer), 0);
+    if (!WaitFor(connection, POLLIN, wake_fds_[0], deadline)) return;
+    ssize_t n = recv(connection, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) break;
     request.append(buffer, static_cast<size_t>(n));
   }
@@ -136,16 +194,16 @@ void HttpExposer::Answer(int connection) {
   std::string body;
   std::string type = "text/plain; version=0.0.4; charset=utf-8";
   if (path == "/metrics") {
-    std::ostringstream out;
-    prometheus::TextSerializer().Serialize(out, collect_());
-    body = out.str();
+    body = Scrape();
   } else {
     status = path.empty() ? "405 Method Not Allowed" : "404 Not Found";
     type = "text/plain; charset=utf-8";
     body = "orthoserve serves Prometheus metrics at GET /metrics\n";
   }
-  WriteAll(connection, absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type, "\r\nContent-Length: ",
-                                    body.size(), "\r\nConnection: close\r\n\r\n", head ? "" : body));
+  WriteAll(connection,
+           absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type, "\r\nContent-Length: ", body.size(),
+                        "\r\nConnection: close\r\n\r\n", head ? "" : body),
+           wake_fds_[0], deadline);
 }
 
 }  // namespace orthoserve
