@@ -133,6 +133,9 @@ ABSL_FLAG(std::string, fleet_tls_member_name, "orthoserve-rank-{rank}",
           "replaced by r (a wildcard SAN covers one leftmost label). Without {rank} it is one name for the whole "
           "fleet, and any member's certificate may claim any rank (weaker).");
 ABSL_FLAG(std::string, token_file, "", "File of \"TOKEN TENANT\" lines; when set, every call needs a bearer token.");
+ABSL_FLAG(absl::Duration, token_reload_interval, absl::Seconds(10),
+          "The token file is looked at this often and read again when it changed (added tokens work, removed ones are "
+          "refused; calls in flight go on; a file that does not read or holds no tokens is not taken). 0: never.");
 ABSL_FLAG(std::string, tenant_labels, "off",
           "How the per-tenant metrics (orthoserve_tenant_*) name tenants: off (every tenant is \"all\"), name (the "
           "token file's names) or hash (a stable pseudonym of the name).");
@@ -156,7 +159,7 @@ const char* const kFlagNames[] = {
     "fleet_max_log_entry_bytes",
     "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
-    "token_file", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
+    "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
   FairPool::Shares shares;
@@ -283,6 +286,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.fleet_tls.ca_file = absl::GetFlag(FLAGS_fleet_tls_ca);
   o.fleet_tls.member_name = absl::GetFlag(FLAGS_fleet_tls_member_name);
   o.token_file = absl::GetFlag(FLAGS_token_file);
+  o.token_reload_interval = absl::GetFlag(FLAGS_token_reload_interval);
 
   LogLevel level;
   RETURN_IF_ERROR(Annotate(ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level), "--log-level"));

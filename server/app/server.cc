@@ -162,6 +162,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     }
     RETURN_IF_ERROR(FleetTls::Load(o.fleet_tls, o.world).status());
   }
+  if (o.token_reload_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--token-reload-interval must be >= 0 (0: never read the token file again)");
+  }
   if (!o.token_file.empty()) RETURN_IF_ERROR(TokenAuth::FromFile(o.token_file).status());
   return absl::OkStatus();
 }
@@ -173,7 +176,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   RETURN_IF_ERROR(ValidateServerOptions(o));
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(o));
   if (!o.token_file.empty()) {
-    ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(o.token_file));
+    ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(o.token_file, o.token_reload_interval));
   }
 
   ASSIGN_OR_RETURN(server->backend_, CreateBackend(o.backend));
@@ -249,7 +252,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   o.service.version = ORTHOSERVE_VERSION;
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));
   server->service_ = std::make_unique<OrthogonalizerService>(o.service, server->backend_.get(), server->fleet_.get(),
-                                                             server->metrics_.get(), &server->auth_,
+                                                             server->metrics_.get(), server->auth_.get(),
                                                              server->compute_.get());
   builder.RegisterService(server->service_.get());
   builder.RegisterCallbackGenericService(server->service_->generic_service());

@@ -58,6 +58,7 @@ struct ServerOptions {
   std::string tls_client_ca;  // PEM CA bundle; set: clients must present a certificate (mTLS).
   FleetTlsOptions fleet_tls;  // --fleet-tls-*: mutual TLS between fleet members on the fleet port.
   std::string token_file;     // "TOKEN TENANT" lines; set: every call needs a bearer token.
+  absl::Duration token_reload_interval = absl::Seconds(10);  // Token file looked at again (0: never).
   ConnectionOptions connections;  // --grpc-*: keepalive, client pings, idle and aged connections.
 };
 
@@ -102,7 +103,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Fleet> fleet_;
   std::unique_ptr<FairPool> compute_;
-  TokenAuth auth_;
+  std::unique_ptr<TokenAuth> auth_ = std::make_unique<TokenAuth>();
   std::unique_ptr<OrthogonalizerService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

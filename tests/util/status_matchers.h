@@ -1,4 +1,5 @@
-// Test helpers for absl::Status: EXPECT_OK / ASSERT_OK and StatusIs(code, message_matcher).
+// Test helpers for absl::Status: EXPECT_OK / ASSERT_OK, StatusIs(code, message_matcher) and
+// IsOkAndHolds(value_matcher).
 //
 //   EXPECT_THAT(Validate(x), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps")));
 #pragma once
@@ -25,6 +26,15 @@ MATCHER_P2(StatusIs, code, message_matcher,
   *result_listener << "which is " << status;
   return status.code() == code &&
          ::testing::ExplainMatchResult(message_matcher, std::string(status.message()), result_listener);
+}
+
+// Matches an OK absl::StatusOr whose value matches `inner`.
+MATCHER_P(IsOkAndHolds, inner, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "which is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(inner, *arg, result_listener);
 }
 
 }  // namespace orthoserve::testing

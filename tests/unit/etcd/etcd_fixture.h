@@ -12,15 +12,6 @@
 
 namespace orthoserve::testing {
 
-// Matches an OK absl::StatusOr whose value matches `inner`.
-MATCHER_P(IsOkAndHolds, inner, "is OK and holds a matching value") {
-  if (!arg.ok()) {
-    *result_listener << "which is " << arg.status();
-    return false;
-  }
-  return ::testing::ExplainMatchResult(inner, *arg, result_listener);
-}
-
 class EtcdTest : public ::testing::Test {
  protected:
   void SetUp() override {
