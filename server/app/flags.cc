@@ -120,6 +120,9 @@ ABSL_FLAG(absl::Duration, stall_warning, absl::Seconds(60), "Warn about trainer 
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "--tls-cert, --tls-key and --tls-client-ca are read again this often; new connections get what they hold "
+          "(a certificate whose key does not match is not taken), connections already made keep theirs. At least 1s.");
 ABSL_FLAG(std::string, fleet_tls_cert, "",
           "PEM certificate chain of this rank for mutual TLS on the fleet port (with --fleet-tls-key and "
           "--fleet-tls-ca): it must carry this rank's --fleet-tls-member-name. Without the three the fleet port is "
@@ -157,7 +160,7 @@ const char* const kFlagNames[] = {
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
     "fleet_max_log_entry_bytes",
-    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert",
+    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
@@ -281,6 +284,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   o.fleet_tls.cert_file = absl::GetFlag(FLAGS_fleet_tls_cert);
   o.fleet_tls.key_file = absl::GetFlag(FLAGS_fleet_tls_key);
   o.fleet_tls.ca_file = absl::GetFlag(FLAGS_fleet_tls_ca);

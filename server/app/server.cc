@@ -11,6 +11,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
 #include "server/fleet/wire/fleet_codec.h"
 #include "server/fleet/logic/fleet_identity.h"
@@ -45,16 +47,30 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
     if (!o.tls_client_ca.empty()) return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
     return grpc::InsecureServerCredentials();
   }
-  grpc::SslServerCredentialsOptions ssl;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.private_key, ReadFile(o.tls_key, "--tls-key"));
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(o.tls_cert, "--tls-cert"));
-  ssl.pem_key_cert_pairs.push_back(pair);
-  if (!o.tls_client_ca.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(o.tls_client_ca, "--tls-client-ca"));
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  // Read once here so that a missing or unreadable file is an error at start, not a server
+  // whose handshakes all fail.
+  RETURN_IF_ERROR(ReadFile(o.tls_key, "--tls-key").status());
+  RETURN_IF_ERROR(ReadFile(o.tls_cert, "--tls-cert").status());
+  if (!o.tls_client_ca.empty()) RETURN_IF_ERROR(ReadFile(o.tls_client_ca, "--tls-client-ca").status());
+  if (o.tls_reload_interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--tls-reload-interval must be at least 1s");
   }
-  return grpc::SslServerCredentials(ssl);
+  // gRPC's file watcher reads the files again every interval and serves new handshakes with what
+  // it read (a certificate whose key does not match is not taken); connections already made keep
+  // theirs. So rotated certificates (cert-manager renews the Secret, the kubelet updates the
+  // mount) take effect without a restart.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      o.tls_key, o.tls_cert, o.tls_client_ca,
+      static_cast<unsigned int>(absl::ToInt64Seconds(o.tls_reload_interval)));
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (!o.tls_client_ca.empty()) {
+    tls.watch_root_certs();
+    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(tls);
 }
 
 }  // namespace

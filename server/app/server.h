@@ -56,6 +56,7 @@ struct ServerOptions {
   std::string tls_cert;       // PEM certificate chain; with tls_key enables TLS.
   std::string tls_key;        // PEM private key.
   std::string tls_client_ca;  // PEM CA bundle; set: clients must present a certificate (mTLS).
+  absl::Duration tls_reload_interval = absl::Seconds(60);  // The TLS files are read again this often.
   FleetTlsOptions fleet_tls;  // --fleet-tls-*: mutual TLS between fleet members on the fleet port.
   std::string token_file;     // "TOKEN TENANT" lines; set: every call needs a bearer token.
   absl::Duration token_reload_interval = absl::Seconds(10);  // Token file looked at again (0: never).
