@@ -4,6 +4,7 @@
 #include <fstream>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +33,15 @@ absl::StatusOr<TokenAuth> TokenAuth::FromFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, " holds no tokens"));
   }
   return auth;
+}
+
+std::vector<std::string> TokenAuth::tenants() const {
+  absl::flat_hash_set<std::string> seen;
+  std::vector<std::string> names;
+  for (const auto& [token, tenant] : tenants_) {
+    if (seen.insert(tenant).second) names.push_back(tenant);
+  }
+  return names;
 }
 
 absl::StatusOr<std::string> TokenAuth::Authenticate(const grpc::ServerContextBase& context) const {

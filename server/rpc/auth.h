@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -21,6 +22,8 @@ class TokenAuth {
   static absl::StatusOr<TokenAuth> FromFile(const std::string& path);
 
   bool required() const { return !tenants_.empty(); }
+  // The tenants the file names (each once, in no particular order); none without a file.
+  std::vector<std::string> tenants() const;
 
   // The caller's tenant from its "authorization: Bearer TOKEN" metadata. UNAUTHENTICATED when a
   // token is required and missing or unknown.
