@@ -286,12 +286,29 @@ TEST(FairSlotsServiceTest, AnotherTenantIsServedWithinASecondWhileOneHoldsEveryS
   // More than the limit: the server keeps bob's slot, so alice holds 7 and the rest are refused.
   constexpr int kTries = 10;
   std::vector<std::unique_ptr<HeaderOnlyStream>> alice;
-  for (int i = 0; i < kTries; ++i) alice.push_back(std::make_unique<HeaderOnlyStream>(alice_stub, "secret-a"));
   const auto refused = [&] {
     int n = 0;
     for (auto& s : alice) n += s->done() ? 1 : 0;
     return n;
   };
+  // On every way out, a failed ASSERT included: a reactor must outlive its call, so alice's
+  // streams are cancelled and awaited (and leaked if they do not end).
+  struct CancelOnExit {
+    std::vector<std::unique_ptr<HeaderOnlyStream>>& streams;
+    ~CancelOnExit() {
+      for (auto& s : streams) s->Cancel();
+      const bool ended = WaitFor([&] {
+        for (auto& s : streams) {
+          if (!s->done()) return false;
+        }
+        return true;
+      }, absl::Seconds(10));
+      if (!ended) {
+        for (auto& s : streams) s.release();
+      }
+    }
+  } cancel_on_exit{alice};
+  for (int i = 0; i < kTries; ++i) alice.push_back(std::make_unique<HeaderOnlyStream>(alice_stub, "secret-a"));
   ASSERT_TRUE(WaitFor([&] { return refused() == kTries - 7 && (*server)->inflight_calls() == 7; }, absl::Seconds(10)))
       << refused() << " of alice's streams refused, " << (*server)->inflight_calls() << " calls open";
   for (auto& s : alice) {
