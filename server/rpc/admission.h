@@ -16,7 +16,8 @@
 // others hold more than theirs, and the slots they release go to it, not back to them; nobody
 // borrows beyond its share a slot that someone waiting needs. A tenant alone (no token file, or
 // no other tenant known or with traffic) uses the whole limit. Refusals by this rule count as
-// limit "fair_share" in orthoserve_tenant_refusals_total.
+// limit "fair_share" in orthoserve_tenant_refusals_total. In-flight bytes are not shared this way
+// (yet): --max-tenant-inflight-bytes bounds each tenant's.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,7 @@ class Admission {
     int64_t max_inflight_bytes = int64_t{4} << 30;         // Whole server.
     int64_t max_tenant_inflight_bytes = int64_t{2} << 30;  // Per tenant.
     int max_concurrent_streams = 64;
-    int max_tenant_concurrent_streams = 0;  // Per tenant; 0: only the server-wide limit.
+    int max_tenant_concurrent_streams = 0;  // Per tenant, a cap on top of its fair share; 0: none.
     double max_tenant_calls_per_second = 0;  // Calls a tenant may start in any second; 0: no limit.
     FairShares tenant_shares;  // Weights of the fair stream shares (--tenant-shares; priority unused).
     std::vector<std::string> tenants;  // The token file's tenants (repeats allowed); none: no token file.
@@ -145,7 +146,7 @@ class Admission {
   absl::flat_hash_map<std::string, int> tenant_streams_ ABSL_GUARDED_BY(mu_);
   // The last refusal of a stream slot of each tenant refused within kFairShareMemory.
   absl::flat_hash_map<std::string, absl::Time> stream_refused_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> known_tenants_;  // Options::tenants, sorted, without repeats.
+  const std::vector<std::string> known_tenants_;  // Options::tenants, sorted, without repeats.
   // Start times of each tenant's calls within the last second (with a call-rate limit only).
   absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_ ABSL_GUARDED_BY(mu_);
   absl::Time calls_swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // When tenant_calls_ was last swept.
