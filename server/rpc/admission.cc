@@ -81,7 +81,8 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& te
     stream_refused_[tenant] = now;
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "concurrent_streams");
     return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", streams_, " streams, its limit of ",
-                                                     limit, " concurrent streams (--max-concurrent-streams); retry later"));
+                                                     limit,
+                                                     " concurrent streams (--max-concurrent-streams); retry later"));
   }
   const auto held = tenant_streams_.find(tenant);
   const int mine = held == tenant_streams_.end() ? 0 : held->second;
@@ -100,9 +101,8 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& te
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant \"", BoundedText(tenant), "\" has ", mine, " streams open and its fair share is ", reserve.share,
         " of the server's ", limit, " (--max-concurrent-streams, weighted by --tenant-shares); the ", limit - streams_,
-        " free are kept for ", under_share ? 0 : reserve.waiting_tenants,
-        " other tenants waiting for their share and ", reserve.idle_tenants,
-        " tenants of the token file with no streams; retry later"));
+        " free are kept for ", under_share ? 0 : reserve.waiting_tenants, " other tenants waiting for their share and ",
+        reserve.idle_tenants, " tenants of the token file with no streams; retry later"));
   }
   ++streams_;
   ++tenant_streams_[tenant];

@@ -43,11 +43,11 @@ class Admission {
     int64_t max_inflight_bytes = int64_t{4} << 30;         // Whole server.
     int64_t max_tenant_inflight_bytes = int64_t{2} << 30;  // Per tenant.
     int max_concurrent_streams = 64;
-    int max_tenant_concurrent_streams = 0;  // Per tenant, a cap on top of its fair share; 0: none.
+    int max_tenant_concurrent_streams = 0;   // Per tenant, a cap on top of its fair share; 0: none.
     double max_tenant_calls_per_second = 0;  // Calls a tenant may start in any second; 0: no limit.
-    FairShares tenant_shares;  // Weights of the fair stream shares (--tenant-shares; priority unused).
-    std::vector<std::string> tenants;  // The token file's tenants (repeats allowed); none: no token file.
-    std::function<absl::Time()> clock;  // Time source of kFairShareMemory; null: absl::Now.
+    FairShares tenant_shares;                // Weights of the fair stream shares (--tenant-shares; priority unused).
+    std::vector<std::string> tenants;        // The token file's tenants (repeats allowed); none: no token file.
+    std::function<absl::Time()> clock;       // Time source of kFairShareMemory; null: absl::Now.
   };
 
   // How long a refused tenant keeps its reserve of stream slots after its last refusal: longer

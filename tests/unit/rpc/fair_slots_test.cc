@@ -71,9 +71,9 @@ class FairSlotsTest : public ::testing::Test {
 TEST_F(FairSlotsTest, ATenantAloneUsesTheWholeLimit) {
   Make(8, {});  // No token file.
   EXPECT_EQ(TakeAll("default"), 8);
-  EXPECT_THAT(last_refusal_, StatusIs(absl::StatusCode::kResourceExhausted,
-                                      AllOf(HasSubstr("serving 8 streams, its limit of 8"),
-                                            HasSubstr("--max-concurrent-streams"))));
+  EXPECT_THAT(last_refusal_,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("serving 8 streams, its limit of 8"), HasSubstr("--max-concurrent-streams"))));
   held_.clear();
   Make(8, {"alice", "alice"});  // A token file of one tenant (two tokens).
   EXPECT_EQ(TakeAll("alice"), 8);
@@ -159,8 +159,8 @@ TEST_F(FairSlotsTest, SharesFollowTheWeights) {
 TEST_F(FairSlotsTest, ThreeTenantsEachGetTheirShare) {
   Make(9, {"alice", "bob", "carol"});
   EXPECT_EQ(TakeAll("alice"), 7);  // One slot kept for each of bob and carol.
-  EXPECT_THAT(last_refusal_, StatusIs(absl::StatusCode::kResourceExhausted,
-                                      HasSubstr("2 tenants of the token file with no streams")));
+  EXPECT_THAT(last_refusal_,
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("2 tenants of the token file with no streams")));
   EXPECT_TRUE(Take("bob"));
   EXPECT_FALSE(Take("bob"));  // Carol's slot stays kept.
   EXPECT_THAT(last_refusal_, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("fair share is 4")));
@@ -192,8 +192,9 @@ TEST_F(FairSlotsTest, ATenantNotInTheTokenFileIsStillCountedWhileItHasTraffic) {
 TEST_F(FairSlotsTest, PerTenantCapsStayOnTop) {
   Make(8, {"alice", "bob"}, {}, /*tenant_cap=*/3);
   EXPECT_EQ(TakeAll("alice"), 3);
-  EXPECT_THAT(last_refusal_, StatusIs(absl::StatusCode::kResourceExhausted,
-                                      AllOf(HasSubstr("its limit of 3"), HasSubstr("--max-tenant-concurrent-streams"))));
+  EXPECT_THAT(last_refusal_,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("its limit of 3"), HasSubstr("--max-tenant-concurrent-streams"))));
   EXPECT_EQ(TakeAll("bob"), 3);
   // Shares are capped too (3 each): carol, not in the token file, gets the rest.
   EXPECT_EQ(TakeAll("carol"), 2);
@@ -297,12 +298,14 @@ TEST(FairSlotsServiceTest, AnotherTenantIsServedWithinASecondWhileOneHoldsEveryS
     std::vector<std::unique_ptr<HeaderOnlyStream>>& streams;
     ~CancelOnExit() {
       for (auto& s : streams) s->Cancel();
-      const bool ended = WaitFor([&] {
-        for (auto& s : streams) {
-          if (!s->done()) return false;
-        }
-        return true;
-      }, absl::Seconds(10));
+      const bool ended = WaitFor(
+          [&] {
+            for (auto& s : streams) {
+              if (!s->done()) return false;
+            }
+            return true;
+          },
+          absl::Seconds(10));
       if (!ended) {
         for (auto& s : streams) s.release();
       }
