@@ -44,10 +44,13 @@ ABSL_FLAG(std::string, fleet_listen, "",
 ABSL_FLAG(int64_t, max_matrix_elements, int64_t{1} << 28, "Largest matrix accepted, in elements (global shape).");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30, "Matrix bytes the server holds in flight at most.");
 ABSL_FLAG(int64_t, max_tenant_inflight_bytes, int64_t{2} << 30, "Matrix bytes one tenant holds in flight at most.");
-ABSL_FLAG(int, max_concurrent_streams, 64, "Concurrent OrthogonalizeStream calls at most.");
+ABSL_FLAG(int, max_concurrent_streams, 64,
+          "Concurrent OrthogonalizeStream calls at most. With a token file they are shared fairly: a slot is kept "
+          "free for each tenant without streams, and tenants with streams get shares weighted by --tenant-shares; a "
+          "tenant takes more than its share only while no other tenant refused lately needs the slot.");
 ABSL_FLAG(int, max_tenant_concurrent_streams, 0,
-          "Concurrent OrthogonalizeStream calls of one tenant at most, so that no tenant can take every stream slot "
-          "(0: only --max-concurrent-streams).");
+          "Concurrent OrthogonalizeStream calls of one tenant at most, a cap on top of its fair share of "
+          "--max-concurrent-streams (0: no cap).");
 ABSL_FLAG(double, max_tenant_calls_per_second, 0,
           "Calls (streams and unary) one tenant may start in any second; more are refused with RESOURCE_EXHAUSTED "
           "(0: no limit).");

@@ -194,6 +194,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (!o.token_file.empty()) {
     ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(o.token_file, o.token_reload_interval));
   }
+  // Fair stream slots between the token file's tenants, by their --tenant-shares weights.
+  o.service.admission.tenants = server->auth_->tenants();
+  o.service.admission.tenant_shares = o.tenant_shares;
 
   ASSIGN_OR_RETURN(server->backend_, CreateBackend(o.backend));
   const BackendInfo info = server->backend_->Info();

@@ -177,7 +177,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                              .Name("orthoserve_tenant_refusals_total")
                              .Help("Calls refused RESOURCE_EXHAUSTED by admission, by tenant (--tenant-labels) and "
                                    "limit: inflight_bytes, tenant_inflight_bytes, concurrent_streams, "
-                                   "tenant_concurrent_streams.")
+                                   "tenant_concurrent_streams, tenant_call_rate, fair_share (a stream slot kept for "
+                                   "other tenants' fair shares); stream_progress: streams ended by "
+                                   "--stream-progress-timeout.")
                              .Register(r);
   if (options.tenant_labels == TenantLabels::kOff) {  // One "all" series per limit, there from the start.
     for (const char* limit : kRefusalLimits) m->tenant_refusals_->Add({{"tenant", "all"}, {"limit", limit}});

@@ -67,7 +67,8 @@ absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 // The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): admission's, and
 // stream_progress for a stream ended by --stream-progress-timeout.
 inline constexpr const char* kRefusalLimits[] = {"inflight_bytes", "tenant_inflight_bytes", "concurrent_streams",
-                                                 "tenant_concurrent_streams", "tenant_call_rate", "stream_progress"};
+                                                 "tenant_concurrent_streams", "tenant_call_rate", "stream_progress",
+                                                 "fair_share"};
 
 class Metrics {
  public:

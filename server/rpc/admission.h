@@ -1,6 +1,23 @@
 // Admission control for the public API (docs/operations.md): concurrent streams and matrix bytes held
 // in flight, per server and per tenant. Over a limit a request gets RESOURCE_EXHAUSTED before
 // anything is allocated — never an out-of-memory kill. Thread-safe.
+//
+// Fair stream slots. The server-wide stream limit L (--max-concurrent-streams) is shared by
+// weight (--tenant-shares) between tenants, by reservation rather than preemption. A tenant "has
+// traffic" while it asks for a slot, while it holds one, and for kFairShareMemory after it was
+// last refused one (by the server-wide or the fair-share limit: it is "waiting"). Each tenant of
+// the token file (Options::tenants) without traffic has one slot kept free for it, if its
+// weighted part of L among all known tenants and those with traffic is at least one slot; the
+// rest of L is divided by weight among the tenants with traffic, a tenant's share being the
+// floor of its part (at most --max-tenant-concurrent-streams when set). A tenant under its share
+// gets a slot when one is free beyond the kept slots; a tenant at or over its share gets one only
+// when, after it, the free slots also cover what every waiting tenant lacks to its share. The
+// kept slots and shares add up to at most L, so a tenant under its share is refused only while
+// others hold more than theirs, and the slots they release go to it, not back to them; nobody
+// borrows beyond its share a slot that someone waiting needs. A tenant alone (no token file, or
+// no other tenant known or with traffic) uses the whole limit. Refusals by this rule count as
+// limit "fair_share" in orthoserve_tenant_refusals_total. In-flight bytes are not shared this way
+// (yet): --max-tenant-inflight-bytes bounds each tenant's.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/fair_queue.h"
 #include "server/metrics/metrics.h"
 
 namespace orthoserve {
@@ -25,9 +43,16 @@ class Admission {
     int64_t max_inflight_bytes = int64_t{4} << 30;         // Whole server.
     int64_t max_tenant_inflight_bytes = int64_t{2} << 30;  // Per tenant.
     int max_concurrent_streams = 64;
-    int max_tenant_concurrent_streams = 0;  // Per tenant; 0: only the server-wide limit.
+    int max_tenant_concurrent_streams = 0;   // Per tenant, a cap on top of its fair share; 0: none.
     double max_tenant_calls_per_second = 0;  // Calls a tenant may start in any second; 0: no limit.
+    FairShares tenant_shares;                // Weights of the fair stream shares (--tenant-shares; priority unused).
+    std::vector<std::string> tenants;        // The token file's tenants (repeats allowed); none: no token file.
+    std::function<absl::Time()> clock;       // Time source of kFairShareMemory; null: absl::Now.
   };
+
+  // How long a refused tenant keeps its reserve of stream slots after its last refusal: longer
+  // than a client's retry backoff, short enough that a tenant which went away frees its share.
+  static constexpr absl::Duration kFairShareMemory = absl::Seconds(5);
 
   // Holds admitted bytes (or a stream slot) until destroyed. Movable.
   class Ticket {
@@ -47,14 +72,15 @@ class Admission {
     bool stream_ = false;
   };
 
-  Admission(const Options& options, Metrics* metrics) : options_(options), metrics_(metrics) {}
+  Admission(const Options& options, Metrics* metrics);
 
   // A new call (stream or unary) of `tenant`: RESOURCE_EXHAUSTED when the tenant started
   // max_tenant_calls_per_second calls within the last second (--max-tenant-calls-per-second),
   // naming its count and the limit. Refused calls do not count.
   absl::Status AdmitCall(const std::string& tenant);
   // A stream slot of `tenant`. RESOURCE_EXHAUSTED naming the limit, the figure and the limit's
-  // value (--max-concurrent-streams, or --max-tenant-concurrent-streams with the tenant's own count).
+  // value (--max-concurrent-streams, or --max-tenant-concurrent-streams with the tenant's own count),
+  // or, under the fair-share rule above, the tenant's count, its share and the slots kept for others.
   absl::StatusOr<Ticket> AcquireStream(const std::string& tenant);
   // Adds `bytes` to `ticket` (which may already hold bytes of the same tenant). RESOURCE_EXHAUSTED
   // naming the limit (--max-inflight-bytes or --max-tenant-inflight-bytes) and `what`.
@@ -91,7 +117,7 @@ class Admission {
   // Adds `bytes` to `ticket` if both limits allow; otherwise says which is short and, with
   // `refuse`, counts the refusal and returns its RESOURCE_EXHAUSTED. Requires mu_.
   absl::Status TryAddLocked(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what,
-                            bool refuse, Short* shortage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            bool refuse, Short* shortage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants (or refuses, for their tenant's limit) the waiters at the head of the queue that
   // fit; their callbacks go to `ready`. Requires mu_.
   void DrainWaitersLocked(std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>& ready)
@@ -99,6 +125,17 @@ class Admission {
   void Return(const std::string& tenant, int64_t bytes, bool stream);
   // The most bytes any tenant holds (for the tenant gauge with labels off). Requires mu_.
   int64_t LargestTenantBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fair-share rule's figures for a stream of `tenant` (after forgetting refusals older than
+  // kFairShareMemory): the slots kept for others, and `tenant`'s own share.
+  struct StreamReserve {
+    int for_others = 0;       // Kept slots plus what each waiting tenant lacks to its share.
+    int waiting_tenants = 0;  // Other tenants refused within kFairShareMemory and under their share.
+    int idle_tenants = 0;     // Token file tenants without traffic that keep a slot (one each).
+    int share = 0;            // `tenant`'s guaranteed share.
+  };
+  StreamReserve StreamReserveLocked(const std::string& tenant, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double Weight(const std::string& tenant) const;
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
 
   const Options options_;
   Metrics* metrics_;  // Optional.
@@ -107,6 +144,9 @@ class Admission {
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int64_t> tenant_bytes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> tenant_streams_ ABSL_GUARDED_BY(mu_);
+  // The last refusal of a stream slot of each tenant refused within kFairShareMemory.
+  absl::flat_hash_map<std::string, absl::Time> stream_refused_ ABSL_GUARDED_BY(mu_);
+  const std::vector<std::string> known_tenants_;  // Options::tenants, sorted, without repeats.
   // Start times of each tenant's calls within the last second (with a call-rate limit only).
   absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_ ABSL_GUARDED_BY(mu_);
   absl::Time calls_swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // When tenant_calls_ was last swept.

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -78,6 +79,20 @@ void TokenAuth::MaybeReload() const {
   version_ = version;
   refused_ = Version{};
   ++reloads_;
+}
+
+std::vector<std::string> TokenAuth::tenants() const {
+  std::shared_ptr<const Tokens> tokens;
+  {
+    absl::MutexLock lock(&mu_);
+    tokens = tokens_;
+  }
+  absl::flat_hash_set<std::string> seen;
+  std::vector<std::string> names;
+  for (const auto& [token, tenant] : *tokens) {
+    if (seen.insert(tenant).second) names.push_back(tenant);
+  }
+  return names;
 }
 
 int64_t TokenAuth::reloads() const {

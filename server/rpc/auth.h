@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -37,6 +38,8 @@ class TokenAuth {
                                                              absl::Duration reload_interval = absl::ZeroDuration());
 
   bool required() const { return required_; }
+  // The tenants the file names now (each once, in no particular order); none without a file.
+  std::vector<std::string> tenants() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The caller's tenant from its "authorization: Bearer TOKEN" metadata. UNAUTHENTICATED when a
   // token is required and missing or unknown. Thread-safe.

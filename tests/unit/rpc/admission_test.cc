@@ -43,11 +43,18 @@ TEST(AdmissionTest, OneTenantsStreamsCannotTakeAnothersSlots) {
   EXPECT_THAT(admission.AcquireStream("dave"),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        AllOf(HasSubstr("serving 5 streams, its limit of 5"), HasSubstr("--max-concurrent-streams"))));
-  // A closed stream gives its slot back to its tenant and to the server.
+  // A closed stream gives its slot back to its tenant and to the server; dave, refused a moment
+  // ago and under his fair share (5 slots / 4 tenants: 1), gets it before alice, who holds her
+  // share already (fair slots, admission.h).
   alice.pop_back();
-  EXPECT_OK(admission.AcquireStream("alice"));  // Released again at once (a temporary).
+  EXPECT_THAT(admission.AcquireStream("alice"),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("tenant \"alice\" has 1 streams open and its fair share is 1"),
+                             HasSubstr("kept for 1 other tenants waiting"))));
+  absl::StatusOr<Admission::Ticket> dave = admission.AcquireStream("dave");
+  ASSERT_OK(dave);
   carol->Release();
-  EXPECT_OK(admission.AcquireStream("dave"));
+  EXPECT_OK(admission.AcquireStream("alice"));
 }
 
 TEST(AdmissionTest, NoPerTenantStreamLimitByDefault) {
