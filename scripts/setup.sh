@@ -21,7 +21,7 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev
+  prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus yamllint openssl
   etcd-server

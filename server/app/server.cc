@@ -222,6 +222,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.limits.compute_workers = o.workers;
   m.limits.rendezvous_timeout = o.service.rendezvous_timeout;
   m.limits.collective_timeout = o.collective_timeout;
+  if (!o.tls_cert.empty()) m.certificates.emplace_back("server", o.tls_cert);
+  if (!o.tls_client_ca.empty()) m.certificates.emplace_back("client_ca", o.tls_client_ca);
+  if (!o.fleet_tls.cert_file.empty()) m.certificates.emplace_back("fleet", o.fleet_tls.cert_file);
+  if (!o.fleet_tls.ca_file.empty()) m.certificates.emplace_back("fleet_ca", o.fleet_tls.ca_file);
   ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(m));
   server->metrics_->device_memory("budget").Set(static_cast<double>(info.memory_budget_bytes));
 

@@ -259,6 +259,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   }
 
   if (options.process_metrics) m->process_ = std::make_unique<ProcessCollector>();
+  m->certificates_ = std::make_unique<CertificateExpiry>(options.certificates);
 
   if (!options.address.empty()) {
     const Metrics* raw = m.get();
@@ -277,6 +278,9 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     std::vector<prometheus::MetricFamily> process = process_->Collect();
     families.insert(families.end(), std::make_move_iterator(process.begin()), std::make_move_iterator(process.end()));
   }
+  std::vector<prometheus::MetricFamily> certificates = certificates_->Collect();
+  families.insert(families.end(), std::make_move_iterator(certificates.begin()),
+                  std::make_move_iterator(certificates.end()));
   return families;
 }
 

@@ -25,6 +25,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
+#include "server/metrics/certificate_expiry.h"
 #include "server/metrics/http_exposer.h"
 #include "server/metrics/process_collector.h"
 
@@ -103,6 +104,8 @@ class Metrics {
     Limits limits;
     bool process_metrics = true;  // The process_* families (from /proc).
     TenantLabels tenant_labels = TenantLabels::kOff;
+    // (label value, PEM path) of the certificates whose expiry is reported (CertificateExpiry).
+    std::vector<std::pair<std::string, std::string>> certificates;
   };
 
   // INVALID_ARGUMENT for a malformed `address`, UNAVAILABLE when it cannot be bound.
@@ -175,6 +178,7 @@ class Metrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ProcessCollector> process_;  // Null without process metrics.
+  std::unique_ptr<CertificateExpiry> certificates_;
   std::unique_ptr<HttpExposer> exposer_;
 
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
