@@ -85,6 +85,10 @@ ABSL_FLAG(absl::Duration, stream_progress_timeout, absl::Seconds(60),
           "A stream waiting on its client (for its next message, or for it to read its results) with nothing happening "
           "for this long is ended: RESOURCE_EXHAUSTED for a client that stopped sending, CANCELLED for one that stopped "
           "reading. Waiting on the server (compute, a group's rendezvous) does not count. 0: never.");
+ABSL_FLAG(int64_t, stream_min_progress_bytes, int64_t{16} << 10,
+          "A stream waiting on its client that moves fewer bytes than this (sent by the client, or read by it) in "
+          "--stream-progress-timeout is ended, so a trickle holds no slot either. 0: only a stream that moves "
+          "nothing at all.");
 ABSL_FLAG(absl::Duration, grpc_keepalive_time, absl::Seconds(30),
           "The public port pings a client connection quiet for this long, and closes it when the ping is not answered "
           "within --grpc-keepalive-timeout (a vanished client gives back its streams).");
@@ -163,7 +167,7 @@ const char* const kFlagNames[] = {
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
     "fleet_max_log_entry_bytes",
-    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
+    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "stream_min_progress_bytes", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
 
@@ -268,6 +272,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.allow_group_steps_without_run_id = absl::GetFlag(FLAGS_allow_group_steps_without_run_id);
   o.service.rendezvous_timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
   o.service.stream_progress_timeout = absl::GetFlag(FLAGS_stream_progress_timeout);
+  o.service.stream_min_progress_bytes = absl::GetFlag(FLAGS_stream_min_progress_bytes);
   o.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
   o.connections.keepalive_time = absl::GetFlag(FLAGS_grpc_keepalive_time);
   o.connections.keepalive_timeout = absl::GetFlag(FLAGS_grpc_keepalive_timeout);

@@ -103,6 +103,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   if (o.peer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
   RETURN_IF_ERROR(ValidateConnectionOptions(o.connections));
+  if (o.service.stream_min_progress_bytes < 0) {
+    return absl::InvalidArgumentError("--stream-min-progress-bytes must be >= 0 (0: only a stream that moves nothing)");
+  }
   if (o.quarantine_after < 0) return absl::InvalidArgumentError("--fleet-quarantine-after must be >= 0 (0: never)");
   if (o.quarantine_base <= absl::ZeroDuration() || o.quarantine_max < o.quarantine_base) {
     return absl::InvalidArgumentError(

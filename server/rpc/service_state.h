@@ -39,9 +39,11 @@ struct ServiceOptions {
   // step with a run that has an id); false: refuse them with INVALID_ARGUMENT.
   bool allow_group_steps_without_run_id = false;
   absl::Duration rendezvous_timeout = absl::Seconds(60);  // Reported in GetServerInfo.
-  // A stream waiting on its client (for its next message, or for it to read) with nothing
-  // happening for this long is ended (ProgressWatchdog); <= 0: never.
+  // A stream waiting on its client (for its next message, or for it to read) that moves fewer
+  // than stream_min_progress_bytes in this long is ended (ProgressWatchdog): nothing at all, or a
+  // trickle; <= 0: never.
   absl::Duration stream_progress_timeout = absl::Seconds(60);
+  int64_t stream_min_progress_bytes = int64_t{16} << 10;
   Admission::Options admission;
   // Reused stream buffers; max_idle_bytes is capped at admission.max_inflight_bytes.
   BufferPool::Options buffers;

@@ -54,7 +54,9 @@ void StreamCall::ReadNext() {
   {
     absl::MutexLock lock(&mu_);
     reading_ = true;
-    reading_since_ = absl::Now();
+    // Input is read continuously from the first read to the end of input (Handle never pauses
+    // it), so one window runs from the first read.
+    if (read_mark_ == absl::InfinitePast()) read_mark_ = absl::Now();
   }
   StartRead(&request_.raw);
 }
@@ -63,6 +65,7 @@ void StreamCall::OnReadDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     reading_ = false;
+    if (ok) Progressed(static_cast<int64_t>(request_.raw.Length()), read_mark_, read_bytes_);
   }
   if (!ok) {
     InputEnded();
@@ -257,7 +260,9 @@ void StreamCall::Enqueue(std::vector<grpc::ByteBuffer> messages, double data_byt
     }
     if (!writing_ && !queue_.empty()) {
       writing_ = true;
-      write_progress_ = absl::Now();
+      // Writing starts after a wait on the server (compute), which does not count: a new window.
+      write_mark_ = absl::Now();
+      written_bytes_ = 0;
       next = &queue_.front().message;
     }
   }
@@ -272,8 +277,8 @@ void StreamCall::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     data_bytes = queue_.front().data_bytes;
+    if (ok) Progressed(static_cast<int64_t>(queue_.front().message.Length()), write_mark_, written_bytes_);
     queue_.pop_front();
-    write_progress_ = absl::Now();
     if (!ok) {
       if (output_ == Output::kOpen) output_ = Output::kBroken;
       queue_.clear();  // The client is gone: the results' buffers are released.
@@ -325,9 +330,17 @@ void StreamCall::DoFinish() {
 absl::Time StreamCall::stalled_since() const {
   absl::MutexLock lock(&mu_);
   if (output_ == Output::kFinished) return absl::InfiniteFuture();
-  if (writing_) return write_progress_;
-  if (reading_) return reading_since_;
+  if (writing_) return write_mark_;
+  if (reading_) return read_mark_;
   return absl::InfiniteFuture();  // Waiting on the server (compute, the fleet).
+}
+
+void StreamCall::Progressed(int64_t bytes, absl::Time& mark, int64_t& moved) {
+  moved += bytes;
+  if (moved >= s_.options.stream_min_progress_bytes) {
+    mark = absl::Now();
+    moved = 0;
+  }
 }
 
 void StreamCall::ProgressTimedOut(absl::Duration stalled) {
@@ -337,10 +350,13 @@ void StreamCall::ProgressTimedOut(absl::Duration stalled) {
     writing = writing_;
   }
   const absl::Duration limit = s_.watchdog.timeout();
+  const int64_t least = s_.options.stream_min_progress_bytes;
   const std::string message = absl::StrCat(
-      "the stream made no progress for ", absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
-      writing ? ": the client did not read its results" : ": the client sent nothing while its next message was awaited",
-      " (--stream-progress-timeout = ", absl::FormatDuration(limit), ")");
+      "the stream moved fewer than ", least, " bytes in ",
+      absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
+      writing ? ": the client did not read its results (or too slowly)"
+              : ": the client sent too little while its next messages were awaited",
+      " (--stream-progress-timeout = ", absl::FormatDuration(limit), ", --stream-min-progress-bytes = ", least, ")");
   LOG_INFO("rpc") << "tenant " << BoundedText(tenant_) << ": " << message;
   s_.metrics->TenantRefused(tenant_, "stream_progress");
   if (writing) {

@@ -48,6 +48,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   // ProgressWatchdog::Call.
   absl::Time stalled_since() const override;
   void ProgressTimedOut(absl::Duration stalled) override;
+  // `bytes` more moved while waiting on the client: the window's mark moves to now once `moved`
+  // reaches --stream-min-progress-bytes.
+  void Progressed(int64_t bytes, absl::Time& mark, int64_t& moved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
  private:
   struct Out {
@@ -103,11 +106,15 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   std::shared_ptr<Step> step_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // A read is outstanding while the step still wants input.
-  absl::Time reading_since_ ABSL_GUARDED_BY(mu_);
+  // Progress while the call waits on its client, each way: since the mark, fewer than
+  // stream_min_progress_bytes moved (the watchdog's measure; the mark moves on when that many have).
+  absl::Time read_mark_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t read_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time write_mark_ ABSL_GUARDED_BY(mu_);
+  int64_t written_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   Output output_ ABSL_GUARDED_BY(mu_) = Output::kOpen;
   std::deque<Out> queue_ ABSL_GUARDED_BY(mu_);  // queue_.front() is being written while writing_.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time write_progress_ ABSL_GUARDED_BY(mu_);  // The last write started or done.
   int results_ok_ ABSL_GUARDED_BY(mu_) = 0;
   int results_failed_ ABSL_GUARDED_BY(mu_) = 0;
   // How the call finishes: set when output_ becomes kFinishing, read (without the lock) once it

@@ -61,6 +61,8 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        absl::StatusCode::kInvalidArgument, "--collective-timeout"},
       {"peer timeout", [](ServerOptions& o) { o.peer_timeout = absl::Seconds(-1); },
        absl::StatusCode::kInvalidArgument, "--fleet-peer-timeout"},
+      {"min progress", [](ServerOptions& o) { o.service.stream_min_progress_bytes = -1; },
+       absl::StatusCode::kInvalidArgument, "--stream-min-progress-bytes"},
       {"keepalive time", [](ServerOptions& o) { o.connections.keepalive_time = absl::ZeroDuration(); },
        absl::StatusCode::kInvalidArgument, "--grpc-keepalive-time"},
       {"keepalive timeout", [](ServerOptions& o) { o.connections.keepalive_timeout = absl::Seconds(-1); },

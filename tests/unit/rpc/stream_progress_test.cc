@@ -1,6 +1,7 @@
 // Streams on the callback API in process on 127.0.0.1:0: a thousand idle streams hold a bounded
 // number of threads, and --stream-progress-timeout ends streams whose client stopped sending
-// or stopped reading, but not a slow client that goes on, nor a step waiting on the server.
+// or stopped reading, and a client that trickles below --stream-min-progress-bytes per timeout,
+// but not a slow client above that rate, nor a step waiting on the server.
 #include <dirent.h>
 
 #include <atomic>
@@ -148,9 +149,41 @@ TEST(StreamProgressTest, AStreamThatStopsReadingIsCancelled) {
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+TEST(StreamProgressTest, AClientThatTricklesBelowTheMinimumRateIsEndedWithinTheWindow) {
+  // A message every 300 ms keeps the idle timer quiet, but 16 bytes a message is far below the
+  // minimum of 16 KiB per 1 s window: the stream is ended about one window after it began.
+  ServerOptions options = TestServerOptions();
+  options.service.stream_progress_timeout = absl::Seconds(1);
+  options.service.stream_min_progress_bytes = 16 << 10;
+  auto server = Server::Create(options);
+  ASSERT_OK(server);
+  auto stub = StubFor(**server);
+  std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+  AppendMatrix(messages, 0, Spec("trickle", {64, 64}, DType::kF32, NsOptions()),
+               Bytes(RandomMatrix(64, 64, 5), DType::kF32), 16);
+  grpc::ClientContext context;
+  auto stream = stub->OrthogonalizeStream(&context);
+  const absl::Time start = absl::Now();
+  for (const v1::StreamRequest& m : messages) {
+    if (!stream->Write(m)) break;  // Ended by the server.
+    absl::SleepFor(absl::Milliseconds(300));
+    if (absl::Now() - start > absl::Seconds(10)) break;
+  }
+  stream->WritesDone();
+  v1::StreamResponse response;
+  while (stream->Read(&response)) {
+  }
+  const grpc::Status status = stream->Finish();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--stream-min-progress-bytes = 16384"));
+  EXPECT_LT(took, absl::Seconds(4));
+}
+
 TEST(StreamProgressTest, AClientThatGoesOnSlowlyAndAGroupWaitingForItsRanksAreNotCut) {
   ServerOptions options = TestServerOptions();
   options.service.stream_progress_timeout = absl::Milliseconds(600);
+  options.service.stream_min_progress_bytes = 1024;  // The slow client below moves ~4 KiB per 600 ms.
   options.service.rendezvous_timeout = absl::Seconds(10);
   auto server = Server::Create(options);
   ASSERT_OK(server);
