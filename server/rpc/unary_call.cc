@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fleet_change.h"
+#include "common/logging.h"
 #include "common/message_text.h"
 #include "common/status.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -88,10 +89,34 @@ void UnaryCall::OnReserved(absl::Status status) {
     End(std::move(status));
     return;
   }
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
+    reading_since_ = absl::Now();
+  }
+  watch_id_ = s_.watchdog.Register(weak_from_this());
   StartRead(&request_bytes_);
 }
 
+absl::Time UnaryCall::stalled_since() const {
+  absl::MutexLock lock(&mu_);
+  return reading_ && !ended_ ? reading_since_ : absl::InfiniteFuture();
+}
+
+void UnaryCall::ProgressTimedOut(absl::Duration stalled) {
+  const std::string message = absl::StrCat(
+      "the unary call's request did not arrive within ", absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
+      " of its room being reserved (--stream-progress-timeout = ", absl::FormatDuration(s_.watchdog.timeout()), ")");
+  LOG_INFO("rpc") << "tenant " << BoundedText(tenant_) << ": " << message;
+  s_.metrics->TenantRefused(tenant_, "stream_progress");
+  End(absl::ResourceExhaustedError(message));
+}
+
 void UnaryCall::OnReadDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+  }
   if (!ok) {
     End(context_->IsCancelled() ? absl::CancelledError("the client cancelled the call")
                                 : absl::InvalidArgumentError("the call ended before its request"));
@@ -271,6 +296,7 @@ void UnaryCall::OnCancel() {
 }
 
 void UnaryCall::OnDone() {
+  s_.watchdog.Unregister(watch_id_);
   s_.metrics->inflight_requests().Set(--s_.inflight);
   s_.metrics->RequestDone(kMethod, CodeName(status_.code()), absl::Now() - start_);
   bytes_.Release();

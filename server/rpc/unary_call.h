@@ -32,6 +32,7 @@ inline constexpr char kOrthogonalizeMethod[] = "/orthoserve.v1.Orthogonalizer/Or
 
 class UnaryCall final : public grpc::ServerGenericBidiReactor,
                         public StepSink,
+                        public ProgressWatchdog::Call,
                         public std::enable_shared_from_this<UnaryCall> {
  public:
   // Serves the call `context` (of kOrthogonalizeMethod).
@@ -41,6 +42,11 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   void OnReadDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
+
+  // ProgressWatchdog::Call: a call whose request has not arrived within --stream-progress-timeout
+  // of its room being reserved is ended (RESOURCE_EXHAUSTED), releasing that room.
+  absl::Time stalled_since() const override;
+  void ProgressTimedOut(absl::Duration stalled) override;
 
   // StepSink.
   void Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
@@ -76,11 +82,14 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   std::string tenant_;
   Admission::Ticket bytes_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::shared_ptr<Step> step_ ABSL_GUARDED_BY(mu_);
   uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;  // The body's reservation while it waits.
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // Its request is awaited (room reserved).
+  absl::Time reading_since_ ABSL_GUARDED_BY(mu_);
+  uint64_t watch_id_ = 0;  // Set before the read starts, read in OnDone.
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   absl::Status status_;  // How the call ended (metrics): written once, by the End that ends it, before Finish.
 };

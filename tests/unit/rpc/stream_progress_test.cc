@@ -81,6 +81,71 @@ class IdleStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBu
   grpc::Status status_;
 };
 
+// A unary call (Orthogonalize) whose client never sends its request: the call is started on the
+// generic API without a message.
+class SilentUnaryCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit SilentUnaryCall(grpc::GenericStub& stub) {
+    stub.PrepareBidiStreamingCall(&context_, "/orthoserve.v1.Orthogonalizer/Orthogonalize", grpc::StubOptions(), this);
+    StartRead(&response_);
+    StartCall();
+  }
+  void OnReadDone(bool) override {}
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  grpc::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::ByteBuffer response_;
+  std::mutex mu_;
+  bool done_ = false;
+  grpc::Status status_;
+};
+
+TEST(StreamProgressTest, AUnaryCallWhoseRequestNeverComesIsEndedAndItsRoomReleased) {
+  ServerOptions options = TestServerOptions();
+  options.service.stream_progress_timeout = absl::Seconds(1);
+  auto server = Server::Create(options);
+  ASSERT_OK(server);
+  grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
+                                             grpc::InsecureChannelCredentials()));
+  constexpr int kCalls = 12;  // Each reserves 2 × --max-message-bytes: 12 fit the tenant's 2 GiB.
+  std::vector<std::unique_ptr<SilentUnaryCall>> calls;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kCalls; ++i) calls.push_back(std::make_unique<SilentUnaryCall>(stub));
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& c : calls) {
+      if (!c->done()) return false;
+    }
+    return true;
+  }, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (auto& c : calls) {
+    EXPECT_EQ(c->status().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << c->status().error_message();
+    EXPECT_THAT(c->status().error_message(), HasSubstr("--stream-progress-timeout"));
+  }
+  EXPECT_TRUE(WaitFor([&] { return (*server)->inflight_calls() == 0; }, absl::Seconds(5)));
+  // The room is back: a real call is served.
+  auto real = StubFor(**server);
+  v1::OrthogonalizeRequest request;
+  *request.add_matrices()->mutable_spec() = Spec("w", {4, 4}, DType::kF32, NsOptions());
+  request.mutable_matrices(0)->set_data(Bytes(RandomMatrix(4, 4, 9), DType::kF32));
+  v1::OrthogonalizeResponse response;
+  grpc::ClientContext context;
+  EXPECT_TRUE(real->Orthogonalize(&context, request, &response).ok());
+}
+
 TEST(StreamProgressTest, AThousandIdleStreamsHoldBoundedThreadsUntilTheirProgressTimeoutEndsThem) {
   constexpr int kChannels = 10;
   constexpr int kStreamsPerChannel = 100;
