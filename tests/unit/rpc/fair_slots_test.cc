@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "proto/convert/raw_message.h"
 #include "server/rpc/admission.h"
+#include "tests/unit/rpc/held_call.h"
 #include "tests/unit/rpc/rpc_test_util.h"
 #include "tests/util/status_matchers.h"
 
@@ -216,57 +217,6 @@ TEST_F(FairSlotsTest, SharesSmallerThanASlotKeepNothing) {
 namespace orthoserve::testing {
 namespace {
 
-// A stream of the tenant of `token` on gRPC's callback API that sends a StepHeader and then
-// nothing (no half-close), reading until the server ends the call or Cancel().
-class HeaderOnlyStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  HeaderOnlyStream(grpc::GenericStub& stub, const std::string& token) {
-    context_.AddMetadata("authorization", "Bearer " + token);
-    header_ = SerializeToByteBuffer(HeaderMessage(1));
-    stub.PrepareBidiStreamingCall(&context_, "/orthoserve.v1.Orthogonalizer/OrthogonalizeStream", grpc::StubOptions(),
-                                  this);
-    StartWrite(&header_);
-    StartRead(&response_);
-    StartCall();
-  }
-  void OnReadDone(bool ok) override {
-    if (ok) StartRead(&response_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-  }
-  bool done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  grpc::Status status() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
-  }
-  void Cancel() { context_.TryCancel(); }
-
- private:
-  grpc::ClientContext context_;
-  grpc::ByteBuffer header_;
-  grpc::ByteBuffer response_;
-  std::mutex mu_;
-  bool done_ = false;
-  grpc::Status status_;
-};
-
-// Waits up to `limit` for `done`; true when it held.
-template <typename F>
-bool WaitFor(F done, absl::Duration limit) {
-  const absl::Time end = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
 // Issue #27's case with default flags but --max-concurrent-streams 8: tenant alice opens every
 // stream she can and leaves them waiting; tenant bob's stream is served within a second, and
 // none of alice's is cut.
@@ -286,7 +236,7 @@ TEST(FairSlotsServiceTest, AnotherTenantIsServedWithinASecondWhileOneHoldsEveryS
 
   // More than the limit: the server keeps bob's slot, so alice holds 7 and the rest are refused.
   constexpr int kTries = 10;
-  std::vector<std::unique_ptr<HeaderOnlyStream>> alice;
+  std::vector<std::unique_ptr<HeldCall>> alice;
   const auto refused = [&] {
     int n = 0;
     for (auto& s : alice) n += s->done() ? 1 : 0;
@@ -295,7 +245,7 @@ TEST(FairSlotsServiceTest, AnotherTenantIsServedWithinASecondWhileOneHoldsEveryS
   // On every way out, a failed ASSERT included: a reactor must outlive its call, so alice's
   // streams are cancelled and awaited (and leaked if they do not end).
   struct CancelOnExit {
-    std::vector<std::unique_ptr<HeaderOnlyStream>>& streams;
+    std::vector<std::unique_ptr<HeldCall>>& streams;
     ~CancelOnExit() {
       for (auto& s : streams) s->Cancel();
       const bool ended = WaitFor(
@@ -311,7 +261,7 @@ TEST(FairSlotsServiceTest, AnotherTenantIsServedWithinASecondWhileOneHoldsEveryS
       }
     }
   } cancel_on_exit{alice};
-  for (int i = 0; i < kTries; ++i) alice.push_back(std::make_unique<HeaderOnlyStream>(alice_stub, "secret-a"));
+  for (int i = 0; i < kTries; ++i) alice.push_back(HeldCall::HeaderOnlyStream(alice_stub, "secret-a"));
   ASSERT_TRUE(WaitFor([&] { return refused() == kTries - 7 && (*server)->inflight_calls() == 7; }, absl::Seconds(10)))
       << refused() << " of alice's streams refused, " << (*server)->inflight_calls() << " calls open";
   for (auto& s : alice) {

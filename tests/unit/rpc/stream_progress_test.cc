@@ -14,6 +14,7 @@
 #include "grpcpp/support/client_callback.h"
 #include "gtest/gtest.h"
 #include "proto/convert/raw_message.h"
+#include "tests/unit/rpc/held_call.h"
 #include "tests/unit/rpc/rpc_test_util.h"
 
 namespace orthoserve::testing {
@@ -32,87 +33,6 @@ int ThreadsOfThisProcess() {
   return n;
 }
 
-// Waits up to `limit` for `done`; true when it held.
-template <typename F>
-bool WaitFor(F done, absl::Duration limit) {
-  const absl::Time end = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
-
-// A client stream on gRPC's callback API that sends a StepHeader and then nothing (no
-// half-close), reading until the server ends the call.
-class IdleStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  IdleStream(grpc::GenericStub& stub) {
-    header_ = SerializeToByteBuffer(HeaderMessage(1));
-    stub.PrepareBidiStreamingCall(&context_, "/orthoserve.v1.Orthogonalizer/OrthogonalizeStream", grpc::StubOptions(),
-                                  this);
-    StartWrite(&header_);
-    StartRead(&response_);
-    StartCall();
-  }
-  void OnReadDone(bool ok) override {
-    if (ok) StartRead(&response_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-  }
-  bool done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  grpc::Status status() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
-  }
-
- private:
-  grpc::ClientContext context_;
-  grpc::ByteBuffer header_;
-  grpc::ByteBuffer response_;
-  std::mutex mu_;
-  bool done_ = false;
-  grpc::Status status_;
-};
-
-// A unary call (Orthogonalize) whose client never sends its request: the call is started on the
-// generic API without a message.
-class SilentUnaryCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  explicit SilentUnaryCall(grpc::GenericStub& stub) {
-    stub.PrepareBidiStreamingCall(&context_, "/orthoserve.v1.Orthogonalizer/Orthogonalize", grpc::StubOptions(), this);
-    StartRead(&response_);
-    StartCall();
-  }
-  void OnReadDone(bool) override {}
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-  }
-  bool done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  grpc::Status status() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
-  }
-
- private:
-  grpc::ClientContext context_;
-  grpc::ByteBuffer response_;
-  std::mutex mu_;
-  bool done_ = false;
-  grpc::Status status_;
-};
-
 TEST(StreamProgressTest, AUnaryCallWhoseRequestNeverComesIsEndedAndItsRoomReleased) {
   ServerOptions options = TestServerOptions();
   options.service.stream_progress_timeout = absl::Seconds(1);
@@ -121,9 +41,9 @@ TEST(StreamProgressTest, AUnaryCallWhoseRequestNeverComesIsEndedAndItsRoomReleas
   grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
                                              grpc::InsecureChannelCredentials()));
   constexpr int kCalls = 12;  // Each reserves 2 × --max-message-bytes: 12 fit the tenant's 2 GiB.
-  std::vector<std::unique_ptr<SilentUnaryCall>> calls;
+  std::vector<std::unique_ptr<HeldCall>> calls;
   const absl::Time start = absl::Now();
-  for (int i = 0; i < kCalls; ++i) calls.push_back(std::make_unique<SilentUnaryCall>(stub));
+  for (int i = 0; i < kCalls; ++i) calls.push_back(HeldCall::SilentUnary(stub));
   ASSERT_TRUE(WaitFor([&] {
     for (auto& c : calls) {
       if (!c->done()) return false;
@@ -164,8 +84,8 @@ TEST(StreamProgressTest, AThousandIdleStreamsHoldBoundedThreadsUntilTheirProgres
     stubs.push_back(std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
         "127.0.0.1:" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials(), args)));
   }
-  std::vector<std::unique_ptr<IdleStream>> streams;
-  for (int i = 0; i < kStreams; ++i) streams.push_back(std::make_unique<IdleStream>(*stubs[i % kChannels]));
+  std::vector<std::unique_ptr<HeldCall>> streams;
+  for (int i = 0; i < kStreams; ++i) streams.push_back(HeldCall::HeaderOnlyStream(*stubs[i % kChannels]));
 
   ASSERT_TRUE(WaitFor([&] { return (*server)->inflight_calls() == kStreams; }, absl::Seconds(5)))
       << (*server)->inflight_calls() << " of " << kStreams << " streams open";
