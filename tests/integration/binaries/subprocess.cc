@@ -12,11 +12,13 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -129,7 +131,10 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string
   return result;
 }
 
-absl::StatusOr<int> PickFreePort() {
+namespace {
+
+// One free port from the kernel (bound to port 0, then closed).
+absl::StatusOr<int> KernelFreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   sockaddr_in addr = {};
@@ -145,6 +150,22 @@ absl::StatusOr<int> PickFreePort() {
   }
   close(fd);
   return static_cast<int>(ntohs(addr.sin_port));
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickFreePort() {
+  // The kernel may hand the same port out again once it is closed (seen: an etcd member given
+  // one port for its client and its peer URLs); this process never hands one out twice.
+  static absl::Mutex mu(absl::kConstInit);
+  static std::set<int>* given = new std::set<int>();
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    absl::StatusOr<int> port = KernelFreePort();
+    if (!port.ok()) return port.status();
+    absl::MutexLock lock(&mu);
+    if (given->insert(*port).second) return port;
+  }
+  return absl::InternalError("no free loopback port not handed out before, in 64 tries");
 }
 
 std::string ReadFileOrEmpty(const std::string& path) {

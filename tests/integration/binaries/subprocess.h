@@ -60,7 +60,8 @@ class Subprocess {
 ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& log_prefix,
                          absl::Duration timeout = absl::Seconds(120));
 
-// A loopback TCP port that was free a moment ago (bound to 127.0.0.1:0 and released).
+// A loopback TCP port that was free a moment ago (bound to 127.0.0.1:0 and released), never
+// one this process was given before.
 absl::StatusOr<int> PickFreePort();
 
 // The whole file as a string ("" when it cannot be read).
