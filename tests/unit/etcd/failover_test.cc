@@ -25,7 +25,7 @@ TEST(EtcdFailoverTest, CallsLeasesAndWatchesSurviveTheLossOfAMember) {
   etcd::EtcdOptions options;
   options.endpoints = (*cluster)->endpoints();  // Member 0 first: the client starts there.
   options.dial_timeout = absl::Seconds(1);
-  options.call_timeout = absl::Seconds(5);
+  options.call_timeout = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
   ASSERT_OK(client);
   etcd::EtcdClient& etcd = **client;
@@ -49,18 +49,26 @@ TEST(EtcdFailoverTest, CallsLeasesAndWatchesSurviveTheLossOfAMember) {
   ASSERT_OK(etcd.Put("/f/w/1", "x"));
 
   (*cluster)->Kill(0);
-  // Calls fail over to the surviving members (a new raft leader may take an election). A write
-  // that races the kill on the still-open connection comes back UNAVAILABLE "may or may not
-  // have been applied" and is not sent on (endpoint_pool.h); this one is idempotent, so the
-  // caller sends it again.
+  // Calls fail over to the surviving members, and the cluster takes a raft election if member 0
+  // led it. What a write right after the kill gets back is a race etcd owns: a write that went
+  // out on the still-open connection is UNAVAILABLE "may or may not have been applied" and is not
+  // sent on (endpoint_pool.h); one that reached a follower before it noticed the lost leader is
+  // forwarded to it and dropped, and its call runs out of time (DEADLINE_EXCEEDED). Both say the
+  // outcome is unknown; this write is idempotent, so the caller sends it again, and the cluster
+  // must take it within a few call timeouts.
   const absl::Time start = absl::Now();
   absl::StatusOr<int64_t> put = etcd.Put("/f/after", "2");
-  if (!put.ok()) {
-    EXPECT_THAT(put, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("may or may not have been applied")));
+  for (int attempt = 1; !put.ok() && attempt < 3; ++attempt) {
+    EXPECT_THAT(put.status().code(),
+                ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
+        << put.status();
+    if (put.status().code() == absl::StatusCode::kUnavailable) {
+      EXPECT_THAT(put.status().message(), HasSubstr("may or may not have been applied"));
+    }
     put = etcd.Put("/f/after", "2");
   }
   ASSERT_OK(put);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_LT(absl::Now() - start, 3 * options.call_timeout + absl::Seconds(1));
   EXPECT_THAT(etcd.Get("/f/before"), IsOkAndHolds(::testing::Optional(::testing::Field(&etcd::KeyValue::value, "1"))));
   ASSERT_OK(etcd.Put("/f/w/2", "y"));
 
