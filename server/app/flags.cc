@@ -37,7 +37,19 @@ ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per product (cpu backend).");
 ABSL_FLAG(std::string, rank, "0",
           "This rank in the fleet, or \"auto\": from ORTHOSERVE_POD_INDEX or the trailing -N of $HOSTNAME.");
 ABSL_FLAG(int, world, 1, "Number of fleet ranks S; 1 runs a self-contained server.");
-ABSL_FLAG(std::string, coordinator, "", "Rank 0's fleet address HOST:PORT; required when --world > 1.");
+ABSL_FLAG(std::string, coordinator, "",
+          "Rank 0's fleet address HOST:PORT; required when --world > 1 with --membership static.");
+ABSL_FLAG(std::string, membership, "static",
+          "Who coordinates the fleet: \"static\" (rank 0, reached at --coordinator; the default) or "
+          "\"etcd://HOST:PORT[,HOST:PORT...]/PREFIX\": every rank campaigns in etcd (3.4 or later) under PREFIX and "
+          "the elected one coordinates; when it is lost a survivor is elected within --fleet-leader-ttl "
+          "(docs/operations.md, \"Elected coordinator\").");
+ABSL_FLAG(absl::Duration, fleet_leader_ttl, absl::ZeroDuration(),
+          "With --membership etcd://: the TTL of each rank's etcd lease, so the longest a lost coordinator holds "
+          "up the fleet before a successor is elected. 0: half the --fleet-peer-timeout, at least 1s.");
+ABSL_FLAG(std::string, etcd_tls_ca, "", "With --membership etcd://: PEM roots that sign etcd's certificate (TLS).");
+ABSL_FLAG(std::string, etcd_tls_cert, "", "With --membership etcd://: PEM client certificate for etcd (mutual TLS).");
+ABSL_FLAG(std::string, etcd_tls_key, "", "With --membership etcd://: PEM private key for --etcd-tls-cert.");
 ABSL_FLAG(std::string, fleet_listen, "",
           "Internal fleet address HOST:PORT (required when --world > 1): every rank answers gRPC health there "
           "(liveness), rank 0 serves the fleet service, and Gloo binds on its host. Empty: none.");
@@ -162,7 +174,8 @@ namespace {
 
 const char* const kFlagNames[] = {
     "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "collective", "workers",
-    "blas_threads", "rank", "world", "coordinator", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
+    "blas_threads", "rank", "world", "coordinator", "membership", "fleet_leader_ttl", "etcd_tls_ca", "etcd_tls_cert",
+    "etcd_tls_key", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
     "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
@@ -252,6 +265,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ASSIGN_OR_RETURN(o.rank, ResolveRank(absl::GetFlag(FLAGS_rank)));
   o.world = absl::GetFlag(FLAGS_world);
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.membership = absl::GetFlag(FLAGS_membership);
+  o.fleet_leader_ttl = absl::GetFlag(FLAGS_fleet_leader_ttl);
+  o.etcd.tls_ca_file = absl::GetFlag(FLAGS_etcd_tls_ca);
+  o.etcd.tls_cert_file = absl::GetFlag(FLAGS_etcd_tls_cert);
+  o.etcd.tls_key_file = absl::GetFlag(FLAGS_etcd_tls_key);
   o.fleet_listen = absl::GetFlag(FLAGS_fleet_listen);
   o.collective = absl::GetFlag(FLAGS_collective);
   o.service.max_matrix_elements = absl::GetFlag(FLAGS_max_matrix_elements);

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -14,6 +15,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
+#include "server/etcd/etcd_options.h"
 #include "server/fleet/wire/fleet_codec.h"
 #include "server/fleet/logic/fleet_identity.h"
 #include "server/fleet/wire/fleet_tls.h"
@@ -94,8 +96,24 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.world > 1 && o.fleet_listen.empty()) {
     return absl::InvalidArgumentError("--fleet-listen is required when --world > 1: give this rank's internal HOST:PORT");
   }
-  if (o.world > 1 && o.coordinator.empty()) {
-    return absl::InvalidArgumentError("--coordinator is required when --world > 1: give rank 0's --fleet-listen");
+  if (o.membership != "static" && !absl::StartsWith(o.membership, "etcd://")) {
+    return absl::InvalidArgumentError(absl::StrCat("--membership \"", o.membership,
+                                                   "\" is not static or etcd://HOST:PORT[,HOST:PORT...]/PREFIX"));
+  }
+  if (o.membership != "static") {
+    RETURN_IF_ERROR(Annotate(etcd::ParseEtcdUrl(o.membership).status(), "--membership"));
+    if (o.fleet_listen.empty()) {
+      return absl::InvalidArgumentError("--membership etcd:// needs --fleet-listen (where this rank coordinates if elected)");
+    }
+    if (!o.coordinator.empty()) {
+      return absl::InvalidArgumentError("--coordinator and --membership etcd:// exclude each other: etcd elects the coordinator");
+    }
+    if (o.fleet_leader_ttl != absl::ZeroDuration() && o.fleet_leader_ttl < absl::Seconds(1)) {
+      return absl::InvalidArgumentError("--fleet-leader-ttl must be 0 (derived) or at least 1s (etcd's minimum)");
+    }
+  } else if (o.world > 1 && o.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator is required when --world > 1: give rank 0's --fleet-listen (or elect one: --membership etcd://...)");
   }
   if (o.service.rendezvous_timeout <= absl::ZeroDuration() || o.collective_timeout <= absl::ZeroDuration() ||
       o.drain_timeout < absl::ZeroDuration()) {
@@ -274,6 +292,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   f.tenant_shares = o.tenant_shares;
   f.compute = server->compute_.get();
   f.tls = o.fleet_tls;
+  if (o.membership != "static") {
+    ASSIGN_OR_RETURN(etcd::EtcdUrl url, etcd::ParseEtcdUrl(o.membership));
+    f.election.enabled = true;
+    f.election.etcd = o.etcd;
+    f.election.etcd.endpoints = url.endpoints;
+    f.election.prefix = url.prefix;
+    f.election.ttl = o.fleet_leader_ttl;
+  }
   f.metrics = server->metrics_.get();
   o.service.version = ORTHOSERVE_VERSION;
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));

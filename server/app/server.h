@@ -17,6 +17,7 @@
 #include "server/engine/backend_factory.h"
 #include "server/app/connection_options.h"
 #include "server/fleet/wire/fleet.h"
+#include "server/etcd/etcd_options.h"
 #include "server/fleet/wire/fleet_tls.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
@@ -38,7 +39,11 @@ struct ServerOptions {
   TenantLabels tenant_labels = TenantLabels::kOff;  // How per-tenant metrics name tenants.
   int rank = 0;                                 // Fleet rank.
   int world = 1;                                // Fleet size S.
-  std::string coordinator;                      // Rank 0's fleet address (world > 1).
+  std::string coordinator;                      // Rank 0's fleet address (world > 1, static membership).
+  // "static" (rank 0 coordinates) or "etcd://HOST:PORT[,...]/PREFIX" (an elected coordinator).
+  std::string membership = "static";
+  absl::Duration fleet_leader_ttl = absl::ZeroDuration();  // Elected: the lease TTL (zero: derived).
+  etcd::EtcdOptions etcd;                                  // Elected: TLS files and timeouts (endpoints from membership).
   std::string fleet_listen;                     // Internal address (health, fleet service on rank 0, Gloo host).
   std::string collective = "auto";              // auto|gloo|nccl: the fleet's collective group (world > 1).
   ServiceOptions service;                       // Limits and reported settings.

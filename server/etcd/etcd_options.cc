@@ -2,11 +2,36 @@
 #include "server/etcd/etcd_options.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace orthoserve::etcd {
+
+absl::StatusOr<EtcdUrl> ParseEtcdUrl(const std::string& url) {
+  constexpr absl::string_view kScheme = "etcd://";
+  if (!absl::StartsWith(url, kScheme)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", url, "\" is not etcd://HOST:PORT[,HOST:PORT...]/PREFIX"));
+  }
+  absl::string_view rest = absl::string_view(url).substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  EtcdUrl out;
+  out.endpoints = std::string(rest.substr(0, slash));
+  if (slash != absl::string_view::npos) out.prefix = std::string(rest.substr(slash));
+  while (out.prefix.size() > 1 && out.prefix.back() == '/') out.prefix.pop_back();
+  if (out.prefix.empty() || out.prefix == "/") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", url, "\" names no key prefix: give etcd://HOST:PORT/PREFIX (one prefix per fleet, e.g. /orthoserve/prod)"));
+  }
+  EtcdOptions check;
+  check.endpoints = out.endpoints;
+  if (absl::StatusOr<std::vector<std::string>> endpoints = ValidateEtcdOptions(check); !endpoints.ok()) {
+    return endpoints.status();
+  }
+  return out;
+}
 
 absl::StatusOr<std::vector<std::string>> ValidateEtcdOptions(const EtcdOptions& options) {
   std::vector<std::string> endpoints;

@@ -18,6 +18,16 @@ struct EtcdOptions {
   std::string tls_key_file;                        // PEM client private key for mutual TLS (with tls_cert_file).
 };
 
+// "etcd://HOST:PORT[,HOST:PORT...]/PREFIX", the fleet's --membership: the cluster's endpoints
+// ("HOST:PORT,...", for EtcdOptions::endpoints) and the key prefix ("/PREFIX", no trailing /).
+struct EtcdUrl {
+  std::string endpoints;
+  std::string prefix;
+};
+// INVALID_ARGUMENT naming what is wrong: another scheme, no endpoint, an endpoint that is not
+// "host:port", or an empty prefix.
+absl::StatusOr<EtcdUrl> ParseEtcdUrl(const std::string& url);
+
 // The endpoints of `options`, in order, with surrounding spaces removed. INVALID_ARGUMENT (naming
 // the field) when the list is empty or an entry is not "host:port", a timeout is not positive,
 // or only one of the client certificate and key is given.

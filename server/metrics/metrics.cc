@@ -231,6 +231,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   m->fleet_ready_ = gauge("orthoserve_fleet_ready",
                           "1 when this rank is a member of a formed fleet generation (it serves group steps).");
   m->fleet_generation_ = gauge("orthoserve_fleet_generation", "The fleet membership generation this rank is in (0: none).");
+  m->fleet_coordinator_ = gauge("orthoserve_fleet_coordinator",
+                                "1 while this rank is the fleet's elected coordinator (--membership etcd://).");
+  m->fleet_coordinator_term_ = gauge("orthoserve_fleet_coordinator_term",
+                                     "The etcd leadership term of the coordinator this rank follows (0: static or none).");
+  m->fleet_etcd_unreachable_since_ =
+      gauge("orthoserve_fleet_etcd_unreachable_since_timestamp_seconds",
+            "When etcd stopped answering this rank (Unix seconds; 0 while it answers or without etcd).");
   // Series that exist from the start, so dashboards and alerts see zeros rather than nothing.
   for (Stage stage : {Stage::kReceive, Stage::kQueue, Stage::kRendezvous, Stage::kCollective, Stage::kCompute,
                       Stage::kSend}) {

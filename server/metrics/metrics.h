@@ -168,6 +168,11 @@ class Metrics {
   prometheus::Gauge& fleet_members_ready() { return *fleet_members_ready_; }
   prometheus::Gauge& fleet_ready() { return *fleet_ready_; }
   prometheus::Gauge& fleet_generation() { return *fleet_generation_; }
+  // Elected coordinator (etcd): 1 while this rank coordinates; the term it follows; when etcd
+  // stopped answering it (Unix seconds; 0 while it answers).
+  prometheus::Gauge& fleet_coordinator() { return *fleet_coordinator_; }
+  prometheus::Gauge& fleet_coordinator_term() { return *fleet_coordinator_term_; }
+  prometheus::Gauge& fleet_etcd_unreachable_since() { return *fleet_etcd_unreachable_since_; }
   prometheus::Gauge& device_memory(absl::string_view kind);
   // The backend's copies so far in `direction` ("h2d", "d2h" or "d2d"; Backend::Copies, totals
   // since it started): the counters advance by what is new since the last call.
@@ -215,6 +220,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tenant_refusals_ = nullptr;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* fleet_size_ = nullptr;
+  prometheus::Gauge* fleet_coordinator_ = nullptr;
+  prometheus::Gauge* fleet_coordinator_term_ = nullptr;
+  prometheus::Gauge* fleet_etcd_unreachable_since_ = nullptr;
   prometheus::Gauge* fleet_members_ready_ = nullptr;
   prometheus::Gauge* fleet_ready_ = nullptr;
 };

@@ -63,6 +63,16 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
     member->set_address(m.address);
     member->set_ready(m.ready);
   }
+  const FleetCoordinatorInfo coordinator = fleet_->coordinator_info();
+  v1::FleetCoordinator* c = info->mutable_coordinator();
+  c->set_membership(coordinator.elected ? "etcd" : "static");
+  c->set_rank(coordinator.rank);
+  c->set_term(coordinator.term);
+  c->set_etcd_reachable(coordinator.etcd_reachable);
+  if (!coordinator.etcd_reachable) {
+    c->set_etcd_unreachable_seconds(absl::ToDoubleSeconds(absl::Now() - coordinator.etcd_unreachable_since));
+    c->set_etcd_error(coordinator.etcd_error);
+  }
   for (const char* d : {"fp32", "bf16", "fp16"}) info->add_dtypes(d);
   for (auto t : {CoefficientType::kSimple, CoefficientType::kQuintic, CoefficientType::kPolarExpress,
                  CoefficientType::kAol, CoefficientType::kCans, CoefficientType::kDeepseekV4, CoefficientType::kCubic5,

@@ -38,15 +38,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Options& 
   if (options.peer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fleet-peer-timeout must be positive");
   }
+  if (options.home_rank < 0 || options.home_rank >= options.fleet_world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator home rank ", options.home_rank, " is out of range for --world = ", options.fleet_world));
+  }
   return std::unique_ptr<Coordinator>(new Coordinator(options));
 }
 
 Coordinator::Coordinator(const Options& options)
     : options_(options),
-      epoch_(RandomNonZeroId()),
+      epoch_(options.epoch != 0 ? options.epoch : RandomNonZeroId()),
       membership_(Membership::Options{options.fleet_world, options.peer_timeout, options.reform_delay,
                                       options.quarantine_after, options.quarantine_window, options.quarantine_base,
-                                      options.quarantine_max}),
+                                      options.quarantine_max, options.home_rank}),
       rendezvous_(Rendezvous::Options{options.fleet_world, options.rendezvous_timeout, options.stall_warning,
                                       options.max_tenant_pending_steps}),
       pacer_(BatchPacer::Options{options.batch_window, options.part_time, options.shares}) {
@@ -257,7 +261,7 @@ void Coordinator::ApplyLocked(StepDecisions& decisions) {
   }
 }
 
-bool Coordinator::PacingLocked() const { return pacer_.Pacing(membership_.RankZeroRunsEveryBatch()); }
+bool Coordinator::PacingLocked() const { return pacer_.Pacing(membership_.HomeRankRunsEveryBatch()); }
 
 void Coordinator::CompleteLocked(const GroupKey& key, bool replay) {
   const std::vector<MatrixPlan>* specs = rendezvous_.specs(key);

@@ -56,7 +56,8 @@
 // wait in a fair queue (common/fair_queue.h: weighted fair between tenants, by `shares`, then
 // between a tenant's jobs, each batch costing its matrices' estimated FLOPs) and are appended
 // when fewer than `batch_window` appended batches have not yet run on rank 0 (BatchRan, from
-// rank 0's executor, which takes part in every batch while it is a member). So a small job's
+// rank 0's executor, which takes part in every batch while it is a member; "rank 0" is
+// `home_rank`, the rank in the coordinator's own process, throughout). So a small job's
 // step waits behind at most `batch_window` batches of a flood, not behind the whole flood; the
 // batches themselves, and so every result, are unchanged. Without rank 0 in the generation (or
 // with batch_window = 0) steps are appended as they complete.
@@ -110,6 +111,13 @@ class Coordinator {
  public:
   struct Options {
     int fleet_world = 1;                                    // S: ranks are 0..S-1.
+    // The coordinator's epoch: every member's calls must carry it, and it names the collective
+    // groups of its generations. 0: a random one (a static coordinator); an elected one uses its
+    // leadership term, so that members follow one term at a time (fleet.h, "Elected coordinator").
+    uint64_t epoch = 0;
+    // The fleet rank whose executor runs in this process and reports each batch it ran
+    // (BatchRan): rank 0 for a static fleet, the elected rank otherwise.
+    int home_rank = 0;
     absl::Duration rendezvous_timeout = absl::Seconds(60);  // From a step's first report.
     absl::Duration stall_warning = absl::Seconds(60);       // Log the missing ranks once after this.
     absl::Duration peer_timeout = absl::Seconds(15);        // A member silent this long is lost.

@@ -183,6 +183,12 @@ void Executor::SendAborts() {
   }
 }
 
+void Executor::CoordinatorMoved() {
+  absl::MutexLock lock(&mu_);
+  moved_ = true;
+  cv_.SignalAll();
+}
+
 void Executor::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
@@ -210,10 +216,15 @@ void Executor::ReaderLoop() {
     }
     absl::MutexLock lock(&mu_);
     const absl::Time until = absl::Now() + backoff;
-    while (!stopping_) {
+    while (!stopping_ && !moved_) {
       if (cv_.WaitWithDeadline(&mu_, until)) break;  // True: timed out.
     }
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    if (moved_) {
+      moved_ = false;
+      backoff = absl::Milliseconds(50);
+    } else {
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
   };
   for (;;) {
     bool joined;

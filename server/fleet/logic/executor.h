@@ -135,6 +135,10 @@ class Executor {
 
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The coordinator may be somewhere else now (an elected coordinator changed): a reader backing
+  // off after a failed join or read tries again at once.
+  void CoordinatorMoved() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Waiting {
     std::shared_ptr<TrainerStep> step;
@@ -271,6 +275,7 @@ class Executor {
   absl::Time last_contact_ ABSL_GUARDED_BY(mu_);  // Last successful call to the coordinator.
   absl::Time last_refusal_log_ = absl::InfinitePast();  // Reader thread only: last "not joining" warning.
   bool lost_ ABSL_GUARDED_BY(mu_) = false;         // Reset for an unreachable coordinator, not yet back.
+  bool moved_ ABSL_GUARDED_BY(mu_) = false;        // CoordinatorMoved since the last backoff.
   absl::Time reader_alive_ ABSL_GUARDED_BY(mu_);  // Last round of the reader loop.
   std::deque<PendingAbort> aborts_ ABSL_GUARDED_BY(mu_);
   // Applier state.

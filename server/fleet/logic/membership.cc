@@ -17,9 +17,9 @@ bool Membership::IsMember(int rank, uint64_t incarnation) const {
   return false;
 }
 
-bool Membership::RankZeroRunsEveryBatch() const {
+bool Membership::HomeRankRunsEveryBatch() const {
   for (const Member& m : generation_.members) {
-    if (m.rank == 0) return generation_.formed;
+    if (m.rank == options_.home_rank) return generation_.formed;
   }
   return false;
 }

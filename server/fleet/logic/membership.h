@@ -43,15 +43,17 @@ class Membership {
     absl::Duration quarantine_window = absl::Seconds(60);
     absl::Duration quarantine_base = absl::Seconds(10);
     absl::Duration quarantine_max = absl::Minutes(5);
+    int home_rank = 0;  // The coordinator's own rank (HomeRankRunsEveryBatch).
   };
   explicit Membership(const Options& options);
 
   const Generation& generation() const { return generation_; }
   // A member of the current generation with this rank and incarnation.
   bool IsMember(int rank, uint64_t incarnation) const;
-  // Rank 0 is a member of the generation and the generation is formed: only then does rank 0's
-  // executor report every batch it ran (the coordinator's pacing depends on it).
-  bool RankZeroRunsEveryBatch() const;
+  // The home rank (the coordinator's own process; rank 0 of a static fleet) is a member of the
+  // generation and the generation is formed: only then does its executor report every batch it
+  // ran (the coordinator's pacing depends on it).
+  bool HomeRankRunsEveryBatch() const;
 
   // OK when rank `rank` of `incarnation` reads the log (it joined and is a member, or is leaving);
   // INVALID_ARGUMENT for a rank out of range, FAILED_PRECONDITION when it must join again.

@@ -46,12 +46,13 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   if (options.world > 1 && options.collective != "gloo" && options.collective != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("collective \"", options.collective, "\" is not one of gloo, nccl"));
   }
-  if (options.world > 1 && options.coordinator.empty()) {
+  if (options.world > 1 && options.coordinator.empty() && !options.election.enabled) {
     return absl::InvalidArgumentError(
         "--coordinator is required when --world > 1: give rank 0's fleet address (its --fleet-listen)");
   }
-  if (options.world > 1 && options.fleet_listen.empty()) {
-    return absl::InvalidArgumentError("--fleet-listen is required when --world > 1 (this rank's internal address)");
+  if ((options.world > 1 || options.election.enabled) && options.fleet_listen.empty()) {
+    return absl::InvalidArgumentError(
+        "--fleet-listen is required when --world > 1 or with --membership etcd:// (this rank's internal address)");
   }
   std::unique_ptr<Fleet> fleet(new Fleet(options));
   if (options.tls.enabled()) {
@@ -67,35 +68,15 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   Metrics* metrics = options.metrics;
   if (metrics != nullptr) {
     metrics->fleet_size().Set(options.world);
-    if (options.rank == 0) metrics->FleetRanks(options.world);  // Rank 0's coordinator counts quarantines.
+    // The coordinator counts quarantines: rank 0's, or any elected one's.
+    if (options.rank == 0 || options.election.enabled) metrics->FleetRanks(options.world);
   }
 
-  if (options.rank == 0) {
-    Coordinator::Options c;
-    c.fleet_world = options.world;
-    c.rendezvous_timeout = options.rendezvous_timeout;
-    c.stall_warning = options.stall_warning;
-    c.peer_timeout = options.peer_timeout;
-    c.quarantine_after = options.quarantine_after;
-    c.quarantine_window = std::max(absl::Seconds(60), 4 * FormationTimeout(options.peer_timeout));
-    c.quarantine_base = options.quarantine_base;
-    c.quarantine_max = options.quarantine_max;
-    if (options.world == 1) c.reform_delay = absl::ZeroDuration();
-    // Fleets of several ranks order their batches fairly (one appended ahead of rank 0's
-    // executor); a one-rank fleet computes lone steps in the compute queue, and groups there
-    // are appended as they complete.
-    c.batch_window = options.world > 1 ? options.batch_window : 0;
-    c.shares = options.tenant_shares;
-    c.part_time = options.batch_part_time;
-    c.max_tenant_pending_steps = options.max_tenant_pending_steps;
-    c.max_entry_bytes = std::min(options.max_entry_bytes, kMaxFleetEntryBytes);
-    if (metrics != nullptr) {
-      c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
-      c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
-      c.on_refusal = [metrics](const char* cause) { metrics->IntegrityRefused(cause); };
-      c.on_quarantine = [metrics](int rank) { metrics->Quarantined(rank); };
-    }
-    ASSIGN_OR_RETURN(fleet->coordinator_, Coordinator::Create(c));
+  if (options.election.enabled) {
+    fleet->link_ = std::make_unique<LeaderLink>(fleet->tls_.get());
+    fleet->store_ = fleet->link_->store();
+  } else if (options.rank == 0) {
+    ASSIGN_OR_RETURN(fleet->coordinator_, Coordinator::Create(fleet->CoordinatorOptions(/*epoch=*/0, /*home_rank=*/0)));
     fleet->served_store_ = std::make_shared<InMemoryStore>();
     fleet->store_ = fleet->served_store_;
     fleet->log_ = std::make_unique<LocalLogSource>(fleet->coordinator_.get());
@@ -111,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
                   fleet->peer_service_ != nullptr ? fleet->fleet_port_ : 0};
   fleet->peers_ = std::make_unique<PeerClient>(options.collective_timeout, fleet->tls_.get());
   e.backend = options.backend;
-  e.log = fleet->log_.get();
+  e.log = fleet->link_ != nullptr ? &fleet->link_->log() : fleet->log_.get();
   e.metrics = metrics;
   e.join_collective = fleet->MakeCollectiveFactory();
   e.execute.collective_timeout = options.collective_timeout;
@@ -123,6 +104,12 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   e.formation_timeout = FormationTimeout(options.peer_timeout);
   if (Coordinator* coordinator = fleet->coordinator_.get()) {
     e.on_step_applied = [coordinator](int64_t index) { coordinator->BatchRan(index); };
+  } else if (options.election.enabled) {
+    // The seat this rank holds, while it coordinates (an index of an earlier term's log may
+    // reach it at a change of term: pacing, never a result, depends on it).
+    e.on_step_applied = [fleet = fleet.get()](int64_t index) {
+      if (std::shared_ptr<const CoordinatorSeat> seat = fleet->seat()) seat->coordinator->BatchRan(index);
+    };
   }
   // Lone matrices forwarded to a rank that is lost are computed here at once, not at the
   // collective timeout (the executor goes before the peer client: ~Fleet).
@@ -130,7 +117,12 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     peers->Generation(members, graceful);
   };
   ASSIGN_OR_RETURN(fleet->executor_, Executor::Create(e));
-  if (options.world > 1) {
+  if (options.election.enabled) {
+    RETURN_IF_ERROR(fleet->StartElection());
+    LOG_INFO("fleet") << "rank " << options.rank << " of up to " << options.world
+                      << " joins the fleet whose coordinator etcd elects (" << options.election.etcd.endpoints
+                      << ", prefix " << options.election.prefix << "; " << options.collective << ")";
+  } else if (options.world > 1) {
     LOG_INFO("fleet") << "rank " << options.rank << " of up to " << options.world << " joins the fleet through "
                       << (options.rank == 0 ? "its own coordinator" : options.coordinator) << " (" << options.collective
                       << ")";
@@ -140,6 +132,139 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     if (!fleet->ready()) return absl::InternalError("the one-rank fleet did not form");
   }
   return fleet;
+}
+
+Coordinator::Options Fleet::CoordinatorOptions(uint64_t epoch, int home_rank) const {
+  const Options& options = options_;
+  Coordinator::Options c;
+  c.epoch = epoch;
+  c.home_rank = home_rank;
+  c.fleet_world = options.world;
+  c.rendezvous_timeout = options.rendezvous_timeout;
+  c.stall_warning = options.stall_warning;
+  c.peer_timeout = options.peer_timeout;
+  c.quarantine_after = options.quarantine_after;
+  c.quarantine_window = std::max(absl::Seconds(60), 4 * FormationTimeout(options.peer_timeout));
+  c.quarantine_base = options.quarantine_base;
+  c.quarantine_max = options.quarantine_max;
+  if (options.world == 1) c.reform_delay = absl::ZeroDuration();
+  // Fleets of several ranks order their batches fairly (one appended ahead of the coordinator's
+  // own executor); a one-rank fleet computes lone steps in the compute queue, and groups there
+  // are appended as they complete.
+  c.batch_window = options.world > 1 ? options.batch_window : 0;
+  c.shares = options.tenant_shares;
+  c.part_time = options.batch_part_time;
+  c.max_tenant_pending_steps = options.max_tenant_pending_steps;
+  c.max_entry_bytes = std::min(options.max_entry_bytes, kMaxFleetEntryBytes);
+  if (Metrics* metrics = options.metrics; metrics != nullptr) {
+    c.on_rendezvous_timeout = [metrics] { metrics->RendezvousTimeout(); };
+    c.on_generation = [metrics](const Generation&, const std::string& reason) { metrics->Reformation(reason); };
+    c.on_refusal = [metrics](const char* cause) { metrics->IntegrityRefused(cause); };
+    c.on_quarantine = [metrics](int rank) { metrics->Quarantined(rank); };
+  }
+  return c;
+}
+
+std::string Fleet::FleetAddress() const {
+  std::string host = HostOf(options_.fleet_listen);
+  if (IsWildcard(host)) host = HostOf(options_.advertise_address);
+  if (IsWildcard(host)) host = "127.0.0.1";
+  return JoinHostPort(host, fleet_port_);
+}
+
+absl::Status Fleet::StartElection() {
+  const Options::Election& e = options_.election;
+  EtcdLeadership::Options l;
+  l.etcd = e.etcd;
+  l.prefix = e.prefix;
+  l.rank = options_.rank;
+  l.address = FleetAddress();
+  l.ttl = e.ttl > absl::ZeroDuration() ? e.ttl : std::max(absl::Seconds(1), options_.peer_timeout / 2);
+  l.on_elected = [this](int64_t term) { Elected(term); };
+  l.on_deposed = [this](int64_t term, const absl::Status&) { Deposed(term); };
+  l.on_leader = [this](const LeaderInfo& leader) { LeaderIs(leader); };
+  if (Metrics* metrics = options_.metrics; metrics != nullptr) {
+    l.on_reachability = [metrics](const absl::Status& status, absl::Time since) {
+      metrics->fleet_etcd_unreachable_since().Set(status.ok() ? 0.0 : absl::ToDoubleSeconds(since - absl::UnixEpoch()));
+    };
+  }
+  ASSIGN_OR_RETURN(leadership_, EtcdLeadership::Start(std::move(l)));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const CoordinatorSeat> Fleet::seat() const {
+  absl::MutexLock lock(&mu_);
+  return seat_;
+}
+
+void Fleet::Elected(int64_t term) {
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Create(CoordinatorOptions(static_cast<uint64_t>(term), options_.rank));
+  if (!coordinator.ok()) {
+    // Options were checked when the fleet was made; this cannot fail for another reason.
+    LOG_ERROR("fleet") << "cannot coordinate the fleet: " << coordinator.status();
+    return;
+  }
+  auto seat = std::make_shared<CoordinatorSeat>();
+  seat->coordinator = std::move(*coordinator);
+  seat->store = std::make_shared<InMemoryStore>();
+  {
+    absl::MutexLock lock(&mu_);
+    seat_ = seat;
+  }
+  if (Metrics* metrics = options_.metrics; metrics != nullptr) metrics->fleet_coordinator().Set(1);
+  link_->Follow(term, options_.rank, FleetAddress(), seat);
+  executor_->CoordinatorMoved();
+}
+
+void Fleet::Deposed(int64_t term) {
+  std::shared_ptr<const CoordinatorSeat> seat;
+  {
+    absl::MutexLock lock(&mu_);
+    seat = std::move(seat_);
+    seat_.reset();
+    if (seat != nullptr) retired_.push_back(seat);
+  }
+  if (Metrics* metrics = options_.metrics; metrics != nullptr) metrics->fleet_coordinator().Set(0);
+  if (seat == nullptr) return;
+  // Its members' waiting reads are answered now and it appends nothing more; they find the next
+  // coordinator through etcd.
+  seat->coordinator->Shutdown();
+  seat->store->StopWaits();
+  LOG_INFO("fleet") << "the coordinator of term " << term << " on this rank stopped";
+}
+
+void Fleet::LeaderIs(const LeaderInfo& leader) {
+  std::shared_ptr<const CoordinatorSeat> local;
+  {
+    absl::MutexLock lock(&mu_);
+    if (leader.rank == options_.rank && seat_ != nullptr &&
+        seat_->coordinator->epoch() == static_cast<uint64_t>(leader.term)) {
+      local = seat_;
+    }
+  }
+  if (Metrics* metrics = options_.metrics; metrics != nullptr) metrics->fleet_coordinator_term().Set(leader.term);
+  LOG_INFO("fleet") << "etcd names rank " << leader.rank << " at " << leader.address
+                    << " the fleet coordinator (term " << leader.term << ")";
+  link_->Follow(leader.term, leader.rank, leader.address, local);
+  executor_->CoordinatorMoved();
+}
+
+FleetCoordinatorInfo Fleet::coordinator_info() const {
+  FleetCoordinatorInfo info;
+  if (leadership_ == nullptr) {
+    info.rank = options_.world > 1 || coordinator_ != nullptr ? 0 : -1;
+    return info;
+  }
+  info.elected = true;
+  const LeaderInfo leader = leadership_->leader();
+  info.rank = leader.rank;
+  info.term = leader.term;
+  const absl::Status status = leadership_->etcd_status();
+  info.etcd_reachable = status.ok();
+  info.etcd_unreachable_since = leadership_->unreachable_since();
+  info.etcd_error = std::string(status.message());
+  return info;
 }
 
 CollectiveFactory Fleet::MakeCollectiveFactory() const {
@@ -210,7 +335,12 @@ absl::Status Fleet::ServeFleetPort() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kFleetMessageBytes);
   builder.SetMaxSendMessageSize(kFleetMessageBytes);
-  if (options_.rank == 0 && options_.world > 1) {
+  if (options_.election.enabled) {
+    // Every rank may be elected: each serves the seat it holds, if any.
+    fleet_service_ =
+        std::make_unique<FleetService>([this] { return seat(); }, FleetService::kMaxReadBytes, access_.get());
+    builder.RegisterService(fleet_service_.get());
+  } else if (options_.rank == 0 && options_.world > 1) {
     fleet_service_ =
         std::make_unique<FleetService>(served_store_.get(), coordinator_.get(), FleetService::kMaxReadBytes, access_.get());
     builder.RegisterService(fleet_service_.get());
@@ -239,6 +369,8 @@ Fleet::~Fleet() {
 void Fleet::Shutdown() {
   if (shutdown_.exchange(true)) return;
   if (executor_ != nullptr) executor_->Shutdown();
+  // Resigns if elected (its seat is shut down by Deposed) and stops campaigning and following.
+  if (leadership_ != nullptr) leadership_->Stop();
   if (coordinator_ != nullptr) coordinator_->Shutdown();  // Its waiting readers are answered now,
   if (served_store_ != nullptr) served_store_->StopWaits();  // and the store's waiting getters.
 }
@@ -259,7 +391,20 @@ grpc::HealthCheckServiceInterface* Fleet::liveness_service() const {
 absl::Status Fleet::Liveness() const { return executor_ == nullptr ? absl::OkStatus() : executor_->Liveness(); }
 
 absl::Status Fleet::Leave(absl::Duration timeout) {
-  if (executor_ == nullptr || options_.world == 1) return absl::OkStatus();
+  if (executor_ == nullptr) return absl::OkStatus();
+  if (leadership_ != nullptr) {
+    if (leadership_->leading_term() != 0) {
+      // The elected coordinator: its executor stops first (steps waiting on it fail as
+      // UNAVAILABLE and are retried on other members), so that it does not join its successor,
+      // then it resigns: the successor is elected at once, without waiting for the lease TTL,
+      // and forms the next generation from the members that join it.
+      executor_->Shutdown();
+      leadership_->Resign();
+      return absl::OkStatus();
+    }
+    leadership_->Resign();  // Never elected while it leaves.
+  }
+  if (options_.world == 1) return absl::OkStatus();
   return executor_->Leave(timeout);
 }
 

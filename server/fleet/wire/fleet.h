@@ -8,12 +8,21 @@
 // leaves, dies, restarts or stops answering — the other ranks go on in the next generation.
 // Nothing of an old generation can be joined or confused with a new one.
 //
-// Rank 0 serves the orthoserve.fleet.v1 service on its fleet address; the other ranks reach it
-// there (with fleet TLS over mutual TLS, each member proving its rank with its certificate).
-// When rank 0 itself is gone, the others cannot serve group steps (UNAVAILABLE, which clients
-// retry) but serve lone clients on their own until it is back; they then join its new epoch.
-// S = 1 (the embedded default) needs no network: the coordinator is local and the collective is
-// LocalCollective. Thread-safe.
+// Static coordinator (the default): rank 0 serves the orthoserve.fleet.v1 service on its fleet
+// address; the other ranks reach it there (with fleet TLS over mutual TLS, each member proving
+// its rank with its certificate). When rank 0 itself is gone, the others cannot serve group
+// steps (UNAVAILABLE, which clients retry) but serve lone clients on their own until it is
+// back; they then join its new epoch. S = 1 (the embedded default) needs no network: the
+// coordinator is local and the collective is LocalCollective.
+//
+// Elected coordinator (Options::election, --membership etcd://...): every rank serves the fleet
+// service and campaigns in etcd (etcd_leadership.h); the elected rank runs a coordinator whose
+// epoch is its leadership term, with its own rendezvous store, and the others follow whichever
+// rank etcd names (leader_link.h). When the coordinator is lost a survivor is elected within the
+// lease TTL, every member joins it (re-advertising the steps it keeps, so retried steps replay)
+// and it forms the next generation from them. A coordinator that leaves (SIGTERM) resigns at
+// once, so its successor takes over without waiting for the TTL. While etcd is unreachable the
+// fleet goes on with the coordinator it has. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -43,8 +52,22 @@
 #include "server/fleet/wire/peer.h"
 #include "server/fleet/logic/step_fleet.h"
 #include "server/metrics/metrics.h"
+#include "server/etcd/etcd_options.h"
+#include "server/fleet/wire/etcd_leadership.h"
+#include "server/fleet/wire/fleet_service.h"
+#include "server/fleet/wire/leader_link.h"
 
 namespace orthoserve {
+
+// How this rank finds the fleet's coordinator now (GetServerInfo, metrics).
+struct FleetCoordinatorInfo {
+  bool elected = false;    // etcd elects it (false: rank 0, static).
+  int rank = -1;           // The coordinating rank (-1: none known yet).
+  int64_t term = 0;        // Elected: its leadership term (0: none yet).
+  bool etcd_reachable = true;                        // Elected: etcd answered this rank's last check.
+  absl::Time etcd_unreachable_since = absl::InfiniteFuture();
+  std::string etcd_error;                            // Elected: the last error, while unreachable.
+};
 
 struct FleetMemberInfo {
   int rank = 0;
@@ -88,6 +111,14 @@ class Fleet final : public StepFleet {
     // The server's compute queue: members of a fleet of S > 1 compute lone clients' matrices
     // forwarded by other members in it (the Peer service). Not owned; may be null (no Peer service).
     FairPool* compute = nullptr;
+    // An elected coordinator (--membership etcd://HOSTS/PREFIX): `coordinator` is then unused and
+    // every rank may coordinate. Disabled: rank 0 coordinates.
+    struct Election {
+      bool enabled = false;
+      etcd::EtcdOptions etcd;
+      std::string prefix;                          // The fleet's keys in etcd.
+      absl::Duration ttl = absl::ZeroDuration();   // Leadership lease TTL; zero: max(1 s, peer_timeout / 2).
+    } election;
     // The fleet port's mutual TLS (--fleet-tls-*; server/fleet/wire/fleet_tls.h): when enabled, the
     // fleet port (fleet service, Peer service, health) and every channel to it speak mutual TLS
     // and only members are let in (fleet_access.h). Not enabled: plaintext, trusting anyone.
@@ -137,9 +168,14 @@ class Fleet final : public StepFleet {
   int64_t lone_here() const { return lone_.here(); }
   int64_t lone_forwarded() const { return lone_.forwarded(); }
 
-  // Graceful leave before shutdown (rolling update, node drain): see Executor::Leave. Rank 0
-  // leaves the membership too, but goes on coordinating until it shuts down (it cannot hand
-  // the coordinator over; its peers see it go then).
+  // How this rank finds the coordinator now.
+  FleetCoordinatorInfo coordinator_info() const;
+
+  // Graceful leave before shutdown (rolling update, node drain): see Executor::Leave. A static
+  // rank 0 leaves the membership too, but goes on coordinating until it shuts down (it cannot
+  // hand the coordinator over; its peers see it go then). An elected coordinator stops its
+  // executor and resigns, so a successor is elected at once; any other rank stops campaigning
+  // and leaves through the coordinator.
   absl::Status Leave(absl::Duration timeout);
   // Stops the executor (failing what still waits) and the coordinator.
   void Shutdown();
@@ -149,6 +185,15 @@ class Fleet final : public StepFleet {
       : options_(options), self_address_(options.advertise_address), addresses_(options.world) {}
   absl::Status ServeFleetPort();
   CollectiveFactory MakeCollectiveFactory() const;
+  Coordinator::Options CoordinatorOptions(uint64_t epoch, int home_rank) const;
+  // The fleet address other ranks reach this one at (its host, the bound fleet port).
+  std::string FleetAddress() const;
+  // Elected coordinator: starts the campaign; the callbacks below carry its outcome out.
+  absl::Status StartElection();
+  void Elected(int64_t term) ABSL_LOCKS_EXCLUDED(mu_);
+  void Deposed(int64_t term) ABSL_LOCKS_EXCLUDED(mu_);
+  void LeaderIs(const LeaderInfo& leader) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<const CoordinatorSeat> seat() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   std::shared_ptr<const FleetTls> tls_;  // Null without fleet TLS.
@@ -161,13 +206,19 @@ class Fleet final : public StepFleet {
   std::unique_ptr<grpc::Service> fleet_service_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<grpc::Server> fleet_server_;
-  std::unique_ptr<LogSource> log_;
+  std::unique_ptr<LogSource> log_;          // Static: the coordinator's.
+  std::unique_ptr<LeaderLink> link_;        // Elected: where the elected coordinator is.
+  std::unique_ptr<EtcdLeadership> leadership_;
   std::unique_ptr<Executor> executor_;
   int fleet_port_ = 0;
   std::atomic<bool> shutdown_{false};
 
   mutable absl::Mutex mu_;
   std::string self_address_ ABSL_GUARDED_BY(mu_);                   // This rank's advertised address.
+  // Elected: this rank's seat while it coordinates, and every seat it held before (kept until
+  // the fleet goes: a call answered late may hold one; see SeatSource).
+  std::shared_ptr<const CoordinatorSeat> seat_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const CoordinatorSeat>> retired_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // Last known address by rank.
 };
 

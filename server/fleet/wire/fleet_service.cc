@@ -27,13 +27,25 @@ int EncoderThreads() { return static_cast<int>(std::clamp(std::thread::hardware_
 
 }  // namespace
 
+FleetCalls::FleetCalls(SeatSource seats, size_t max_read_bytes, const FleetAccess* access)
+    : seats_(std::move(seats)), max_read_bytes_(max_read_bytes), access_(access), encoder_(EncoderThreads()) {}
+
 FleetCalls::FleetCalls(InMemoryStore* store, Coordinator* coordinator, size_t max_read_bytes,
                        const FleetAccess* access)
-    : store_(store),
-      coordinator_(coordinator),
-      max_read_bytes_(max_read_bytes),
-      access_(access),
-      encoder_(EncoderThreads()) {}
+    : FleetCalls(
+          [seat = std::make_shared<const CoordinatorSeat>(CoordinatorSeat{
+               // Not owned: aliasing pointers with no owner.
+               std::shared_ptr<Coordinator>(std::shared_ptr<void>(), coordinator),
+               std::shared_ptr<InMemoryStore>(std::shared_ptr<void>(), store)})]() { return seat; },
+          max_read_bytes, access) {}
+
+absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> FleetCalls::Seat() const {
+  std::shared_ptr<const CoordinatorSeat> seat = seats_();
+  if (seat == nullptr || seat->coordinator == nullptr) {
+    return absl::UnavailableError("this fleet rank is not the fleet's coordinator now (look it up again)");
+  }
+  return seat;
+}
 
 absl::Status FleetCalls::RequireRank(const grpc::ServerContextBase& context, absl::string_view call, int rank) const {
   return access_ == nullptr ? absl::OkStatus() : access_->RequireRank(context, call, rank);
@@ -43,8 +55,8 @@ absl::Status FleetCalls::RequireMember(const grpc::ServerContextBase& context, a
   return access_ == nullptr ? absl::OkStatus() : access_->RequireMember(context, call);
 }
 
-absl::Status FleetCalls::RequireStore() const {
-  return store_ != nullptr ? absl::OkStatus() : absl::UnavailableError("this fleet service has no store");
+absl::Status FleetCalls::RequireStore(const CoordinatorSeat& seat) {
+  return seat.store != nullptr ? absl::OkStatus() : absl::UnavailableError("this fleet service has no store");
 }
 
 grpc::Status FleetCalls::Join(const grpc::ServerContextBase& context, const fleet::v1::JoinRequest& request,
@@ -57,9 +69,12 @@ grpc::Status FleetCalls::Join(const grpc::ServerContextBase& context, const flee
         "rank ", request.member().rank(), " speaks fleet protocol ", request.protocol(), " and this coordinator ",
         kFleetProtocol, ": ranks of different releases do not form a fleet")));
   }
-  absl::StatusOr<int64_t> from = coordinator_->Join(MemberFromProto(request.member()));
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) return ToGrpcStatus(seat.status());
+  Coordinator& coordinator = *(*seat)->coordinator;
+  absl::StatusOr<int64_t> from = coordinator.Join(MemberFromProto(request.member()));
   if (!from.ok()) return ToGrpcStatus(from.status());
-  response->set_epoch(coordinator_->epoch());
+  response->set_epoch(coordinator.epoch());
   response->set_log_from(*from);
   response->set_protocol(kFleetProtocol);
   return grpc::Status::OK;
@@ -69,13 +84,17 @@ grpc::Status FleetCalls::Leave(const grpc::ServerContextBase& context, const fle
   if (absl::Status allowed = RequireRank(context, "Leave", request.rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  return ToGrpcStatus(coordinator_->Leave(request.rank(), request.incarnation(), request.epoch()));
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) return ToGrpcStatus(seat.status());
+  return ToGrpcStatus((*seat)->coordinator->Leave(request.rank(), request.incarnation(), request.epoch()));
 }
 
 grpc::Status FleetCalls::StoreSet(const grpc::ServerContextBase& context, const fleet::v1::StoreSetRequest& request) {
   if (absl::Status allowed = RequireMember(context, "StoreSet"); !allowed.ok()) return ToGrpcStatus(allowed);
-  if (absl::Status store = RequireStore(); !store.ok()) return ToGrpcStatus(store);
-  return ToGrpcStatus(store_->Set(request.key(), request.value()));
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) return ToGrpcStatus(seat.status());
+  if (absl::Status store = RequireStore(**seat); !store.ok()) return ToGrpcStatus(store);
+  return ToGrpcStatus((*seat)->store->Set(request.key(), request.value()));
 }
 
 void FleetCalls::StoreGet(const grpc::ServerContextBase& context, const fleet::v1::StoreGetRequest& request,
@@ -91,13 +110,19 @@ void FleetCalls::StoreGet(const grpc::ServerContextBase& context, const fleet::v
     done(grpc::Status::OK);
     return;
   }
-  if (absl::Status store = RequireStore(); !store.ok()) {
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) {
+    done(ToGrpcStatus(seat.status()));
+    return;
+  }
+  if (absl::Status store = RequireStore(**seat); !store.ok()) {
     done(ToGrpcStatus(store));
     return;
   }
   // Waits in the store, which answers on its notifier thread: cheap work only here.
-  store_->GetAsync(request.key(), WaitOf(request.timeout_ms()),
-                   [response, done = std::move(done)](absl::StatusOr<std::string> value) {
+  InMemoryStore& store = *(*seat)->store;
+  store.GetAsync(request.key(), WaitOf(request.timeout_ms()),
+                   [seat = *seat, response, done = std::move(done)](absl::StatusOr<std::string> value) {
                      if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
                        response->set_found(false);
                        done(grpc::Status::OK);
@@ -116,8 +141,10 @@ void FleetCalls::StoreGet(const grpc::ServerContextBase& context, const fleet::v
 grpc::Status FleetCalls::StoreAdd(const grpc::ServerContextBase& context, const fleet::v1::StoreAddRequest& request,
                                   fleet::v1::StoreAddResponse* response) {
   if (absl::Status allowed = RequireMember(context, "StoreAdd"); !allowed.ok()) return ToGrpcStatus(allowed);
-  if (absl::Status store = RequireStore(); !store.ok()) return ToGrpcStatus(store);
-  absl::StatusOr<int64_t> value = store_->Add(request.key(), request.delta());
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) return ToGrpcStatus(seat.status());
+  if (absl::Status store = RequireStore(**seat); !store.ok()) return ToGrpcStatus(store);
+  absl::StatusOr<int64_t> value = (*seat)->store->Add(request.key(), request.delta());
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*value);
   return grpc::Status::OK;
@@ -127,16 +154,20 @@ grpc::Status FleetCalls::Report(const grpc::ServerContextBase& context, const fl
   if (absl::Status allowed = RequireRank(context, "Report", request.fleet_rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) return ToGrpcStatus(seat.status());
   absl::StatusOr<ReadyReport> report = ReadyReportFromProto(request, &spec_lists_);
   if (!report.ok()) return ToGrpcStatus(report.status());
-  return ToGrpcStatus(coordinator_->Report(std::move(*report)));
+  return ToGrpcStatus((*seat)->coordinator->Report(std::move(*report)));
 }
 
 grpc::Status FleetCalls::Abort(const grpc::ServerContextBase& context, const fleet::v1::AbortRequest& request) {
   if (absl::Status allowed = RequireRank(context, "Abort", request.fleet_rank()); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  return ToGrpcStatus(coordinator_->Abort(GroupKeyFromProto(request.key()), request.trainer_rank(),
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) return ToGrpcStatus(seat.status());
+  return ToGrpcStatus((*seat)->coordinator->Abort(GroupKeyFromProto(request.key()), request.trainer_rank(),
                                           absl::Status(static_cast<absl::StatusCode>(request.code()), request.message()),
                                           request.submission(), request.fleet_rank(), request.incarnation()));
 }
@@ -168,9 +199,15 @@ void FleetCalls::ReadLog(const grpc::ServerContextBase& context, const fleet::v1
     absl::StatusOr<ReadyReport> report = ReadyReportFromProto(r, &spec_lists_);
     if (report.ok()) reader.kept.push_back(*std::move(report));
   }
-  coordinator_->ReadAsync(
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> seat = Seat();
+  if (!seat.ok()) {
+    done(ToGrpcStatus(seat.status()));
+    return;
+  }
+  Coordinator& coordinator = *(*seat)->coordinator;
+  coordinator.ReadAsync(
       reader, request.from(), WaitOf(request.timeout_ms()),
-      [this, response, done = std::move(done)](absl::StatusOr<std::vector<SharedLogEntry>> entries) mutable {
+      [this, seat = *seat, response, done = std::move(done)](absl::StatusOr<std::vector<SharedLogEntry>> entries) mutable {
         if (!entries.ok()) {
           done(ToGrpcStatus(entries.status()));
           return;

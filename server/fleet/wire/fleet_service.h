@@ -1,5 +1,8 @@
-// The orthoserve.fleet.v1.Fleet gRPC service that fleet rank 0 serves to the other ranks: its
-// Store and its Coordinator, carried over the wire. A thin adapter on gRPC's callback API: no
+// The orthoserve.fleet.v1.Fleet gRPC service that the fleet's coordinator serves to the other
+// ranks (rank 0 of a static fleet; the elected rank with etcd): its Store and its Coordinator,
+// carried over the wire. Every call is answered by the seat in place when it arrives; a rank
+// that holds none (not elected, or between terms) answers UNAVAILABLE, which members take as
+// "look for the coordinator again". A thin adapter on gRPC's callback API: no
 // call holds a server thread while it waits. A ReadLog long poll waits in the coordinator
 // (Coordinator::ReadAsync) and a StoreGet in the store (InMemoryStore::GetAsync), each on one
 // notifier thread for all waiting calls; responses of ReadLog, which may be large, are encoded
@@ -22,6 +25,18 @@
 
 namespace orthoserve {
 
+// What the fleet service serves: a coordinator and its rendezvous store. A static fleet's rank 0
+// has one seat for the process's life; an elected coordinator one per leadership term.
+struct CoordinatorSeat {
+  std::shared_ptr<Coordinator> coordinator;  // Required.
+  std::shared_ptr<InMemoryStore> store;      // Null: the store calls fail with UNAVAILABLE.
+};
+// The seat in place now; null when this rank does not coordinate. A call keeps the seat it took
+// until it is answered, so the source's owner must keep every seat it handed out alive as long
+// as the service (a waiting call's callback may otherwise hold the last reference, on the
+// coordinator's own thread).
+using SeatSource = std::function<std::shared_ptr<const CoordinatorSeat>()>;
+
 // The calls of the Fleet service without a transport: FleetService answers each gRPC call with
 // them, and tests call them directly. Each runs `done` exactly once, within the call or later
 // (ReadLog, StoreGet: when the wait ends); `response` must live until then.
@@ -36,8 +51,10 @@ class FleetCalls {
   // otherwise get a response over the limit with every retry.
   static constexpr size_t kMaxReadBytes = 64 << 20;
 
-  // None is owned; all must outlive this. `access` null: every call is let through (a plaintext
-  // fleet port). `store` null: the store calls fail with UNAVAILABLE.
+  // `access` (not owned) null: every call is let through (a plaintext fleet port).
+  FleetCalls(SeatSource seats, size_t max_read_bytes = kMaxReadBytes, const FleetAccess* access = nullptr);
+  // One fixed seat. None is owned; all must outlive this. `store` null: the store calls fail
+  // with UNAVAILABLE.
   FleetCalls(InMemoryStore* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes,
              const FleetAccess* access = nullptr);
 
@@ -58,12 +75,14 @@ class FleetCalls {
   // OK, or the refusal of `access_` (PERMISSION_DENIED).
   absl::Status RequireRank(const grpc::ServerContextBase& context, absl::string_view call, int rank) const;
   absl::Status RequireMember(const grpc::ServerContextBase& context, absl::string_view call) const;
-  absl::Status RequireStore() const;
+  // The seat in place, or UNAVAILABLE (this rank does not coordinate now).
+  absl::StatusOr<std::shared_ptr<const CoordinatorSeat>> Seat() const;
+  // The seat's store, or UNAVAILABLE.
+  static absl::Status RequireStore(const CoordinatorSeat& seat);
   // Fills `response` with `entries`' encodings up to max_read_bytes_ (at least one).
   void Encode(const std::vector<SharedLogEntry>& entries, fleet::v1::ReadLogResponse* response);
 
-  InMemoryStore* store_;
-  Coordinator* coordinator_;
+  const SeatSource seats_;
   const size_t max_read_bytes_;
   const FleetAccess* access_;
   EncodedLog encoded_;        // Each entry encoded once, for all its readers.
@@ -76,6 +95,8 @@ class FleetService final : public fleet::v1::Fleet::CallbackService {
   static constexpr size_t kMaxReadBytes = FleetCalls::kMaxReadBytes;
 
   // As FleetCalls.
+  FleetService(SeatSource seats, size_t max_read_bytes = kMaxReadBytes, const FleetAccess* access = nullptr)
+      : calls_(std::move(seats), max_read_bytes, access) {}
   FleetService(InMemoryStore* store, Coordinator* coordinator, size_t max_read_bytes = kMaxReadBytes,
                const FleetAccess* access = nullptr)
       : calls_(store, coordinator, max_read_bytes, access) {}

@@ -1,0 +1,137 @@
+// EtcdLeadership: this rank's part in electing the fleet's coordinator through etcd
+// (docs/architecture.md, "Elected coordinator"; flag --membership etcd://...).
+//
+// Every rank holds an etcd lease, kept alive by a LeaseKeeper, and campaigns in the election
+// "<prefix>/coordinator" (etcd's Election service) with "<rank> <fleet address>" as its value.
+// The winner coordinates until its lease ends, it resigns, or etcd names another leader. The
+// term of a leadership is the create revision of the leader's key: it grows with every leader,
+// and the fleet uses it as the coordinator's epoch, so that a member follows one term at a time
+// and an old coordinator's answers are refused by every member that knows a newer term.
+//
+// Every rank follows the election: a Watcher on the election's keys wakes a check at once, and a
+// check runs every `check_interval` anyway (the etcd health probe). `on_leader` is called with
+// each new leader, this rank included. This rank's leadership starts with `on_elected` and ends
+// with `on_deposed`: when etcd says its lease is gone or another key leads, or on Resign/Stop.
+//
+// When etcd cannot be reached nothing changes: the leader stays leader and followers follow it,
+// `reachable()` is false and says since when, and etcd's first answer settles it (the same
+// leader goes on; a different one, or none, deposes this rank). A leader whose keep-alives go
+// unanswered for a whole TTL keeps its lease id: once etcd answers and still names it, it keeps
+// the lease alive again; a lease etcd says is gone (NOT_FOUND) deposes it at once.
+//
+// Callbacks run on the leadership's threads, one at a time (never two at once), with no lock of
+// this class held; they must not call Resign, Stop or the destructor. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/etcd/etcd_client.h"
+#include "server/etcd/lease_keeper.h"
+#include "server/etcd/watcher.h"
+
+namespace orthoserve {
+
+// The coordinator etcd names: its term (the leader key's create revision), fleet rank and fleet
+// address.
+struct LeaderInfo {
+  int64_t term = 0;
+  int rank = -1;
+  std::string address;
+  bool operator==(const LeaderInfo& o) const { return term == o.term && rank == o.rank && address == o.address; }
+};
+
+// "<rank> <address>", the value a rank campaigns with, and its parse (INVALID_ARGUMENT).
+std::string LeaderValue(int rank, const std::string& address);
+absl::StatusOr<LeaderInfo> ParseLeaderValue(const std::string& value, int64_t term);
+
+class EtcdLeadership {
+ public:
+  struct Options {
+    etcd::EtcdOptions etcd;
+    std::string prefix;      // The fleet's keys in etcd ("/orthoserve/<fleet>"); the election is prefix + "/coordinator".
+    int rank = 0;            // This rank,
+    std::string address;     // and the fleet address where it serves the fleet service when elected.
+    absl::Duration ttl = absl::Seconds(5);                    // The lease's TTL: a dead leader is replaced within it.
+    absl::Duration check_interval = absl::ZeroDuration();     // Between checks; zero: ttl / 3.
+    absl::Duration campaign_window = absl::Seconds(30);       // One Campaign call's deadline (it is renewed).
+    std::function<void(int64_t term)> on_elected;                              // Required.
+    std::function<void(int64_t term, const absl::Status& reason)> on_deposed;  // Required.
+    std::function<void(const LeaderInfo& leader)> on_leader;                   // Required.
+    // Called when etcd stops answering (with the error and since when) and when it answers
+    // again (OK); optional (metrics).
+    std::function<void(const absl::Status& status, absl::Time since)> on_reachability;
+  };
+
+  // Connects (lazily), reads the current leader (calling on_leader when there is one) and starts
+  // campaigning. INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<EtcdLeadership>> Start(Options options);
+  ~EtcdLeadership();  // Stop().
+
+  // Stops campaigning and gives up leadership now (the next candidate leads at once), calling
+  // on_deposed if this rank led. Idempotent; bounded by etcd's call timeout.
+  void Resign();
+  // Resign, then stops following and joins the threads.
+  void Stop();
+
+  // The leader last seen (term 0: none seen yet).
+  LeaderInfo leader() const;
+  // The term this rank leads (0: none).
+  int64_t leading_term() const;
+  // Whether etcd answered the last check; when not, since when it has not.
+  bool reachable() const;
+  absl::Time unreachable_since() const;
+  // The last error from etcd (OK while reachable).
+  absl::Status etcd_status() const;
+
+ private:
+  explicit EtcdLeadership(Options options, std::unique_ptr<etcd::EtcdClient> client);
+
+  void CampaignLoop();
+  void MonitorLoop();
+  // Reads the leader from etcd and acts on it (on_leader; deposes this rank when another leads).
+  void Check();
+  // Waits until the current leadership ends (resigned: CANCELLED; deposed: why).
+  absl::Status HoldLeadership() ABSL_LOCKS_EXCLUDED(mu_);
+  // The lease keeper's report of a lost lease.
+  void LeaseLost(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  void Depose(const absl::Status& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EnsureLease() ABSL_LOCKS_EXCLUDED(mu_);
+  void DropLease(bool revoke) ABSL_LOCKS_EXCLUDED(mu_);
+  void Reached(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReachedLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SleepFor(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);  // False when stopping.
+
+  const Options options_;
+  const std::string election_;
+  const std::unique_ptr<etcd::EtcdClient> client_;
+  absl::Mutex callback_mu_;  // Serializes the callbacks.
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;   // Stop: the threads end.
+  bool resigned_ ABSL_GUARDED_BY(mu_) = false;   // Resign: no more campaigns.
+  bool check_now_ ABSL_GUARDED_BY(mu_) = false;  // The watcher saw a change.
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<etcd::LeaseKeeper> keeper_ ABSL_GUARDED_BY(mu_);
+  std::optional<etcd::LeaderKey> leading_ ABSL_GUARDED_BY(mu_);  // This rank's leadership.
+  absl::Status deposed_ ABSL_GUARDED_BY(mu_);                    // Why it ended, when it ended.
+  LeaderInfo leader_ ABSL_GUARDED_BY(mu_);
+  std::string leader_key_ ABSL_GUARDED_BY(mu_);
+  absl::Status etcd_status_ ABSL_GUARDED_BY(mu_);
+  absl::Time unreachable_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::unique_ptr<etcd::Watcher> watcher_;  // Set before the threads start; stopped in Stop.
+  std::thread campaign_;
+  std::thread monitor_;
+};
+
+}  // namespace orthoserve
