@@ -274,6 +274,7 @@ void Executor::ReaderLoop() {
       }
       joined_ = true;
       lost_ = false;
+      fresh_join_ = true;
       last_contact_ = absl::Now();
       backoff = absl::Milliseconds(50);
       LOG_INFO("fleet") << "joined the fleet coordinator (epoch " << Hex(epoch_) << ") as rank " << options_.self.rank;
@@ -319,7 +320,12 @@ void Executor::ReaderLoop() {
                                           " after a rank was lost or its group broke"));
           if (busy_since_ != absl::InfiniteFuture()) aborted_at_ = absl::Now();
         }
-        if (entry.membership() && options_.on_membership) seen.emplace_back(entry.members, entry.graceful);
+        if (entry.membership() && options_.on_membership) {
+          // The first generation after a join (a new coordinator, or this rank dropped) follows
+          // nothing this rank saw: whoever it leaves out is gone, however the change was made.
+          seen.emplace_back(entry.members, entry.graceful && !fresh_join_);
+        }
+        if (entry.membership()) fresh_join_ = false;
         queue_.push_back(std::move(entry));
       }
       cv_.SignalAll();

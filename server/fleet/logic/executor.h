@@ -94,7 +94,8 @@ class Executor {
     std::function<void(int64_t index)> on_step_applied;
     // Called on the reader thread, outside the executor's lock, for each membership entry as soon
     // as it is read (before the applier gets to it): the new generation's members, and whether
-    // the change was graceful (ranks joining, or leaving after their work). Fleet cancels the
+    // the change was graceful (ranks joining, or leaving after their work; never the first
+    // generation after this rank joined a coordinator). Fleet cancels the
     // lone matrices it forwarded to ranks that are gone. May be empty; must not block.
     std::function<void(const std::vector<Member>& members, bool graceful)> on_membership;
   };
@@ -276,6 +277,7 @@ class Executor {
   absl::Time last_refusal_log_ = absl::InfinitePast();  // Reader thread only: last "not joining" warning.
   bool lost_ ABSL_GUARDED_BY(mu_) = false;         // Reset for an unreachable coordinator, not yet back.
   bool moved_ ABSL_GUARDED_BY(mu_) = false;        // CoordinatorMoved since the last backoff.
+  bool fresh_join_ ABSL_GUARDED_BY(mu_) = false;   // Joined; no membership entry read since.
   absl::Time reader_alive_ ABSL_GUARDED_BY(mu_);  // Last round of the reader loop.
   std::deque<PendingAbort> aborts_ ABSL_GUARDED_BY(mu_);
   // Applier state.

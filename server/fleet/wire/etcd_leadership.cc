@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Start(Options op
     return absl::InvalidArgumentError("EtcdLeadership needs on_elected, on_deposed and on_leader");
   }
   if (options.check_interval <= absl::ZeroDuration()) options.check_interval = options.ttl / 3;
-  if (options.campaign_window <= absl::ZeroDuration()) options.campaign_window = absl::Seconds(2);
+  if (options.campaign_window <= absl::ZeroDuration()) options.campaign_window = options.ttl;
   ASSIGN_OR_RETURN(std::unique_ptr<etcd::EtcdClient> client, etcd::EtcdClient::Create(options.etcd));
   std::unique_ptr<EtcdLeadership> leadership(new EtcdLeadership(std::move(options), std::move(client)));
   leadership->Check();  // The leader as it is, when etcd answers.
@@ -239,8 +239,9 @@ void EtcdLeadership::MonitorLoop() {
       w.on_events = [this](const std::vector<etcd::WatchEvent>& events) {
         absl::MutexLock lock(&mu_);
         for (const etcd::WatchEvent& e : events) {
-          // Candidates come and go; only the leader's key, or any key while none is known, matters.
-          if (leader_key_.empty() || e.key == leader_key_ || e.type == etcd::WatchEvent::Type::kDelete) {
+          // Candidates come and go (each campaign window); only the leader's key matters (its
+          // deletion hands leadership on), or any key while no leader is known.
+          if (leader_key_.empty() || e.key == leader_key_) {
             check_now_ = true;
           }
         }
@@ -346,13 +347,18 @@ void EtcdLeadership::CampaignLoop() {
 }
 
 void EtcdLeadership::Resign() {
-  absl::MutexLock lock(&mu_);
-  if (resigned_) return;
-  resigned_ = true;
-  // A leader resigns on the campaign thread (on_deposed, then the key); wait for it, within
-  // etcd's call timeout. A candidate just stops: its Campaign call ends with its window.
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !leading_.has_value(); };
-  mu_.AwaitWithTimeout(absl::Condition(&done), client_->options().call_timeout + absl::Seconds(1));
+  {
+    absl::MutexLock lock(&mu_);
+    if (resigned_) return;
+    resigned_ = true;
+    // A leader resigns on the campaign thread (on_deposed, then the key); wait for it, within
+    // etcd's call timeout.
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !leading_.has_value(); };
+    mu_.AwaitWithTimeout(absl::Condition(&done), client_->options().call_timeout + absl::Seconds(1));
+  }
+  // A candidate's key goes with its lease, so that etcd cannot name it next; its Campaign call
+  // ends with its window.
+  DropLease(/*revoke=*/true);
 }
 
 void EtcdLeadership::Stop() {

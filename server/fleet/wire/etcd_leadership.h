@@ -63,7 +63,9 @@ class EtcdLeadership {
     std::string address;     // and the fleet address where it serves the fleet service when elected.
     absl::Duration ttl = absl::Seconds(5);                    // The lease's TTL: a dead leader is replaced within it.
     absl::Duration check_interval = absl::ZeroDuration();     // Between checks; zero: ttl / 3.
-    absl::Duration campaign_window = absl::Seconds(30);       // One Campaign call's deadline (it is renewed).
+    // One Campaign call's deadline (then it is made again); zero: the TTL. It bounds Stop, which
+    // waits for the call to end.
+    absl::Duration campaign_window = absl::ZeroDuration();
     std::function<void(int64_t term)> on_elected;                              // Required.
     std::function<void(int64_t term, const absl::Status& reason)> on_deposed;  // Required.
     std::function<void(const LeaderInfo& leader)> on_leader;                   // Required.

@@ -180,6 +180,10 @@ absl::Status Fleet::StartElection() {
   l.rank = options_.rank;
   l.address = FleetAddress();
   l.ttl = e.ttl > absl::ZeroDuration() ? e.ttl : std::max(absl::Seconds(1), options_.peer_timeout / 2);
+  // An answer later than the lease's TTL is of no use to a leadership, and a leaving rank must
+  // not wait long for etcd: calls are bounded by the TTL (1 to 5 s), connecting by 1 s.
+  l.etcd.call_timeout = std::clamp(l.ttl, absl::Seconds(1), absl::Seconds(5));
+  l.etcd.dial_timeout = std::min(l.etcd.dial_timeout, absl::Seconds(1));
   l.on_elected = [this](int64_t term) { Elected(term); };
   l.on_deposed = [this](int64_t term, const absl::Status&) { Deposed(term); };
   l.on_leader = [this](const LeaderInfo& leader) { LeaderIs(leader); };
@@ -402,7 +406,9 @@ absl::Status Fleet::Leave(absl::Duration timeout) {
       leadership_->Resign();
       return absl::OkStatus();
     }
-    leadership_->Resign();  // Never elected while it leaves.
+    // Never elected while it leaves (its candidacy goes at once); it follows etcd until it shuts
+    // down, so that it leaves through whichever rank coordinates.
+    leadership_->Resign();
   }
   if (options_.world == 1) return absl::OkStatus();
   return executor_->Leave(timeout);

@@ -132,6 +132,10 @@ absl::Status EtcdCluster::WaitReady(const std::string& endpoints, absl::Duration
 
 void EtcdCluster::Kill(int i) { members_[i].process.reset(); }
 
+void EtcdCluster::Signal(int i, int signal) {
+  if (members_[i].process != nullptr) members_[i].process->Signal(signal);
+}
+
 absl::Status EtcdCluster::Restart(int i) {
   members_[i].process.reset();
   if (absl::Status s = Launch(i); !s.ok()) return s;

@@ -48,6 +48,8 @@ class EtcdCluster {
 
   // Kills member `i` (SIGKILL) and reaps it; its data stays.
   void Kill(int i);
+  // Sends `signal` to member `i` (e.g. SIGSTOP / SIGCONT: a member that stops answering).
+  void Signal(int i, int signal);
   // Starts member `i` again on its ports and data and waits until it serves a read.
   absl::Status Restart(int i);
 

@@ -1,0 +1,198 @@
+// EtcdLeadership against a real etcd on loopback: among candidates exactly one leads and every
+// one follows it; a resignation, or a lease that etcd drops (as when a leader dies or stops for
+// longer than its TTL), hands leadership on with a higher term within about the TTL; while etcd
+// does not answer nothing changes and reachable() says so.
+#include "server/fleet/wire/etcd_leadership.h"
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/etcd/etcd_process.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve {
+namespace {
+
+constexpr absl::Duration kTtl = absl::Seconds(2);
+
+// One rank's view, as its callbacks told it.
+struct Candidate {
+  int rank = 0;
+  absl::Mutex mu;
+  int64_t elected = 0;  // Term this rank leads (0: none).
+  std::vector<int64_t> deposed;
+  LeaderInfo leader;
+  std::unique_ptr<EtcdLeadership> leadership;
+};
+
+std::unique_ptr<Candidate> Start(const std::string& endpoints, const std::string& prefix, int rank) {
+  auto c = std::make_unique<Candidate>();
+  c->rank = rank;
+  EtcdLeadership::Options o;
+  o.etcd.endpoints = endpoints;
+  o.etcd.dial_timeout = absl::Seconds(1);
+  o.etcd.call_timeout = kTtl;
+  o.prefix = prefix;
+  o.rank = rank;
+  o.address = absl::StrCat("127.0.0.1:", 7000 + rank);
+  o.ttl = kTtl;
+  Candidate* raw = c.get();
+  o.on_elected = [raw](int64_t term) {
+    absl::MutexLock lock(&raw->mu);
+    raw->elected = term;
+  };
+  o.on_deposed = [raw](int64_t term, const absl::Status&) {
+    absl::MutexLock lock(&raw->mu);
+    raw->elected = 0;
+    raw->deposed.push_back(term);
+  };
+  o.on_leader = [raw](const LeaderInfo& leader) {
+    absl::MutexLock lock(&raw->mu);
+    EXPECT_GT(leader.term, raw->leader.term) << "terms only grow";
+    raw->leader = leader;
+  };
+  absl::StatusOr<std::unique_ptr<EtcdLeadership>> l = EtcdLeadership::Start(o);
+  EXPECT_TRUE(l.ok()) << l.status();
+  if (!l.ok()) return nullptr;
+  c->leadership = std::move(*l);
+  return c;
+}
+
+// Waits until exactly one of `candidates` leads (above `above_term`) and every one of them
+// follows it at that term; returns the leader's rank (-1 on timeout).
+int WaitOneLeader(const std::vector<Candidate*>& candidates, absl::Duration timeout, int64_t above_term = 0) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int leader = -1, leaders = 0;
+    int64_t term = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      absl::MutexLock lock(&candidates[i]->mu);
+      if (candidates[i]->elected > above_term) {
+        leader = candidates[i]->rank;
+        term = candidates[i]->elected;
+        ++leaders;
+      }
+    }
+    bool agree = leaders == 1;
+    for (Candidate* c : candidates) {
+      absl::MutexLock lock(&c->mu);
+      agree = agree && c->leader.term == term && c->leader.rank == leader;
+    }
+    if (agree) return leader;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return -1;
+}
+
+int64_t TermOf(Candidate& c) {
+  absl::MutexLock lock(&c.mu);
+  return c.elected;
+}
+
+class EtcdLeadershipTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> cluster = testing::EtcdCluster::Start(1);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    for (int r = 0; r < 3; ++r) {
+      owned_.push_back(Start(cluster_->endpoints(), "/test/fleet", r));
+      ASSERT_NE(owned_.back(), nullptr);
+      candidates_.push_back(owned_.back().get());
+    }
+  }
+
+  std::unique_ptr<testing::EtcdCluster> cluster_;
+  std::vector<std::unique_ptr<Candidate>> owned_;
+  std::vector<Candidate*> candidates_;
+};
+
+TEST_F(EtcdLeadershipTest, OneLeadsAndEveryoneFollowsIt) {
+  const int leader = WaitOneLeader(candidates_, absl::Seconds(10));
+  ASSERT_GE(leader, 0);
+  absl::MutexLock lock(&candidates_[0]->mu);
+  EXPECT_EQ(candidates_[0]->leader.address, absl::StrCat("127.0.0.1:", 7000 + leader));
+  EXPECT_EQ(candidates_[leader]->leadership->leading_term(), candidates_[0]->leader.term);
+}
+
+TEST_F(EtcdLeadershipTest, AResignationHandsLeadershipOnAtOnce) {
+  const int first = WaitOneLeader(candidates_, absl::Seconds(10));
+  ASSERT_GE(first, 0);
+  const int64_t term = TermOf(*candidates_[first]);
+  const absl::Time start = absl::Now();
+  candidates_[first]->leadership->Resign();
+  {
+    absl::MutexLock lock(&candidates_[first]->mu);
+    EXPECT_THAT(candidates_[first]->deposed, ::testing::ElementsAre(term)) << "Resign returns after on_deposed";
+  }
+  std::vector<Candidate*> others;
+  for (int i = 0; i < 3; ++i) {
+    if (i != first) others.push_back(candidates_[i]);
+  }
+  const int next = WaitOneLeader(others, absl::Seconds(10), term);
+  ASSERT_GE(next, 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "a successor should not wait for the TTL";
+  // The resigned rank still follows etcd, and never leads again.
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::MutexLock lock(&candidates_[first]->mu);
+  EXPECT_GT(candidates_[first]->leader.term, term);
+  EXPECT_EQ(candidates_[first]->elected, 0);
+}
+
+TEST_F(EtcdLeadershipTest, ALeaderWhoseLeaseEtcdDropsIsDeposedAndReplaced) {
+  const int first = WaitOneLeader(candidates_, absl::Seconds(10));
+  ASSERT_GE(first, 0);
+  const int64_t term = TermOf(*candidates_[first]);
+  // What etcd does when a leader dies or stops for longer than its TTL: the lease ends.
+  etcd::EtcdOptions options;
+  options.endpoints = cluster_->endpoints();
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
+  ASSERT_OK(client);
+  absl::StatusOr<etcd::KeyValue> key = (*client)->Leader("/test/fleet/coordinator");
+  ASSERT_OK(key);
+  EXPECT_EQ(key->create_revision, term);
+  const absl::Time start = absl::Now();
+  ASSERT_OK((*client)->RevokeLease(key->lease));
+  const int next = WaitOneLeader(candidates_, absl::Seconds(10), term);
+  ASSERT_GE(next, 0);
+  EXPECT_LT(absl::Now() - start, kTtl + absl::Seconds(1));
+  absl::MutexLock lock(&candidates_[first]->mu);
+  EXPECT_THAT(candidates_[first]->deposed, ::testing::Contains(term));
+}
+
+TEST_F(EtcdLeadershipTest, NothingChangesWhileEtcdDoesNotAnswer) {
+  const int first = WaitOneLeader(candidates_, absl::Seconds(10));
+  ASSERT_GE(first, 0);
+  const int64_t term = TermOf(*candidates_[first]);
+  cluster_->Signal(0, SIGSTOP);
+  absl::SleepFor(2 * kTtl);
+  for (Candidate* c : candidates_) EXPECT_FALSE(c->leadership->reachable());
+  EXPECT_EQ(candidates_[first]->leadership->leading_term(), term) << "the leader leads on without etcd";
+  for (int i = 0; i < 3; ++i) {
+    if (i != first) {
+      EXPECT_EQ(TermOf(*candidates_[i]), 0);
+    }
+  }
+  cluster_->Signal(0, SIGCONT);
+  // etcd decides when it answers again (it may have let the lease lapse): one leader, followed.
+  ASSERT_GE(WaitOneLeader(candidates_, absl::Seconds(15)), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  bool reachable = false;
+  while (!reachable && absl::Now() < deadline) {
+    reachable = true;
+    for (Candidate* c : candidates_) reachable = reachable && c->leadership->reachable();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(reachable);
+}
+
+}  // namespace
+}  // namespace orthoserve
