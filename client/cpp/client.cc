@@ -180,6 +180,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_send_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // A server that was down for a while is dialled again within the retry policy's largest wait
+  // once it is back (as the Python client does): gRPC's own backoff grows to two minutes, and a
+  // channel in backoff fails every call at once with the last connection error, so the rank
+  // would look dead long after it returned. (Raised below to the minimum backoff if that is larger.)
+  int max_backoff_ms = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(options.retry.max_backoff), 100,
+                                                            std::numeric_limits<int>::max()));
   if (options.keepalive_time != absl::InfiniteDuration()) {
     const int keepalive_time_ms = static_cast<int>(
         std::clamp<int64_t>(absl::ToInt64Milliseconds(options.keepalive_time), 1, std::numeric_limits<int>::max()));
@@ -197,10 +203,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     // Keepalive guards an established connection only: a connection attempt to a server that
     // accepts TCP but does not answer (a stopped process) would otherwise hold the calls waiting
     // for it for gRPC's 20 s minimum connect timeout. Give it up as keepalive would.
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-                static_cast<int>(std::min<int64_t>(int64_t{keepalive_time_ms} + keepalive_timeout_ms,
-                                                   std::numeric_limits<int>::max())));
+    const int min_backoff_ms = static_cast<int>(
+        std::min<int64_t>(int64_t{keepalive_time_ms} + keepalive_timeout_ms, std::numeric_limits<int>::max()));
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, min_backoff_ms);
+    max_backoff_ms = std::max(max_backoff_ms, min_backoff_ms);
   }
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   std::vector<Target> targets;
   for (const std::string& address : addresses) {

@@ -93,8 +93,27 @@ void PrintInfo(const v1::ServerInfo& info, std::ostream& out) {
       << "backend:       " << info.backend() << " (" << info.device() << ")\n"
       << "fleet:         rank " << info.fleet_rank() << " of " << info.fleet_world()
       << (info.ready() ? ", ready" : ", NOT ready") << "\n"
-      << "auth required: " << (info.auth_required() ? "yes" : "no") << "\n"
-      << "members:\n";
+      << "auth required: " << (info.auth_required() ? "yes" : "no") << "\n";
+  if (info.has_coordinator()) {
+    const v1::FleetCoordinator& c = info.coordinator();
+    out << "coordinator:   ";
+    if (c.rank() < 0) {
+      out << "none known yet";
+    } else {
+      out << "rank " << c.rank();
+    }
+    if (c.membership() == "etcd") {
+      out << " (elected in etcd, term " << c.term() << "; etcd "
+          << (c.etcd_reachable() ? std::string("reachable")
+                                 : absl::StrCat("UNREACHABLE for ", static_cast<int64_t>(c.etcd_unreachable_seconds()),
+                                                " s: ", c.etcd_error()))
+          << ")";
+    } else {
+      out << " (static)";
+    }
+    out << "\n";
+  }
+  out << "members:\n";
   for (const v1::FleetMember& m : info.members()) {
     out << "  " << m.rank() << "  " << m.address() << (m.ready() ? "  ready" : "  not ready") << "\n";
   }

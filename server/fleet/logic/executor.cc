@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const Options& option
   if (options.backend == nullptr || options.log == nullptr || !options.join_collective) {
     return absl::InvalidArgumentError("Executor needs a backend, a log source and a collective factory");
   }
-  if (options.peer_timeout <= absl::ZeroDuration() || options.formation_timeout <= absl::ZeroDuration()) {
+  if (options.peer_timeout <= absl::ZeroDuration() || options.formation_timeout <= absl::ZeroDuration() ||
+      options.max_backoff <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("Executor timeouts must be positive");
   }
   return std::unique_ptr<Executor>(new Executor(options));
@@ -76,11 +77,19 @@ void Executor::TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting
 }
 
 void Executor::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  stopping_ = true;
-  if (collective_ != nullptr) collective_->Abort("the server is shutting down");
-  cv_.SignalAll();
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (collective_ != nullptr) collective_->Abort("the server is shutting down");
+    cv_.SignalAll();
+    // Steps waiting for their batch fail now (retried on other members), not when the executor
+    // is destroyed at the end of the drain; a batch being applied fails its own.
+    left.swap(waiting_);
+    TakePartsLocked(left);
+  }
+  FailAll(left, "the server is shutting down");
 }
 
 size_t Executor::waiting() const {
@@ -223,7 +232,7 @@ void Executor::ReaderLoop() {
       moved_ = false;
       backoff = absl::Milliseconds(50);
     } else {
-      backoff = std::min(backoff * 2, absl::Seconds(1));
+      backoff = std::min(backoff * 2, options_.max_backoff);
     }
   };
   for (;;) {

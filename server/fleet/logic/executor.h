@@ -35,7 +35,7 @@
 // for a newer generation or at shutdown).
 //
 // Thread-safe. Callbacks run on the applier or reader thread (or on the caller's thread when
-// Submit fails at once); they must not block on the executor.
+// Submit fails at once, or for the steps Shutdown fails); they must not block on the executor.
 #pragma once
 
 #include <deque>
@@ -85,6 +85,10 @@ class Executor {
     absl::Duration peer_timeout = absl::Seconds(15);       // Coordinator unreachable this long: lost.
     absl::Duration formation_timeout = absl::Seconds(30);  // Bound on joining one generation's collective.
     absl::Duration poll = absl::Milliseconds(250);         // Long-poll of the log (the heartbeat period).
+    // Longest wait between two failed joins or reads (the wait doubles from 50 ms). An elected
+    // coordinator answers "not the coordinator" for the moment between etcd naming it and it
+    // taking its seat, so its followers retry sooner.
+    absl::Duration max_backoff = absl::Seconds(1);
     absl::Duration cache_ttl = absl::Seconds(150);         // Keep a group's last steps this long (for replays).
     absl::Duration notice_ttl = absl::Seconds(60);         // How long the coordinator relies on a notice of them:
                                                            // only steps kept at least this much longer are noticed.

@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   e.notice_ttl = options.rendezvous_timeout;
   e.cache_ttl = 2 * (options.rendezvous_timeout + options.peer_timeout);
   e.formation_timeout = FormationTimeout(options.peer_timeout);
+  if (options.election.enabled) e.max_backoff = absl::Milliseconds(200);
   if (Coordinator* coordinator = fleet->coordinator_.get()) {
     e.on_step_applied = [coordinator](int64_t index) { coordinator->BatchRan(index); };
   } else if (options.election.enabled) {

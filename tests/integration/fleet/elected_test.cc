@@ -34,7 +34,7 @@ using namespace elastic;  // NOLINT: the harness is this test's vocabulary.
 // two quick re-formations being most of it.
 constexpr absl::Duration kGracefulStall = absl::Seconds(2);
 // While etcd does not answer nothing changes in the fleet: steps go on as before.
-constexpr absl::Duration kQuietStall = absl::Seconds(1);
+constexpr absl::Duration kQuietStall = absl::Seconds(2);
 // The leadership lease: a lost coordinator is replaced within it.
 constexpr absl::Duration kLeaderTtl = absl::Seconds(2);
 
