@@ -116,18 +116,54 @@ absl::Status GrpcStore::Wait(const std::vector<std::string>& keys, absl::Duratio
 RemoteLogSource::RemoteLogSource(std::shared_ptr<grpc::Channel> channel)
     : stub_(fleet::v1::Fleet::NewStub(channel)) {}
 
+RemoteLogSource::~RemoteLogSource() = default;
+
+class RemoteLogSource::Tracked {
+ public:
+  Tracked(RemoteLogSource& source, grpc::ClientContext& context) : source_(source), context_(context) {
+    absl::MutexLock lock(&source_.mu_);
+    if (source_.cancelled_) context_.TryCancel();
+    source_.calls_.insert(&context_);
+  }
+  ~Tracked() {
+    absl::MutexLock lock(&source_.mu_);
+    source_.calls_.erase(&context_);
+  }
+  // UNAVAILABLE when CancelAll ended the call, else the call's own error.
+  absl::Status Error(absl::string_view what, const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&source_.mu_);
+      if (source_.cancelled_) {
+        return absl::UnavailableError(absl::StrCat("fleet coordinator ", what, ": the coordinator moved"));
+      }
+    }
+    return FleetError(what, status);
+  }
+
+ private:
+  RemoteLogSource& source_;
+  grpc::ClientContext& context_;
+};
+
+void RemoteLogSource::CancelAll() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : calls_) context->TryCancel();
+}
+
 absl::StatusOr<LogSource::Joined> RemoteLogSource::Join(const Member& me) {
   {
     // The coordinator's protocol first, without joining: a coordinator of an older release would
     // admit this rank and then speak a log it cannot read.
     grpc::ClientContext context;
     SetFailFastDeadline(context, kControlTimeout);
+    Tracked tracked(*this, context);
     fleet::v1::StoreGetRequest request;
     request.set_key(kFleetProtocolKey);
     request.set_timeout_ms(0);
     fleet::v1::StoreGetResponse response;
     grpc::Status status = stub_->StoreGet(&context, request, &response);
-    if (!status.ok()) return FleetError("StoreGet", status);
+    if (!status.ok()) return tracked.Error("StoreGet", status);
     const std::string mine = std::to_string(kFleetProtocol);
     if (!response.found() || response.value() != mine) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -138,39 +174,43 @@ absl::StatusOr<LogSource::Joined> RemoteLogSource::Join(const Member& me) {
   }
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
+  Tracked tracked(*this, context);
   fleet::v1::JoinRequest request;
   *request.mutable_member() = MemberToProto(me);
   request.set_protocol(kFleetProtocol);
   fleet::v1::JoinResponse response;
   grpc::Status status = stub_->Join(&context, request, &response);
-  if (!status.ok()) return FleetError("Join", status);
+  if (!status.ok()) return tracked.Error("Join", status);
   return Joined{response.epoch(), response.log_from()};
 }
 
 absl::Status RemoteLogSource::Leave(int rank, uint64_t incarnation, uint64_t epoch) {
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
+  Tracked tracked(*this, context);
   fleet::v1::LeaveRequest request;
   request.set_rank(rank);
   request.set_incarnation(incarnation);
   request.set_epoch(epoch);
   fleet::v1::LeaveResponse response;
   grpc::Status status = stub_->Leave(&context, request, &response);
-  return status.ok() ? absl::OkStatus() : FleetError("Leave", status);
+  return status.ok() ? absl::OkStatus() : tracked.Error("Leave", status);
 }
 
 absl::Status RemoteLogSource::Report(const ReadyReport& report) {
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
+  Tracked tracked(*this, context);
   fleet::v1::ReportResponse response;
   grpc::Status status = stub_->Report(&context, ReadyReportToProto(report), &response);
-  return status.ok() ? absl::OkStatus() : FleetError("Report", status);
+  return status.ok() ? absl::OkStatus() : tracked.Error("Report", status);
 }
 
 absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const absl::Status& reason,
                                     uint64_t submission, int fleet_rank, uint64_t incarnation) {
   grpc::ClientContext context;
   SetFailFastDeadline(context, kControlTimeout);
+  Tracked tracked(*this, context);
   fleet::v1::AbortRequest request;
   *request.mutable_key() = GroupKeyToProto(key);
   request.set_trainer_rank(trainer_rank);
@@ -181,7 +221,7 @@ absl::Status RemoteLogSource::Abort(const GroupKey& key, int trainer_rank, const
   request.set_incarnation(incarnation);
   fleet::v1::AbortResponse response;
   grpc::Status status = stub_->Abort(&context, request, &response);
-  return status.ok() ? absl::OkStatus() : FleetError("Abort", status);
+  return status.ok() ? absl::OkStatus() : tracked.Error("Abort", status);
 }
 
 absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& reader, int64_t from,
@@ -190,6 +230,7 @@ absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& r
   // A short margin: the executor polls continuously and must notice a dead coordinator (and its
   // own shutdown) within a few seconds.
   SetFailFastDeadline(context, std::min(timeout, kMaxPoll) + absl::Seconds(2));
+  Tracked tracked(*this, context);
   fleet::v1::ReadLogRequest request;
   request.set_reader(reader.rank);
   request.set_epoch(reader.epoch);
@@ -207,7 +248,7 @@ absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& r
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   fleet::v1::ReadLogResponse response;
   grpc::Status status = stub_->ReadLog(&context, request, &response);
-  if (!status.ok()) return FleetError("ReadLog", status);
+  if (!status.ok()) return tracked.Error("ReadLog", status);
   std::vector<LogEntry> entries;
   for (const std::string& bytes : response.entries()) {
     fleet::v1::LogEntry p;

@@ -6,6 +6,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "orthoserve/fleet/v1/fleet.grpc.pb.h"
 #include "server/collective/store.h"
 #include "server/fleet/wire/fleet_tls.h"
@@ -35,10 +38,13 @@ class GrpcStore final : public Store {
 
 // Calls fail fast (no waiting for a connection) and are bounded: membership and step calls
 // by a few seconds, a log read by its timeout plus a margin, so a dead coordinator is noticed
-// within seconds and no caller blocks for long.
+// within seconds and no caller blocks for long. CancelAll ends the calls in flight, and fails
+// every later one, with UNAVAILABLE: the coordinator is somewhere else now (LeaderLink).
 class RemoteLogSource final : public LogSource {
  public:
   explicit RemoteLogSource(std::shared_ptr<grpc::Channel> channel);
+  ~RemoteLogSource() override;
+  void CancelAll();
   absl::StatusOr<Joined> Join(const Member& me) override;
   absl::Status Leave(int rank, uint64_t incarnation, uint64_t epoch) override;
   absl::Status Report(const ReadyReport& report) override;
@@ -47,7 +53,12 @@ class RemoteLogSource final : public LogSource {
   absl::StatusOr<std::vector<LogEntry>> Read(const ReaderState& reader, int64_t from, absl::Duration timeout) override;
 
  private:
+  class Tracked;  // One call's context, registered for CancelAll while the call runs.
+
   std::unique_ptr<fleet::v1::Fleet::Stub> stub_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace orthoserve

@@ -15,18 +15,21 @@ struct LeaderLink::Target {
   int rank = -1;
   std::string address;
   std::shared_ptr<const CoordinatorSeat> seat;  // Local only.
+  RemoteLogSource* remote = nullptr;            // Remote only: `log`.
   std::unique_ptr<LogSource> log;
   std::shared_ptr<Store> store;
 };
 
-void LeaderLink::Targets::Follow(std::shared_ptr<const Target> target) {
+std::shared_ptr<const LeaderLink::Target> LeaderLink::Targets::Follow(std::shared_ptr<const Target> target) {
   absl::MutexLock lock(&mu_);
   if (target_ != nullptr) {
-    if (target->term < target_->term) return;
+    if (target->term < target_->term) return nullptr;
     // The same term again only to switch a remote target to this process's own seat.
-    if (target->term == target_->term && (target->seat == nullptr || target_->seat != nullptr)) return;
+    if (target->term == target_->term && (target->seat == nullptr || target_->seat != nullptr)) return nullptr;
   }
+  std::shared_ptr<const Target> old = std::move(target_);
   target_ = std::move(target);
+  return old;
 }
 
 absl::StatusOr<std::shared_ptr<const LeaderLink::Target>> LeaderLink::Targets::Current() const {
@@ -47,10 +50,15 @@ void LeaderLink::Follow(int64_t term, int rank, const std::string& address,
     target->store = local->store;
   } else {
     std::shared_ptr<grpc::Channel> channel = MakeFleetChannel(address, tls_, rank);
-    target->log = std::make_unique<RemoteLogSource>(channel);
+    auto remote = std::make_unique<RemoteLogSource>(channel);
+    target->remote = remote.get();
+    target->log = std::move(remote);
     target->store = std::make_shared<GrpcStore>(channel);
   }
-  targets_->Follow(std::move(target));
+  // Calls still waiting on the old coordinator (a log read, a report to one that stopped) end
+  // now rather than at their deadlines: the caller tries the new one.
+  std::shared_ptr<const Target> old = targets_->Follow(std::move(target));
+  if (old != nullptr && old->remote != nullptr) old->remote->CancelAll();
 }
 
 int64_t LeaderLink::term() const {

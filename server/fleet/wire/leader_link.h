@@ -51,7 +51,8 @@ class LeaderLink {
   // outlive a generation (and this link) may still hold.
   class Targets {
    public:
-    void Follow(std::shared_ptr<const Target> target) ABSL_LOCKS_EXCLUDED(mu_);
+    // Puts `target` in force unless the rule above refuses it; returns the target it replaced.
+    std::shared_ptr<const Target> Follow(std::shared_ptr<const Target> target) ABSL_LOCKS_EXCLUDED(mu_);
     // The target in force, or UNAVAILABLE when no coordinator is known yet.
     absl::StatusOr<std::shared_ptr<const Target>> Current() const ABSL_LOCKS_EXCLUDED(mu_);
 

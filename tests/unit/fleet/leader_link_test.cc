@@ -4,9 +4,12 @@
 // the term's own.
 #include "server/fleet/wire/leader_link.h"
 
+#include <future>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/collective/in_memory_store.h"
 #include "server/fleet/logic/coordinator.h"
@@ -92,6 +95,42 @@ TEST(LeaderLinkTest, TheSameTermSwitchesToThisProcessesOwnSeatOnly) {
   // keeps the seat in process.
   link.Follow(4, 1, "127.0.0.1:6001", nullptr);
   EXPECT_THAT(link.store()->Get("mine", absl::Milliseconds(20)), ::orthoserve::testing::IsOkAndHolds("1"));
+}
+
+}  // namespace
+}  // namespace orthoserve
+
+namespace orthoserve {
+namespace {
+
+// A remote coordinator (a real fleet service on 127.0.0.1:0): a member's log read waiting on it
+// ends at once when etcd names the next term, instead of at the read's deadline.
+TEST(LeaderLinkTest, ACallWaitingOnTheOldCoordinatorEndsWhenTheTermMoves) {
+  auto seat = Seat(5);
+  FleetService service(seat->store.get(), seat->coordinator.get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+
+  LeaderLink link(nullptr);
+  link.Follow(5, 0, absl::StrCat("127.0.0.1:", port), nullptr);
+  absl::StatusOr<LogSource::Joined> joined = link.log().Join(Me());
+  ASSERT_OK(joined);
+  // Nothing will be appended: the read waits its whole long poll (5 s) unless it is ended.
+  const absl::Time start = absl::Now();
+  auto read = std::async(std::launch::async, [&] {
+    return link.log().Read(Reader(5), joined->log_from + 1000, absl::Seconds(5));
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  link.Follow(6, 1, "127.0.0.1:1", Seat(6));
+  absl::StatusOr<std::vector<LogEntry>> entries = read.get();
+  EXPECT_THAT(entries, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the coordinator moved")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  seat->coordinator->Shutdown();
+  server->Shutdown();
 }
 
 }  // namespace
