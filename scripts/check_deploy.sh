@@ -21,7 +21,8 @@ build_dir=${ORTHOSERVE_BUILD_DIR:-build}
 # the newest schema kubernetes-validate bundles.
 k8s_versions=(1.32.0 1.37.0)
 # Kustomizations to render, relative to deploy/k8s.
-kustomizations=(base overlays/cpu overlays/gpu examples/cells examples/tls examples/monitoring examples/fleet-tls-cert-manager)
+kustomizations=(base overlays/cpu overlays/gpu examples/cells examples/tls examples/monitoring examples/fleet-tls-cert-manager
+  examples/etcd examples/etcd-external)
 
 work=$(mktemp -d)
 server_pids=()
@@ -129,6 +130,13 @@ for k in "${kustomizations[@]}"; do
   fi
 done
 
+# The elected coordinator's examples: ORTHOSERVE_MEMBERSHIP etcd://..., no ORTHOSERVE_COORDINATOR,
+# egress to every etcd endpoint; components/etcd ships a 3-member etcd StatefulSet, etcd-external none.
+check "examples/etcd: elected coordinator, in-cluster etcd of 3 members" \
+  "$py" "${checks[0]}" etcd "$work/render/examples_etcd.yaml" --members 3
+check "examples/etcd-external: elected coordinator, an etcd elsewhere by address" \
+  "$py" "${checks[0]}" etcd "$work/render/examples_etcd-external.yaml" --external
+
 # Each checker passes on the real files and fails on broken copies (uses the renders above).
 check "checker self-tests (tests/deploy/test_deploy_checks.py)" \
   env RENDER_DIR="$work/render" "$py" tests/deploy/test_deploy_checks.py
@@ -165,7 +173,7 @@ config_dry_run() {
   done <"$env_file"
   # shellcheck disable=SC2086  # args are the container's args, word-split on purpose
   if env -i PATH="$PATH" "${vars[@]}" "$orthoserve" $args --check-config >"$work/check-config.out" 2>&1; then
-    grep -E -- '^--(rank|world|coordinator|advertise-address) ' "$work/check-config.out" | tr '\n' ' '
+    grep -E -- '^--(rank|world|coordinator|membership|advertise-address) ' "$work/check-config.out" | tr '\n' ' '
     echo
     tail -1 "$work/check-config.out"
   else

@@ -296,6 +296,18 @@ def duration_seconds(text):
     return total
 
 
+def fleet_statefulsets(objs):
+    """The fleets of a render: StatefulSets with an orthoserve container (not, say, components/etcd's)."""
+    return [o for o in objs if o["kind"] == "StatefulSet"
+            and any(c["name"] == "orthoserve" for c in o["spec"]["template"]["spec"]["containers"])]
+
+
+def etcd_statefulsets(objs):
+    """StatefulSets running etcd (components/etcd): a container named etcd."""
+    return [o for o in objs if o["kind"] == "StatefulSet"
+            and any(c["name"] == "etcd" for c in o["spec"]["template"]["spec"]["containers"])]
+
+
 def container(sts, name="orthoserve"):
     for c in sts["spec"]["template"]["spec"]["containers"]:
         if c["name"] == name:
@@ -385,8 +397,14 @@ def check_statefulset(objs, sts):
         fleet_port = int(cm.get("ORTHOSERVE_FLEET_LISTEN", ":50061").rsplit(":", 1)[1])
         expect(any(p["port"] == fleet_port for p in svc.get("ports", [])),
                f"Service {spec['serviceName']} does not expose the fleet port {fleet_port}")
-    expect(f"{name}-0.{spec.get('serviceName')}." in pod_env(objs, sts, 1, "ns").get("ORTHOSERVE_COORDINATOR", ""),
-           "ORTHOSERVE_COORDINATOR must name pod 0 through the headless Service")
+    env1 = pod_env(objs, sts, 1, "ns")
+    membership = env1.get("ORTHOSERVE_MEMBERSHIP", "static")
+    if membership.startswith("etcd://"):
+        errors += [f"{where}: {e}" for e in check_etcd_membership(objs, sts, env1)]
+    else:
+        expect(membership == "static", f"ORTHOSERVE_MEMBERSHIP {membership!r} is neither static nor etcd://...")
+        expect(f"{name}-0.{spec.get('serviceName')}." in env1.get("ORTHOSERVE_COORDINATOR", ""),
+               "ORTHOSERVE_COORDINATOR must name pod 0 through the headless Service")
 
     fleet_port = int(cm.get("ORTHOSERVE_FLEET_LISTEN", ":50061").rsplit(":", 1)[1])
     # Graceful termination: preStop, then SIGTERM: the drain (up to ORTHOSERVE_DRAIN_TIMEOUT), the
@@ -443,7 +461,8 @@ def check_statefulset(objs, sts):
     for key, value in cm.items():
         if key.endswith("_FILE") or key in ("ORTHOSERVE_TLS_CERT", "ORTHOSERVE_TLS_KEY", "ORTHOSERVE_TLS_CLIENT_CA",
                                             "ORTHOSERVE_FLEET_TLS_CERT", "ORTHOSERVE_FLEET_TLS_KEY",
-                                            "ORTHOSERVE_FLEET_TLS_CA"):
+                                            "ORTHOSERVE_FLEET_TLS_CA", "ORTHOSERVE_ETCD_TLS_CA",
+                                            "ORTHOSERVE_ETCD_TLS_CERT", "ORTHOSERVE_ETCD_TLS_KEY"):
             expect(any(value.startswith(m["mountPath"].rstrip("/") + "/") for m in c.get("volumeMounts", [])),
                    f"{key}={value} is on no mounted volume")
     if cm.get("ORTHOSERVE_BACKEND") == "cuda":
@@ -478,7 +497,11 @@ def check_statefulset(objs, sts):
                            f"NetworkPolicy {pol['metadata']['name']} lets the fleet pods reach any address")
                 elif peer.get("podSelector") and not peer.get("namespaceSelector"):
                     own = own or selects(peer["podSelector"].get("matchLabels"), labels)
-                    expect(selects(peer["podSelector"].get("matchLabels"), labels),
+                    # The one other pods the fleet may reach: components/etcd's members, on their client port.
+                    to_etcd = bool(ports) and any(
+                        selects(peer["podSelector"].get("matchLabels"), e["spec"]["template"]["metadata"]["labels"])
+                        and ports <= {(etcd_client_port(e), "TCP")} for e in etcd_statefulsets(objs))
+                    expect(selects(peer["podSelector"].get("matchLabels"), labels) or to_etcd,
                            f"NetworkPolicy {pol['metadata']['name']} lets the fleet pods reach pods outside the fleet")
                 else:
                     expect(bool(ports) and all(port == 53 for port, _ in ports),
@@ -516,7 +539,7 @@ def check_statefulset(objs, sts):
     mons = [o for o in objs if o["kind"] == "ServiceMonitor"]
     expect(not mons or (any(selects(m["spec"]["selector"].get("matchLabels"), svcs[0]["metadata"].get("labels", {}))
                for m in mons) if svcs else False), "no ServiceMonitor selects the headless Service")
-    other_cells = [s for s in objs if s["kind"] == "StatefulSet" and s is not sts]
+    other_cells = [s for s in fleet_statefulsets(objs) if s is not sts]
     for m in mons:
         sel = m["spec"]["selector"].get("matchLabels")
         if svcs and selects(sel, svcs[0]["metadata"].get("labels", {})):
@@ -525,6 +548,118 @@ def check_statefulset(objs, sts):
                 expect(not (other and selects(sel, other[0]["metadata"].get("labels", {}))),
                        f"ServiceMonitor {m['metadata']['name']} also selects {o['metadata']['name']}'s Service")
     return errors
+
+
+def etcd_client_port(sts):
+    """The client port of an etcd StatefulSet (its container port named client; 2379 by default)."""
+    ports = container(sts, "etcd").get("ports", [])
+    return next((p["containerPort"] for p in ports if p.get("name") == "client"), 2379)
+
+
+def parse_etcd_membership(value):
+    """(["host:port", ...], prefix) of etcd://HOST:PORT[,HOST:PORT...]/PREFIX."""
+    rest = value[len("etcd://"):]
+    hosts, slash, prefix = rest.partition("/")
+    return [h for h in hosts.split(",") if h], slash + prefix
+
+
+def egress_reaches(objs, fleet_labels, host, port):
+    """Whether some NetworkPolicy over the fleet's pods lets them reach HOST:PORT (an IP in an
+    ipBlock, or the pods of an etcd StatefulSet whose pod name HOST is)."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    for pol in objs:
+        if pol["kind"] != "NetworkPolicy" or not selects(pol["spec"]["podSelector"].get("matchLabels"), fleet_labels):
+            continue
+        for rule in pol["spec"].get("egress", []):
+            ports = {p.get("port") for p in rule.get("ports", [])}
+            if rule.get("ports") and port not in ports:
+                continue
+            for peer in rule.get("to", []):
+                if ip is not None and "ipBlock" in peer:
+                    block = peer["ipBlock"]
+                    if ip in ipaddress.ip_network(block["cidr"], strict=False) and not any(
+                            ip in ipaddress.ip_network(x, strict=False) for x in block.get("except", [])):
+                        return True
+                elif ip is None and peer.get("podSelector") and not peer.get("namespaceSelector"):
+                    for e in etcd_statefulsets(objs):
+                        pod = host.split(".")[0]
+                        if (pod.rsplit("-", 1)[0] == e["metadata"]["name"]
+                                and selects(peer["podSelector"].get("matchLabels"),
+                                            e["spec"]["template"]["metadata"]["labels"])):
+                            return True
+    return False
+
+
+def check_etcd_membership(objs, sts, env):
+    """A fleet with --membership etcd://: no ORTHOSERVE_COORDINATOR (the server refuses both), a
+    prefix, and every endpoint reachable through the fleet's egress rules; with an etcd StatefulSet
+    in the render (components/etcd), the endpoints are exactly its members, by their stable names
+    under its headless Service, on its client port."""
+    errors = []
+    membership = env["ORTHOSERVE_MEMBERSHIP"]
+    labels = sts["spec"]["template"]["metadata"].get("labels", {})
+    if "ORTHOSERVE_COORDINATOR" in env:
+        errors.append("ORTHOSERVE_MEMBERSHIP is etcd:// but ORTHOSERVE_COORDINATOR is set (the server refuses both; "
+                      "components/etcd removes it)")
+    endpoints, prefix = parse_etcd_membership(membership)
+    if not endpoints or len(prefix) < 2:
+        errors.append(f"ORTHOSERVE_MEMBERSHIP {membership!r} is not etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+        return errors
+    for e in etcd_statefulsets(objs):
+        name, svc, port = e["metadata"]["name"], e["spec"].get("serviceName"), etcd_client_port(e)
+        want = [f"{name}-{i}.{svc}:{port}" for i in range(int(e["spec"].get("replicas", 1)))]
+        if endpoints != want:
+            errors.append(f"ORTHOSERVE_MEMBERSHIP lists {endpoints}, not the members of etcd StatefulSet {name}: {want}")
+        svcs = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == svc]
+        if not svcs or svcs[0]["spec"].get("clusterIP") != "None" or svcs[0]["spec"].get("publishNotReadyAddresses") \
+                is not True:
+            errors.append(f"etcd StatefulSet {name} needs its headless Service {svc} with publishNotReadyAddresses")
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        if not egress_reaches(objs, labels, host, int(port)):
+            errors.append(f"no egress rule lets the fleet pods reach etcd at {endpoint}")
+    return errors
+
+
+def check_etcd_example(path, members, external):
+    """The etcd examples: every fleet elects its coordinator in etcd; with MEMBERS, the render ships
+    an etcd StatefulSet of that many replicas; with EXTERNAL, it ships none (etcd runs elsewhere)."""
+    objs = load_objects(path)
+    fleets, etcds = fleet_statefulsets(objs), etcd_statefulsets(objs)
+    errors = []
+    if not fleets:
+        errors.append("no fleet StatefulSet")
+    for sts in fleets:
+        env = pod_env(objs, sts, 0, EXAMPLE_NAMESPACE)
+        membership = env.get("ORTHOSERVE_MEMBERSHIP", "")
+        where = f"StatefulSet {sts['metadata']['name']}"
+        if not membership.startswith("etcd://"):
+            errors.append(f"{where}: ORTHOSERVE_MEMBERSHIP is {membership!r}, not etcd://...")
+            continue
+        errors += [f"{where}: {e}" for e in check_etcd_membership(objs, sts, env)]
+        print(f"{where}: ORTHOSERVE_MEMBERSHIP={membership}; no ORTHOSERVE_COORDINATOR; egress to every endpoint")
+    if external and etcds:
+        errors.append(f"etcd runs elsewhere but the render has etcd StatefulSet(s) {[e['metadata']['name'] for e in etcds]}")
+    if members:
+        if len(etcds) != 1:
+            errors.append(f"want one etcd StatefulSet, the render has {len(etcds)}")
+        for e in etcds:
+            replicas = int(e["spec"].get("replicas", 1))
+            if replicas != members:
+                errors.append(f"etcd StatefulSet {e['metadata']['name']} has {replicas} replicas, want {members}")
+            env = {x["name"]: x.get("value", "") for x in container(e, "etcd").get("env", [])}
+            named = env.get("ETCD_INITIAL_CLUSTER", "").count("=")
+            if named != replicas:
+                errors.append(f"etcd StatefulSet {e['metadata']['name']}: ETCD_INITIAL_CLUSTER names {named} members, "
+                              f"replicas is {replicas}")
+            else:
+                print(f"etcd StatefulSet {e['metadata']['name']}: {replicas} replicas, all in ETCD_INITIAL_CLUSTER")
+    if errors:
+        raise CheckError("\n".join(f"{path}: {e}" for e in errors))
 
 
 # The namespace the examples are applied to (`kubectl apply -k ... -n orthoserve`): certificates
@@ -647,7 +782,7 @@ def check_servicemonitor(mon):
 def check_rendered(path):
     objs = load_objects(path)
     errors = []
-    stss = [o for o in objs if o["kind"] == "StatefulSet"]
+    stss = fleet_statefulsets(objs)
     if not stss:
         errors.append("no StatefulSet")
     for sts in stss:
@@ -659,7 +794,7 @@ def check_rendered(path):
 
 def print_pod_env(path, statefulset, index, namespace):
     objs = load_objects(path)
-    stss = [o for o in objs if o["kind"] == "StatefulSet" and (not statefulset or o["metadata"]["name"] == statefulset)]
+    stss = [o for o in fleet_statefulsets(objs) if not statefulset or o["metadata"]["name"] == statefulset]
     if not stss:
         raise CheckError(f"{path}: no StatefulSet {statefulset!r}")
     sts = stss[0]
@@ -724,8 +859,8 @@ def split_rendered(path, builtin_out, crd_out):
 
 def print_probe_command(path, statefulset, probe):
     """Prints an exec probe's command as one shell script (the `sh -c` script itself if it is one)."""
-    sts = next((o for o in load_objects(path) if o["kind"] == "StatefulSet"
-                and (not statefulset or o["metadata"]["name"] == statefulset)), None)
+    sts = next((o for o in fleet_statefulsets(load_objects(path))
+                if not statefulset or o["metadata"]["name"] == statefulset), None)
     if sts is None:
         raise CheckError(f"{path}: no StatefulSet {statefulset!r}")
     cmd = container(sts).get(probe, {}).get("exec", {}).get("command")
@@ -757,9 +892,8 @@ def print_dockerfile_run(dockerfile, stage, needle):
 
 
 def list_statefulsets(path):
-    for o in load_objects(path):
-        if o["kind"] == "StatefulSet":
-            print(o["metadata"]["name"], o["spec"].get("replicas", 1))
+    for o in fleet_statefulsets(load_objects(path)):
+        print(o["metadata"]["name"], o["spec"].get("replicas", 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -995,7 +1129,11 @@ def main(argv):
     p.add_argument("dockerfile")
     p.add_argument("stage")
     p.add_argument("needle")
-    p = sub.add_parser("statefulsets", help="list the StatefulSets of a render with their replicas")
+    p = sub.add_parser("etcd", help="an etcd example: every fleet elects its coordinator in etcd")
+    p.add_argument("file")
+    p.add_argument("--members", type=int, default=0, help="the render ships an etcd StatefulSet of this size")
+    p.add_argument("--external", action="store_true", help="the render ships no etcd (it runs elsewhere)")
+    p = sub.add_parser("statefulsets", help="list the fleet StatefulSets of a render with their replicas")
     p.add_argument("file")
     p = sub.add_parser("dockerfile-readme", help="the Dockerfile builds exactly as the README does")
     p.add_argument("dockerfile")
@@ -1026,6 +1164,8 @@ def main(argv):
             write_npy(a.path, a.rows, a.cols)
         elif a.cmd == "dockerfile-run":
             print_dockerfile_run(a.dockerfile, a.stage, a.needle)
+        elif a.cmd == "etcd":
+            check_etcd_example(a.file, a.members, a.external)
         elif a.cmd == "statefulsets":
             list_statefulsets(a.file)
         elif a.cmd == "dockerfile-readme":

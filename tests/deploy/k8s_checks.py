@@ -24,6 +24,7 @@ Needs PyYAML (from .venv-deploy) and kubectl (kustomize); everything else is the
 """
 import argparse
 import concurrent.futures
+import copy
 import pathlib
 import re
 import shlex
@@ -43,9 +44,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
 # Every kustomization scripts/check_deploy.sh renders, relative to deploy/k8s.
 KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "examples/cells", "examples/tls", "examples/monitoring",
-                  "examples/fleet-tls-cert-manager"]
+                  "examples/fleet-tls-cert-manager", "examples/etcd", "examples/etcd-external"]
 # Those that must apply on a cluster without the Prometheus Operator's CRDs.
-OPERATOR_FREE = ["base", "overlays/cpu", "overlays/gpu", "examples/tls"]
+OPERATOR_FREE = ["base", "overlays/cpu", "overlays/gpu", "examples/tls", "examples/etcd", "examples/etcd-external"]
 MONITORING_COMPONENT = "components/monitoring"
 MONITORING_GROUP = "monitoring.coreos.com"
 HOSTNAME = "kubernetes.io/hostname"
@@ -95,7 +96,8 @@ def render_all(kubectl, k8s_dir, names):
 
 
 def statefulsets(objs):
-    return [o for o in objs if o.get("kind") == "StatefulSet"]
+    """The fleets of a render (components/etcd's etcd StatefulSet is none)."""
+    return dc.fleet_statefulsets(objs)
 
 
 def pod_spec(sts):
@@ -434,14 +436,22 @@ def check_world_follows(kubectl, k8s_dir=K8S, bump=3, new_size=5):
                 continue
             overlay = tree / "_checks" / ("size-" + name.replace("/", "-"))
             overlay.mkdir(parents=True)
+            # A render with another StatefulSet (components/etcd's) needs the source named: the
+            # fleet's (docs/operations.md, "Elected coordinator (etcd)").
+            named = len([o for o in objs if o.get("kind") == "StatefulSet"]) > 1
+            replacements = copy.deepcopy(block)
+            if named:
+                for r in replacements:
+                    r["source"]["name"] = stss[0]["metadata"]["name"]
             (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
                 "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                 "resources": [f"../../{name}"],
                 "replicas": [{"name": stss[0]["metadata"]["name"], "count": new_size}],
-                "replacements": block}, sort_keys=False))
+                "replacements": replacements}, sort_keys=False))
             objs = render(kubectl, overlay)
             sts = statefulsets(objs)[0]
-            where = f"{name} + an overlay setting replicas {new_size} with base's replacement"
+            where = (f"{name} + an overlay setting replicas {new_size} with base's replacement"
+                     + (f" (source named {stss[0]['metadata']['name']})" if named else ""))
             if sts["spec"].get("replicas") != new_size or world_of(objs, sts) != str(new_size):
                 errors.append(f"{where}: replicas {sts['spec'].get('replicas')}, ORTHOSERVE_WORLD "
                               f"{world_of(objs, sts)!r}")

@@ -332,6 +332,50 @@ class RenderedTest(TempDir):
         with self.assertRaisesRegex(dc.CheckError, "plaintext gRPC probe but the port is under TLS"):
             self.check(objs)
 
+    def test_elected_coordinator_in_cluster_etcd(self):
+        objs = dc.load_objects(RENDER_DIR / "examples_etcd.yaml")
+        path = self.write("ok.yaml", yaml.safe_dump_all(objs))
+        dc.check_rendered(path)
+        dc.check_etcd_example(path, 3, False)
+        with self.assertRaisesRegex(dc.CheckError, "has 3 replicas, want 5"):
+            dc.check_etcd_example(path, 5, False)
+        with self.assertRaisesRegex(dc.CheckError, "the render has etcd StatefulSet"):
+            dc.check_etcd_example(path, 0, True)
+        broken = copy.deepcopy(objs)  # The base's coordinator left in place.
+        dc.container(self.sts(broken, "orthoserve"))["env"].append({"name": "ORTHOSERVE_COORDINATOR", "value": "x:1"})
+        with self.assertRaisesRegex(dc.CheckError, "ORTHOSERVE_COORDINATOR is set"):
+            self.check(broken)
+        broken = copy.deepcopy(objs)  # No egress to etcd's client port.
+        pol = next(o for o in broken if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "orthoserve")
+        pol["spec"]["egress"] = [r for r in pol["spec"]["egress"]
+                                 if {p.get("port") for p in r.get("ports", [])} != {2379}]
+        with self.assertRaisesRegex(dc.CheckError, "no egress rule lets the fleet pods reach etcd at orthoserve-etcd-0"):
+            self.check(broken)
+        broken = copy.deepcopy(objs)  # Egress to etcd's pods on their peer port as well: outside the fleet.
+        pol = next(o for o in broken if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "orthoserve")
+        next(r for r in pol["spec"]["egress"] if {p.get("port") for p in r.get("ports", [])} == {2379})["ports"].append(
+            {"port": 2380, "protocol": "TCP"})
+        with self.assertRaisesRegex(dc.CheckError, "reach pods outside the fleet"):
+            self.check(broken)
+        broken = copy.deepcopy(objs)  # Membership naming other hosts than the etcd StatefulSet's pods.
+        cm = next(o for o in broken if o["kind"] == "ConfigMap" and "ORTHOSERVE_MEMBERSHIP" in o.get("data", {}))
+        cm["data"]["ORTHOSERVE_MEMBERSHIP"] = "etcd://orthoserve-etcd-0.orthoserve-etcd:2379/orthoserve/orthoserve"
+        with self.assertRaisesRegex(dc.CheckError, "not the members of etcd StatefulSet orthoserve-etcd"):
+            self.check(broken)
+
+    def test_elected_coordinator_in_external_etcd(self):
+        objs = dc.load_objects(RENDER_DIR / "examples_etcd-external.yaml")
+        path = self.write("ok.yaml", yaml.safe_dump_all(objs))
+        dc.check_rendered(path)
+        dc.check_etcd_example(path, 0, True)
+        cm = next(o for o in objs if o["kind"] == "ConfigMap" and "ORTHOSERVE_MEMBERSHIP" in o.get("data", {}))
+        cm["data"]["ORTHOSERVE_MEMBERSHIP"] = "etcd://10.20.0.11:2379,10.30.0.9:2379/orthoserve/x"
+        with self.assertRaisesRegex(dc.CheckError, "no egress rule lets the fleet pods reach etcd at 10.30.0.9:2379"):
+            self.check(objs)
+        cm["data"]["ORTHOSERVE_MEMBERSHIP"] = "static"
+        with self.assertRaisesRegex(dc.CheckError, "not etcd://"):
+            dc.check_etcd_example(self.write("static.yaml", yaml.safe_dump_all(objs)), 0, True)
+
     def test_cuda_without_gpu_limit_fails(self):
         objs = dc.load_objects(RENDER_DIR / "overlays_gpu.yaml")
         dc.check_rendered(self.write("ok.yaml", yaml.safe_dump_all(objs)))
