@@ -103,6 +103,7 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   info->set_auth_required(state_->auth->required());
   info->set_ready(fleet_->ready() && !state_->draining.load());
   info->set_fleet_generation(fleet_->generation());
+  info->set_shm_socket(state_->options.shm_socket);
   return grpc::Status::OK;
 }
 

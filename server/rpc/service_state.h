@@ -48,6 +48,7 @@ struct ServiceOptions {
   // Reused stream buffers; max_idle_bytes is capped at admission.max_inflight_bytes.
   BufferPool::Options buffers;
   std::string version;
+  std::string shm_socket;  // The shared-memory handover socket (--shm-socket), reported in GetServerInfo.
 };
 
 struct ServiceState {
