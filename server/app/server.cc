@@ -308,7 +308,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));
   server->service_ = std::make_unique<OrthogonalizerService>(o.service, server->backend_.get(), server->fleet_.get(),
                                                              server->metrics_.get(), server->auth_.get(),
-                                                             server->compute_.get());
+                                                             server->compute_.get(), server->shm_registry_.get());
   builder.RegisterService(server->service_.get());
   builder.RegisterCallbackGenericService(server->service_->generic_service());
   builder.RegisterService(server->shm_service_.get());

@@ -131,6 +131,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                                  "refused_memfd (not a sealed, read-write memfd of an accepted size), exhausted "
                                  "(too many waiting).")
                            .Register(r);
+  m->shm_matrices_ = &prometheus::BuildCounter()
+                          .Name("orthoserve_shm_matrices_total")
+                          .Help("Matrices whose input or result (direction: input, result) was a shared-memory "
+                                "region's slice, read or written in place.")
+                          .Register(r);
   m->rendezvous_timeouts_ = &prometheus::BuildCounter()
                                  .Name("orthoserve_rendezvous_timeouts_total")
                                  .Help("Group steps whose trainer ranks did not all arrive in time.")
@@ -269,6 +274,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) m->steps_retried_->Add({{"method", method}});
   for (const char* where : {"here", "peer", "fallback"}) m->lone_matrices_->Add({{"where", where}});
   for (const char* outcome : kShmHandoverOutcomes) m->shm_handovers_->Add({{"outcome", outcome}});
+  for (const char* direction : {"input", "result"}) m->shm_matrices_->Add({{"direction", direction}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
   for (const char* direction : {"h2d", "d2h", "d2d"}) {
@@ -342,6 +348,10 @@ void Metrics::ShmRegions(int64_t regions, int64_t bytes) {
 
 void Metrics::ShmHandover(absl::string_view outcome) {
   shm_handovers_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void Metrics::ShmMatrix(absl::string_view direction) {
+  shm_matrices_->Add({{"direction", std::string(direction)}}).Increment();
 }
 
 void Metrics::RendezvousTimeout() { rendezvous_timeouts_->Increment(); }

@@ -160,6 +160,9 @@ class Metrics {
   // over on the socket, by outcome (one of kShmHandoverOutcomes).
   void ShmRegions(int64_t regions, int64_t bytes);
   void ShmHandover(absl::string_view outcome);
+  // A matrix whose input or result (`direction`: "input", "result") is a region's slice, read or
+  // written in place (orthoserve_shm_matrices_total{direction}).
+  void ShmMatrix(absl::string_view direction);
 
   prometheus::Gauge& inflight_requests() { return *inflight_requests_; }
   prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
@@ -218,6 +221,7 @@ class Metrics {
   prometheus::Gauge* shm_regions_ = nullptr;
   prometheus::Gauge* shm_region_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_handovers_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shm_matrices_ = nullptr;
   prometheus::Counter* rendezvous_timeouts_ = nullptr;
   prometheus::Gauge* inflight_requests_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;

@@ -15,6 +15,7 @@
 #include "server/rpc/admission.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/progress_watchdog.h"
+#include "server/shm/region_registry.h"
 #include "server/step/step.h"
 
 namespace orthoserve {
@@ -71,6 +72,8 @@ struct ServiceState {
   ProgressWatchdog watchdog;
   std::atomic<bool> draining{false};
   std::atomic<int> inflight{0};  // Calls in progress.
+  // Shared-memory regions (not owned; outlives the service), or null when they are off.
+  RegionRegistry* regions = nullptr;
 };
 
 }  // namespace orthoserve
