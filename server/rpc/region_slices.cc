@@ -19,13 +19,22 @@ struct Leases {
 };
 
 absl::StatusOr<RegionLease> Lease(const RegionRegistry& registry, absl::string_view tenant, const std::string& what,
-                                  const char* field, const v1::RegionSlice& slice, int64_t expected) {
+                                  const char* field, const v1::RegionSlice& slice, int64_t expected, DType dtype) {
   if (slice.size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(what, " ", field, ".size = ", slice.size(), "; it must be ",
                                                    expected, " bytes"));
   }
   absl::StatusOr<RegionLease> lease = registry.Use(tenant, slice.region_id(), slice.offset(), slice.size());
   if (!lease.ok()) return Annotate(lease.status(), absl::StrCat(what, " ", field));
+  // The engine reads and writes elements through typed pointers: a misaligned element is undefined
+  // behaviour (vectorized code may assume the alignment), so it is refused (the region's mapping
+  // starts on a page).
+  const int64_t element = static_cast<int64_t>(ElementSize(dtype));
+  if (slice.offset() % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", field, ".offset = ", slice.offset(),
+                                                   "; it must be a multiple of the element size (", element,
+                                                   " bytes for ", DTypeName(dtype), ")"));
+  }
   return lease;
 }
 
@@ -57,12 +66,14 @@ absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::
   auto leases = std::make_shared<Leases>();
   MatrixMemory memory;
   if (spec.has_input_region()) {
-    ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, what, "input_region", spec.input_region(), parsed.block_bytes));
+    ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, what, "input_region", spec.input_region(), parsed.block_bytes,
+                           parsed.plan.dtype));
     memory.input = leases->input.data();
   }
   if (spec.has_result_region()) {
     ASSIGN_OR_RETURN(leases->result,
-                     Lease(*registry, tenant, what, "result_region", spec.result_region(), ResultBytes(parsed)));
+                     Lease(*registry, tenant, what, "result_region", spec.result_region(), ResultBytes(parsed),
+                           parsed.plan.result_dtype));
     memory.result = leases->result.data();
   }
   memory.owner = std::move(leases);

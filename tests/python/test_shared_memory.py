@@ -94,6 +94,8 @@ def test_a_region_array_must_fit_and_an_out_array_must_be_in_a_region(shm_server
                 region.array((33, 32))  # 4224 bytes.
             with pytest.raises(ValueError, match="do not fit"):
                 region.array((2, 2), offset=4096 - 8)
+            with pytest.raises(ValueError, match="not a multiple"):
+                region.array((2, 2), offset=2)
             g = region.array((4, 4))
             g[...] = np.arange(16, dtype=np.float32).reshape(4, 4)
             with pytest.raises(ValueError, match="not an array of one of this client's open regions"):

@@ -158,6 +158,8 @@ TEST_F(RegionDataTest, BadSlicesAreRefusedWithTheirCodesAndTheServerGoesOn) {
       {Slice(region->id, 0, bytes), Slice(region->id, bytes - 4, bytes), grpc::StatusCode::INVALID_ARGUMENT,
        "overlaps"},
       {Slice(region->id, 64, bytes), Slice(region->id, 0, bytes), grpc::StatusCode::INVALID_ARGUMENT, "overlaps"},
+      {Slice(region->id, 1, bytes), {}, grpc::StatusCode::INVALID_ARGUMENT, "multiple of the element size"},
+      {{}, Slice(region->id, 1024 + 2, bytes), grpc::StatusCode::INVALID_ARGUMENT, "multiple of the element size"},
   };
   for (const Bad& b : bad) {
     v1::MatrixSpec s = spec;

@@ -107,8 +107,8 @@ class Region:
 
     def array(self, shape: Sequence[int], dtype: Any = np.float32, offset: Optional[int] = None) -> np.ndarray:
         """A C-contiguous numpy array of `shape` and `dtype` (float32 or float16) backed by the region, at
-        `offset` (default: after the arrays handed out so far, aligned to ALIGNMENT). ValueError when it does
-        not fit."""
+        `offset` (default: after the arrays handed out so far, aligned to ALIGNMENT; the server takes only offsets
+        that are a multiple of the element size). ValueError when it does not fit or is misaligned."""
         dtype = np.dtype(dtype)
         if dtype.name not in ("float32", "float16"):
             raise TypeError(f"orthoserve: region arrays are float32 or float16, not {dtype}")
@@ -118,6 +118,8 @@ class Region:
             if self._map is None:
                 raise ValueError("orthoserve: the region is closed")
             start = (self._next + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if offset is None else int(offset)
+            if start % dtype.itemsize:
+                raise ValueError(f"orthoserve: offset {start} is not a multiple of {dtype}'s {dtype.itemsize} bytes")
             if start < 0 or nbytes < 0 or start > self.size or nbytes > self.size - start:
                 raise ValueError(f"orthoserve: {nbytes} bytes at offset {start} do not fit a region of {self.size}")
             if offset is None:
