@@ -21,8 +21,8 @@ struct Leases {
 absl::StatusOr<RegionLease> Lease(const RegionRegistry& registry, absl::string_view tenant, const std::string& what,
                                   const char* field, const v1::RegionSlice& slice, int64_t expected, DType dtype) {
   if (slice.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", field, ".size = ", slice.size(), "; it must be ",
-                                                   expected, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", field, ".size = ", slice.size(), "; it must be ", expected, " bytes"));
   }
   absl::StatusOr<RegionLease> lease = registry.Use(tenant, slice.region_id(), slice.offset(), slice.size());
   if (!lease.ok()) return Annotate(lease.status(), absl::StrCat(what, " ", field));
@@ -66,14 +66,13 @@ absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::
   auto leases = std::make_shared<Leases>();
   MatrixMemory memory;
   if (spec.has_input_region()) {
-    ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, what, "input_region", spec.input_region(), parsed.block_bytes,
-                           parsed.plan.dtype));
+    ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, what, "input_region", spec.input_region(),
+                                          parsed.block_bytes, parsed.plan.dtype));
     memory.input = leases->input.data();
   }
   if (spec.has_result_region()) {
-    ASSIGN_OR_RETURN(leases->result,
-                     Lease(*registry, tenant, what, "result_region", spec.result_region(), ResultBytes(parsed),
-                           parsed.plan.result_dtype));
+    ASSIGN_OR_RETURN(leases->result, Lease(*registry, tenant, what, "result_region", spec.result_region(),
+                                           ResultBytes(parsed), parsed.plan.result_dtype));
     memory.result = leases->result.data();
   }
   memory.owner = std::move(leases);

@@ -45,8 +45,8 @@ grpc::Status SharedMemoryService::RegisterRegion(grpc::ServerContext* context, c
   absl::StatusOr<RegionInfo> info = registry_->Claim(*tenant, request->ticket(), request->name());
   if (!info.ok()) return ToGrpcStatus(info.status());
   UpdateMetrics();
-  LOG_INFO("shm") << "tenant " << BoundedText(*tenant) << " registered a region of " << info->size
-                  << " bytes from pid " << info->peer.pid;
+  LOG_INFO("shm") << "tenant " << BoundedText(*tenant) << " registered a region of " << info->size << " bytes from pid "
+                  << info->peer.pid;
   ToProto(*info, response);
   return grpc::Status::OK;
 }
@@ -64,8 +64,7 @@ grpc::Status SharedMemoryService::UnregisterRegion(grpc::ServerContext* context,
                                                    v1::UnregisterRegionResponse*) {
   absl::StatusOr<std::string> tenant = Tenant(*context);
   if (!tenant.ok()) return ToGrpcStatus(tenant.status());
-  const absl::Time deadline =
-      std::min(absl::FromChrono(context->deadline()), absl::Now() + unregister_timeout_);
+  const absl::Time deadline = std::min(absl::FromChrono(context->deadline()), absl::Now() + unregister_timeout_);
   absl::Status status = registry_->Unregister(*tenant, request->region_id(), deadline);
   // The region left the registry unless it was not found (even when the wait ran out).
   if (status.code() != absl::StatusCode::kNotFound) UpdateMetrics();

@@ -127,7 +127,12 @@ absl::StatusOr<std::unique_ptr<HandoverSocket>> HandoverSocket::Start(Options op
 
 HandoverSocket::HandoverSocket(Options options, RegionRegistry* registry, int listen_fd, int stop_fd, dev_t dev,
                                ino_t ino)
-    : options_(std::move(options)), registry_(registry), listen_fd_(listen_fd), stop_fd_(stop_fd), dev_(dev), ino_(ino) {}
+    : options_(std::move(options)),
+      registry_(registry),
+      listen_fd_(listen_fd),
+      stop_fd_(stop_fd),
+      dev_(dev),
+      ino_(ino) {}
 
 HandoverSocket::~HandoverSocket() {
   const uint64_t one = 1;
@@ -170,7 +175,8 @@ const char* HandoverSocket::Handle(int conn) {
   }
   if (std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) == options_.peer_uids.end()) {
     LOG_WARNING("shm") << "refused a memfd from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
-    AnswerError(conn, absl::PermissionDeniedError(absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
+    AnswerError(conn, absl::PermissionDeniedError(
+                          absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
     return "refused_peer";
   }
   char byte[16];
@@ -201,13 +207,13 @@ const char* HandoverSocket::Handle(int conn) {
                           "send one message of at least one byte carrying exactly one memfd (SCM_RIGHTS)"));
     return "refused_message";
   }
-  absl::StatusOr<std::unique_ptr<MappedRegion>> region = MappedRegion::Map(fds[0], registry_->options().max_region_bytes);
+  absl::StatusOr<std::unique_ptr<MappedRegion>> region =
+      MappedRegion::Map(fds[0], registry_->options().max_region_bytes);
   if (!region.ok()) {
     AnswerError(conn, region.status());
     return "refused_memfd";
   }
-  absl::StatusOr<std::string> ticket =
-      registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid});
+  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid});
   if (!ticket.ok()) {
     AnswerError(conn, ticket.status());
     return "exhausted";

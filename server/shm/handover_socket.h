@@ -28,10 +28,10 @@ namespace orthoserve {
 class HandoverSocket {
  public:
   struct Options {
-    std::string path;                    // Absolute socket path (at most 107 bytes).
-    std::vector<uid_t> peer_uids;        // Uids that may hand memfds over; empty: the server's own.
-    std::vector<std::string> reserved_paths;  // Files the server uses itself: refused as `path`.
-    mode_t mode = 0660;                  // Permissions of the socket file.
+    std::string path;                                // Absolute socket path (at most 107 bytes).
+    std::vector<uid_t> peer_uids;                    // Uids that may hand memfds over; empty: the server's own.
+    std::vector<std::string> reserved_paths;         // Files the server uses itself: refused as `path`.
+    mode_t mode = 0660;                              // Permissions of the socket file.
     absl::Duration io_timeout = absl::Seconds(2);    // For one connection's message and answer.
     absl::Duration prune_period = absl::Seconds(1);  // How often expired tickets are dropped.
     // Told the outcome of each connection: "staged", "refused_peer", "refused_message",

@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(int fd, int64_t 
   if (fd < 0) return absl::InvalidArgumentError("no file descriptor was passed");
   struct stat st;
   if (fstat(fd, &st) != 0) return absl::InvalidArgumentError(Errno("fstat of the passed descriptor"));
-  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError("the passed descriptor is not a memfd (not a regular file)");
+  if (!S_ISREG(st.st_mode))
+    return absl::InvalidArgumentError("the passed descriptor is not a memfd (not a regular file)");
   // Only memfds (and shmem files made sealable) answer F_GET_SEALS; other files fail with EINVAL.
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
@@ -60,8 +61,8 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(int fd, int64_t 
   const int64_t size = static_cast<int64_t>(st.st_size);
   if (size <= 0) return absl::OutOfRangeError("the memfd is empty: size it (ftruncate) before passing it");
   if (size > max_bytes) {
-    return absl::OutOfRangeError(
-        absl::StrCat("the memfd holds ", size, " bytes; a region may hold at most ", max_bytes, " (--shm-max-region-bytes)"));
+    return absl::OutOfRangeError(absl::StrCat("the memfd holds ", size, " bytes; a region may hold at most ", max_bytes,
+                                              " (--shm-max-region-bytes)"));
   }
   void* data = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) return absl::InternalError(Errno("mmap of the memfd"));

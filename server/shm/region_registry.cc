@@ -129,8 +129,8 @@ absl::StatusOr<RegionLease> RegionRegistry::Use(absl::string_view tenant, absl::
   const int64_t region_size = entry->map->size();
   // offset + size is never formed: each is compared with what is left of the region.
   if (offset < 0 || size < 0 || offset > region_size || size > region_size - offset) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ",
-                                              region_size, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ", region_size, " bytes"));
   }
   {
     absl::MutexLock lock(&entry->mu);
@@ -161,9 +161,9 @@ absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_v
   absl::MutexLock lock(&e->mu);
   auto idle = [e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return e->users == 0; };
   if (!e->mu.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the region was unregistered, but ", e->users,
-        " step(s) still use it at the deadline; its memory is unmapped when they finish"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("the region was unregistered, but ", e->users,
+                     " step(s) still use it at the deadline; its memory is unmapped when they finish"));
   }
   return absl::OkStatus();
 }

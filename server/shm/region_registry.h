@@ -70,11 +70,11 @@ class RegionLease {
 class RegionRegistry {
  public:
   struct Options {
-    int max_regions_per_tenant = 64;               // Registered regions of one tenant.
-    int64_t max_region_bytes = int64_t{64} << 30;   // Largest memfd accepted (MappedRegion::Map).
-    int max_pending = 64;                           // Staged memfds waiting for RegisterRegion.
-    absl::Duration ticket_timeout = absl::Seconds(10);  // How long a staged memfd waits.
-    int max_name_bytes = 1024;                      // Bytes of a region's label.
+    int max_regions_per_tenant = 64;                               // Registered regions of one tenant.
+    int64_t max_region_bytes = int64_t{64} << 30;                  // Largest memfd accepted (MappedRegion::Map).
+    int max_pending = 64;                                          // Staged memfds waiting for RegisterRegion.
+    absl::Duration ticket_timeout = absl::Seconds(10);             // How long a staged memfd waits.
+    int max_name_bytes = 1024;                                     // Bytes of a region's label.
     std::function<absl::Time()> now = [] { return absl::Now(); };  // The clock (tests inject one).
   };
 

@@ -1,7 +1,6 @@
 // HandoverSocket over a real Unix domain socket: what a client may hand over and what is
 // refused, the peer check, and the socket file's clean-up on start and exit.
 #include "server/shm/handover_socket.h"
-#include "server/shm/random_id.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -17,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/shm/random_id.h"
 #include "tests/unit/shm/memfd_util.h"
 #include "tests/util/status_matchers.h"
 

@@ -80,7 +80,8 @@ TEST(MappedRegionTest, RefusesAFileThatIsNotAMemfd) {
 }
 
 TEST(MappedRegionTest, RefusesEmptyTooLargeAndReadOnlyMemfds) {
-  EXPECT_THAT(MappedRegion::Map(MakeMemfd(0).release(), kSize), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("empty")));
+  EXPECT_THAT(MappedRegion::Map(MakeMemfd(0).release(), kSize),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("empty")));
   EXPECT_THAT(MappedRegion::Map(MakeMemfd(kSize + 1).release(), kSize),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("--shm-max-region-bytes")));
   OwnedFd fd = MakeMemfd(kSize);
@@ -191,9 +192,9 @@ TEST(RegionRegistryTest, SlicesOutsideTheRegionAreRefusedWithoutOverflow) {
   const RegionInfo r = Register(registry, "alice");
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
-  const std::pair<int64_t, int64_t> bad[] = {{-1, 1},   {0, -1},       {kSize, 1},    {kSize + 1, 0}, {1, kSize},
-                                             {kMax, 1}, {1, kMax},     {kMax, kMax},  {kMin, 1},      {8, kMin},
-                                             {kSize - 1, 2}, {kMax - 4, 8}};
+  const std::pair<int64_t, int64_t> bad[] = {{-1, 1},    {0, -1},   {kSize, 1},     {kSize + 1, 0},
+                                             {1, kSize}, {kMax, 1}, {1, kMax},      {kMax, kMax},
+                                             {kMin, 1},  {8, kMin}, {kSize - 1, 2}, {kMax - 4, 8}};
   for (const auto& [offset, size] : bad) {
     EXPECT_THAT(registry.Use("alice", r.id, offset, size), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("inside")))
         << offset << " +" << size;
