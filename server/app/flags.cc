@@ -165,6 +165,19 @@ ABSL_FLAG(std::string, tenant_shares, "",
           "Compute shares of tenants, \"NAME=WEIGHT[@PRIORITY],...\": the compute queue serves backlogged tenants in "
           "proportion to WEIGHT (default 1) and a higher PRIORITY class (default 0) first; the jobs of a tenant "
           "share its part equally. Tenants are the token file's names (\"default\" without a token file).");
+ABSL_FLAG(std::string, shm_socket, "",
+          "Absolute path of a Unix domain socket on which clients on this host hand memfds over to register "
+          "shared-memory regions (docs/shared_memory.md). Empty (default): regions are off and every SharedMemory "
+          "call is refused. A stale socket there is removed at start and the socket at exit.");
+ABSL_FLAG(std::string, shm_peer_uids, "",
+          "Comma-separated uids that may hand memfds over on --shm-socket (SO_PEERCRED); empty: the server's own.");
+ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{64} << 30, "Largest memfd registered as a region.");
+ABSL_FLAG(int32_t, shm_max_regions_per_tenant, 64, "Shared-memory regions one tenant may have registered.");
+ABSL_FLAG(int32_t, shm_max_pending, 64, "Memfds handed over and not yet registered, all clients together.");
+ABSL_FLAG(absl::Duration, shm_ticket_timeout, absl::Seconds(10),
+          "How long a handed-over memfd waits for its RegisterRegion before it is dropped.");
+ABSL_FLAG(absl::Duration, shm_unregister_timeout, absl::Seconds(60),
+          "Longest an UnregisterRegion waits for the steps using the region (less when the call's deadline is).");
 ABSL_FLAG(std::string, log_level, "info", "Lowest level logged: debug, info, warning or error.");
 ABSL_FLAG(std::string, log_verbose, "", "Per-subsystem verbosity, e.g. \"rpc=2,fleet=1\".");
 ABSL_FLAG(bool, check_config, false, "Validate the flags and environment, print the configuration and exit.");
@@ -182,7 +195,8 @@ const char* const kFlagNames[] = {
     "fleet_max_log_entry_bytes",
     "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "stream_min_progress_bytes", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
-    "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "log_level", "log_verbose", "check_config"};
+    "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "shm_socket", "shm_peer_uids", "shm_max_region_bytes", "shm_max_regions_per_tenant",
+    "shm_max_pending", "shm_ticket_timeout", "shm_unregister_timeout", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
   FairPool::Shares shares;
@@ -317,6 +331,19 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.fleet_tls.member_name = absl::GetFlag(FLAGS_fleet_tls_member_name);
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.token_reload_interval = absl::GetFlag(FLAGS_token_reload_interval);
+  o.shm.socket = absl::GetFlag(FLAGS_shm_socket);
+  for (absl::string_view uid : absl::StrSplit(absl::GetFlag(FLAGS_shm_peer_uids), ',', absl::SkipWhitespace())) {
+    uint32_t value = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(uid), &value)) {
+      return absl::InvalidArgumentError(absl::StrCat("--shm-peer-uids: \"", uid, "\" is not a uid"));
+    }
+    o.shm.peer_uids.push_back(static_cast<uid_t>(value));
+  }
+  o.shm.max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
+  o.shm.max_regions_per_tenant = absl::GetFlag(FLAGS_shm_max_regions_per_tenant);
+  o.shm.max_pending = absl::GetFlag(FLAGS_shm_max_pending);
+  o.shm.ticket_timeout = absl::GetFlag(FLAGS_shm_ticket_timeout);
+  o.shm.unregister_timeout = absl::GetFlag(FLAGS_shm_unregister_timeout);
 
   LogLevel level;
   RETURN_IF_ERROR(Annotate(ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level), "--log-level"));

@@ -203,6 +203,14 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--token-reload-interval must be >= 0 (0: never read the token file again)");
   }
   if (!o.token_file.empty()) RETURN_IF_ERROR(TokenAuth::FromFile(o.token_file).status());
+  if (!o.shm.socket.empty()) {
+    if (o.shm.max_region_bytes < 1) return absl::InvalidArgumentError("--shm-max-region-bytes must be >= 1");
+    if (o.shm.max_regions_per_tenant < 1) return absl::InvalidArgumentError("--shm-max-regions-per-tenant must be >= 1");
+    if (o.shm.max_pending < 1) return absl::InvalidArgumentError("--shm-max-pending must be >= 1");
+    if (o.shm.ticket_timeout <= absl::ZeroDuration() || o.shm.unregister_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("--shm-ticket-timeout and --shm-unregister-timeout must be > 0");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -249,6 +257,27 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (!o.fleet_tls.ca_file.empty()) m.certificates.emplace_back("fleet_ca", o.fleet_tls.ca_file);
   ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(m));
   server->metrics_->device_memory("budget").Set(static_cast<double>(info.memory_budget_bytes));
+  if (!o.shm.socket.empty()) {
+    RegionRegistry::Options r;
+    r.max_regions_per_tenant = o.shm.max_regions_per_tenant;
+    r.max_region_bytes = o.shm.max_region_bytes;
+    r.max_pending = o.shm.max_pending;
+    r.ticket_timeout = o.shm.ticket_timeout;
+    r.max_name_bytes = o.service.max_name_bytes;
+    server->shm_registry_ = std::make_unique<RegionRegistry>(r);
+    HandoverSocket::Options h;
+    h.path = o.shm.socket;
+    h.peer_uids = o.shm.peer_uids;
+    // The files the server reads itself are never its socket.
+    h.reserved_paths = {o.token_file,         o.tls_cert,          o.tls_key,          o.tls_client_ca,
+                        o.fleet_tls.cert_file, o.fleet_tls.key_file, o.fleet_tls.ca_file};
+    Metrics* metrics = server->metrics_.get();
+    h.observe = [metrics](absl::string_view outcome) { metrics->ShmHandover(outcome); };
+    ASSIGN_OR_RETURN(server->shm_socket_, HandoverSocket::Start(h, server->shm_registry_.get()));
+    o.service.shm_socket = o.shm.socket;
+  }
+  server->shm_service_ = std::make_unique<SharedMemoryService>(server->shm_registry_.get(), server->auth_.get(),
+                                                               server->metrics_.get(), o.shm.unregister_timeout);
 
   // The public port is bound before the fleet forms so that its real port can be advertised.
   grpc::EnableDefaultHealthCheckService(true);
@@ -305,9 +334,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   ASSIGN_OR_RETURN(server->fleet_, Fleet::Create(f));
   server->service_ = std::make_unique<OrthogonalizerService>(o.service, server->backend_.get(), server->fleet_.get(),
                                                              server->metrics_.get(), server->auth_.get(),
-                                                             server->compute_.get());
+                                                             server->compute_.get(), server->shm_registry_.get());
   builder.RegisterService(server->service_.get());
   builder.RegisterCallbackGenericService(server->service_->generic_service());
+  builder.RegisterService(server->shm_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", o.listen, " cannot be bound"));
@@ -407,7 +437,10 @@ void Server::Drain() {
 Server::~Server() {
   Drain();
   server_.reset();
+  shm_socket_.reset();  // Removes the socket file.
+  shm_service_.reset();
   service_.reset();
+  shm_registry_.reset();  // After every step: the regions' memory is unmapped here at the latest.
   fleet_.reset();
   compute_.reset();
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -22,12 +23,26 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/orthogonalizer_service.h"
+#include "server/rpc/shared_memory_service.h"
+#include "server/shm/handover_socket.h"
+#include "server/shm/region_registry.h"
 
 namespace orthoserve {
 
 // Health service name (public port) that is SERVING while this rank is a member of a formed
 // fleet generation.
 extern const char kFleetHealthService[];
+
+// Shared-memory regions (docs/shared_memory.md): off unless `socket` is set.
+struct ShmOptions {
+  std::string socket;                 // --shm-socket: the handover socket's absolute path; empty: regions off.
+  std::vector<uid_t> peer_uids;       // --shm-peer-uids: uids that may hand memfds over; empty: the server's own.
+  int64_t max_region_bytes = int64_t{64} << 30;  // --shm-max-region-bytes: the largest memfd taken.
+  int max_regions_per_tenant = 64;    // --shm-max-regions-per-tenant.
+  int max_pending = 64;               // --shm-max-pending: memfds waiting for RegisterRegion.
+  absl::Duration ticket_timeout = absl::Seconds(10);      // --shm-ticket-timeout.
+  absl::Duration unregister_timeout = absl::Seconds(60);  // --shm-unregister-timeout.
+};
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";      // Public gRPC address.
@@ -66,6 +81,7 @@ struct ServerOptions {
   std::string token_file;     // "TOKEN TENANT" lines; set: every call needs a bearer token.
   absl::Duration token_reload_interval = absl::Seconds(10);  // Token file looked at again (0: never).
   ConnectionOptions connections;  // --grpc-*: keepalive, client pings, idle and aged connections.
+  ShmOptions shm;                 // --shm-*: shared-memory regions (off by default).
 };
 
 // Checks every option that can be checked without binding an address or starting the backend
@@ -111,6 +127,9 @@ class Server {
   std::unique_ptr<FairPool> compute_;
   std::unique_ptr<TokenAuth> auth_ = std::make_unique<TokenAuth>();
   std::unique_ptr<OrthogonalizerService> service_;
+  std::unique_ptr<RegionRegistry> shm_registry_;    // Null: regions off.
+  std::unique_ptr<HandoverSocket> shm_socket_;      // Null: regions off.
+  std::unique_ptr<SharedMemoryService> shm_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 

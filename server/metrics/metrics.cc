@@ -114,6 +114,28 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                    .Help("Floating-point operations of Newton-Schulz computed on this rank.")
                    .Register(r)
                    .Add({});
+  m->shm_regions_ = &prometheus::BuildGauge()
+                         .Name("orthoserve_shm_regions")
+                         .Help("Shared-memory regions registered on this rank, all tenants together.")
+                         .Register(r)
+                         .Add({});
+  m->shm_region_bytes_ = &prometheus::BuildGauge()
+                              .Name("orthoserve_shm_region_bytes")
+                              .Help("Bytes of the shared-memory regions registered on this rank.")
+                              .Register(r)
+                              .Add({});
+  m->shm_handovers_ = &prometheus::BuildCounter()
+                           .Name("orthoserve_shm_handovers_total")
+                           .Help("Memfds handed over on the shared-memory socket, by outcome: staged (waiting "
+                                 "for RegisterRegion), refused_peer (uid not accepted), refused_message, "
+                                 "refused_memfd (not a sealed, read-write memfd of an accepted size), exhausted "
+                                 "(too many waiting).")
+                           .Register(r);
+  m->shm_matrices_ = &prometheus::BuildCounter()
+                          .Name("orthoserve_shm_matrices_total")
+                          .Help("Matrices whose input or result (direction: input, result) was a shared-memory "
+                                "region's slice, read or written in place.")
+                          .Register(r);
   m->rendezvous_timeouts_ = &prometheus::BuildCounter()
                                  .Name("orthoserve_rendezvous_timeouts_total")
                                  .Help("Group steps whose trainer ranks did not all arrive in time.")
@@ -258,6 +280,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   }
   for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) m->steps_retried_->Add({{"method", method}});
   for (const char* where : {"here", "peer", "fallback"}) m->lone_matrices_->Add({{"where", where}});
+  for (const char* outcome : kShmHandoverOutcomes) m->shm_handovers_->Add({{"outcome", outcome}});
+  for (const char* direction : {"input", "result"}) m->shm_matrices_->Add({{"direction", direction}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
   for (const char* direction : {"h2d", "d2h", "d2d"}) {
@@ -324,6 +348,19 @@ void Metrics::BytesOut(absl::string_view method, double bytes) {
 }
 
 void Metrics::Flops(double flops) { flops_->Increment(flops); }
+void Metrics::ShmRegions(int64_t regions, int64_t bytes) {
+  shm_regions_->Set(static_cast<double>(regions));
+  shm_region_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::ShmHandover(absl::string_view outcome) {
+  shm_handovers_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void Metrics::ShmMatrix(absl::string_view direction) {
+  shm_matrices_->Add({{"direction", std::string(direction)}}).Increment();
+}
+
 void Metrics::RendezvousTimeout() { rendezvous_timeouts_->Increment(); }
 void Metrics::StepAborted(absl::string_view reason) {
   steps_aborted_->Add({{"reason", std::string(reason)}}).Increment();

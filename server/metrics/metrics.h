@@ -67,6 +67,12 @@ absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 
 // The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): admission's, and
 // stream_progress for a stream ended by --stream-progress-timeout.
+// The outcomes of a memfd handed over on the shared-memory socket
+// (orthoserve_shm_handovers_total{outcome}; server/shm/handover_socket.h), each series there from
+// the start.
+inline constexpr const char* kShmHandoverOutcomes[] = {"staged", "refused_peer", "refused_message", "refused_memfd",
+                                                       "exhausted"};
+
 inline constexpr const char* kRefusalLimits[] = {"inflight_bytes", "tenant_inflight_bytes", "concurrent_streams",
                                                  "tenant_concurrent_streams", "tenant_call_rate", "stream_progress",
                                                  "fair_share"};
@@ -149,6 +155,15 @@ class Metrics {
   // Time this rank saw the fleet below its configured size (or itself outside it).
   void Degraded(absl::Duration duration);
 
+  // Shared-memory regions (docs/shared_memory.md): registered regions and their bytes, all
+  // tenants together (orthoserve_shm_regions, orthoserve_shm_region_bytes), and one memfd handed
+  // over on the socket, by outcome (one of kShmHandoverOutcomes).
+  void ShmRegions(int64_t regions, int64_t bytes);
+  void ShmHandover(absl::string_view outcome);
+  // A matrix whose input or result (`direction`: "input", "result") is a region's slice, read or
+  // written in place (orthoserve_shm_matrices_total{direction}).
+  void ShmMatrix(absl::string_view direction);
+
   prometheus::Gauge& inflight_requests() { return *inflight_requests_; }
   prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
   prometheus::Gauge& inflight_streams() { return *inflight_streams_; }
@@ -208,6 +223,10 @@ class Metrics {
   prometheus::Counter* degraded_seconds_ = nullptr;
   prometheus::Gauge* fleet_generation_ = nullptr;
   prometheus::Counter* flops_ = nullptr;
+  prometheus::Gauge* shm_regions_ = nullptr;
+  prometheus::Gauge* shm_region_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shm_handovers_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shm_matrices_ = nullptr;
   prometheus::Counter* rendezvous_timeouts_ = nullptr;
   prometheus::Gauge* inflight_requests_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;

@@ -24,7 +24,8 @@ BufferPool::Options CappedBufferOptions(const ServiceOptions& options) {
 }  // namespace
 
 OrthogonalizerService::OrthogonalizerService(const ServiceOptions& options, Backend* backend, Fleet* fleet,
-                                             Metrics* metrics, const TokenAuth* auth, FairPool* compute)
+                                             Metrics* metrics, const TokenAuth* auth, FairPool* compute,
+                                             RegionRegistry* regions)
     : backend_(backend), fleet_(fleet) {
   std::shared_ptr<BufferPool> buffers = BufferPool::Create(CappedBufferOptions(options));
   StepServices steps;
@@ -34,6 +35,7 @@ OrthogonalizerService::OrthogonalizerService(const ServiceOptions& options, Back
   steps.buffers = buffers.get();
   steps.metrics = metrics;
   state_ = std::make_unique<ServiceState>(options, steps, auth, std::move(buffers));
+  state_->regions = regions;
 }
 
 grpc::ServerGenericBidiReactor* OrthogonalizerService::Generic::CreateReactor(
@@ -113,6 +115,7 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   info->set_auth_required(state_->auth->required());
   info->set_ready(fleet_->ready() && !state_->draining.load());
   info->set_fleet_generation(fleet_->generation());
+  info->set_shm_socket(state_->options.shm_socket);
   return grpc::Status::OK;
 }
 

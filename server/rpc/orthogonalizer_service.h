@@ -25,9 +25,10 @@ using OrthogonalizerServiceBase = v1::Orthogonalizer::WithGenericMethod_Orthogon
 
 class OrthogonalizerService final : public OrthogonalizerServiceBase {
  public:
-  // None of the pointers is owned; all must outlive the service.
+  // None of the pointers is owned; all must outlive the service. `regions` null: shared-memory
+  // regions are off (a matrix naming one is FAILED_PRECONDITION).
   OrthogonalizerService(const ServiceOptions& options, Backend* backend, Fleet* fleet, Metrics* metrics,
-                        const TokenAuth* auth, FairPool* compute);
+                        const TokenAuth* auth, FairPool* compute, RegionRegistry* regions = nullptr);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OrthogonalizeStream(
       grpc::CallbackServerContext* context) override;

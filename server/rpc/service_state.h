@@ -15,6 +15,7 @@
 #include "server/rpc/admission.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/progress_watchdog.h"
+#include "server/shm/region_registry.h"
 #include "server/step/step.h"
 
 namespace orthoserve {
@@ -48,6 +49,7 @@ struct ServiceOptions {
   // Reused stream buffers; max_idle_bytes is capped at admission.max_inflight_bytes.
   BufferPool::Options buffers;
   std::string version;
+  std::string shm_socket;  // The shared-memory handover socket (--shm-socket), reported in GetServerInfo.
 };
 
 struct ServiceState {
@@ -70,6 +72,8 @@ struct ServiceState {
   ProgressWatchdog watchdog;
   std::atomic<bool> draining{false};
   std::atomic<int> inflight{0};  // Calls in progress.
+  // Shared-memory regions (not owned; outlives the service), or null when they are off.
+  RegionRegistry* regions = nullptr;
 };
 
 }  // namespace orthoserve

@@ -1,6 +1,7 @@
 // Implementation of server/rpc/stream_call.h.
 #include "server/rpc/stream_call.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "common/status.h"
 #include "common/message_text.h"
 #include "proto/convert/grpc_status.h"
+#include "server/rpc/region_slices.h"
 #include "server/rpc/spec_codec.h"
 
 namespace orthoserve {
@@ -154,13 +156,32 @@ bool StreamCall::OnSpec(const v1::MatrixSpec& spec) {
     return false;
   }
   absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(spec, index, spec_limits_, /*whole_if_unset=*/world_ == 1);
+  // Slices of shared-memory regions are leased here (region_slices.h); a bad one is answered like
+  // a bad spec. Bytes in a region are the client's: they are not admitted.
+  MatrixMemory memory;
+  if (parsed.ok() && NamesRegion(spec)) {
+    absl::StatusOr<MatrixMemory> leased = LeaseRegions(s_.regions, tenant_, index, spec, *parsed, s_.metrics);
+    if (leased.ok()) {
+      memory = *std::move(leased);
+    } else {
+      parsed = leased.status();
+    }
+  }
   if (parsed.ok()) {
-    const int64_t out_bytes = parsed->block.numel() * static_cast<int64_t>(ElementSize(parsed->plan.result_dtype));
-    absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, parsed->block_bytes + out_bytes, what);
+    const int64_t in_bytes = memory.input == nullptr ? parsed->block_bytes : 0;
+    const int64_t out_bytes = memory.result == nullptr ? ResultBytes(*parsed) : 0;
+    absl::Status admitted = s_.admission.AddBytes(bytes_, tenant_, in_bytes + out_bytes, what);
     if (!admitted.ok()) {
       Fail(std::move(admitted));
       return false;
     }
+  }
+  if (memory.input != nullptr || memory.result != nullptr) {
+    if (memory.result != nullptr) {
+      absl::MutexLock lock(&mu_);
+      result_regions_[index] = spec.result_region();
+    }
+    return reader_step_->AddMatrixInMemory(*std::move(parsed), std::move(memory));
   }
   return reader_step_->AddMatrix(std::move(parsed), spec.name(), std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
 }
@@ -224,13 +245,19 @@ void StreamCall::Fail(absl::Status status) {
 
 void StreamCall::Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
                         absl::string_view data, std::shared_ptr<const void> owner) {
-  std::vector<grpc::ByteBuffer> messages =
-      ResultResponses(index, plan, block, status, data, owner, result_chunk_bytes_);
+  std::optional<v1::RegionSlice> region;
   {
     absl::MutexLock lock(&mu_);
     (status.ok() ? results_ok_ : results_failed_)++;
+    if (auto it = result_regions_.find(index); it != result_regions_.end()) {
+      region = std::move(it->second);
+      result_regions_.erase(it);
+    }
   }
-  Enqueue(std::move(messages), status.ok() ? static_cast<double>(data.size()) : 0);
+  // A result written into the client's region goes back as its MatrixResult alone.
+  std::vector<grpc::ByteBuffer> messages = ResultResponses(index, plan, block, status, data, owner,
+                                                           result_chunk_bytes_, region ? &*region : nullptr);
+  Enqueue(std::move(messages), status.ok() && !region ? static_cast<double>(data.size()) : 0);
 }
 
 void StreamCall::Finished(StepEnd end) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -104,6 +105,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   mutable absl::Mutex mu_;
   std::shared_ptr<Step> step_ ABSL_GUARDED_BY(mu_);
+  // Where the results of matrices whose spec named a result_region are written (by index), until
+  // their Result.
+  absl::flat_hash_map<int, v1::RegionSlice> result_regions_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // A read is outstanding while the step still wants input.
   // Progress while the call waits on its client, each way: since the mark, fewer than

@@ -116,7 +116,8 @@ absl::StatusOr<StepRequest> StepRequestFromHeader(const v1::StepHeader& header, 
 
 std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan, const Block& block,
                                               const absl::Status& status, absl::string_view data,
-                                              const std::shared_ptr<const void>& owner, int64_t chunk_bytes) {
+                                              const std::shared_ptr<const void>& owner, int64_t chunk_bytes,
+                                              const v1::RegionSlice* result_region) {
   std::vector<grpc::ByteBuffer> messages;
   v1::StreamResponse header;
   v1::MatrixResult* r = header.mutable_result();
@@ -128,8 +129,9 @@ std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan,
   *r->mutable_block() = BlockToProto(block);
   r->set_code(static_cast<int>(status.code()));
   r->set_message(std::string(status.message()));
+  if (status.ok() && result_region != nullptr) *r->mutable_result_region() = *result_region;
   messages.push_back(SerializeToByteBuffer(header));
-  if (!status.ok()) return messages;
+  if (!status.ok() || result_region != nullptr) return messages;
   for (size_t offset = 0; offset < data.size(); offset += static_cast<size_t>(chunk_bytes)) {
     const size_t n = std::min(static_cast<size_t>(chunk_bytes), data.size() - offset);
     messages.push_back(ChunkResponse(index, data.substr(offset, n), owner));

@@ -69,10 +69,13 @@ inline SpecLimits SpecLimitsOf(const ServiceOptions& options) {
 int64_t SpecMetadataBytes(const v1::MatrixSpec& spec);
 
 // Matrix `index`'s result as StreamResponses: its MatrixResult and, when `status` is OK, `data`
-// in DataChunks of at most `chunk_bytes` that refer to it (`owner` keeps it alive).
+// in DataChunks of at most `chunk_bytes` that refer to it (`owner` keeps it alive). With
+// `result_region` (not null) the data is in the client's shared-memory region already: the
+// MatrixResult names the slice, and no chunk follows.
 std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan, const Block& block,
                                               const absl::Status& status, absl::string_view data,
-                                              const std::shared_ptr<const void>& owner, int64_t chunk_bytes);
+                                              const std::shared_ptr<const void>& owner, int64_t chunk_bytes,
+                                              const v1::RegionSlice* result_region = nullptr);
 
 // An Orthogonalize result: its MatrixResult without data, and the data bytes, which `owner`
 // keeps alive and unchanged.

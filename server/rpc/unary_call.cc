@@ -13,6 +13,7 @@
 #include "proto/convert/grpc_status.h"
 #include "proto/convert/ns_options_proto.h"
 #include "proto/convert/raw_message.h"
+#include "server/rpc/region_slices.h"
 #include "server/rpc/spec_codec.h"
 #include "server/rpc/stream_codec.h"
 
@@ -148,6 +149,7 @@ absl::Status UnaryCall::Run() {
   // itself is within the reservation already.
   const SpecLimits limits = SpecLimitsOf(s_.options);
   std::vector<ParsedSpec> parsed;
+  std::vector<MatrixMemory> memories;
   int64_t bytes = 0;
   int64_t out_bytes = 0;
   for (int i = 0; i < n; ++i) {
@@ -166,10 +168,27 @@ absl::Status UnaryCall::Run() {
       return absl::InvalidArgumentError(absl::StrCat(what, " block: a unary call carries whole matrices; send blocks "
                                                            "of a group through OrthogonalizeStream"));
     }
+    // A slice of a shared-memory region instead of data, for the input or the result: leased
+    // here (region_slices.h checks it), read and written in place by the step, and not counted
+    // as bytes the server holds.
+    MatrixMemory memory;
+    if (NamesRegion(spec)) {
+      if (spec.has_input_region() && m.data_bytes != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " carries data and names an input_region; send one or the other"));
+      }
+      ASSIGN_OR_RETURN(memory, LeaseRegions(s_.regions, tenant_, i, spec, p, s_.metrics));
+      if (spec.has_result_region()) {
+        result_regions_.resize(static_cast<size_t>(n));
+        result_regions_[static_cast<size_t>(i)] = spec.result_region();
+      }
+    }
     const int64_t result_bytes = p.plan.view.numel() * static_cast<int64_t>(ElementSize(p.plan.result_dtype));
-    out_bytes += result_bytes;
-    bytes += SpecMetadataBytes(spec) + p.block_bytes + result_bytes;
+    if (memory.result == nullptr) out_bytes += result_bytes;
+    bytes += SpecMetadataBytes(spec) + (memory.input == nullptr ? p.block_bytes : 0) +
+             (memory.result == nullptr ? result_bytes : 0);
     parsed.push_back(std::move(p));
+    memories.push_back(std::move(memory));
   }
   if (out_bytes > s_.options.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -201,8 +220,16 @@ absl::Status UnaryCall::Run() {
     return absl::OkStatus();
   }
   for (int i = 0; i < n; ++i) {
-    const std::string name = parsed[i].plan.name;
-    if (!step->AddMatrix(std::move(parsed[i]), name, {}) || !step->AddData(i, request_[i].data)) {
+    MatrixMemory& memory = memories[static_cast<size_t>(i)];
+    const bool data_follows = memory.input == nullptr;
+    bool ok;
+    if (memory.input != nullptr || memory.result != nullptr) {
+      ok = step->AddMatrixInMemory(std::move(parsed[i]), std::move(memory));
+    } else {
+      const std::string name = parsed[i].plan.name;
+      ok = step->AddMatrix(std::move(parsed[i]), name, {});
+    }
+    if (!ok || (data_follows && !step->AddData(i, request_[i].data))) {
       return absl::OkStatus();  // The step failed; it ends the call.
     }
   }
@@ -251,8 +278,13 @@ void UnaryCall::Finished(StepEnd end) {
     for (int64_t d : slot.plan.shape) r.header.add_shape(d);
     r.header.set_nd_layout(NdLayoutToProto(slot.plan.layout));
     *r.header.mutable_block() = BlockToProto(slot.block);
-    r.data = slot.data;
-    r.owner = std::move(slot.owner);
+    if (i < result_regions_.size() && result_regions_[i].size() > 0) {
+      // The result is in the client's region already: the response says where, and holds no copy.
+      *r.header.mutable_result_region() = result_regions_[i];
+    } else {
+      r.data = slot.data;
+      r.owner = std::move(slot.owner);
+    }
     results.push_back(std::move(r));
   }
   response_bytes_ = UnaryResponse(std::move(results));

@@ -77,6 +77,9 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   grpc::ByteBuffer request_bytes_;          // The request as received, until the step has it.
   std::vector<MatrixInPlace> request_;       // Its matrices, the data viewed in request_bytes_.
   grpc::ByteBuffer response_bytes_;
+  // Where matrix i's result was written, when its spec named a result_region (set by Run before
+  // the step opens; empty when no matrix named one).
+  std::vector<v1::RegionSlice> result_regions_;
   const absl::Time start_ = absl::Now();
   std::shared_ptr<UnaryCall> self_;  // gRPC's hold, until OnDone.
   std::string tenant_;

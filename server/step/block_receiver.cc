@@ -27,4 +27,13 @@ void BlockReceiver::Append(absl::string_view bytes) {
   }
 }
 
+void BlockReceiver::TakeInPlace(const char* data) {
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype_));
+  const int64_t whole = size_ / elem;
+  if (digest_ != nullptr) digest_->Update(absl::string_view(data, static_cast<size_t>(size_)));
+  first_non_finite_ = FindNonFinite(dtype_, data, static_cast<size_t>(whole));
+  received_ = size_;
+  scanned_ = whole;
+}
+
 }  // namespace orthoserve

@@ -24,6 +24,11 @@ class BlockReceiver {
   // Copies `bytes` after those received so far. Requires received() + bytes.size() <= size().
   void Append(absl::string_view bytes);
 
+  // Takes the whole block where it already is (`data`, size() bytes: a shared-memory region, read
+  // in place) instead of copying it to the destination: scans it for NaN and Inf (and digests
+  // it) in one pass. Requires received() == 0.
+  void TakeInPlace(const char* data);
+
   int64_t size() const { return size_; }
   int64_t received() const { return received_; }
   bool complete() const { return received_ == size_; }

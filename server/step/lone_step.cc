@@ -15,6 +15,7 @@ absl::Status LoneStep::Reject(int index, absl::Status status) {
   Matrix& m = matrices_[index];
   m.failed = true;
   m.input.reset();
+  m.memory = MatrixMemory{};
   s_.metrics->MatrixDone(s_.method, m.parsed ? AlgorithmName(m.spec.plan.algorithm) : "unknown",
                          m.parsed ? DTypeName(m.spec.plan.dtype) : "unknown", absl::StatusCodeToString(status.code()));
   sink_->Result(index, m.spec.plan, m.parsed ? m.spec.block : Block{}, status, {}, nullptr);
@@ -40,6 +41,12 @@ void LoneStep::Place(int index) {
     job_ = request_.job.empty() ? absl::StrCat("step ", reinterpret_cast<uintptr_t>(this)) : request_.job;
   }
   Matrix& m = matrices_[index];  // On the reader's thread: the reference goes to the others.
+  if (m.memory.input != nullptr || m.memory.result != nullptr) {
+    // Its memory is mapped here only: it is computed here, on no peer.
+    s_.metrics->LoneMatrix("here");
+    ComputeHere(index, m, nullptr);
+    return;
+  }
   std::shared_ptr<const LoneTarget> target = s_.fleet->PickLoneRank(m.spec.cost);
   s_.metrics->LoneMatrix(target->here() ? "here" : "peer");
   if (target->here()) {
@@ -94,24 +101,35 @@ void LoneStep::Compute(int index, Matrix& m, absl::Time queued) {
   // The client is gone (cancelled, or its deadline passed): nothing is computed for nobody.
   if (cancelled_.load()) {
     m.input.reset();
+    m.memory = MatrixMemory{};
     return;
   }
-  std::shared_ptr<PooledBuffer> out;
+  const char* in = m.memory.input != nullptr ? m.memory.input : m.input->data();
+  const size_t out_bytes = static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype);
+  std::shared_ptr<const void> owner;
+  char* out = nullptr;
   absl::Status status;
-  absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer =
-      s_.buffers->Get(static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype));
-  if (buffer.ok()) {
-    out = *std::move(buffer);
-    status = ComputeLoneMatrix(m.spec.plan, m.spec.block, m.input->data(), out->data(), *s_.backend, s_.metrics,
-                               request_.tenant)
-                 .status;
+  if (m.memory.result != nullptr) {
+    // Written straight into the client's region; the leases own the result.
+    out = m.memory.result;
+    owner = m.memory.owner;
   } else {
-    status = buffer.status();
+    absl::StatusOr<std::shared_ptr<PooledBuffer>> buffer = s_.buffers->Get(out_bytes);
+    if (buffer.ok()) {
+      out = (*buffer)->data();
+      owner = *std::move(buffer);
+    } else {
+      status = buffer.status();
+    }
   }
-  m.input.reset();  // The input is no longer needed.
-  if (!status.ok()) out.reset();
-  const absl::string_view data = out == nullptr ? absl::string_view() : absl::string_view(out->data(), out->size());
-  Deliver(index, m, status, data, std::move(out));
+  if (status.ok()) {
+    status = ComputeLoneMatrix(m.spec.plan, m.spec.block, in, out, *s_.backend, s_.metrics, request_.tenant).status;
+  }
+  m.input.reset();               // The input is no longer needed,
+  m.memory = MatrixMemory{};     // nor the regions' leases (a result in one keeps them through `owner`).
+  if (!status.ok()) owner.reset();
+  const absl::string_view data = owner == nullptr ? absl::string_view() : absl::string_view(out, out_bytes);
+  Deliver(index, m, status, data, std::move(owner));
 }
 
 void LoneStep::Deliver(int index, const Matrix& m, const absl::Status& status, absl::string_view data,

@@ -62,8 +62,14 @@ void StepBase::End() {
 
 void StepBase::Fail(absl::Status status) { FinishWhenIdle(StepEnd{std::move(status)}); }
 
-absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name,
-                                  std::vector<int64_t> shape) {
+bool StepBase::AddMatrixInMemory(ParsedSpec spec, MatrixMemory memory) {
+  if (finishing()) return false;
+  absl::Status status = TakeMatrixInMemory(std::move(spec), std::move(memory));
+  if (!status.ok()) Fail(std::move(status));
+  return !finishing();
+}
+
+absl::StatusOr<int> StepBase::NextIndex() const {
   if (current_ >= 0 && !matrices_[current_].failed && !matrices_[current_].receiver.complete()) {
     const Matrix& m = matrices_[current_];
     return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(current_, m.spec.plan.name), ": received ",
@@ -74,6 +80,36 @@ absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_
   if (index >= request_.num_matrices) {
     return absl::InvalidArgumentError(absl::StrCat("more specs than the header's num_matrices = ", request_.num_matrices));
   }
+  return index;
+}
+
+absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) {
+  ASSIGN_OR_RETURN(const int index, NextIndex());
+  if (!lone()) {
+    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(index, spec.plan.name),
+                                                   ": shared-memory regions are served for lone clients and unary "
+                                                   "calls only, not (yet) in group steps"));
+  }
+  matrices_.emplace_back();
+  current_ = index;
+  Matrix& m = matrices_.back();
+  m.spec = std::move(spec);
+  m.parsed = true;
+  m.memory = std::move(memory);
+  if (m.memory.input != nullptr) {
+    m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes);
+    m.receiver.TakeInPlace(m.memory.input);
+    return Completed(index);
+  }
+  ASSIGN_OR_RETURN(char* dst, Destination(m));
+  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes);
+  if (m.spec.block_bytes == 0) return Completed(index);
+  return absl::OkStatus();
+}
+
+absl::Status StepBase::TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name,
+                                  std::vector<int64_t> shape) {
+  ASSIGN_OR_RETURN(const int index, NextIndex());
   matrices_.emplace_back();
   current_ = index;
   Matrix& m = matrices_.back();

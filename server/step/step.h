@@ -76,6 +76,17 @@ struct StepServices {
   const char* method = "";        // The RPC, in metrics.
 };
 
+// A matrix's memory outside the step's buffers — slices of registered shared-memory regions
+// (server/shm) that the RPC layer resolved and leased: the step reads the input and writes the
+// result there, copying neither (docs/shared_memory.md).
+struct MatrixMemory {
+  const char* input = nullptr;  // The block's spec.block_bytes bytes; null: they arrive through AddData.
+  char* result = nullptr;       // Room for the result (block numel × result dtype); null: a buffer of the step's.
+  // Keeps `input` and `result` valid (the regions' leases). The step drops it once the matrix is
+  // computed, or hands it to the sink as the owner of a result written to `result`.
+  std::shared_ptr<const void> owner;
+};
+
 // How a step ended. `status` OK: every matrix's result was handed to the sink before. Otherwise
 // the step failed; a failure that came from a change of the fleet, after which a retry of the
 // whole step (elsewhere) may succeed, carries the mark of MarkFleetChange (common/fleet_change.h).
@@ -103,6 +114,12 @@ class Step {
   // `shape` as sent, for the in-band answer). False when the step failed (Finished follows, or
   // came already): stop feeding it.
   virtual bool AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) = 0;
+  // Like AddMatrix with a valid spec, for a matrix whose input and/or result live in `memory`
+  // (see MatrixMemory). With memory.input no AddData follows for this matrix: its bytes are
+  // checked for NaN and Inf where they are. Such a matrix is computed on this rank, never
+  // forwarded to a fleet peer. Lone steps only: a group step fails (INVALID_ARGUMENT). False when
+  // the step failed.
+  virtual bool AddMatrixInMemory(ParsedSpec spec, MatrixMemory memory) = 0;
   // Bytes of matrix `index`'s block, in order (views of one chunk). False when the step failed.
   virtual bool AddData(int index, absl::Span<const absl::string_view> data) = 0;
   // Every input has arrived (StepEnd or half-close): the step checks it got every matrix whole

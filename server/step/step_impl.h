@@ -22,6 +22,7 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   StepBase(const StepServices& services, StepRequest request, std::shared_ptr<StepSink> sink);
 
   bool AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) final;
+  bool AddMatrixInMemory(ParsedSpec spec, MatrixMemory memory) final;
   bool AddData(int index, absl::Span<const absl::string_view> data) final;
   void End() final;
   void Fail(absl::Status status) override;
@@ -33,6 +34,7 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
     bool failed = false;                  // Rejected in-band (lone): its chunks are skipped.
     std::shared_ptr<PooledBuffer> input;  // Lone: the block's bytes.
     std::vector<char> group_input;        // Fleet: the block's bytes, handed to the fleet.
+    MatrixMemory memory;                  // Lone: input and/or result in a shared-memory region.
     BlockReceiver receiver;
   };
 
@@ -68,6 +70,9 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
 
  private:
   absl::Status TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape);
+  absl::Status TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory);
+  // The previous matrix got all its bytes, and there is room for one more: its index.
+  absl::StatusOr<int> NextIndex() const;
   absl::Status TakeData(int index, absl::Span<const absl::string_view> data);
   absl::Status CheckWhole() const;
   // Runs Complete, or Reject for a block holding NaN or Inf.

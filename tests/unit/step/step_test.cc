@@ -311,6 +311,60 @@ TEST_F(StepTest, AnAllOrNothingStepComputesEveryMatrixOnceAllArrived) {
   EXPECT_EQ(sink->results()[1].data, Expected(b, in_b));
 }
 
+// Matrices whose input and/or result live in memory outside the step (a shared-memory region's
+// slices, MatrixMemory): read and written in place, computed here even when the fleet would
+// forward them, with the same bits as the bytes' path; the memory's owner is let go once done.
+TEST_F(StepTest, MatricesInMemoryAreReadAndWrittenInPlaceAndComputedHere) {
+  FakeStepFleet fleet(0, 3, backend_.get());
+  fleet.ForwardTo(2, /*computes=*/true);  // Would forward a matrix in bytes.
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(3), sink);
+  ASSERT_NE(step, nullptr);
+  const ParsedSpec a = TestSpec("a", 8, 12), b = TestSpec("b", 6, 6), c = TestSpec("c", 4, 10);
+  const std::vector<float> in_a = RandomMatrix(96, 21), in_b = RandomMatrix(36, 22), in_c = RandomMatrix(40, 23);
+  std::vector<float> out_a(96, -1.0f), out_c(40, -1.0f);
+  auto owner = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = owner;
+  // a: input and result in memory; b: input in memory, result in a buffer; c: input as data, result in memory.
+  ASSERT_TRUE(step->AddMatrixInMemory(a, MatrixMemory{reinterpret_cast<const char*>(in_a.data()),
+                                                      reinterpret_cast<char*>(out_a.data()), owner}));
+  ASSERT_TRUE(step->AddMatrixInMemory(b, MatrixMemory{reinterpret_cast<const char*>(in_b.data()), nullptr, owner}));
+  ASSERT_TRUE(step->AddMatrixInMemory(c, MatrixMemory{nullptr, reinterpret_cast<char*>(out_c.data()), owner}));
+  ASSERT_TRUE(step->AddData(2, {Bytes(in_c)}));
+  owner.reset();
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  auto results = sink->results();
+  ASSERT_THAT(results, SizeIs(3));
+  for (const auto& [index, r] : results) {
+    SCOPED_TRACE(index);
+    EXPECT_OK(r.status);
+  }
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out_a.data()), 96 * sizeof(float)), Expected(a, in_a));
+  EXPECT_EQ(results[0].data, Expected(a, in_a));  // The sink is handed the result where it was written.
+  EXPECT_EQ(results[1].data, Expected(b, in_b));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out_c.data()), 40 * sizeof(float)), Expected(c, in_c));
+  EXPECT_EQ(fleet.peer_calls(), 0);
+  step.reset();
+  EXPECT_TRUE(watch.expired());  // Nobody holds the memory's owner any more (the regions' leases).
+}
+
+TEST_F(StepTest, ANonFiniteValueInMemoryIsRefusedLikeOneInBytes) {
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  StepRequest request = Lone(1);
+  request.all_or_nothing = true;
+  std::shared_ptr<Step> step = Open(&fleet, request, sink);
+  ASSERT_NE(step, nullptr);
+  std::vector<float> in = RandomMatrix(16, 24);
+  in[5] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(step->AddMatrixInMemory(TestSpec("a", 4, 4), MatrixMemory{reinterpret_cast<const char*>(in.data()),
+                                                                        nullptr, nullptr}));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 5")));
+}
+
 // A group step (W = 2, this is trainer rank 1) holding the bottom half of a 4x6 matrix.
 class GroupStepTest : public StepTest {
  protected:
@@ -329,6 +383,18 @@ class GroupStepTest : public StepTest {
   }
   ParsedSpec Half() { return TestSpec("w", 4, 6, Block{2, 0, 2, 6}); }
 };
+
+TEST_F(GroupStepTest, AMatrixInMemoryFailsTheGroupStep) {
+  FakeStepFleet fleet(0, 2, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
+  ASSERT_NE(step, nullptr);
+  const std::vector<float> in = RandomMatrix(12, 25);
+  EXPECT_FALSE(step->AddMatrixInMemory(Half(), MatrixMemory{reinterpret_cast<const char*>(in.data()), nullptr, nullptr}));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group steps")));
+  EXPECT_THAT(fleet.submitted(), IsEmpty());
+}
 
 TEST_F(GroupStepTest, OnARankThatIsNotReadyItIsUnavailable) {
   FakeStepFleet fleet(0, 2, backend_.get());

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Type
 
 import grpc
 
-from orthoserve import arrays, errors, layout, options as options_lib, retry as retry_lib, routing, runs
+from orthoserve import arrays, errors, layout, options as options_lib, retry as retry_lib, routing, runs, shm
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
@@ -97,12 +97,13 @@ class _Entry:
     """One matrix of a step: its spec, the bytes to send, how to rebuild its result, and the block its result must
     say it holds (the spec's block for a group step, the whole 2-D view for a whole matrix)."""
 
-    __slots__ = ("spec", "payload", "info", "result_shape", "block")
+    __slots__ = ("spec", "payload", "info", "result_shape", "block", "out")
 
     def __init__(self, spec: pb.MatrixSpec, payload: memoryview, info: arrays.ArrayInfo, result_shape,
-                 block: Optional[pb.Block] = None):
+                 block: Optional[pb.Block] = None, out: Any = None):
         self.spec = spec
-        self.payload = payload
+        self.payload = payload  # Empty when the input is in a shared-memory region (spec.input_region).
+        self.out = out  # The region-backed array the result is written into (spec.result_region), or None.
         self.info = info
         self.result_shape = result_shape
         if block is None:
@@ -211,6 +212,7 @@ class Client:
         self._stubs: Dict[str, pb_grpc.OrthogonalizerStub] = {}
         self._infos: Dict[str, pb.ServerInfo] = {}
         self._fleet: Optional[pb.ServerInfo] = None  # The last answer that listed the fleet's members.
+        self._regions: List["shm.Region"] = []  # Regions made by region(), for finding the arrays of a call in them.
         self._lone_address = addresses[0]  # Where lone requests go first: the last address that answered.
 
     # -- connections ---------------------------------------------------------------------------------------
@@ -253,6 +255,26 @@ class Client:
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.OrthogonalizerStub(channel)
             return stub
+
+    def _channel(self, address: str) -> grpc.Channel:
+        """The channel to `address` (made on first use)."""
+        self._stub(address)
+        with self._lock:
+            return self._channels[address]
+
+    # -- shared-memory regions -----------------------------------------------------------------------------
+
+    def region(self, size: int, *, name: str = "", address: Optional[str] = None,
+               timeout: Optional[float] = None) -> "shm.Region":
+        """A shared-memory region of `size` bytes registered on `address` (default: the rank lone calls go to),
+        for a client on the server's host (orthoserve.shm; the server needs --shm-socket). Its arrays may be
+        given to orthogonalize() as inputs and in `out=`: the server reads and writes them in place. Raises
+        OrthoserveError (FailedPreconditionError when the server does not take regions)."""
+        target = address if address is not None else self._lone_targets()[0]
+        r = shm.Region(self, target, size, name, timeout)
+        with self._lock:
+            self._regions = [x for x in self._regions if x.id] + [r]
+        return r
 
     def close(self) -> None:
         """Closes every channel; the client is unusable afterwards."""
@@ -386,7 +408,7 @@ class Client:
     # -- whole matrices ------------------------------------------------------------------------------------
 
     def orthogonalize(self, matrices: Any, *, algorithm: Optional[str] = None, method: str = "stream",
-                      timeout: Optional[float] = None, nd: str = "flatten", **options: Any) -> Any:
+                      timeout: Optional[float] = None, nd: str = "flatten", out: Any = None, **options: Any) -> Any:
         """Orthogonalizes whole matrices; returns results of the same type, dtype, shape and device.
 
         matrices: a list (or tuple) of numpy arrays / torch tensors (fp32, bf16, fp16; >= 2 dims); a single
@@ -398,21 +420,42 @@ class Client:
         newton_schulz reads a (B, M, N) tensor; sent as one matrix, its result has the input's shape). An array
         of no matrices (a zero in shape[:-2]) gives an empty result without a call.
         method: "stream" (chunked, any size) or "unary" (one message; small matrices).
+        Shared memory (orthoserve.shm, Client.region): an input that is an array of a region is read by the server
+        in place; out (a list like `matrices`, None entries allowed; a single array for a single matrix) gives
+        region arrays of the result's shape and dtype that the server writes the results into, and which are
+        returned. A call with region arrays goes to their region's server rank only.
         Raises OrthoserveError (per-code subclasses) for a failed call or a failed matrix (naming it), after the
         client's retry policy gave up.
         """
         single = not isinstance(matrices, (list, tuple))
         items = [matrices] if single else list(matrices)
         per_matrix = [dict(options, algorithm=algorithm)] * len(items)
-        results = self.orthogonalize_batch(items, per_matrix, method=method, timeout=timeout, nd=nd)
+        outs = None if out is None else ([out] if single else list(out))
+        results = self.orthogonalize_batch(items, per_matrix, method=method, timeout=timeout, nd=nd, out=outs)
         return results[0] if single else results
 
     def orthogonalize_batch(self, matrices: Sequence[Any], options: Sequence[Dict[str, Any]], *,
                             method: str = "stream", timeout: Optional[float] = None,
-                            nd: str = "flatten") -> List[Any]:
+                            nd: str = "flatten", out: Optional[Sequence[Any]] = None) -> List[Any]:
         """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm" and "name")."""
         if len(options) != len(matrices):
             raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(options)} option sets")
+        if out is not None and len(out) != len(matrices):
+            raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(out)} out arrays")
+        with self._lock:
+            regions = [r for r in self._regions if r.id]
+        pinned: Optional[str] = None  # The server rank of the regions this call names.
+
+        def in_region(array: Any, what: str) -> Optional[pb.RegionSlice]:
+            nonlocal pinned
+            region, piece = shm.find_slice(regions, array)
+            if region is None:
+                return None
+            if pinned is not None and region.address != pinned:
+                raise ValueError(f"orthoserve: {what} is in a region of {region.address}, but this call already "
+                                 f"names a region of {pinned}; one call goes to one server rank")
+            pinned = region.address
+            return piece
         if nd not in ND_MODES:
             raise ValueError(f"orthoserve: nd must be one of {ND_MODES}, got {nd!r}")
         if method not in ("stream", "unary"):
@@ -435,19 +478,34 @@ class Client:
                                  options=options_lib.ns_options(opts), algorithm=algo)
             if batched:
                 spec.nd_layout = pb.ND_LAYOUT_BATCH
-            entries.append(_Entry(spec, arrays.to_bytes(m), info, info.shape))
+            payload = arrays.to_bytes(m)
+            if regions:
+                piece = in_region(m, f"matrix {i}")
+                if piece is not None:
+                    spec.input_region.CopyFrom(piece)
+                    payload = memoryview(b"")
+            target = None if out is None else out[i]
+            if target is not None:
+                piece = in_region(target, f"out[{i}]")
+                if piece is None:
+                    raise ValueError(f"orthoserve: out[{i}] is not an array of one of this client's open regions")
+                if tuple(target.shape) != info.shape or target.dtype != m.dtype:
+                    raise ValueError(f"orthoserve: out[{i}] has shape {tuple(target.shape)} and dtype {target.dtype};"
+                                     f" the result has shape {info.shape} and dtype {m.dtype}")
+                spec.result_region.CopyFrom(piece)
+            entries.append(_Entry(spec, payload, info, info.shape, out=target))
             sent.append(i)
         if entries:
             if method == "unary":
-                out = self._lone_call("Orthogonalize", timeout,
-                                      lambda address, _, t: self._unary(address, entries, t))
+                done = self._lone_call("Orthogonalize", timeout,
+                                       lambda address, _, t: self._unary(address, entries, t), address=pinned)
             else:
                 def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
                     header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
                     return self._stream(address, header, entries, t)
 
-                out = self._lone_call("OrthogonalizeStream", timeout, stream)
-            for i, r in zip(sent, out):
+                done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pinned)
+            for i, r in zip(sent, done):
                 results[i] = r
         return results
 
@@ -470,8 +528,17 @@ class Client:
             if r.code != 0:
                 raise errors.error_from_code(r.code, r.message, e.spec.name)
             _check_result(e, i, r)
-            out.append(self._rebuild(e, r, bytearray(r.data)))
+            out.append(self._in_region(e, r) if e.out is not None else self._rebuild(e, r, bytearray(r.data)))
         return out
+
+    @staticmethod
+    def _in_region(entry: _Entry, result: pb.MatrixResult) -> Any:
+        """The out array of a result the server wrote into its region; IntegrityError when the result does not
+        say it is there."""
+        if result.result_region != entry.spec.result_region or result.data:
+            raise errors.integrity_error("the result was not written into the region slice this call named",
+                                         entry.spec.name)
+        return entry.out
 
     @staticmethod
     def _expected_bytes(entry: _Entry, result: pb.MatrixResult) -> int:
@@ -521,7 +588,9 @@ class Client:
                     if r.code == 0:
                         # Checked before any of its bytes are taken: data of another matrix is never assembled.
                         _check_result(entries[r.index], r.index, r)
-                        buffers[r.index] = bytearray(self._expected_bytes(entries[r.index], r))
+                        # A result in a region has no chunks: an empty buffer takes none.
+                        in_region = entries[r.index].out is not None
+                        buffers[r.index] = bytearray(0 if in_region else self._expected_bytes(entries[r.index], r))
                         filled[r.index] = 0
                 elif kind == "chunk":
                     c = response.chunk
@@ -552,7 +621,8 @@ class Client:
             if filled[i] != len(buffers[i]):
                 raise errors.InternalError(grpc.StatusCode.INTERNAL,
                                            f"received {filled[i]} of {len(buffers[i])} result bytes", e.spec.name)
-            out.append(self._rebuild(e, results[i], buffers[i]))
+            r = results[i]
+            out.append(self._in_region(e, r) if e.out is not None else self._rebuild(e, r, buffers[i]))
         return out
 
     # -- groups --------------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""Shared-memory regions: matrices handed to a server on the same host without a copy (docs/shared_memory.md).
+
+    with client.region(64 << 20) as region:           # a sealed memfd, registered on the client's server rank
+        g = region.array((1024, 1024), np.float32)     # numpy arrays backed by the region
+        u = region.array((1024, 1024), np.float32)
+        g[:] = momentum
+        client.orthogonalize([g], out=[u])              # read and written in place by the server
+
+A Region is a memfd (Linux) sealed against shrinking, mapped here and handed over on the server's Unix domain
+socket (ServerInfo.shm_socket; the server must run with --shm-socket), then registered with the client's token
+through the SharedMemory service; only this client's tenant can use it. Arrays from `array` are views of the
+mapping: a call given such an array (as input, or in `out=`) names the region's slice instead of sending bytes,
+and goes to the region's server rank only. Do not write an array the server is reading, or read a result array,
+while its call runs. `close` unregisters (waiting for the server's steps that use it) and unmaps.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+
+import grpc
+import numpy as np
+
+from orthoserve import errors
+from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
+from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from orthoserve.client import Client
+
+__all__ = ["Region", "ALIGNMENT"]
+
+ALIGNMENT = 64  # Bytes: every array `Region.array` hands out starts at a multiple of this offset.
+_HANDOVER_TIMEOUT = 10.0  # Seconds for the socket's answer.
+
+
+def _hand_over(path: str, fd: int, timeout: float) -> str:
+    """Sends `fd` over the Unix socket at `path` (one byte with SCM_RIGHTS); returns the ticket. Raises
+    OrthoserveError (the server's code) when the server refuses it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+            socket.send_fds(s, [b"M"], [fd])
+            answer = b""
+            while not answer.endswith(b"\n") and len(answer) < 4096:  # One short line, then the server closes.
+                part = s.recv(4096)
+                if not part:
+                    break
+                answer += part
+        except OSError as e:
+            raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                          f"the shared-memory socket {path} did not take the memfd: {e}") from None
+    line = answer.decode("utf-8", "replace").strip()
+    if line.startswith("OK "):
+        return line[3:]
+    code_name, _, message = line[4:].partition(" ") if line.startswith("ERR ") else ("UNKNOWN", "", line)
+    code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
+    raise errors.error_from_code(code.value[0], f"the server refused the memfd: {message or line!r}")
+
+
+class Region:
+    """A registered shared-memory region of `size` bytes on one server rank (`address`). Use Client.region()."""
+
+    def __init__(self, client: "Client", address: str, size: int, name: str = "",
+                 timeout: Optional[float] = None):
+        if size <= 0:
+            raise ValueError(f"orthoserve: a region needs at least one byte, got size={size}")
+        info = client.info(address, refresh=True, timeout=timeout)
+        if not info.shm_socket:
+            raise errors.FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the server at {address} does not take shared-memory regions (start it with --shm-socket)")
+        self._client = client
+        self.address = address
+        self.size = size
+        self.name = name
+        self.id = ""
+        self._lock = threading.Lock()
+        self._next = 0  # The bump allocator of `array`.
+        self._fd = os.memfd_create(f"orthoserve-{name or 'region'}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self._fd, size)
+            import fcntl
+
+            fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._base = np.frombuffer(self._map, dtype=np.uint8)
+            ticket = _hand_over(info.shm_socket, self._fd, _HANDOVER_TIMEOUT)
+            stub = pb_grpc.SharedMemoryStub(client._channel(address))
+            try:
+                region = stub.RegisterRegion(pb.RegisterRegionRequest(ticket=ticket, name=name),
+                                             timeout=client._deadline(timeout), metadata=client._metadata)
+            except grpc.RpcError as e:
+                raise errors.error_from_rpc(e) from None
+            self.id = region.region_id
+            self._stub = stub
+        except BaseException:
+            self._release_memory()
+            raise
+
+    # -- arrays ----------------------------------------------------------------------------------------------
+
+    def array(self, shape: Sequence[int], dtype: Any = np.float32, offset: Optional[int] = None) -> np.ndarray:
+        """A C-contiguous numpy array of `shape` and `dtype` (float32 or float16) backed by the region, at
+        `offset` (default: after the arrays handed out so far, aligned to ALIGNMENT; the server takes only offsets
+        that are a multiple of the element size). ValueError when it does not fit or is misaligned."""
+        dtype = np.dtype(dtype)
+        if dtype.name not in ("float32", "float16"):
+            raise TypeError(f"orthoserve: region arrays are float32 or float16, not {dtype}")
+        shape = tuple(int(d) for d in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        with self._lock:
+            if self._map is None:
+                raise ValueError("orthoserve: the region is closed")
+            start = (self._next + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if offset is None else int(offset)
+            if start % dtype.itemsize:
+                raise ValueError(f"orthoserve: offset {start} is not a multiple of {dtype}'s {dtype.itemsize} bytes")
+            if start < 0 or nbytes < 0 or start > self.size or nbytes > self.size - start:
+                raise ValueError(f"orthoserve: {nbytes} bytes at offset {start} do not fit a region of {self.size}")
+            if offset is None:
+                self._next = start + nbytes
+            return self._base[start:start + nbytes].view(dtype).reshape(shape)
+
+    def slice_of(self, array: Any) -> Optional[pb.RegionSlice]:
+        """The RegionSlice a C-contiguous numpy array lies in, or None when it is not (wholly) in this region."""
+        if not isinstance(array, np.ndarray) or self._map is None or not array.flags.c_contiguous:
+            return None
+        base = self._base.__array_interface__["data"][0]
+        start = array.__array_interface__["data"][0] - base
+        if start < 0 or start + array.nbytes > self.size:
+            return None
+        return pb.RegionSlice(region_id=self.id, offset=start, size=array.nbytes)
+
+    # -- life ------------------------------------------------------------------------------------------------
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Unregisters the region (the server answers once no step uses it any more) and unmaps it here. Arrays
+        still referring to it keep the mapping alive until they are gone. Idempotent."""
+        if self.id:
+            region_id, self.id = self.id, ""
+            try:
+                self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
+                                            timeout=self._client._deadline(timeout), metadata=self._client._metadata)
+            except grpc.RpcError as e:
+                self._release_memory()
+                raise errors.error_from_rpc(e) from None
+        self._release_memory()
+
+    def _release_memory(self) -> None:
+        with self._lock:
+            self._base = None
+            if getattr(self, "_map", None) is not None:
+                try:
+                    self._map.close()
+                except BufferError:
+                    pass  # Arrays still export it: the mapping goes with the last of them.
+                self._map = None
+            if getattr(self, "_fd", -1) >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Region(id={self.id or 'closed'}, size={self.size}, address={self.address!r})"
+
+
+def find_slice(regions: Sequence[Region], array: Any) -> Tuple[Optional[Region], Optional[pb.RegionSlice]]:
+    """The region (of `regions`) holding `array`, with its slice; (None, None) when none does."""
+    for r in regions:
+        s = r.slice_of(array)
+        if s is not None:
+            return r, s
+    return None, None

@@ -1,0 +1,74 @@
+// Implementation of server/rpc/shared_memory_service.h.
+#include "server/rpc/shared_memory_service.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/message_text.h"
+#include "proto/convert/grpc_status.h"
+
+namespace orthoserve {
+namespace {
+
+void ToProto(const RegionInfo& info, v1::Region* region) {
+  region->set_region_id(info.id);
+  region->set_name(info.name);
+  region->set_size(info.size);
+  region->set_peer_pid(static_cast<int32_t>(info.peer.pid));
+  region->set_peer_uid(static_cast<uint32_t>(info.peer.uid));
+  region->set_users(info.users);
+}
+
+}  // namespace
+
+SharedMemoryService::SharedMemoryService(RegionRegistry* registry, const TokenAuth* auth, Metrics* metrics,
+                                         absl::Duration unregister_timeout)
+    : registry_(registry), auth_(auth), metrics_(metrics), unregister_timeout_(unregister_timeout) {}
+
+absl::StatusOr<std::string> SharedMemoryService::Tenant(const grpc::ServerContext& context) const {
+  if (registry_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "shared-memory regions are off on this server (start it with --shm-socket to allow them)");
+  }
+  return auth_->Authenticate(context);
+}
+
+void SharedMemoryService::UpdateMetrics() {
+  if (metrics_ != nullptr) metrics_->ShmRegions(registry_->regions(), registry_->bytes());
+}
+
+grpc::Status SharedMemoryService::RegisterRegion(grpc::ServerContext* context, const v1::RegisterRegionRequest* request,
+                                                 v1::Region* response) {
+  absl::StatusOr<std::string> tenant = Tenant(*context);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  absl::StatusOr<RegionInfo> info = registry_->Claim(*tenant, request->ticket(), request->name());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  UpdateMetrics();
+  LOG_INFO("shm") << "tenant " << BoundedText(*tenant) << " registered a region of " << info->size << " bytes from pid "
+                  << info->peer.pid;
+  ToProto(*info, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status SharedMemoryService::ListRegions(grpc::ServerContext* context, const v1::ListRegionsRequest*,
+                                              v1::ListRegionsResponse* response) {
+  absl::StatusOr<std::string> tenant = Tenant(*context);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  for (const RegionInfo& info : registry_->List(*tenant)) ToProto(info, response->add_regions());
+  return grpc::Status::OK;
+}
+
+grpc::Status SharedMemoryService::UnregisterRegion(grpc::ServerContext* context,
+                                                   const v1::UnregisterRegionRequest* request,
+                                                   v1::UnregisterRegionResponse*) {
+  absl::StatusOr<std::string> tenant = Tenant(*context);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  const absl::Time deadline = std::min(absl::FromChrono(context->deadline()), absl::Now() + unregister_timeout_);
+  absl::Status status = registry_->Unregister(*tenant, request->region_id(), deadline);
+  // The region left the registry unless it was not found (even when the wait ran out).
+  if (status.code() != absl::StatusCode::kNotFound) UpdateMetrics();
+  return ToGrpcStatus(status);
+}
+
+}  // namespace orthoserve

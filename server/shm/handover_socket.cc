@@ -1,0 +1,225 @@
+// Implementation of server/shm/handover_socket.h.
+#include "server/shm/handover_socket.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace orthoserve {
+namespace {
+
+std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+absl::StatusOr<sockaddr_un> AddressOf(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("--shm-socket must be an absolute path, not \"", path, "\""));
+  }
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("--shm-socket \"", path, "\" is longer than the ",
+                                                   sizeof(addr.sun_path) - 1, " bytes a socket path may have"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  return addr;
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  struct stat sa, sb;
+  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// Removes a stale socket at `addr`; refuses a live one or a file that is not a socket.
+absl::Status ClearPath(const sockaddr_un& addr, const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::UnavailableError(Errno(absl::StrCat("--shm-socket: lstat ", path)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--shm-socket \"", path, "\" exists and is not a socket; choose another path"));
+  }
+  const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return absl::UnavailableError(Errno("socket"));
+  const bool live = connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(probe);
+  if (live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--shm-socket \"", path, "\" is served by another process (a running server?)"));
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(Errno(absl::StrCat("--shm-socket: removing the stale socket ", path)));
+  }
+  LOG_INFO("shm") << "removed the stale socket " << path;
+  return absl::OkStatus();
+}
+
+void SetTimeouts(int fd, absl::Duration timeout) {
+  const timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+void Answer(int conn, absl::string_view line) {
+  std::string text = absl::StrCat(line, "\n");
+  // One short write on a fresh socket; MSG_NOSIGNAL: a client gone is not a SIGPIPE.
+  (void)send(conn, text.data(), text.size(), MSG_NOSIGNAL);
+}
+
+void AnswerError(int conn, const absl::Status& status) {
+  Answer(conn, absl::StrCat("ERR ", absl::StatusCodeToString(status.code()), " ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HandoverSocket>> HandoverSocket::Start(Options options, RegionRegistry* registry) {
+  absl::StatusOr<sockaddr_un> addr = AddressOf(options.path);
+  if (!addr.ok()) return addr.status();
+  for (const std::string& reserved : options.reserved_paths) {
+    if (!reserved.empty() && SameFile(options.path, reserved)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shm-socket \"", options.path, "\" is a file the server uses itself (", reserved, ")"));
+    }
+  }
+  if (options.peer_uids.empty()) options.peer_uids.push_back(geteuid());
+  if (absl::Status cleared = ClearPath(*addr, options.path); !cleared.ok()) return cleared;
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::UnavailableError(Errno("socket"));
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+    const std::string error = Errno(absl::StrCat("--shm-socket: bind ", options.path));
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  struct stat st;
+  if (chmod(options.path.c_str(), options.mode) != 0 || lstat(options.path.c_str(), &st) != 0 || listen(fd, 64) != 0) {
+    const std::string error = Errno(absl::StrCat("--shm-socket: ", options.path));
+    unlink(options.path.c_str());
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  const int stop = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop < 0) {
+    const std::string error = Errno("eventfd");
+    unlink(options.path.c_str());
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  std::unique_ptr<HandoverSocket> socket(
+      new HandoverSocket(std::move(options), registry, fd, stop, st.st_dev, st.st_ino));
+  socket->thread_ = std::thread([s = socket.get()] { s->Serve(); });
+  LOG_INFO("shm") << "accepting memfds on " << socket->path();
+  return socket;
+}
+
+HandoverSocket::HandoverSocket(Options options, RegionRegistry* registry, int listen_fd, int stop_fd, dev_t dev,
+                               ino_t ino)
+    : options_(std::move(options)),
+      registry_(registry),
+      listen_fd_(listen_fd),
+      stop_fd_(stop_fd),
+      dev_(dev),
+      ino_(ino) {}
+
+HandoverSocket::~HandoverSocket() {
+  const uint64_t one = 1;
+  (void)write(stop_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  close(listen_fd_);
+  close(stop_fd_);
+  // Remove the socket file only if it is still the one this server made.
+  struct stat st;
+  if (lstat(options_.path.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(options_.path.c_str());
+}
+
+void HandoverSocket::Serve() {
+  const int period_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.prune_period)));
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    const int ready = poll(fds, 2, period_ms);
+    if (ready < 0 && errno != EINTR) {
+      LOG_ERROR("shm") << Errno("poll of the handover socket") << "; no more memfds are accepted";
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    registry_->PruneExpired();
+    if (ready <= 0 || (fds[0].revents & POLLIN) == 0) continue;
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;  // EAGAIN (the client went away), EMFILE, ...: try again at the next poll.
+    SetTimeouts(conn, options_.io_timeout);
+    const char* outcome = Handle(conn);
+    close(conn);
+    if (options_.observe) options_.observe(outcome);
+  }
+}
+
+const char* HandoverSocket::Handle(int conn) {
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    AnswerError(conn, absl::PermissionDeniedError("the peer's credentials cannot be read"));
+    return "refused_peer";
+  }
+  if (std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) == options_.peer_uids.end()) {
+    LOG_WARNING("shm") << "refused a memfd from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
+    AnswerError(conn, absl::PermissionDeniedError(
+                          absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
+    return "refused_peer";
+  }
+  char byte[16];
+  iovec iov{byte, sizeof(byte)};
+  // Room for a few descriptors, so that a message with more than one is seen (and refused) whole.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+  std::vector<int> fds;
+  if (n > 0) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.push_back(fd);
+      }
+    }
+  }
+  if (n <= 0 || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC) != 0) {
+    for (int fd : fds) close(fd);
+    AnswerError(conn, absl::InvalidArgumentError(
+                          "send one message of at least one byte carrying exactly one memfd (SCM_RIGHTS)"));
+    return "refused_message";
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> region =
+      MappedRegion::Map(fds[0], registry_->options().max_region_bytes);
+  if (!region.ok()) {
+    AnswerError(conn, region.status());
+    return "refused_memfd";
+  }
+  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid});
+  if (!ticket.ok()) {
+    AnswerError(conn, ticket.status());
+    return "exhausted";
+  }
+  Answer(conn, absl::StrCat("OK ", *ticket));
+  return "staged";
+}
+
+}  // namespace orthoserve

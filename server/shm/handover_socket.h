@@ -1,0 +1,71 @@
+// The Unix domain socket on which same-host clients hand memfds over (docs/shared_memory.md):
+// a client connects, sends one message of at least one byte carrying exactly one descriptor
+// (SCM_RIGHTS), and reads one line back — "OK <ticket>\n", or "ERR <CODE> <message>\n" — after
+// which the server closes the connection. The descriptor is checked and mapped
+// (MappedRegion::Map) and staged in the RegionRegistry under the ticket, which the client then
+// presents to RegisterRegion with its tenant's token. No gRPC.
+//
+// The peer is identified by the kernel (SO_PEERCRED) and refused unless its uid is accepted.
+// Connections are served one at a time by one thread, each within Options::io_timeout.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/shm/region_registry.h"
+
+namespace orthoserve {
+
+class HandoverSocket {
+ public:
+  struct Options {
+    std::string path;                                // Absolute socket path (at most 107 bytes).
+    std::vector<uid_t> peer_uids;                    // Uids that may hand memfds over; empty: the server's own.
+    std::vector<std::string> reserved_paths;         // Files the server uses itself: refused as `path`.
+    mode_t mode = 0660;                              // Permissions of the socket file.
+    absl::Duration io_timeout = absl::Seconds(2);    // For one connection's message and answer.
+    absl::Duration prune_period = absl::Seconds(1);  // How often expired tickets are dropped.
+    // Told the outcome of each connection: "staged", "refused_peer", "refused_message",
+    // "refused_memfd", "exhausted" (for metrics); may be empty. Called on the socket's thread.
+    std::function<void(absl::string_view outcome)> observe;
+  };
+
+  // Checks `options.path` (absolute, fits sun_path, none of reserved_paths), removes a stale
+  // socket there (one nobody answers on), binds and listens, and starts serving into `registry`
+  // (not owned; outlives the socket). FAILED_PRECONDITION when a live socket (another server) or a
+  // file that is not a socket is at the path; INVALID_ARGUMENT for a bad path; UNAVAILABLE when
+  // the socket cannot be made.
+  static absl::StatusOr<std::unique_ptr<HandoverSocket>> Start(Options options, RegionRegistry* registry);
+
+  HandoverSocket(const HandoverSocket&) = delete;
+  HandoverSocket& operator=(const HandoverSocket&) = delete;
+  // Stops serving, closes the socket and removes its file (when it is still the one it made).
+  ~HandoverSocket();
+
+  const std::string& path() const { return options_.path; }
+
+ private:
+  HandoverSocket(Options options, RegionRegistry* registry, int listen_fd, int stop_fd, dev_t dev, ino_t ino);
+  void Serve();
+  // Serves one accepted connection; returns its outcome (Options::observe).
+  const char* Handle(int conn);
+
+  const Options options_;
+  RegionRegistry* const registry_;
+  const int listen_fd_;
+  const int stop_fd_;  // An eventfd written to stop Serve.
+  const dev_t dev_;    // The socket file this server made, to remove only that one.
+  const ino_t ino_;
+  std::thread thread_;
+};
+
+}  // namespace orthoserve

@@ -1,0 +1,216 @@
+// Implementation of server/shm/region_registry.h.
+#include "server/shm/region_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/shm/random_id.h"
+
+namespace orthoserve {
+
+// A region's memory and its users. Shared by the registry and every lease, so that the memory
+// outlives the registry's entry while a step still uses it.
+struct RegionLease::Entry {
+  Entry(std::unique_ptr<MappedRegion> map, PeerIdentity peer) : map(std::move(map)), peer(peer) {}
+
+  const std::unique_ptr<MappedRegion> map;
+  const PeerIdentity peer;
+  std::string name;  // Set once, by Claim, before the entry is shared with any lease.
+  mutable absl::Mutex mu;
+  int64_t users ABSL_GUARDED_BY(mu) = 0;
+};
+
+RegionLease::RegionLease(RegionLease&& other) noexcept
+    : entry_(std::move(other.entry_)), data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    entry_ = std::move(other.entry_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+RegionLease::~RegionLease() { Release(); }
+
+void RegionLease::Release() {
+  if (entry_ == nullptr) return;
+  {
+    absl::MutexLock lock(&entry_->mu);
+    --entry_->users;
+  }
+  entry_.reset();  // The last holder unmaps the memory.
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<MappedRegion> region, PeerIdentity peer) {
+  auto entry = std::make_shared<RegionLease::Entry>(std::move(region), peer);
+  absl::MutexLock lock(&mu_);
+  PruneExpiredLocked();
+  if (static_cast<int>(staged_.size()) >= options_.max_pending) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_pending, " handed-over memfds already wait for RegisterRegion (--shm-max-pending); retry later"));
+  }
+  std::string ticket;
+  do {
+    ASSIGN_OR_RETURN(ticket, RandomId128());
+  } while (staged_.contains(ticket));
+  staged_.emplace(ticket, Staged{std::move(entry), options_.now() + options_.ticket_timeout});
+  return ticket;
+}
+
+absl::StatusOr<RegionInfo> RegionRegistry::Claim(absl::string_view tenant, absl::string_view ticket,
+                                                 absl::string_view name) {
+  if (static_cast<int64_t>(name.size()) > options_.max_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the region name has ", name.size(), " bytes; at most ",
+                                                   options_.max_name_bytes, " are accepted (--max-name-bytes)"));
+  }
+  absl::MutexLock lock(&mu_);
+  PruneExpiredLocked();
+  auto staged = staged_.find(ticket);
+  if (staged == staged_.end()) {
+    return absl::NotFoundError("no memfd waits under this ticket (unknown, already used, or expired)");
+  }
+  TenantRegions& regions = tenants_[tenant];
+  if (static_cast<int>(regions.size()) >= options_.max_regions_per_tenant) {
+    if (regions.empty()) tenants_.erase(tenants_.find(tenant));
+    return absl::ResourceExhaustedError(absl::StrCat("the tenant has ", options_.max_regions_per_tenant,
+                                                     " regions registered already (--shm-max-regions-per-tenant); "
+                                                     "unregister one first"));
+  }
+  std::string id;
+  do {
+    ASSIGN_OR_RETURN(id, RandomId128());
+  } while (regions.contains(id));
+  std::shared_ptr<RegionLease::Entry> entry = std::move(staged->second.entry);
+  staged_.erase(staged);
+  entry->name = std::string(name);
+  regions_ += 1;
+  bytes_ += entry->map->size();
+  RegionInfo info = InfoOf(id, *entry);
+  regions.emplace(std::move(id), std::move(entry));
+  return info;
+}
+
+std::vector<RegionInfo> RegionRegistry::List(absl::string_view tenant) const {
+  std::vector<RegionInfo> out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) return out;
+    for (const auto& [id, entry] : it->second) out.push_back(InfoOf(id, *entry));
+  }
+  std::sort(out.begin(), out.end(), [](const RegionInfo& a, const RegionInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+absl::StatusOr<RegionLease> RegionRegistry::Use(absl::string_view tenant, absl::string_view id, int64_t offset,
+                                                int64_t size) const {
+  std::shared_ptr<RegionLease::Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto t = tenants_.find(tenant);
+    if (t != tenants_.end()) {
+      auto r = t->second.find(id);
+      if (r != t->second.end()) entry = r->second;
+    }
+  }
+  if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
+  const int64_t region_size = entry->map->size();
+  // offset + size is never formed: each is compared with what is left of the region.
+  if (offset < 0 || size < 0 || offset > region_size || size > region_size - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ", region_size, " bytes"));
+  }
+  {
+    absl::MutexLock lock(&entry->mu);
+    ++entry->users;
+  }
+  char* data = entry->map->data() + offset;
+  return RegionLease(std::move(entry), data, size);
+}
+
+absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_view id, absl::Time deadline) {
+  std::shared_ptr<RegionLease::Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto t = tenants_.find(tenant);
+    if (t != tenants_.end()) {
+      auto r = t->second.find(id);
+      if (r != t->second.end()) {
+        entry = std::move(r->second);
+        t->second.erase(r);
+        if (t->second.empty()) tenants_.erase(t);
+        regions_ -= 1;
+        bytes_ -= entry->map->size();
+      }
+    }
+  }
+  if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
+  RegionLease::Entry* const e = entry.get();
+  absl::MutexLock lock(&e->mu);
+  auto idle = [e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return e->users == 0; };
+  if (!e->mu.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the region was unregistered, but ", e->users,
+                     " step(s) still use it at the deadline; its memory is unmapped when they finish"));
+  }
+  return absl::OkStatus();
+}
+
+int RegionRegistry::PruneExpired() {
+  absl::MutexLock lock(&mu_);
+  return PruneExpiredLocked();
+}
+
+int RegionRegistry::PruneExpiredLocked() {
+  const absl::Time now = options_.now();
+  int pruned = 0;
+  for (auto it = staged_.begin(); it != staged_.end();) {
+    if (it->second.expires <= now) {
+      staged_.erase(it++);
+      ++pruned;
+    } else {
+      ++it;
+    }
+  }
+  return pruned;
+}
+
+RegionInfo RegionRegistry::InfoOf(const std::string& id, const RegionLease::Entry& entry) {
+  RegionInfo info;
+  info.id = id;
+  info.name = entry.name;
+  info.size = entry.map->size();
+  info.peer = entry.peer;
+  absl::MutexLock lock(&entry.mu);
+  info.users = entry.users;
+  return info;
+}
+
+int64_t RegionRegistry::regions() const {
+  absl::MutexLock lock(&mu_);
+  return regions_;
+}
+
+int64_t RegionRegistry::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+int RegionRegistry::pending() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(staged_.size());
+}
+
+}  // namespace orthoserve

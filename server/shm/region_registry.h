@@ -1,0 +1,141 @@
+// The registry of shared-memory regions (docs/shared_memory.md): memfds handed over on the
+// socket wait here under a one-time ticket until a tenant claims them; a claimed region belongs
+// to that tenant under a server-chosen random id, and every use of it holds a lease, so that
+// unregistering waits for the steps using it. No gRPC; thread-safe.
+//
+// Isolation: every lookup is keyed by (tenant, id). Another tenant's id, a guessed id and an id
+// whose owner unregistered it all give the same NOT_FOUND, so answers say nothing about regions
+// that are not the caller's.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/shm/mapped_region.h"
+
+namespace orthoserve {
+
+// The process that handed a descriptor over (SO_PEERCRED).
+struct PeerIdentity {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// A registered region as its owner sees it.
+struct RegionInfo {
+  std::string id;     // 32 hex digits, chosen by the server.
+  std::string name;   // The owner's label (RegisterRegion's name); not unique.
+  int64_t size = 0;   // Bytes mapped.
+  PeerIdentity peer;  // Who handed the memfd over.
+  int64_t users = 0;  // Leases held now (steps using it).
+};
+
+// One use of a slice of a region: the memory stays mapped, and UnregisterRegion waits, until
+// the lease is destroyed (or moved from). Movable, not copyable; may be released on any thread.
+class RegionLease {
+ public:
+  RegionLease() = default;
+  RegionLease(RegionLease&& other) noexcept;
+  RegionLease& operator=(RegionLease&& other) noexcept;
+  ~RegionLease();
+
+  char* data() const { return data_; }  // Start of the slice; null for an empty lease.
+  int64_t size() const { return size_; }
+  // Ends the use now (as the destructor would).
+  void Release();
+
+ private:
+  friend class RegionRegistry;
+  struct Entry;
+  RegionLease(std::shared_ptr<Entry> entry, char* data, int64_t size)
+      : entry_(std::move(entry)), data_(data), size_(size) {}
+
+  std::shared_ptr<Entry> entry_;
+  char* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class RegionRegistry {
+ public:
+  struct Options {
+    int max_regions_per_tenant = 64;                               // Registered regions of one tenant.
+    int64_t max_region_bytes = int64_t{64} << 30;                  // Largest memfd accepted (MappedRegion::Map).
+    int max_pending = 64;                                          // Staged memfds waiting for RegisterRegion.
+    absl::Duration ticket_timeout = absl::Seconds(10);             // How long a staged memfd waits.
+    int max_name_bytes = 1024;                                     // Bytes of a region's label.
+    std::function<absl::Time()> now = [] { return absl::Now(); };  // The clock (tests inject one).
+  };
+
+  explicit RegionRegistry(Options options) : options_(std::move(options)) {}
+  RegionRegistry(const RegionRegistry&) = delete;
+  RegionRegistry& operator=(const RegionRegistry&) = delete;
+
+  const Options& options() const { return options_; }
+
+  // Holds `region` (handed over by `peer`) under a fresh ticket, which it returns; the ticket is
+  // good for one Claim within options().ticket_timeout. RESOURCE_EXHAUSTED when
+  // options().max_pending memfds wait already (the region is then dropped: unmapped and closed).
+  absl::StatusOr<std::string> Stage(std::unique_ptr<MappedRegion> region, PeerIdentity peer) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Makes the memfd staged under `ticket` a region of `tenant`, labelled `name`, under a fresh
+  // id. NOT_FOUND for an unknown, used or expired ticket; INVALID_ARGUMENT for a name longer
+  // than options().max_name_bytes; RESOURCE_EXHAUSTED when the tenant has
+  // options().max_regions_per_tenant regions (the ticket stays good until it expires).
+  absl::StatusOr<RegionInfo> Claim(absl::string_view tenant, absl::string_view ticket, absl::string_view name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The regions of `tenant`, ordered by id; nothing of any other tenant.
+  std::vector<RegionInfo> List(absl::string_view tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A lease on bytes [offset, offset + size) of region `id` of `tenant`. NOT_FOUND when the tenant
+  // has no region `id`; OUT_OF_RANGE when the slice is not inside the region (checked without
+  // overflow: offset and size are each compared with what is left).
+  absl::StatusOr<RegionLease> Use(absl::string_view tenant, absl::string_view id, int64_t offset, int64_t size) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes region `id` of `tenant` at once (new uses are NOT_FOUND), then waits until no lease
+  // on it is held, or until `deadline`. NOT_FOUND as for Use; DEADLINE_EXCEEDED when leases are
+  // still held at the deadline (the region is gone from the registry all the same, and its memory
+  // is unmapped when the last lease goes).
+  absl::Status Unregister(absl::string_view tenant, absl::string_view id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops staged memfds whose ticket expired; returns how many. Stage and Claim prune too; the
+  // socket listener calls this periodically so that an unclaimed memfd does not outlive its
+  // ticket by more than that period.
+  int PruneExpired() ABSL_LOCKS_EXCLUDED(mu_);
+
+  int64_t regions() const ABSL_LOCKS_EXCLUDED(mu_);  // Registered regions, all tenants.
+  int64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);    // Their bytes.
+  int pending() const ABSL_LOCKS_EXCLUDED(mu_);      // Staged memfds.
+
+ private:
+  struct Staged {
+    std::shared_ptr<RegionLease::Entry> entry;
+    absl::Time expires;
+  };
+  using TenantRegions = absl::flat_hash_map<std::string, std::shared_ptr<RegionLease::Entry>>;  // id -> region
+
+  int PruneExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static RegionInfo InfoOf(const std::string& id, const RegionLease::Entry& entry);
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Staged> staged_ ABSL_GUARDED_BY(mu_);  // ticket -> memfd
+  absl::flat_hash_map<std::string, TenantRegions> tenants_ ABSL_GUARDED_BY(mu_);
+  int64_t regions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace orthoserve
