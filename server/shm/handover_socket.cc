@@ -173,12 +173,10 @@ const char* HandoverSocket::Handle(int conn) {
     AnswerError(conn, absl::PermissionDeniedError("the peer's credentials cannot be read"));
     return "refused_peer";
   }
-  if (std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) == options_.peer_uids.end()) {
-    LOG_WARNING("shm") << "refused a memfd from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
-    AnswerError(conn, absl::PermissionDeniedError(
-                          absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
-    return "refused_peer";
-  }
+  const bool peer_allowed =
+      std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) != options_.peer_uids.end();
+  // The message is read before any answer, a refusal included: a peer still sending when the
+  // connection closes would see a broken pipe instead of the reason.
   char byte[16];
   iovec iov{byte, sizeof(byte)};
   // Room for a few descriptors, so that a message with more than one is seen (and refused) whole.
@@ -200,6 +198,13 @@ const char* HandoverSocket::Handle(int conn) {
         fds.push_back(fd);
       }
     }
+  }
+  if (!peer_allowed) {
+    for (int fd : fds) close(fd);  // Never mapped.
+    LOG_WARNING("shm") << "refused a memfd from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
+    AnswerError(conn, absl::PermissionDeniedError(
+                          absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
+    return "refused_peer";
   }
   if (n <= 0 || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC) != 0) {
     for (int fd : fds) close(fd);
