@@ -166,6 +166,15 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.service.admission.max_tenant_concurrent_streams < 0) {
     return absl::InvalidArgumentError("--max-tenant-concurrent-streams must be >= 0 (0: no per-tenant limit)");
   }
+  if (o.service.unary.max_concurrent < 0) {
+    return absl::InvalidArgumentError("--max-concurrent-unary must be >= 0 (0: what --max-inflight-bytes holds)");
+  }
+  if (o.service.unary.max_tenant_concurrent < 0) {
+    return absl::InvalidArgumentError("--max-tenant-concurrent-unary must be >= 0 (0: no per-tenant cap)");
+  }
+  if (o.service.unary.max_waiters < 0) {
+    return absl::InvalidArgumentError("--max-unary-waiters must be >= 0 (0: refuse a unary call that finds no slot)");
+  }
   const double call_rate = o.service.admission.max_tenant_calls_per_second;
   if (!(call_rate == 0 || call_rate >= 1)) {
     return absl::InvalidArgumentError("--max-tenant-calls-per-second must be 0 (no limit) or at least 1");
@@ -200,6 +209,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   // Fair stream slots between the token file's tenants, by their --tenant-shares weights.
   o.service.admission.tenants = server->auth_->tenants();
   o.service.admission.tenant_shares = o.tenant_shares;
+  o.service.unary.tenants = o.service.admission.tenants;
+  o.service.unary.tenant_shares = o.tenant_shares;
 
   ASSIGN_OR_RETURN(server->backend_, CreateBackend(o.backend));
   const BackendInfo info = server->backend_->Info();
@@ -242,6 +253,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.service.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.service.max_message_bytes));
+  if (o.connections.memory_quota_bytes == 0) {
+    const int64_t unary_calls = int64_t{UnaryGateOptions(o.service).max_concurrent} + o.service.unary.max_waiters;
+    o.connections.memory_quota_bytes = DefaultMemoryQuota(o.service.admission.max_inflight_bytes, unary_calls);
+  }
   ApplyConnectionOptions(o.connections, builder);
 
   server->compute_ = std::make_unique<FairPool>(o.workers, o.tenant_shares);

@@ -66,10 +66,11 @@ absl::string_view TenantLabelsName(TenantLabels labels);  // "off", "name", "has
 absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 
 // The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): admission's, and
-// stream_progress for a stream ended by --stream-progress-timeout.
+// stream_progress for a stream ended by --stream-progress-timeout, unary_waiters for a unary call
+// refused a place in (or pushed out of) the full waiter queue (server/rpc/unary_gate.h).
 inline constexpr const char* kRefusalLimits[] = {"inflight_bytes", "tenant_inflight_bytes", "concurrent_streams",
                                                  "tenant_concurrent_streams", "tenant_call_rate", "stream_progress",
-                                                 "fair_share"};
+                                                 "fair_share", "unary_waiters"};
 
 class Metrics {
  public:
