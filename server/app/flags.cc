@@ -148,7 +148,8 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serv
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
 ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
-          "--tls-cert, --tls-key and --tls-client-ca are read again this often; new connections get what they hold "
+          "--tls-cert, --tls-key and --tls-client-ca, and --fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca, are "
+          "read again this often; new connections get what they hold "
           "(a certificate whose key does not match is not taken), connections already made keep theirs. At least 1s.");
 ABSL_FLAG(std::string, fleet_tls_cert, "",
           "PEM certificate chain of this rank for mutual TLS on the fleet port (with --fleet-tls-key and "
@@ -322,6 +323,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.fleet_tls.key_file = absl::GetFlag(FLAGS_fleet_tls_key);
   o.fleet_tls.ca_file = absl::GetFlag(FLAGS_fleet_tls_ca);
   o.fleet_tls.member_name = absl::GetFlag(FLAGS_fleet_tls_member_name);
+  o.fleet_tls.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.token_reload_interval = absl::GetFlag(FLAGS_token_reload_interval);
 

@@ -17,6 +17,7 @@
 #include "server/fleet/wire/fleet_codec.h"
 #include "server/fleet/logic/fleet_identity.h"
 #include "server/fleet/wire/fleet_tls.h"
+#include "server/tls/watched_tls.h"
 #include "server/rpc/service_state.h"
 
 namespace orthoserve {
@@ -55,22 +56,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   if (o.tls_reload_interval < absl::Seconds(1)) {
     return absl::InvalidArgumentError("--tls-reload-interval must be at least 1s");
   }
-  // gRPC's file watcher reads the files again every interval and serves new handshakes with what
-  // it read (a certificate whose key does not match is not taken); connections already made keep
-  // theirs. So rotated certificates (cert-manager renews the Secret, the kubelet updates the
-  // mount) take effect without a restart.
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      o.tls_key, o.tls_cert, o.tls_client_ca,
-      static_cast<unsigned int>(absl::ToInt64Seconds(o.tls_reload_interval)));
-  grpc::experimental::TlsServerCredentialsOptions tls(provider);
-  tls.watch_identity_key_cert_pairs();
-  if (!o.tls_client_ca.empty()) {
-    tls.watch_root_certs();
-    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  } else {
-    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  }
-  return grpc::experimental::TlsServerCredentials(tls);
+  // Read again every interval (server/tls/watched_tls.h), so rotated certificates take effect
+  // without a restart.
+  return WatchedServerCredentials(
+      WatchTlsFiles({o.tls_key, o.tls_cert, o.tls_client_ca, o.tls_reload_interval}), !o.tls_client_ca.empty());
 }
 
 }  // namespace
