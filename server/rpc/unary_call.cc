@@ -133,7 +133,7 @@ void UnaryCall::ProgressTimedOut(absl::Duration stalled) {
       "the unary call's request did not arrive within ", absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
       " of its room being reserved (--stream-progress-timeout = ", absl::FormatDuration(s_.watchdog.timeout()), ")");
   LOG_INFO("rpc") << "tenant " << BoundedText(tenant_) << ": " << message;
-  s_.metrics->TenantRefused(tenant_, "stream_progress");
+  s_.metrics->TenantCut(tenant_, "unary_request");
   End(absl::ResourceExhaustedError(message));
 }
 

@@ -91,7 +91,7 @@ absl::Status UnaryGate::EnqueueLocked(const std::string& tenant, Waiter waiter, 
     queue.pop_back();
     if (queue.empty()) queues_.erase(victim);
     --waiting_;
-    if (metrics_ != nullptr) metrics_->TenantRefused(victim, "unary_waiters");
+    if (metrics_ != nullptr) metrics_->TenantCut(victim, "pushed_out");
     ready.emplace_back(
         std::move(pushed.done),
         absl::ResourceExhaustedError(absl::StrCat(

@@ -10,8 +10,9 @@
 // have it gets it. At most max_waiters calls wait in all: when the queue is full, a call of a
 // tenant that holds less than its weighted part of the queue (among the tenants waiting and
 // itself) pushes out the newest waiter of the tenant most over its part; otherwise the new call
-// is refused. Both refusals are RESOURCE_EXHAUSTED naming --max-unary-waiters and count as limit
-// "unary_waiters" in orthoserve_tenant_refusals_total. So one tenant's stalled calls hold at
+// is refused. Both are RESOURCE_EXHAUSTED naming --max-unary-waiters, counted as limit
+// "unary_waiters" in orthoserve_tenant_refusals_total (the new call) and cause "pushed_out" in
+// orthoserve_tenant_cuts_total (the waiter pushed out). So one tenant's stalled calls hold at
 // most its share of the slots another tenant needs, and at most its part of the queue.
 #pragma once
 

@@ -31,7 +31,8 @@ struct Call {
 
 class UnaryGateTest : public ::testing::Test {
  protected:
-  void Make(int limit, int waiters, std::vector<std::string> tenants, FairShares shares = {}, int cap = 0) {
+  void Make(int limit, int waiters, std::vector<std::string> tenants, FairShares shares = {}, int cap = 0,
+            Metrics* metrics = nullptr) {
     UnaryGate::Options options;
     options.max_concurrent = limit;
     options.max_tenant_concurrent = cap;
@@ -39,7 +40,7 @@ class UnaryGateTest : public ::testing::Test {
     options.tenants = std::move(tenants);
     options.tenant_shares = std::move(shares);
     options.clock = [this] { return now_; };
-    gate_ = std::make_unique<UnaryGate>(options, nullptr);
+    gate_ = std::make_unique<UnaryGate>(options, metrics);
   }
   // A new call of `tenant` asks for a slot.
   Call* Ask(const std::string& tenant) {
@@ -150,8 +151,30 @@ TEST_F(UnaryGateTest, ATenantAtItsCapWaitsWhileSlotsAreFree) {
   EXPECT_TRUE(third->done && third->status.ok());
 }
 
+// The counter of `family` with labels tenant=`tenant` and `key`=`value` (0 when absent).
+double Count(Metrics& metrics, const std::string& family, const std::string& tenant, const std::string& key,
+             const std::string& value) {
+  for (const prometheus::MetricFamily& f : metrics.Collect()) {
+    if (f.name != family) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      bool match = true;
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == "tenant") match = match && l.value == tenant;
+        if (l.name == key) match = match && l.value == value;
+      }
+      if (match) return m.counter.value;
+    }
+  }
+  return 0;
+}
+
 TEST_F(UnaryGateTest, AFullQueueRefusesTheTenantAtItsPartAndPushesItOutForAnother) {
-  Make(/*limit=*/2, /*waiters=*/4, {});
+  Metrics::Options metrics_options;
+  metrics_options.process_metrics = false;
+  metrics_options.tenant_labels = TenantLabels::kName;
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(metrics_options);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  Make(/*limit=*/2, /*waiters=*/4, {}, {}, 0, metrics->get());
   for (int i = 0; i < 6; ++i) Ask("alice");  // 2 hold, 4 wait.
   EXPECT_EQ(Holding("alice"), 2);
   EXPECT_EQ(gate_->waiting(), 4u);
@@ -179,6 +202,12 @@ TEST_F(UnaryGateTest, AFullQueueRefusesTheTenantAtItsPartAndPushesItOutForAnothe
   int pushed = 0;
   for (const auto& c : calls_) pushed += c->done && absl::StrContains(c->status.message(), "pushed out");
   EXPECT_EQ(pushed, 2);
+  // Refused at the door: alice twice, bob once; cut from the queue: two of alice's.
+  Metrics& m = **metrics;
+  EXPECT_EQ(Count(m, "orthoserve_tenant_refusals_total", "alice", "limit", "unary_waiters"), 2);
+  EXPECT_EQ(Count(m, "orthoserve_tenant_refusals_total", "bob", "limit", "unary_waiters"), 1);
+  EXPECT_EQ(Count(m, "orthoserve_tenant_cuts_total", "alice", "cause", "pushed_out"), 2);
+  EXPECT_EQ(Count(m, "orthoserve_tenant_cuts_total", "bob", "cause", "pushed_out"), 0);
   // The freed slot goes to the tenant with the fewest slots: bob.
   EndOne("alice");
   EXPECT_TRUE(bob->done && bob->status.ok());
