@@ -17,6 +17,7 @@
 #include "server/fleet/wire/fleet_codec.h"
 #include "server/fleet/logic/fleet_identity.h"
 #include "server/fleet/wire/fleet_tls.h"
+#include "server/metrics/certificate_expiry.h"
 #include "server/tls/watched_tls.h"
 #include "server/rpc/service_state.h"
 
@@ -60,6 +61,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   // without a restart.
   return WatchedServerCredentials(
       WatchTlsFiles({o.tls_key, o.tls_cert, o.tls_client_ca, o.tls_reload_interval}), !o.tls_client_ca.empty());
+}
+
+// The certificates this rank serves with, as (label, PEM file): the expiry metric's and the
+// liveness check's.
+std::vector<std::pair<std::string, std::string>> ServingCertificates(const ServerOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!o.tls_cert.empty()) files.emplace_back("server", o.tls_cert);
+  if (!o.tls_client_ca.empty()) files.emplace_back("client_ca", o.tls_client_ca);
+  if (!o.fleet_tls.cert_file.empty()) files.emplace_back("fleet", o.fleet_tls.cert_file);
+  if (!o.fleet_tls.ca_file.empty()) files.emplace_back("fleet_ca", o.fleet_tls.ca_file);
+  return files;
 }
 
 }  // namespace
@@ -225,10 +237,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.limits.compute_workers = o.workers;
   m.limits.rendezvous_timeout = o.service.rendezvous_timeout;
   m.limits.collective_timeout = o.collective_timeout;
-  if (!o.tls_cert.empty()) m.certificates.emplace_back("server", o.tls_cert);
-  if (!o.tls_client_ca.empty()) m.certificates.emplace_back("client_ca", o.tls_client_ca);
-  if (!o.fleet_tls.cert_file.empty()) m.certificates.emplace_back("fleet", o.fleet_tls.cert_file);
-  if (!o.fleet_tls.ca_file.empty()) m.certificates.emplace_back("fleet_ca", o.fleet_tls.ca_file);
+  m.certificates = ServingCertificates(o);
   ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(m));
   server->metrics_->device_memory("budget").Set(static_cast<double>(info.memory_budget_bytes));
 
@@ -307,7 +316,8 @@ void Server::WatchHealth() {
   // The public port: "" and the Orthogonalizer service are SERVING while the rank takes calls
   // (every rank does, with lone clients served alone when it is outside the fleet); the
   // "orthoserve.fleet" service is SERVING while it is a member of a formed generation. The
-  // fleet port's "" status is the liveness signal: NOT_SERVING when the rank is wedged.
+  // fleet port's "" status is the liveness signal: NOT_SERVING when the rank is wedged, or when a
+  // certificate it serves with has expired.
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   grpc::HealthCheckServiceInterface* liveness = fleet_->liveness_service();
   health->SetServingStatus(true);
@@ -315,6 +325,10 @@ void Server::WatchHealth() {
   LOG_INFO("server") << "serving";
   int last_member = -1;
   bool last_live = true;
+  std::string last_failure;
+  const std::vector<std::pair<std::string, std::string>> certificate_files = ServingCertificates(options_);
+  absl::Status certificates;
+  absl::Time certificates_checked = absl::InfinitePast();
   absl::Time last = absl::Now();
   absl::MutexLock lock(&mu_);
   while (!draining_) {
@@ -326,13 +340,21 @@ void Server::WatchHealth() {
       }
       last_member = member;
     }
-    const absl::Status live = fleet_->Liveness();
-    if (live.ok() != last_live) {
-      if (!live.ok()) LOG_ERROR("server") << "this rank is wedged (liveness fails): " << live;
+    const absl::Time now = absl::Now();
+    // An expired certificate fails liveness as it fails readiness (docs/operations.md, "Health
+    // endpoints"): the files are looked at every 10 s, so a renewal read by the reload is seen.
+    if (now - certificates_checked >= absl::Seconds(10)) {
+      certificates = CertificatesUnexpired(certificate_files, now);
+      certificates_checked = now;
+    }
+    absl::Status live = fleet_->Liveness();
+    if (live.ok()) live = certificates;
+    if (live.ok() != last_live || (!live.ok() && live.message() != last_failure)) {
+      if (!live.ok()) LOG_ERROR("server") << "liveness fails: " << live;
       if (liveness != nullptr) liveness->SetServingStatus(live.ok());
       last_live = live.ok();
+      last_failure = std::string(live.message());
     }
-    const absl::Time now = absl::Now();
     if (options_.world > 1 && (!member || static_cast<int>(fleet_->generation_size()) < options_.world)) {
       metrics_->Degraded(now - last);
     }
