@@ -235,9 +235,12 @@ def panels():
         (f'sum by (tenant, direction) (rate(orthoserve_tenant_bytes_total{{{SEL}}}[{RI}]))',
          "{{tenant}} {{direction}} B/s"),
         (f'sum by (tenant, limit) (rate(orthoserve_tenant_refusals_total{{{SEL}}}[{RI}]))',
-         "{{tenant}} refused: {{limit}} /s")], "short", 16, y, w=8,
-        description="Matrix bytes received and sent per second, and RESOURCE_EXHAUSTED refusals per second by "
-                    "the admission limit that refused them."))
+         "{{tenant}} refused: {{limit}} /s"),
+        (f'sum by (tenant, cause) (rate(orthoserve_tenant_cuts_total{{{SEL}}}[{RI}]))',
+         "{{tenant}} cut: {{cause}} /s")], "short", 16, y, w=8,
+        description="Matrix bytes received and sent per second, RESOURCE_EXHAUSTED refusals per second by "
+                    "the limit that refused them, and calls the server cut per second by cause (a client that "
+                    "stopped sending or reading, a unary request that never came, a waiter pushed out)."))
     y += 8
 
     out.append(row("Process", y)); y += 1

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
+#include "grpcpp/resource_quota.h"
 
 namespace orthoserve {
 namespace {
@@ -26,7 +27,15 @@ absl::Status NotNegative(absl::Duration d, const char* flag) {
   return absl::InvalidArgumentError(absl::StrCat(flag, " must be >= 0 (0: never), got ", absl::FormatDuration(d)));
 }
 
+// Below this a quota would cancel ordinary calls: one connection's buffers alone take megabytes.
+constexpr int64_t kMinMemoryQuota = int64_t{16} << 20;
+
 }  // namespace
+
+int64_t DefaultMemoryQuota(int64_t max_inflight_bytes, int64_t unary_calls) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  return max_inflight_bytes + unary_calls * 8 * kMiB + 64 * kMiB;
+}
 
 absl::Status ValidateConnectionOptions(const ConnectionOptions& o) {
   for (absl::Status s : {Positive(o.keepalive_time, "--grpc-keepalive-time"),
@@ -36,6 +45,11 @@ absl::Status ValidateConnectionOptions(const ConnectionOptions& o) {
                          NotNegative(o.max_connection_age, "--grpc-max-connection-age"),
                          NotNegative(o.max_connection_age_grace, "--grpc-max-connection-age-grace")}) {
     if (!s.ok()) return s;
+  }
+  if (o.memory_quota_bytes != 0 && o.memory_quota_bytes < kMinMemoryQuota) {
+    return absl::InvalidArgumentError(absl::StrCat("--grpc-memory-quota-bytes must be 0 (the default of "
+                                                   "--max-inflight-bytes and the unary calls) or at least ",
+                                                   kMinMemoryQuota, " (16 MiB), got ", o.memory_quota_bytes));
   }
   if (o.max_streams_per_connection < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--grpc-max-streams-per-connection must be >= 0 (0: no limit), got ",
@@ -61,6 +75,12 @@ void ApplyConnectionOptions(const ConnectionOptions& o, grpc::ServerBuilder& bui
   }
   if (o.max_streams_per_connection > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_streams_per_connection);
+  }
+  if (!o.bdp_probe) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  if (o.memory_quota_bytes > 0) {
+    grpc::ResourceQuota quota("orthoserve-public");
+    quota.Resize(static_cast<size_t>(o.memory_quota_bytes));
+    builder.SetResourceQuota(quota);
   }
 }
 

@@ -1,7 +1,10 @@
 // How the public gRPC port treats connections: keepalive both ways, how often clients may ping,
-// idle and aged connections, and streams per connection — the gRPC server channel arguments
-// behind the --grpc-* flags, each with a default that is safe for a shared cluster.
+// idle and aged connections, streams per connection and the memory gRPC may hold — the gRPC
+// server channel arguments and resource quota behind the --grpc-* flags, each with a default that
+// is safe for a shared cluster.
 #pragma once
+
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -31,12 +34,34 @@ struct ConnectionOptions {
   // Concurrent calls one connection may carry (the server-wide and per-tenant stream limits
   // apply on top); 0: gRPC's default (no limit).
   int max_streams_per_connection = 256;
+  // The memory gRPC may hold for the public port (a grpc::ResourceQuota): received messages not
+  // yet consumed, transport and flow-control buffers of every connection. Near it gRPC shrinks
+  // its HTTP/2 windows (so a waiting call holds less of what its client sends), closes idle
+  // connections and, at the limit, cancels calls with RESOURCE_EXHAUSTED ("Buffers full").
+  // 0: DefaultMemoryQuota (the server sets it).
+  int64_t memory_quota_bytes = 0;
+  // gRPC sizes each connection's HTTP/2 windows from its measured bandwidth-delay product (BDP
+  // probing): fast transfers, but a call the server has not read yet may be sent a window's worth
+  // of its request (1–4 MiB per call on loopback) that gRPC buffers. false: fixed 64 KiB windows,
+  // so calls waiting for a slot hold at most 64 KiB each, at a cost in stream throughput (measure
+  // it with bench/service/run.sh first: bench/results/service.md saw 0.40× raw TCP without probing
+  // but with 64 MiB windows, against 0.46–0.50× with it).
+  bool bdp_probe = true;
 };
+
+// The default memory quota, the bound on what gRPC holds that docs/operations.md ("Memory bound")
+// states: what admission lets calls hold (every admitted unary request is read in place, in
+// gRPC's buffers), `max_inflight_bytes`; plus an HTTP/2 window of 8 MiB for each of `unary_calls`
+// (the unary calls that may hold a slot or wait for one, whose requests gRPC may receive before
+// they are admitted); plus 64 MiB for the transports. A backstop that does not cut calls the
+// limits let in, not a tighter limit.
+int64_t DefaultMemoryQuota(int64_t max_inflight_bytes, int64_t unary_calls);
 
 // INVALID_ARGUMENT naming the flag for a value out of range.
 absl::Status ValidateConnectionOptions(const ConnectionOptions& options);
 
-// Sets `options` on `builder` as gRPC channel arguments.
+// Sets `options` on `builder` as gRPC channel arguments and its resource quota (when
+// memory_quota_bytes > 0).
 void ApplyConnectionOptions(const ConnectionOptions& options, grpc::ServerBuilder& builder);
 
 }  // namespace orthoserve

@@ -63,6 +63,17 @@ ABSL_FLAG(int, max_concurrent_streams, 64,
 ABSL_FLAG(int, max_tenant_concurrent_streams, 0,
           "Concurrent OrthogonalizeStream calls of one tenant at most, a cap on top of its fair share of "
           "--max-concurrent-streams (0: no cap).");
+ABSL_FLAG(int, max_concurrent_unary, 0,
+          "Concurrent Orthogonalize (unary) calls at most, shared fairly between tenants like the stream slots "
+          "(--tenant-shares); more wait in a queue (--max-unary-waiters). 0: as many as --max-inflight-bytes holds "
+          "reservations for (2 x --max-message-bytes each, or the tenant's or server's whole budget if smaller).");
+ABSL_FLAG(int, max_tenant_concurrent_unary, 0,
+          "Concurrent unary calls of one tenant at most, a cap on top of its fair share of --max-concurrent-unary "
+          "(0: no cap); more wait in the queue.");
+ABSL_FLAG(int, max_unary_waiters, 256,
+          "Unary calls waiting for a slot at most. The queue is fair between tenants: slots go to the waiting tenant "
+          "with the fewest per weight, and when the queue is full a tenant under its weighted part of it pushes out "
+          "the newest waiter of the tenant most over its part; other calls are refused with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, max_tenant_calls_per_second, 0,
           "Calls (streams and unary) one tenant may start in any second; more are refused with RESOURCE_EXHAUSTED "
           "(0: no limit).");
@@ -114,6 +125,15 @@ ABSL_FLAG(absl::Duration, grpc_max_connection_age, absl::ZeroDuration(),
 ABSL_FLAG(absl::Duration, grpc_max_connection_age_grace, absl::Minutes(5), "See --grpc-max-connection-age.");
 ABSL_FLAG(int, grpc_max_streams_per_connection, 256,
           "Concurrent calls on one client connection at most (the stream limits apply on top); 0: no limit.");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 0,
+          "Memory gRPC may hold for the public port (its resource quota): received messages not yet consumed, "
+          "transport and flow-control buffers. Near it gRPC shrinks its HTTP/2 windows and closes idle connections; "
+          "at it, calls are cancelled with RESOURCE_EXHAUSTED. 0: --max-inflight-bytes + 8 MiB per unary call that may "
+          "hold a slot or wait (--max-concurrent-unary + --max-unary-waiters) + 64 MiB. At least 16 MiB.");
+ABSL_FLAG(bool, grpc_bdp_probe, true,
+          "Size the public port's HTTP/2 windows from each connection's measured bandwidth-delay product (fast "
+          "streams). false: fixed 64 KiB windows, so a call waiting for a slot or room holds at most 64 KiB of its "
+          "request in gRPC's buffers (instead of 1-4 MiB), at a cost in stream throughput.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight (after leaving the fleet); the process exits at "
           "this plus 10s at the latest.");
@@ -140,7 +160,8 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serv
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a certificate (mutual TLS).");
 ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
-          "--tls-cert, --tls-key and --tls-client-ca are read again this often; new connections get what they hold "
+          "--tls-cert, --tls-key and --tls-client-ca, and --fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca, are "
+          "read again this often; new connections get what they hold "
           "(a certificate whose key does not match is not taken), connections already made keep theirs. At least 1s.");
 ABSL_FLAG(std::string, fleet_tls_cert, "",
           "PEM certificate chain of this rank for mutual TLS on the fleet port (with --fleet-tls-key and "
@@ -189,11 +210,11 @@ const char* const kFlagNames[] = {
     "listen", "advertise_address", "metrics_address", "backend", "device", "device_memory_budget", "cuda_graphs", "collective", "workers",
     "blas_threads", "rank", "world", "coordinator", "membership", "fleet_leader_ttl", "etcd_tls_ca", "etcd_tls_cert",
     "etcd_tls_key", "fleet_listen", "max_matrix_elements", "max_inflight_bytes",
-    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_message_bytes", "chunk_bytes",
+    "max_tenant_inflight_bytes", "max_concurrent_streams", "max_tenant_concurrent_streams", "max_tenant_calls_per_second", "max_concurrent_unary", "max_tenant_concurrent_unary", "max_unary_waiters", "max_message_bytes", "chunk_bytes",
     "stream_buffer_idle_bytes",
     "max_matrices_per_step", "max_name_bytes", "max_shape_dims", "max_group_world", "max_tenant_pending_steps",
     "fleet_max_log_entry_bytes",
-    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "stream_min_progress_bytes", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
+    "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "stream_min_progress_bytes", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "grpc_memory_quota_bytes", "grpc_bdp_probe", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "shm_socket", "shm_peer_uids", "shm_max_region_bytes", "shm_max_regions_per_tenant",
     "shm_max_pending", "shm_ticket_timeout", "shm_unregister_timeout", "log_level", "log_verbose", "check_config"};
@@ -292,6 +313,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.service.admission.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   o.service.admission.max_tenant_concurrent_streams = absl::GetFlag(FLAGS_max_tenant_concurrent_streams);
   o.service.admission.max_tenant_calls_per_second = absl::GetFlag(FLAGS_max_tenant_calls_per_second);
+  o.service.unary.max_concurrent = absl::GetFlag(FLAGS_max_concurrent_unary);
+  o.service.unary.max_tenant_concurrent = absl::GetFlag(FLAGS_max_tenant_concurrent_unary);
+  o.service.unary.max_waiters = absl::GetFlag(FLAGS_max_unary_waiters);
   o.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.service.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   o.service.buffers.max_idle_bytes = absl::GetFlag(FLAGS_stream_buffer_idle_bytes);
@@ -313,6 +337,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.connections.max_connection_age = absl::GetFlag(FLAGS_grpc_max_connection_age);
   o.connections.max_connection_age_grace = absl::GetFlag(FLAGS_grpc_max_connection_age_grace);
   o.connections.max_streams_per_connection = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
+  o.connections.memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
+  o.connections.bdp_probe = absl::GetFlag(FLAGS_grpc_bdp_probe);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.stall_warning = absl::GetFlag(FLAGS_stall_warning);
   o.peer_timeout = absl::GetFlag(FLAGS_fleet_peer_timeout);
@@ -329,6 +355,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.fleet_tls.key_file = absl::GetFlag(FLAGS_fleet_tls_key);
   o.fleet_tls.ca_file = absl::GetFlag(FLAGS_fleet_tls_ca);
   o.fleet_tls.member_name = absl::GetFlag(FLAGS_fleet_tls_member_name);
+  o.fleet_tls.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.token_reload_interval = absl::GetFlag(FLAGS_token_reload_interval);
   o.shm.socket = absl::GetFlag(FLAGS_shm_socket);

@@ -19,6 +19,8 @@
 #include "server/fleet/wire/fleet_codec.h"
 #include "server/fleet/logic/fleet_identity.h"
 #include "server/fleet/wire/fleet_tls.h"
+#include "server/metrics/certificate_expiry.h"
+#include "server/tls/watched_tls.h"
 #include "server/rpc/service_state.h"
 
 namespace orthoserve {
@@ -57,22 +59,21 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   if (o.tls_reload_interval < absl::Seconds(1)) {
     return absl::InvalidArgumentError("--tls-reload-interval must be at least 1s");
   }
-  // gRPC's file watcher reads the files again every interval and serves new handshakes with what
-  // it read (a certificate whose key does not match is not taken); connections already made keep
-  // theirs. So rotated certificates (cert-manager renews the Secret, the kubelet updates the
-  // mount) take effect without a restart.
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      o.tls_key, o.tls_cert, o.tls_client_ca,
-      static_cast<unsigned int>(absl::ToInt64Seconds(o.tls_reload_interval)));
-  grpc::experimental::TlsServerCredentialsOptions tls(provider);
-  tls.watch_identity_key_cert_pairs();
-  if (!o.tls_client_ca.empty()) {
-    tls.watch_root_certs();
-    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  } else {
-    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  }
-  return grpc::experimental::TlsServerCredentials(tls);
+  // Read again every interval (server/tls/watched_tls.h), so rotated certificates take effect
+  // without a restart.
+  return WatchedServerCredentials(
+      WatchTlsFiles({o.tls_key, o.tls_cert, o.tls_client_ca, o.tls_reload_interval}), !o.tls_client_ca.empty());
+}
+
+// The certificates this rank serves with, as (label, PEM file): the expiry metric's and the
+// liveness check's.
+std::vector<std::pair<std::string, std::string>> ServingCertificates(const ServerOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!o.tls_cert.empty()) files.emplace_back("server", o.tls_cert);
+  if (!o.tls_client_ca.empty()) files.emplace_back("client_ca", o.tls_client_ca);
+  if (!o.fleet_tls.cert_file.empty()) files.emplace_back("fleet", o.fleet_tls.cert_file);
+  if (!o.fleet_tls.ca_file.empty()) files.emplace_back("fleet_ca", o.fleet_tls.ca_file);
+  return files;
 }
 
 }  // namespace
@@ -184,6 +185,15 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.service.admission.max_tenant_concurrent_streams < 0) {
     return absl::InvalidArgumentError("--max-tenant-concurrent-streams must be >= 0 (0: no per-tenant limit)");
   }
+  if (o.service.unary.max_concurrent < 0) {
+    return absl::InvalidArgumentError("--max-concurrent-unary must be >= 0 (0: what --max-inflight-bytes holds)");
+  }
+  if (o.service.unary.max_tenant_concurrent < 0) {
+    return absl::InvalidArgumentError("--max-tenant-concurrent-unary must be >= 0 (0: no per-tenant cap)");
+  }
+  if (o.service.unary.max_waiters < 0) {
+    return absl::InvalidArgumentError("--max-unary-waiters must be >= 0 (0: refuse a unary call that finds no slot)");
+  }
   const double call_rate = o.service.admission.max_tenant_calls_per_second;
   if (!(call_rate == 0 || call_rate >= 1)) {
     return absl::InvalidArgumentError("--max-tenant-calls-per-second must be 0 (no limit) or at least 1");
@@ -226,6 +236,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   // Fair stream slots between the token file's tenants, by their --tenant-shares weights.
   o.service.admission.tenants = server->auth_->tenants();
   o.service.admission.tenant_shares = o.tenant_shares;
+  o.service.unary.tenants = o.service.admission.tenants;
+  o.service.unary.tenant_shares = o.tenant_shares;
 
   ASSIGN_OR_RETURN(server->backend_, CreateBackend(o.backend));
   const BackendInfo info = server->backend_->Info();
@@ -251,10 +263,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   m.limits.compute_workers = o.workers;
   m.limits.rendezvous_timeout = o.service.rendezvous_timeout;
   m.limits.collective_timeout = o.collective_timeout;
-  if (!o.tls_cert.empty()) m.certificates.emplace_back("server", o.tls_cert);
-  if (!o.tls_client_ca.empty()) m.certificates.emplace_back("client_ca", o.tls_client_ca);
-  if (!o.fleet_tls.cert_file.empty()) m.certificates.emplace_back("fleet", o.fleet_tls.cert_file);
-  if (!o.fleet_tls.ca_file.empty()) m.certificates.emplace_back("fleet_ca", o.fleet_tls.ca_file);
+  m.certificates = ServingCertificates(o);
   ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(m));
   server->metrics_->device_memory("budget").Set(static_cast<double>(info.memory_budget_bytes));
   if (!o.shm.socket.empty()) {
@@ -289,6 +298,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.service.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.service.max_message_bytes));
+  if (o.connections.memory_quota_bytes == 0) {
+    const int64_t unary_calls = int64_t{UnaryGateOptions(o.service).max_concurrent} + o.service.unary.max_waiters;
+    o.connections.memory_quota_bytes = DefaultMemoryQuota(o.service.admission.max_inflight_bytes, unary_calls);
+  }
   ApplyConnectionOptions(o.connections, builder);
 
   server->compute_ = std::make_unique<FairPool>(o.workers, o.tenant_shares);
@@ -359,7 +372,8 @@ void Server::WatchHealth() {
   // The public port: "" and the Orthogonalizer service are SERVING while the rank takes calls
   // (every rank does, with lone clients served alone when it is outside the fleet); the
   // "orthoserve.fleet" service is SERVING while it is a member of a formed generation. The
-  // fleet port's "" status is the liveness signal: NOT_SERVING when the rank is wedged.
+  // fleet port's "" status is the liveness signal: NOT_SERVING when the rank is wedged, or when a
+  // certificate it serves with has expired.
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   grpc::HealthCheckServiceInterface* liveness = fleet_->liveness_service();
   health->SetServingStatus(true);
@@ -367,6 +381,10 @@ void Server::WatchHealth() {
   LOG_INFO("server") << "serving";
   int last_member = -1;
   bool last_live = true;
+  std::string last_failure;
+  const std::vector<std::pair<std::string, std::string>> certificate_files = ServingCertificates(options_);
+  absl::Status certificates;
+  absl::Time certificates_checked = absl::InfinitePast();
   absl::Time last = absl::Now();
   absl::MutexLock lock(&mu_);
   while (!draining_) {
@@ -378,13 +396,21 @@ void Server::WatchHealth() {
       }
       last_member = member;
     }
-    const absl::Status live = fleet_->Liveness();
-    if (live.ok() != last_live) {
-      if (!live.ok()) LOG_ERROR("server") << "this rank is wedged (liveness fails): " << live;
+    const absl::Time now = absl::Now();
+    // An expired certificate fails liveness as it fails readiness (docs/operations.md, "Health
+    // endpoints"): the files are looked at every 10 s, so a renewal read by the reload is seen.
+    if (now - certificates_checked >= absl::Seconds(10)) {
+      certificates = CertificatesUnexpired(certificate_files, now);
+      certificates_checked = now;
+    }
+    absl::Status live = fleet_->Liveness();
+    if (live.ok()) live = certificates;
+    if (live.ok() != last_live || (!live.ok() && live.message() != last_failure)) {
+      if (!live.ok()) LOG_ERROR("server") << "liveness fails: " << live;
       if (liveness != nullptr) liveness->SetServingStatus(live.ok());
       last_live = live.ok();
+      last_failure = std::string(live.message());
     }
-    const absl::Time now = absl::Now();
     if (options_.world > 1 && (!member || static_cast<int>(fleet_->generation_size()) < options_.world)) {
       metrics_->Degraded(now - last);
     }

@@ -34,6 +34,18 @@ absl::StatusOr<absl::Time> CertificateNotAfter(const std::string& path) {
   return absl::FromUnixSeconds(static_cast<int64_t>(timegm(&tm)));
 }
 
+absl::Status CertificatesUnexpired(const std::vector<std::pair<std::string, std::string>>& files, absl::Time now) {
+  for (const auto& [label, path] : files) {
+    const absl::StatusOr<absl::Time> not_after = CertificateNotAfter(path);
+    if (not_after.ok() && *not_after <= now) {
+      return absl::FailedPreconditionError(absl::StrCat("the ", label, " certificate ", path, " expired at ",
+                                                        absl::FormatTime(*not_after, absl::UTCTimeZone()),
+                                                        ": new TLS connections fail until it is renewed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<prometheus::MetricFamily> CertificateExpiry::Collect() const {
   prometheus::MetricFamily family;
   family.name = "orthoserve_certificate_expiry_timestamp_seconds";

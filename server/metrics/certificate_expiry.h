@@ -21,6 +21,11 @@ namespace orthoserve {
 // read, INVALID_ARGUMENT when it holds no certificate that parses.
 absl::StatusOr<absl::Time> CertificateNotAfter(const std::string& path);
 
+// OK while no certificate of `files` ((label, PEM path) pairs) has expired at `now`;
+// FAILED_PRECONDITION naming the first that has (its label, file and notAfter). A file that does
+// not read is not this check's concern (OK): the metric leaves it out and logs it.
+absl::Status CertificatesUnexpired(const std::vector<std::pair<std::string, std::string>>& files, absl::Time now);
+
 // One gauge family, orthoserve_certificate_expiry_timestamp_seconds{certificate}: one sample per
 // named file whose certificate reads (a file that does not read is left out, and its name logged
 // once until it reads again). The family is there, without samples, when no file is named.

@@ -197,14 +197,23 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                           .Register(r);
   m->tenant_refusals_ = &prometheus::BuildCounter()
                              .Name("orthoserve_tenant_refusals_total")
-                             .Help("Calls refused RESOURCE_EXHAUSTED by admission, by tenant (--tenant-labels) and "
-                                   "limit: inflight_bytes, tenant_inflight_bytes, concurrent_streams, "
-                                   "tenant_concurrent_streams, tenant_call_rate, fair_share (a stream slot kept for "
-                                   "other tenants' fair shares); stream_progress: streams ended by "
-                                   "--stream-progress-timeout.")
+                             .Help("Calls refused RESOURCE_EXHAUSTED before they held anything, by tenant "
+                                   "(--tenant-labels) and limit: inflight_bytes, tenant_inflight_bytes, "
+                                   "concurrent_streams, tenant_concurrent_streams, tenant_call_rate, fair_share (a "
+                                   "stream slot kept for other tenants' fair shares), unary_waiters (the unary "
+                                   "waiter queue is full).")
                              .Register(r);
-  if (options.tenant_labels == TenantLabels::kOff) {  // One "all" series per limit, there from the start.
+  m->tenant_cuts_ = &prometheus::BuildCounter()
+                         .Name("orthoserve_tenant_cuts_total")
+                         .Help("Calls the server ended after admitting them, by tenant (--tenant-labels) and cause: "
+                               "not_sending, not_reading (a stream that moved fewer than --stream-min-progress-bytes "
+                               "in --stream-progress-timeout), unary_request (a unary request that did not arrive "
+                               "within --stream-progress-timeout), pushed_out (a waiting unary call pushed out of the "
+                               "full queue by another tenant).")
+                         .Register(r);
+  if (options.tenant_labels == TenantLabels::kOff) {  // One "all" series per limit and cause, there from the start.
     for (const char* limit : kRefusalLimits) m->tenant_refusals_->Add({{"tenant", "all"}, {"limit", limit}});
+    for (const char* cause : kCutCauses) m->tenant_cuts_->Add({{"tenant", "all"}, {"cause", cause}});
   }
   // The configured limits, constant for the process.
   const Limits& l = options.limits;
@@ -431,6 +440,10 @@ void Metrics::TenantBytes(absl::string_view tenant, absl::string_view direction,
 
 void Metrics::TenantRefused(absl::string_view tenant, absl::string_view limit) {
   tenant_refusals_->Add({{"tenant", TenantLabel(tenant)}, {"limit", std::string(limit)}}).Increment();
+}
+
+void Metrics::TenantCut(absl::string_view tenant, absl::string_view cause) {
+  tenant_cuts_->Add({{"tenant", TenantLabel(tenant)}, {"cause", std::string(cause)}}).Increment();
 }
 
 void Metrics::IntegrityRefused(absl::string_view cause) {

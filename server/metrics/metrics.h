@@ -65,17 +65,30 @@ enum class TenantLabels { kOff, kName, kHash };
 absl::string_view TenantLabelsName(TenantLabels labels);  // "off", "name", "hash"
 absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 
-// The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): admission's, and
-// stream_progress for a stream ended by --stream-progress-timeout.
 // The outcomes of a memfd handed over on the shared-memory socket
 // (orthoserve_shm_handovers_total{outcome}; server/shm/handover_socket.h), each series there from
 // the start.
 inline constexpr const char* kShmHandoverOutcomes[] = {"staged", "refused_peer", "refused_message", "refused_memfd",
                                                        "exhausted"};
 
-inline constexpr const char* kRefusalLimits[] = {"inflight_bytes", "tenant_inflight_bytes", "concurrent_streams",
-                                                 "tenant_concurrent_streams", "tenant_call_rate", "stream_progress",
-                                                 "fair_share"};
+
+// The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): a call turned away
+// with RESOURCE_EXHAUSTED before it held anything — admission's limits, and unary_waiters for a
+// unary call refused a place in the full waiter queue (server/rpc/unary_gate.h).
+inline constexpr const char* kRefusalLimits[] = {
+    "inflight_bytes", "tenant_inflight_bytes", "concurrent_streams", "tenant_concurrent_streams", "tenant_call_rate",
+    "fair_share",     "unary_waiters"};
+
+// The causes a cut can name (orthoserve_tenant_cuts_total{cause}): a call the server ended after
+// admitting it, because of what its client did:
+//  - not_sending: a stream whose client sent fewer than --stream-min-progress-bytes (nothing, or
+//    a trickle) in --stream-progress-timeout while its next messages were awaited;
+//  - not_reading: a stream whose client read too little of its results in that time;
+//  - unary_request: a unary call whose request did not arrive within --stream-progress-timeout
+//    of its room being reserved;
+//  - pushed_out: a unary call waiting for a slot, pushed out of the full queue by a tenant under
+//    its part of it.
+inline constexpr const char* kCutCauses[] = {"not_sending", "not_reading", "unary_request", "pushed_out"};
 
 class Metrics {
  public:
@@ -178,6 +191,8 @@ class Metrics {
   void TenantCompute(absl::string_view tenant, absl::Duration compute);
   void TenantBytes(absl::string_view tenant, absl::string_view direction, double bytes);
   void TenantRefused(absl::string_view tenant, absl::string_view limit);
+  // A call of `tenant` cut for `cause` (one of kCutCauses).
+  void TenantCut(absl::string_view tenant, absl::string_view cause);
   prometheus::Gauge& queue_depth() { return *queue_depth_; }
   prometheus::Gauge& fleet_size() { return *fleet_size_; }
   prometheus::Gauge& fleet_members_ready() { return *fleet_members_ready_; }
@@ -237,6 +252,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tenant_compute_ = nullptr;
   prometheus::Family<prometheus::Counter>* tenant_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* tenant_refusals_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tenant_cuts_ = nullptr;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* fleet_size_ = nullptr;
   prometheus::Gauge* fleet_coordinator_ = nullptr;

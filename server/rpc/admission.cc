@@ -2,28 +2,16 @@
 #include "server/rpc/admission.h"
 
 #include <algorithm>
-#include <cmath>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/message_text.h"
 
 namespace orthoserve {
-namespace {
-
-std::vector<std::string> SortedUnique(std::vector<std::string> names) {
-  std::sort(names.begin(), names.end());
-  names.erase(std::unique(names.begin(), names.end()), names.end());
-  return names;
-}
-
-// floor(x), forgiving the rounding of a quotient that is a whole number (8 * 1/3 * 3).
-int FloorSlots(double x) { return static_cast<int>(std::floor(x + 1e-9)); }
-
-}  // namespace
-
 Admission::Admission(const Options& options, Metrics* metrics)
-    : options_(options), metrics_(metrics), known_tenants_(SortedUnique(options.tenants)) {}
+    : options_(options),
+      metrics_(metrics),
+      streams_(options.max_concurrent_streams, options.max_tenant_concurrent_streams, options.tenant_shares,
+               options.tenants, {"streams", "--max-concurrent-streams", "--max-tenant-concurrent-streams"}) {}
 
 Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
   if (this != &other) {
@@ -75,38 +63,12 @@ absl::Status Admission::AdmitCall(const std::string& tenant) {
 
 absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& tenant) {
   absl::MutexLock lock(&mu_);
-  const absl::Time now = Now();
-  const int limit = options_.max_concurrent_streams;
-  if (streams_ >= limit) {
-    stream_refused_[tenant] = now;
-    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "concurrent_streams");
-    return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", streams_, " streams, its limit of ",
-                                                     limit,
-                                                     " concurrent streams (--max-concurrent-streams); retry later"));
+  FairSlots::Refusal refused_by;
+  if (absl::Status status = streams_.Acquire(tenant, Now(), &refused_by); !status.ok()) {
+    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, RefusalLimit(refused_by));
+    return status;
   }
-  const auto held = tenant_streams_.find(tenant);
-  const int mine = held == tenant_streams_.end() ? 0 : held->second;
-  if (options_.max_tenant_concurrent_streams > 0 && mine >= options_.max_tenant_concurrent_streams) {
-    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_concurrent_streams");
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant \"", BoundedText(tenant), "\" has ", mine, " streams open, its limit of ",
-        options_.max_tenant_concurrent_streams, " (--max-tenant-concurrent-streams); close one or retry later"));
-  }
-  // Under its share a tenant leaves only the kept slots free; at or over it, every other reserve.
-  const StreamReserve reserve = StreamReserveLocked(tenant, now);
-  const bool under_share = mine < reserve.share;
-  if (streams_ + 1 + (under_share ? reserve.idle_tenants : reserve.for_others) > limit) {
-    stream_refused_[tenant] = now;
-    if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "fair_share");
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant \"", BoundedText(tenant), "\" has ", mine, " streams open and its fair share is ", reserve.share,
-        " of the server's ", limit, " (--max-concurrent-streams, weighted by --tenant-shares); the ", limit - streams_,
-        " free are kept for ", under_share ? 0 : reserve.waiting_tenants, " other tenants waiting for their share and ",
-        reserve.idle_tenants, " tenants of the token file with no streams; retry later"));
-  }
-  ++streams_;
-  ++tenant_streams_[tenant];
-  if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_);
+  if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_.held());
   Ticket ticket;
   ticket.owner_ = this;
   ticket.tenant_ = tenant;
@@ -114,51 +76,15 @@ absl::StatusOr<Admission::Ticket> Admission::AcquireStream(const std::string& te
   return ticket;
 }
 
-double Admission::Weight(const std::string& tenant) const {
-  const auto it = options_.tenant_shares.find(tenant);
-  return it == options_.tenant_shares.end() || !(it->second.weight > 0) ? 1.0 : it->second.weight;
-}
-
-Admission::StreamReserve Admission::StreamReserveLocked(const std::string& tenant, absl::Time now) {
-  for (auto it = stream_refused_.begin(); it != stream_refused_.end();) {
-    auto next = std::next(it);
-    if (now - it->second >= kFairShareMemory) stream_refused_.erase(it);
-    it = next;
+const char* Admission::RefusalLimit(FairSlots::Refusal refusal) {
+  switch (refusal) {
+    case FairSlots::Refusal::kLimit:
+      return "concurrent_streams";
+    case FairSlots::Refusal::kCap:
+      return "tenant_concurrent_streams";
+    default:
+      return "fair_share";
   }
-  // Tenants with traffic: the caller, holders of slots, and tenants refused lately.
-  absl::flat_hash_set<std::string> traffic = {tenant};
-  for (const auto& [name, count] : tenant_streams_) traffic.insert(name);
-  for (const auto& [name, when] : stream_refused_) traffic.insert(name);
-  double traffic_weight = 0;
-  for (const std::string& name : traffic) traffic_weight += Weight(name);
-  double all_weight = traffic_weight;
-  for (const std::string& name : known_tenants_) {
-    if (!traffic.contains(name)) all_weight += Weight(name);
-  }
-  const int limit = options_.max_concurrent_streams;
-  StreamReserve r;
-  // One slot kept for each token file tenant without traffic whose part of the limit is a slot.
-  for (const std::string& name : known_tenants_) {
-    if (!traffic.contains(name) && FloorSlots(limit * Weight(name) / all_weight) >= 1) ++r.idle_tenants;
-  }
-  const int divided = limit - r.idle_tenants;
-  const auto share_of = [&](const std::string& name) {
-    int share = FloorSlots(divided * Weight(name) / traffic_weight);
-    if (options_.max_tenant_concurrent_streams > 0) share = std::min(share, options_.max_tenant_concurrent_streams);
-    return share;
-  };
-  r.share = share_of(tenant);
-  r.for_others = r.idle_tenants;
-  for (const auto& [name, when] : stream_refused_) {
-    if (name == tenant) continue;
-    const auto held = tenant_streams_.find(name);
-    const int need = share_of(name) - (held == tenant_streams_.end() ? 0 : held->second);
-    if (need > 0) {
-      r.for_others += need;
-      ++r.waiting_tenants;
-    }
-  }
-  return r;
 }
 
 absl::Status Admission::AddBytes(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what) {
@@ -273,10 +199,8 @@ void Admission::Return(const std::string& tenant, int64_t bytes, bool stream) {
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ready;
   absl::ReleasableMutexLock lock(&mu_);
   if (stream) {
-    --streams_;
-    auto it = tenant_streams_.find(tenant);
-    if (it != tenant_streams_.end() && --it->second <= 0) tenant_streams_.erase(it);
-    if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_);
+    streams_.Release(tenant);
+    if (metrics_ != nullptr) metrics_->inflight_streams().Set(streams_.held());
   }
   if (bytes > 0) {
     bytes_ -= bytes;

@@ -3,21 +3,17 @@
 // anything is allocated — never an out-of-memory kill. Thread-safe.
 //
 // Fair stream slots. The server-wide stream limit L (--max-concurrent-streams) is shared by
-// weight (--tenant-shares) between tenants, by reservation rather than preemption. A tenant "has
-// traffic" while it asks for a slot, while it holds one, and for kFairShareMemory after it was
-// last refused one (by the server-wide or the fair-share limit: it is "waiting"). Each tenant of
-// the token file (Options::tenants) without traffic has one slot kept free for it, if its
-// weighted part of L among all known tenants and those with traffic is at least one slot; the
-// rest of L is divided by weight among the tenants with traffic, a tenant's share being the
-// floor of its part (at most --max-tenant-concurrent-streams when set). A tenant under its share
-// gets a slot when one is free beyond the kept slots; a tenant at or over its share gets one only
-// when, after it, the free slots also cover what every waiting tenant lacks to its share. The
-// kept slots and shares add up to at most L, so a tenant under its share is refused only while
-// others hold more than theirs, and the slots they release go to it, not back to them; nobody
-// borrows beyond its share a slot that someone waiting needs. A tenant alone (no token file, or
-// no other tenant known or with traffic) uses the whole limit. Refusals by this rule count as
-// limit "fair_share" in orthoserve_tenant_refusals_total. In-flight bytes are not shared this way
-// (yet): --max-tenant-inflight-bytes bounds each tenant's.
+// weight (--tenant-shares) between tenants, by reservation rather than preemption, under the rule
+// of FairSlots (fair_slots.h): each tenant of the token file (Options::tenants) without traffic
+// has one slot kept free for it, the rest is divided by weight among the tenants with traffic
+// (each share at most --max-tenant-concurrent-streams when set), and a tenant borrows beyond its
+// share only slots nobody waiting needs. The kept slots and shares add up to at most L, so a
+// tenant under its share is refused only while others hold more than theirs, and the slots they
+// release go to it, not back to them. A tenant alone (no token file, or no other tenant known or
+// with traffic) uses the whole limit. Refusals by this rule count as limit "fair_share" in
+// orthoserve_tenant_refusals_total. In-flight bytes are not shared this way (yet):
+// --max-tenant-inflight-bytes bounds each tenant's. Unary calls have slots of their own
+// (unary_gate.h).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +30,7 @@
 #include "absl/time/time.h"
 #include "common/fair_queue.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/fair_slots.h"
 
 namespace orthoserve {
 
@@ -50,9 +47,8 @@ class Admission {
     std::function<absl::Time()> clock;       // Time source of kFairShareMemory; null: absl::Now.
   };
 
-  // How long a refused tenant keeps its reserve of stream slots after its last refusal: longer
-  // than a client's retry backoff, short enough that a tenant which went away frees its share.
-  static constexpr absl::Duration kFairShareMemory = absl::Seconds(5);
+  // How long a refused tenant keeps its reserve of stream slots after its last refusal.
+  static constexpr absl::Duration kFairShareMemory = FairSlots::kFairShareMemory;
 
   // Holds admitted bytes (or a stream slot) until destroyed. Movable.
   class Ticket {
@@ -114,6 +110,9 @@ class Admission {
   };
   enum class Short { kNone, kServer, kTenant };
 
+  // The `limit` label of a stream slot refused by `refusal`.
+  static const char* RefusalLimit(FairSlots::Refusal refusal);
+
   // Adds `bytes` to `ticket` if both limits allow; otherwise says which is short and, with
   // `refuse`, counts the refusal and returns its RESOURCE_EXHAUSTED. Requires mu_.
   absl::Status TryAddLocked(Ticket& ticket, const std::string& tenant, int64_t bytes, const std::string& what,
@@ -125,28 +124,14 @@ class Admission {
   void Return(const std::string& tenant, int64_t bytes, bool stream);
   // The most bytes any tenant holds (for the tenant gauge with labels off). Requires mu_.
   int64_t LargestTenantBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The fair-share rule's figures for a stream of `tenant` (after forgetting refusals older than
-  // kFairShareMemory): the slots kept for others, and `tenant`'s own share.
-  struct StreamReserve {
-    int for_others = 0;       // Kept slots plus what each waiting tenant lacks to its share.
-    int waiting_tenants = 0;  // Other tenants refused within kFairShareMemory and under their share.
-    int idle_tenants = 0;     // Token file tenants without traffic that keep a slot (one each).
-    int share = 0;            // `tenant`'s guaranteed share.
-  };
-  StreamReserve StreamReserveLocked(const std::string& tenant, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  double Weight(const std::string& tenant) const;
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
 
   const Options options_;
   Metrics* metrics_;  // Optional.
   mutable absl::Mutex mu_;
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  FairSlots streams_ ABSL_GUARDED_BY(mu_);  // The stream slots.
   absl::flat_hash_map<std::string, int64_t> tenant_bytes_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int> tenant_streams_ ABSL_GUARDED_BY(mu_);
-  // The last refusal of a stream slot of each tenant refused within kFairShareMemory.
-  absl::flat_hash_map<std::string, absl::Time> stream_refused_ ABSL_GUARDED_BY(mu_);
-  const std::vector<std::string> known_tenants_;  // Options::tenants, sorted, without repeats.
   // Start times of each tenant's calls within the last second (with a call-rate limit only).
   absl::flat_hash_map<std::string, std::deque<absl::Time>> tenant_calls_ ABSL_GUARDED_BY(mu_);
   absl::Time calls_swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // When tenant_calls_ was last swept.

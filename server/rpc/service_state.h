@@ -4,6 +4,7 @@
 // before the service is destroyed).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "server/rpc/admission.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/progress_watchdog.h"
+#include "server/rpc/unary_gate.h"
 #include "server/shm/region_registry.h"
 #include "server/step/step.h"
 
@@ -46,11 +48,35 @@ struct ServiceOptions {
   absl::Duration stream_progress_timeout = absl::Seconds(60);
   int64_t stream_min_progress_bytes = int64_t{16} << 10;
   Admission::Options admission;
+  // Unary call slots and their waiter queue (unary_gate.h). max_concurrent <= 0:
+  // DefaultMaxConcurrentUnary.
+  UnaryGate::Options unary;
   // Reused stream buffers; max_idle_bytes is capped at admission.max_inflight_bytes.
   BufferPool::Options buffers;
   std::string version;
   std::string shm_socket;  // The shared-memory handover socket (--shm-socket), reported in GetServerInfo.
 };
+
+// The bytes a unary call reserves before its body is read: room for the largest request and
+// response (2 × max_message_bytes), or the whole in-flight budget, server's or tenant's, when that
+// is smaller.
+inline int64_t UnaryReservationBytes(const ServiceOptions& o) {
+  return std::min({2 * o.max_message_bytes, o.admission.max_inflight_bytes, o.admission.max_tenant_inflight_bytes});
+}
+
+// The default --max-concurrent-unary: as many calls as the server's in-flight budget holds
+// reservations for (at least 1), so that unary calls holding slots never wait on each other's
+// bytes.
+inline int DefaultMaxConcurrentUnary(const ServiceOptions& o) {
+  const int64_t calls = o.admission.max_inflight_bytes / std::max<int64_t>(UnaryReservationBytes(o), 1);
+  return static_cast<int>(std::clamp<int64_t>(calls, 1, 1 << 20));
+}
+
+inline UnaryGate::Options UnaryGateOptions(const ServiceOptions& o) {
+  UnaryGate::Options u = o.unary;
+  if (u.max_concurrent <= 0) u.max_concurrent = DefaultMaxConcurrentUnary(o);
+  return u;
+}
 
 struct ServiceState {
   ServiceState(const ServiceOptions& options, const StepServices& steps, const TokenAuth* auth,
@@ -60,6 +86,7 @@ struct ServiceState {
         metrics(steps.metrics),
         auth(auth),
         admission(options.admission, steps.metrics),
+        unary_gate(UnaryGateOptions(options), steps.metrics),
         buffers(std::move(buffers)),
         watchdog(options.stream_progress_timeout) {}
 
@@ -68,6 +95,7 @@ struct ServiceState {
   Metrics* const metrics;
   const TokenAuth* const auth;
   Admission admission;
+  UnaryGate unary_gate;
   const std::shared_ptr<BufferPool> buffers;  // steps.buffers points into it.
   ProgressWatchdog watchdog;
   std::atomic<bool> draining{false};

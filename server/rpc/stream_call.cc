@@ -385,7 +385,7 @@ void StreamCall::ProgressTimedOut(absl::Duration stalled) {
               : ": the client sent too little while its next messages were awaited",
       " (--stream-progress-timeout = ", absl::FormatDuration(limit), ", --stream-min-progress-bytes = ", least, ")");
   LOG_INFO("rpc") << "tenant " << BoundedText(tenant_) << ": " << message;
-  s_.metrics->TenantRefused(tenant_, "stream_progress");
+  s_.metrics->TenantCut(tenant_, writing ? "not_reading" : "not_sending");
   if (writing) {
     // A write the client does not read never completes, and Finish would queue behind it: the
     // call is cancelled (the client sees CANCELLED), and OnCancel ends its step.

@@ -59,15 +59,40 @@ void UnaryCall::Begin() {
     return;
   }
   std::weak_ptr<UnaryCall> weak = weak_from_this();
+  const uint64_t id = s_.unary_gate.Acquire(&slot_, tenant_, [weak](absl::Status status) {
+    if (std::shared_ptr<UnaryCall> call = weak.lock()) call->OnSlot(std::move(status));
+  });
+  bool cancel = false;
+  {
+    absl::MutexLock lock(&mu_);
+    slot_wait_id_ = id;
+    cancel = cancelled_ && id != 0;
+  }
+  // OnCancel came before the wait had its id.
+  if (cancel && s_.unary_gate.CancelWait(id)) End(absl::CancelledError("the client cancelled the call"));
+}
+
+void UnaryCall::OnSlot(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    slot_wait_id_ = 0;
+    if (status.ok() && cancelled_) status = absl::CancelledError("the client cancelled the call");
+  }
+  if (!status.ok()) {
+    End(std::move(status));
+    return;
+  }
+  Reserve();
+}
+
+void UnaryCall::Reserve() {
+  std::weak_ptr<UnaryCall> weak = weak_from_this();
   // Room for the largest request and response there can be, or the whole budget when that is
   // smaller (unary bodies are then read one at a time, and one larger than what is left after the
   // read is refused when its real size is admitted).
-  const Admission::Options& limits = s_.options.admission;
-  const int64_t reservation =
-      std::min({2 * s_.options.max_message_bytes, limits.max_inflight_bytes, limits.max_tenant_inflight_bytes});
   const uint64_t id = s_.admission.AddBytesWhenAvailable(
-      &bytes_, tenant_, reservation, "a unary call (its request and response, each up to --max-message-bytes)",
-      [weak](absl::Status status) {
+      &bytes_, tenant_, UnaryReservationBytes(s_.options),
+      "a unary call (its request and response, each up to --max-message-bytes)", [weak](absl::Status status) {
         if (std::shared_ptr<UnaryCall> call = weak.lock()) call->OnReserved(std::move(status));
       });
   bool cancel = false;
@@ -109,7 +134,7 @@ void UnaryCall::ProgressTimedOut(absl::Duration stalled) {
       "the unary call's request did not arrive within ", absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))),
       " of its room being reserved (--stream-progress-timeout = ", absl::FormatDuration(s_.watchdog.timeout()), ")");
   LOG_INFO("rpc") << "tenant " << BoundedText(tenant_) << ": " << message;
-  s_.metrics->TenantRefused(tenant_, "stream_progress");
+  s_.metrics->TenantCut(tenant_, "unary_request");
   End(absl::ResourceExhaustedError(message));
 }
 
@@ -312,14 +337,18 @@ void UnaryCall::End(absl::Status status) {
 void UnaryCall::OnCancel() {
   std::shared_ptr<Step> step;
   uint64_t wait = 0;
+  uint64_t slot_wait = 0;
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     step = step_;
     wait = wait_id_;
+    slot_wait = slot_wait_id_;
   }
   if (step != nullptr) {
     step->Cancel(s_.draining.load());
+  } else if (slot_wait != 0 && s_.unary_gate.CancelWait(slot_wait)) {
+    End(absl::CancelledError("the client cancelled the call while it waited for a slot"));
   } else if (wait != 0 && s_.admission.CancelWait(wait)) {
     End(absl::CancelledError("the client cancelled the call while it waited for room"));
   }
@@ -332,6 +361,7 @@ void UnaryCall::OnDone() {
   s_.metrics->inflight_requests().Set(--s_.inflight);
   s_.metrics->RequestDone(kMethod, CodeName(status_.code()), absl::Now() - start_);
   bytes_.Release();
+  slot_.Release();
   std::shared_ptr<UnaryCall> self;
   {
     absl::MutexLock lock(&mu_);

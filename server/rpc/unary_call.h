@@ -2,6 +2,8 @@
 // step layer as a stream (server/step/step.h), so that a unary call on a fleet is planned over
 // the fleet like a lone stream. No thread is held while it waits or computes.
 //
+// Slots: the call first takes a unary slot (UnaryGate: fair between tenants, a bounded queue).
+//
 // Bounded memory: the call is served by the generic callback service (a raw byte stream), so
 // that its body is read only once twice --max-message-bytes (its request and its response; at
 // most the whole in-flight budget, server's or tenant's) of the budget is reserved for it (Admission::AddBytesWhenAvailable, in arrival
@@ -63,8 +65,10 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   };
 
   UnaryCall(ServiceState& state, grpc::CallbackServerContext* context);
-  // Authenticates, then waits for the body's reservation.
+  // Authenticates, then waits for a slot (UnaryGate), then for the body's reservation.
   void Begin();
+  void OnSlot(absl::Status status);
+  void Reserve();
   void OnReserved(absl::Status status);
   // Parses, validates, admits and runs the request; an error ends the call at once.
   absl::Status Run();
@@ -83,11 +87,13 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   const absl::Time start_ = absl::Now();
   std::shared_ptr<UnaryCall> self_;  // gRPC's hold, until OnDone.
   std::string tenant_;
+  UnaryGate::Slot slot_;
   Admission::Ticket bytes_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<Step> step_ ABSL_GUARDED_BY(mu_);
-  uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;  // The body's reservation while it waits.
+  uint64_t slot_wait_id_ ABSL_GUARDED_BY(mu_) = 0;  // The slot's wait while it waits.
+  uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;       // The body's reservation while it waits.
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // Its request is awaited (room reserved).

@@ -12,6 +12,7 @@
 #include "common/message_text.h"
 #include "common/status.h"
 #include "grpc/grpc_security_constants.h"
+#include "server/tls/watched_tls.h"
 
 namespace orthoserve {
 namespace {
@@ -44,27 +45,23 @@ absl::StatusOr<std::shared_ptr<const FleetTls>> FleetTls::Load(const FleetTlsOpt
         absl::StrCat("--fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca are given together or not at all; missing: ",
                      absl::StrJoin(missing, ", ")));
   }
-  ASSIGN_OR_RETURN(std::string cert, ReadPem(o.cert_file, "--fleet-tls-cert", "CERTIFICATE"));
-  ASSIGN_OR_RETURN(std::string key, ReadPem(o.key_file, "--fleet-tls-key", "PRIVATE KEY"));
-  ASSIGN_OR_RETURN(std::string ca, ReadPem(o.ca_file, "--fleet-tls-ca", "CERTIFICATE"));
+  RETURN_IF_ERROR(ReadPem(o.cert_file, "--fleet-tls-cert", "CERTIFICATE").status());
+  RETURN_IF_ERROR(ReadPem(o.key_file, "--fleet-tls-key", "PRIVATE KEY").status());
+  RETURN_IF_ERROR(ReadPem(o.ca_file, "--fleet-tls-ca", "CERTIFICATE").status());
+  if (o.reload_interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--tls-reload-interval must be at least 1s");
+  }
   ASSIGN_OR_RETURN(FleetMemberNames names, FleetMemberNames::Create(o.member_name, world));
   return std::shared_ptr<const FleetTls>(
-      new FleetTls(std::move(cert), std::move(key), std::move(ca), std::move(names)));
+      new FleetTls(WatchTlsFiles({o.key_file, o.cert_file, o.ca_file, o.reload_interval}), std::move(names)));
 }
 
 std::shared_ptr<grpc::ServerCredentials> FleetTls::ServerCredentials() const {
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = ca_;
-  ssl.pem_key_cert_pairs.push_back({key_, cert_});
-  return grpc::SslServerCredentials(ssl);
+  return WatchedServerCredentials(files_, /*require_client_certificate=*/true);
 }
 
 std::shared_ptr<grpc::ChannelCredentials> FleetTls::ChannelCredentials() const {
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ca_;
-  ssl.pem_private_key = key_;
-  ssl.pem_cert_chain = cert_;
-  return grpc::SslCredentials(ssl);
+  return WatchedChannelCredentials(files_);
 }
 
 void FleetTls::ExpectServerRank(int rank, grpc::ChannelArguments& args) const {

@@ -13,9 +13,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "server/fleet/logic/fleet_identity.h"
 
@@ -27,19 +29,25 @@ struct FleetTlsOptions {
   std::string key_file;   // --fleet-tls-key: its PEM private key.
   std::string ca_file;    // --fleet-tls-ca: the PEM CA bundle every member's certificate is signed by.
   std::string member_name = kDefaultFleetMemberName;  // --fleet-tls-member-name ({rank}: the rank).
+  absl::Duration reload_interval = absl::Seconds(60);  // --tls-reload-interval: how often the files are read.
 
   // Any of the files is given (Load then requires all three).
   bool enabled() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
 };
 
-// This rank's fleet credentials, loaded once. Immutable; thread-safe.
+// This rank's fleet credentials. The three files are checked once by Load, then read again every
+// reload_interval (server/tls/watched_tls.h): the fleet server's new handshakes present the
+// certificate they hold and trust the CA bundle they hold, and so do the channels' new
+// connections; connections already made keep theirs. Thread-safe.
 class FleetTls {
  public:
   // Reads the three files and checks the member-name pattern for a fleet of `world` ranks.
   // INVALID_ARGUMENT naming the flag: a file missing from the three, unreadable or without the
-  // PEM block it must hold, or a bad pattern. Certificates are not verified here: a certificate
-  // the CA did not sign fails every handshake (and rank 0's server does not start when its key
-  // does not fit its certificate).
+  // PEM block it must hold, a bad pattern, or a reload interval under 1 s. Certificates are not
+  // verified here: a certificate the CA did not sign fails every handshake, and so does a key
+  // that does not fit its certificate (gRPC does not take the pair; it logs why).
+  // The files are not held: the credentials read them again (a later file that does not parse
+  // leaves the last good one in use).
   static absl::StatusOr<std::shared_ptr<const FleetTls>> Load(const FleetTlsOptions& options, int world);
 
   const FleetMemberNames& names() const { return names_; }
@@ -54,12 +62,11 @@ class FleetTls {
   void ExpectServerRank(int rank, grpc::ChannelArguments& args) const;
 
  private:
-  FleetTls(std::string cert, std::string key, std::string ca, FleetMemberNames names)
-      : cert_(std::move(cert)), key_(std::move(key)), ca_(std::move(ca)), names_(std::move(names)) {}
+  FleetTls(std::shared_ptr<grpc::experimental::CertificateProviderInterface> files, FleetMemberNames names)
+      : files_(std::move(files)), names_(std::move(names)) {}
 
-  const std::string cert_;
-  const std::string key_;
-  const std::string ca_;
+  // The three files, read again every reload_interval; shared by every credential built here.
+  const std::shared_ptr<grpc::experimental::CertificateProviderInterface> files_;
   const FleetMemberNames names_;
 };
 

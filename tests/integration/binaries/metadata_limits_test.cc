@@ -4,14 +4,12 @@
 // whole (its message fits gRPC's metadata limit, so it does not turn into the client's own
 // RESOURCE_EXHAUSTED), the server's resident memory grows by less than 50 MiB, and the server
 // still serves a normal step afterwards.
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -29,22 +27,6 @@ constexpr int kSpecs = 4096;
 constexpr int64_t kMaxRssGrowth = int64_t{50} << 20;
 // A refusal's message is far below gRPC's default metadata limit (8 KiB).
 constexpr size_t kSmallMessage = 1024;
-
-// VmRSS of process `pid` in bytes (-1 when it cannot be read).
-int64_t ResidentBytes(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (!absl::StartsWith(line, "VmRSS:")) continue;
-    int64_t kib = 0;
-    std::string digits;
-    for (char c : line) {
-      if (c >= '0' && c <= '9') digits += c;
-    }
-    if (absl::SimpleAtoi(digits, &kib)) return kib << 10;
-  }
-  return -1;
-}
 
 struct Outcome {
   grpc::Status status;

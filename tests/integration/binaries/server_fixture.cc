@@ -6,8 +6,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -157,6 +160,21 @@ void BinariesTest::ExpectStillServing(const std::string& after) {
   ASSERT_TRUE(out.has_value());
   EXPECT_EQ(out->shape, tiny.shape);
   EXPECT_EQ(out->data.size(), tiny.data.size());
+}
+
+int64_t ResidentBytes(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!absl::StartsWith(line, "VmRSS:")) continue;
+    int64_t kib = 0;
+    std::string digits;
+    for (char c : line) {
+      if (c >= '0' && c <= '9') digits += c;
+    }
+    if (absl::SimpleAtoi(digits, &kib)) return kib << 10;
+  }
+  return -1;
 }
 
 }  // namespace orthoserve::testing

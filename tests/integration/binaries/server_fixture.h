@@ -3,6 +3,9 @@
 // drain timeout), a scratch directory, and helpers that run the real `orthoctl`.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +39,9 @@ ServerProcess StartServer(const std::string& log_prefix, const std::vector<std::
 // SIGTERMs the server and expects exit code 0 within kDrainTimeout (failures carry the log). The
 // reaped process stays in `server` so its log can still be read.
 void StopServerExpectCleanExit(ServerProcess& server);
+
+// VmRSS of process `pid` in bytes, from /proc/PID/status (-1 when it cannot be read).
+int64_t ResidentBytes(pid_t pid);
 
 // A new scratch directory under $TMPDIR (or /tmp).
 std::string MakeScratchDir();

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +94,9 @@ class FleetTlsTest : public ::testing::Test {
             Certs(absl::StrCat("cert ", d, " wildcard DNS:*.fleet.test.svc")) == 0 &&
             Certs(absl::StrCat("cert ", d, " uri2 URI:spiffe://test/orthoserve/2")) == 0 &&
             Certs(absl::StrCat("ca ", d, " other_ca")) == 0 &&
-            Certs(absl::StrCat("cert ", d, " foreign --ca other_ca DNS:orthoserve-rank-1")) == 0;
+            Certs(absl::StrCat("cert ", d, " foreign --ca other_ca DNS:orthoserve-rank-1")) == 0 &&
+            Certs(absl::StrCat("cert ", d, " rank0-renewed DNS:orthoserve-rank-0")) == 0 &&
+            Certs(absl::StrCat("cert ", d, " rank1-renewed DNS:orthoserve-rank-1")) == 0;
   }
   static void TearDownTestSuite() { std::system(absl::StrCat("rm -rf ", CertDir()).c_str()); }
   void SetUp() override { ASSERT_TRUE(made_) << "could not make certificates with " << ORTHOSERVE_FLEET_CERTS_SCRIPT; }
@@ -171,7 +174,8 @@ TEST_F(FleetTlsTest, PeerNamesAreTheVerifiedCertificatesDnsAndUriSans) {
   EXPECT_THAT(service.properties[GRPC_PEER_URI_PROPERTY_NAME], ElementsAre("spiffe://test/orthoserve/1"));
   EXPECT_THAT(service.properties[GRPC_PEER_IP_PROPERTY_NAME], ElementsAre("127.0.0.1"));
   EXPECT_THAT(service.properties[GRPC_X509_CN_PROPERTY_NAME], ElementsAre("many"));
-  EXPECT_THAT(service.properties[GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME], ElementsAre("ssl"));
+  // "tls": the fleet port's credentials are gRPC's TLS credentials over files it reads again.
+  EXPECT_THAT(service.properties[GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME], ElementsAre("tls"));
   // PeerCertificateNames takes the DNS and URI names only, typed (a wildcard applies to DNS names).
   EXPECT_THAT(service.names.dns, ElementsAre("orthoserve-rank-1", "localhost"));
   EXPECT_THAT(service.names.uri, ElementsAre("spiffe://test/orthoserve/1"));
@@ -242,8 +246,83 @@ TEST_F(FleetTlsTest, AChannelReachesOnlyTheRankItDials) {
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("spiffe://test/orthoserve/2");
     EXPECT_THAT(Get(grpc::CreateCustomChannel(served.address, client->ChannelCredentials(), args)),
-                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not in peer certificate")));
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("Hostname Verification Check failed")));
   }
+}
+
+// Puts certificate `name`'s files where `slot`'s FleetTlsOptions point (under CA "ca"), as a
+// Secret update does: written aside, renamed over the old ones, the key first (the watcher
+// takes only a pair whose key fits).
+FleetTlsOptions Install(const std::string& name, const std::string& slot) {
+  FleetTlsOptions o = Files(slot);
+  for (const auto& [from, to] : {std::pair{absl::StrCat(CertDir(), "/", name, ".key"), o.key_file},
+                                 std::pair{absl::StrCat(CertDir(), "/", name, ".crt"), o.cert_file}}) {
+    EXPECT_EQ(std::system(absl::StrCat("cp ", from, " ", to, ".new && mv ", to, ".new ", to).c_str()), 0);
+  }
+  o.reload_interval = absl::Seconds(1);
+  return o;
+}
+
+// The common name of the certificate the server presented on `channel`'s connection, after a
+// StoreGet that must succeed; "" when it failed.
+std::string ServedName(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = fleet::v1::Fleet::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  fleet::v1::StoreGetRequest request;
+  request.set_key("k");
+  fleet::v1::StoreGetResponse response;
+  const grpc::Status status = stub->StoreGet(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  if (!status.ok()) return "";
+  const std::vector<grpc::string_ref> names = context.auth_context()->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+  return names.empty() ? "" : std::string(names[0].data(), names[0].size());
+}
+
+// Issue #27's done-when (e) for the fleet port: rank 0's and rank 1's certificate files are
+// renewed in place while they talk; new connections present the new certificates both ways
+// (the server's, and the client's the server sees), the connection made before goes on with the
+// old ones, no call fails, and nothing is restarted or rebuilt.
+TEST_F(FleetTlsTest, RenewedCertificatesAreTakenByNewConnectionsBothWays) {
+  std::shared_ptr<const FleetTls> server_tls = Load(Install("rank0", "serving0"));
+  std::shared_ptr<const FleetTls> client_tls = Load(Install("rank1", "serving1"));
+  ASSERT_NE(server_tls, nullptr);
+  ASSERT_NE(client_tls, nullptr);
+  RecordingService service;
+  Served served = Serve(&service, *server_tls);
+  const auto client_name = [&service] {
+    std::lock_guard<std::mutex> lock(service.mu);
+    const std::vector<std::string>& cn = service.properties[GRPC_X509_CN_PROPERTY_NAME];
+    return cn.empty() ? std::string() : cn[0];
+  };
+  const auto new_channel = [&] {
+    grpc::ChannelArguments args;
+    client_tls->ExpectServerRank(0, args);
+    args.SetInt("grpc.use_local_subchannel_pool", 1);  // A connection of its own.
+    return grpc::CreateCustomChannel(served.address, client_tls->ChannelCredentials(), args);
+  };
+  std::shared_ptr<grpc::Channel> before = new_channel();
+  EXPECT_EQ(ServedName(before), "rank0");
+  EXPECT_EQ(client_name(), "rank1");
+
+  Install("rank0-renewed", "serving0");
+  Install("rank1-renewed", "serving1");
+  // The files are read every second: a new connection gets both new certificates within a few,
+  // and every call on the way succeeds (ServedName fails the test otherwise).
+  std::string served_name;
+  std::string presented;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    served_name = ServedName(new_channel());
+    presented = client_name();
+    if (served_name == "rank0-renewed" && presented == "rank1-renewed") break;
+    EXPECT_EQ(ServedName(before), "rank0");  // The old connection goes on meanwhile.
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(served_name, "rank0-renewed");
+  EXPECT_EQ(presented, "rank1-renewed");
+  EXPECT_EQ(ServedName(before), "rank0");
+  EXPECT_EQ(client_name(), "rank1");
 }
 
 TEST_F(FleetTlsTest, LoadRefusesIncompleteOrUnreadableFilesNamingTheFlag) {
@@ -259,6 +338,10 @@ TEST_F(FleetTlsTest, LoadRefusesIncompleteOrUnreadableFilesNamingTheFlag) {
   o.cert_file = o.key_file;  // A key where the certificate belongs.
   EXPECT_THAT(FleetTls::Load(o, kWorld).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--fleet-tls-cert")));
+  o = Files("rank0");
+  o.reload_interval = absl::Milliseconds(500);
+  EXPECT_THAT(FleetTls::Load(o, kWorld).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-reload-interval")));
   o = Files("rank0");
   o.member_name = "two words";
   EXPECT_THAT(FleetTls::Load(o, kWorld).status(),

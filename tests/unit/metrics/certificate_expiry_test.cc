@@ -16,6 +16,7 @@ namespace orthoserve {
 namespace {
 
 using ::orthoserve::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // tests/unit/client/testdata/server.pem: `openssl x509 -noout -enddate` says
@@ -44,6 +45,19 @@ TEST(CertificateExpiryTest, OneSamplePerReadableFileNamedByItsRole) {
   EXPECT_EQ(families[0].metric[0].label[0].value, "server");
   EXPECT_EQ(families[0].metric[0].gauge.value, static_cast<double>(kTestServerNotAfter));
   EXPECT_EQ(families[0].metric[1].label[0].value, "client_ca");
+}
+
+TEST(CertificateExpiryTest, TheLivenessCheckFailsOnceACertificateHasExpired) {
+  const std::vector<std::pair<std::string, std::string>> files = {{"fleet", TestData("gone.pem")},
+                                                                  {"server", TestData("server.pem")}};
+  const absl::Time not_after = absl::FromUnixSeconds(kTestServerNotAfter);
+  EXPECT_OK(CertificatesUnexpired(files, not_after - absl::Seconds(1)));
+  // A file that does not read ("fleet") is the metric's concern, not liveness's.
+  EXPECT_THAT(CertificatesUnexpired(files, not_after),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("the server certificate"), HasSubstr("server.pem"),
+                             HasSubstr("expired at 2126-11-05T15:15:40"))));
+  EXPECT_OK(CertificatesUnexpired({}, not_after));
 }
 
 TEST(CertificateExpiryTest, TheFamilyIsExportedWithoutCertificates) {

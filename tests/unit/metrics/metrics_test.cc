@@ -339,6 +339,17 @@ TEST(MetricsTest, TenantLabelsAreOptIn) {
   // Every refusal limit has its series from the start.
   EXPECT_EQ(LabelValues(f, "orthoserve_tenant_refusals_total", "limit"),
             (std::set<std::string>(std::begin(kRefusalLimits), std::end(kRefusalLimits))));
+  // So has every cause of a cut; a cut counts there, not as a refusal.
+  off->TenantCut("team-a", "not_sending");
+  off->TenantCut("team-b", "pushed_out");
+  off->TenantCut("team-b", "pushed_out");
+  f = off->Collect();
+  EXPECT_EQ(LabelValues(f, "orthoserve_tenant_cuts_total", "cause"),
+            (std::set<std::string>(std::begin(kCutCauses), std::end(kCutCauses))));
+  EXPECT_EQ(LabelValues(f, "orthoserve_tenant_cuts_total", "tenant"), (std::set<std::string>{"all"}));
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_cuts_total", {{"tenant", "all"}, {"cause", "not_sending"}}), 1);
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_cuts_total", {{"tenant", "all"}, {"cause", "pushed_out"}}), 2);
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_refusals_total", {{"tenant", "all"}, {"limit", "tenant_inflight_bytes"}}), 1);
 
   Metrics::Options o;
   o.tenant_labels = TenantLabels::kHash;
@@ -350,6 +361,12 @@ TEST(MetricsTest, TenantLabelsAreOptIn) {
   EXPECT_THAT(a, ::testing::Not(HasSubstr("team")));
   o.tenant_labels = TenantLabels::kName;
   EXPECT_EQ(NewMetrics(o)->TenantLabel("team-a"), "team-a");
+  std::unique_ptr<Metrics> named = NewMetrics(o);
+  named->TenantCut("team-a", "not_reading");
+  named->TenantRefused("team-b", "unary_waiters");
+  f = named->Collect();
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_cuts_total", {{"tenant", "team-a"}, {"cause", "not_reading"}}), 1);
+  EXPECT_EQ(*Value(f, "orthoserve_tenant_refusals_total", {{"tenant", "team-b"}, {"limit", "unary_waiters"}}), 1);
 
   TenantLabels parsed;
   EXPECT_OK(ParseTenantLabels("hash", &parsed));
