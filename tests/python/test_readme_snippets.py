@@ -32,7 +32,9 @@ def python_blocks(path):
 
 @pytest.fixture(scope="module")
 def snippet_server(tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("snippets"))
+    # With shared-memory regions on: client/python/README.md shows them.
+    d = tmp_path_factory.mktemp("snippets")
+    s = start_server(d, ["--shm-socket", str(d / "shm.sock")])
     yield s
     s.stop()
 
