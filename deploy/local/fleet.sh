@@ -61,41 +61,36 @@ etcd_bin=${ORTHOSERVE_ETCD_BINARY:-/usr/bin/etcd}
 etcd_client_port() { echo $((base + 150 + $1)); }
 etcd_peer_port() { echo $((base + 160 + $1)); }
 
-stop() {
-  [[ -d "$dir" ]] || return 0
-  local pids=()
-  for f in "$dir"/rank*.pid; do
-    [[ -f "$f" ]] || continue
-    pid=$(cat "$f")
-    kill -0 "$pid" 2>/dev/null && { kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); }
-    rm -f "$f"
-  done
-  for _ in $(seq 150); do
-    local alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    ((alive)) || break
-    sleep 0.1
-  done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  rm -rf "$dir/fleet-tls"
-  stop_etcd
-}
-
-stop_etcd() {  # After the ranks: SIGTERM to each member started here (by pid), SIGKILL after 10 s.
-  local pids=() f pid
-  for f in "$dir"/etcd*.pid; do
+# term_pid_files TENTHS PIDFILE...: SIGTERM to the process of each pid file (started here, by pid),
+# SIGKILL to those still running after TENTHS tenths of a second; removes the pid files (and an
+# etcd member's .port file). A pattern that matched nothing is skipped.
+term_pid_files() {
+  local tenths=$1 pids=() f pid
+  shift
+  for f in "$@"; do
     [[ -f "$f" ]] || continue
     pid=$(cat "$f")
     kill -0 "$pid" 2>/dev/null && { kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); }
     rm -f "$f" "${f%.pid}.port"
   done
-  for _ in $(seq 100); do
+  for _ in $(seq "$tenths"); do
     local alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     ((alive)) || break
     sleep 0.1
   done
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+stop() {
+  [[ -d "$dir" ]] || return 0
+  term_pid_files 150 "$dir"/rank*.pid
+  rm -rf "$dir/fleet-tls"
+  stop_etcd
+}
+
+stop_etcd() {  # After the ranks: SIGTERM to each member started here (by pid), SIGKILL after 10 s.
+  term_pid_files 100 "$dir"/etcd*.pid
   rm -rf "$dir/etcd"
 }
 

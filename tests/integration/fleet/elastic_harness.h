@@ -21,6 +21,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/group_client.h"
 #include "common/shape.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/binaries/subprocess.h"
 #include "tests/integration/fleet/fleet_test_util.h"
@@ -359,5 +360,26 @@ inline std::string FormatSeconds(absl::Duration d) {
   return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d));
 }
 
+
+// The end of every fault test's run: no failure and no wrong result reached a caller, and the
+// group made progress.
+inline void ExpectCleanRun(Workload& work) {
+  EXPECT_THAT(work.trainers().errors, ::testing::IsEmpty());
+  EXPECT_THAT(work.trainers().mismatches, ::testing::IsEmpty());
+  EXPECT_THAT(work.lone().errors, ::testing::IsEmpty());
+  EXPECT_THAT(work.lone().mismatches, ::testing::IsEmpty());
+  EXPECT_GT(work.group_steps(), 20);
+}
+
+// Nothing is left hanging: every rank of `fleet` (world `world`) exits 0 on SIGTERM within the
+// drain timeout and its margin.
+inline void ExpectEveryRankExitsOnSigterm(Fleet& fleet, int world) {
+  for (int r = 0; r < world; ++r) fleet.rank(r).Signal(SIGTERM);
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<int> code = fleet.rank(r).Wait(kDrain + kExitMargin);
+    ASSERT_TRUE(code.ok()) << code.status() << "rank " << r << " did not exit";
+    EXPECT_EQ(*code, 0) << "rank " << r;
+  }
+}
 
 }  // namespace orthoserve::elastic

@@ -229,19 +229,8 @@ TEST(ElectedFleetTest, TrainersRideThroughCoordinatorLossEtcdFaultsAndRollingUpd
   work.Stop();
   std::cout << "\n" << table << std::endl;
   if (const char* path = std::getenv("ORTHOSERVE_ELECTED_REPORT"); path != nullptr) std::ofstream(path) << table;
-  EXPECT_THAT(work.trainers().errors, ::testing::IsEmpty());
-  EXPECT_THAT(work.trainers().mismatches, ::testing::IsEmpty());
-  EXPECT_THAT(work.lone().errors, ::testing::IsEmpty());
-  EXPECT_THAT(work.lone().mismatches, ::testing::IsEmpty());
-  EXPECT_GT(work.group_steps(), 20);
-
-  // Nothing is left hanging: every rank ends on SIGTERM within the drain timeout.
-  for (int r = 0; r < kFleet; ++r) fleet.rank(r).Signal(SIGTERM);
-  for (int r = 0; r < kFleet; ++r) {
-    absl::StatusOr<int> code = fleet.rank(r).Wait(kDrain + kExitMargin);
-    ASSERT_TRUE(code.ok()) << code.status() << "rank " << r << " did not exit";
-    EXPECT_EQ(*code, 0) << "rank " << r;
-  }
+  ExpectCleanRun(work);
+  ExpectEveryRankExitsOnSigterm(fleet, kFleet);
 }
 
 }  // namespace
