@@ -165,6 +165,10 @@ class Client {
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
   // The index of the target that answered last.
   size_t preferred() const { return preferred_.load(std::memory_order_relaxed); }
+  // Every attempt starts with this: a channel whose last connection attempt failed (TRANSIENT_FAILURE)
+  // would fail the call at once with that old error until gRPC's reconnect backoff ends, though the
+  // server may be back by now (a restarted rank); it dials again instead.
+  void Redial(size_t target) const;
   absl::StatusOr<v1::ServerInfo> InfoAttempt(size_t target, absl::Duration timeout);
   absl::Status EnsureLimits(size_t target, absl::Duration timeout);
   size_t ChunkBytesFor(size_t target) const;

@@ -126,7 +126,14 @@ const GroupClient::Member& GroupClient::Pick(int rank, int world, const std::str
   for (const Member& m : members_) {
     if (m.ready) ready.push_back(&m);
   }
-  if (ready.empty()) return members_[FleetRankOfTrainer(rank, world, static_cast<int>(members_.size()))];
+  if (ready.empty()) {
+    // The fleet is re-forming: a member holds the step until its generation forms, but the member
+    // that just failed may be the one that is gone (it refused the connection): the next one then.
+    const int all = static_cast<int>(members_.size());
+    const int preferred = FleetRankOfTrainer(rank, world, all);
+    if (all > 1 && members_[preferred].address == avoid) return members_[(preferred + 1) % all];
+    return members_[preferred];
+  }
   const int n = static_cast<int>(ready.size());
   const int preferred = FleetRankOfTrainer(rank, world, n);
   // A member that just failed this step and still looks ready (it is draining, say) is passed

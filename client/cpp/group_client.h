@@ -112,7 +112,8 @@ class GroupClient {
   absl::StatusOr<Client*> ClientFor(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The member trainer rank `rank` of `world` streams to (members_ is never empty): the ready
   // member at floor(r·M/W), or the next ready one when that is `avoid` (where the last attempt
-  // failed) and there is another.
+  // failed) and there is another; while none is ready (a re-formation), the same rule over every
+  // member.
   const Member& Pick(int rank, int world, const std::string& avoid = "") const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Route> RouteFor(int rank, int world, const std::string& avoid);
   // Re-reads the membership after a failure at `failed_address` (see the class comment).

@@ -14,7 +14,7 @@ absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, Ste
   // A lone client is pipelined on this rank; on a formed fleet of S > 1 its matrices spread over
   // the members as they arrive (LoneStep asks the fleet where each goes).
   if (request.world == 1) return std::make_shared<LoneStep>(services, std::move(request), std::move(sink));
-  if (!fleet.ready()) {
+  if (!fleet.takes_group_steps()) {
     return MarkFleetChange(absl::UnavailableError(
         absl::StrCat("fleet rank ", fleet.rank(), " is not a member of a formed fleet generation (the fleet of up to ",
                      fleet.world(), " ranks is forming or re-forming); retry on a ready member")));

@@ -137,7 +137,8 @@ class Step {
 };
 
 // Opens a step of `request` whose results go to `sink`. UNAVAILABLE, marked as a fleet change,
-// for a group step on a rank that is not a member of a formed fleet generation.
+// for a group step on a rank that does not take group steps (StepFleet::takes_group_steps: not a
+// member of a formed fleet generation, and not holding steps for the next one).
 absl::StatusOr<std::shared_ptr<Step>> OpenStep(const StepServices& services, StepRequest request,
                                                std::shared_ptr<StepSink> sink);
 

@@ -52,6 +52,7 @@ Executor::~Executor() {
     absl::MutexLock lock(&mu_);
     left.swap(waiting_);
     TakePartsLocked(left);
+    TakeHeldLocked(left);
   }
   FailAll(left, "the server is shutting down");
 }
@@ -88,6 +89,7 @@ void Executor::Shutdown() {
     // is destroyed at the end of the drain; a batch being applied fails its own.
     left.swap(waiting_);
     TakePartsLocked(left);
+    TakeHeldLocked(left);
   }
   FailAll(left, "the server is shutting down");
 }
@@ -97,7 +99,7 @@ size_t Executor::waiting() const {
   size_t n = 0;
   for (const auto& [key, list] : waiting_) n += list.size();
   for (const auto& [key, partial] : parts_) n += partial.steps.size();
-  return n;
+  return n + held_.size();
 }
 
 Executor::View Executor::view() const {
@@ -199,10 +201,27 @@ void Executor::CoordinatorMoved() {
 }
 
 void Executor::AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  aborts_.push_back(PendingAbort{key, trainer_rank, reason, submission});
-  cv_.SignalAll();
+  std::vector<Waiting> withdrawn;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    // A held step was never reported: it is dropped here, and the other ranks still learn of the abort.
+    for (auto h = held_.begin(); h != held_.end();) {
+      if (submission != 0 && h->waiting.step->submission == submission && h->waiting.step->key == key) {
+        withdrawn.push_back(std::move(h->waiting));
+        h = held_.erase(h);
+      } else {
+        ++h;
+      }
+    }
+    aborts_.push_back(PendingAbort{key, trainer_rank, reason, submission});
+    cv_.SignalAll();
+  }
+  for (Waiting& w : withdrawn) {
+    StepOutcome outcome;
+    outcome.status = reason;
+    w.done(std::move(outcome));
+  }
 }
 
 void Executor::ReaderLoop() {
@@ -238,6 +257,7 @@ void Executor::ReaderLoop() {
   for (;;) {
     bool joined;
     ReaderState state;
+    ExpireHeld();
     {
       absl::MutexLock lock(&mu_);
       reader_alive_ = absl::Now();
@@ -427,20 +447,23 @@ void Executor::ApplyMembership(const LogEntry& entry) {
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Collective>> joined = JoinCollective(group, start + options_.formation_timeout);
-  absl::MutexLock lock(&mu_);
-  if (generation_ != entry.generation || resets_ != resets) return;  // Overtaken meanwhile.
-  if (!joined.ok()) {
-    failed_generation_ = entry.generation;
-    LOG_WARNING("fleet") << "could not join generation " << entry.generation << "'s collective: " << joined.status();
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation_ != entry.generation || resets_ != resets) return;  // Overtaken meanwhile.
+    if (!joined.ok()) {
+      failed_generation_ = entry.generation;
+      LOG_WARNING("fleet") << "could not join generation " << entry.generation << "'s collective: " << joined.status();
+      PublishMetricsLocked();
+      return;
+    }
+    collective_ = *std::move(joined);
+    formed_generation_ = entry.generation;
+    LOG_INFO("fleet") << "generation " << entry.generation << " formed here: collective rank " << index << " of "
+                      << group.world << " (" << collective_->name() << ", "
+                      << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))) << ")";
     PublishMetricsLocked();
-    return;
   }
-  collective_ = *std::move(joined);
-  formed_generation_ = entry.generation;
-  LOG_INFO("fleet") << "generation " << entry.generation << " formed here: collective rank " << index << " of "
-                    << group.world << " (" << collective_->name() << ", "
-                    << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))) << ")";
-  PublishMetricsLocked();
+  ReleaseHeld();
 }
 
 absl::StatusOr<std::shared_ptr<Collective>> Executor::JoinCollective(const CollectiveGroup& group,
@@ -483,13 +506,18 @@ absl::StatusOr<std::shared_ptr<Collective>> Executor::JoinCollective(const Colle
 absl::Status Executor::Leave(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t epoch;
+  bool member;
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> held;
   {
     absl::MutexLock lock(&mu_);
-    if (!joined_ || !member_) return absl::OkStatus();
-    leaving_ = true;
+    leaving_ = true;  // From now on steps go to other members (TakesSteps is false).
+    TakeHeldLocked(held);
+    member = joined_ && member_;
     left_ = false;
     epoch = epoch_;
   }
+  FailAll(held, "this rank is leaving the fleet; retry on another member");
+  if (!member) return absl::OkStatus();
   RETURN_IF_ERROR(options_.log->Leave(options_.self.rank, options_.self.incarnation, epoch));
   absl::MutexLock lock(&mu_);
   while (!left_ && !stopping_) {

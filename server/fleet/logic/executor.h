@@ -84,6 +84,13 @@ class Executor {
     ExecuteOptions execute;
     absl::Duration peer_timeout = absl::Seconds(15);       // Coordinator unreachable this long: lost.
     absl::Duration formation_timeout = absl::Seconds(30);  // Bound on joining one generation's collective.
+    // A step submitted while this rank is not a member of a formed generation (the fleet is
+    // re-forming: a rank joined or left, the coordinator changed) waits up to this long for this
+    // rank's next generation to form, and is reported to the coordinator then; UNAVAILABLE (as
+    // at once when zero) if none forms in time (checked each reader round, so up to about a
+    // poll or a join backoff later), or at once when the rank is leaving or shutting down. Its
+    // trainer thus retries nothing during a re-formation, and its step starts when it can.
+    absl::Duration formation_hold = absl::ZeroDuration();
     absl::Duration poll = absl::Milliseconds(250);         // Long-poll of the log (the heartbeat period).
     // Longest wait between two failed joins or reads (the wait doubles from 50 ms). An elected
     // coordinator answers "not the coordinator" for the moment between etcd naming it and it
@@ -117,9 +124,15 @@ class Executor {
   ~Executor();  // Fails steps still waiting with UNAVAILABLE.
 
   // Registers this trainer rank's part of a step and reports it ready; `done` runs exactly once.
-  // Fails at once with UNAVAILABLE when this rank is not a member of a formed generation or
-  // the coordinator does not take the report.
+  // Sets step->submission before it returns. When this rank is not a member of a formed
+  // generation, the step is held for `formation_hold` (see Options) and fails with UNAVAILABLE
+  // if no generation forms in time (at once without a hold); UNAVAILABLE also when the
+  // coordinator does not take the report.
   void Submit(std::shared_ptr<TrainerStep> step, StepCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Submit would take a step now or hold it for a forming generation: false when this rank is
+  // shutting down or leaving, or not formed and holding nothing (formation_hold zero).
+  bool TakesSteps() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A trainer's stream failed: tells the coordinator (asynchronously, from the reader thread).
   void AbortStep(const GroupKey& key, int trainer_rank, const absl::Status& reason, uint64_t submission)
@@ -148,6 +161,11 @@ class Executor {
   struct Waiting {
     std::shared_ptr<TrainerStep> step;
     StepCallback done;
+  };
+  // A step Submit holds until this rank's next generation forms (Options::formation_hold).
+  struct Held {
+    Waiting waiting;
+    absl::Time until;
   };
   struct CachedBatch {
     GroupKey key;
@@ -266,6 +284,16 @@ class Executor {
   void TakePartsLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ready report of a step submitted here.
   ReadyReport ReportOf(const TrainerStep& step) const;
+  // Puts a submitted step among the waiting ones; returns its report (with this rank's epoch).
+  ReadyReport ListLocked(Waiting waiting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a listed step's report to the coordinator; fails the step when it is not taken.
+  void SendReport(const ReadyReport& report) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reports the held steps: this rank's generation just formed (applier thread).
+  void ReleaseHeld() ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails the held steps whose hold has passed (reader thread).
+  void ExpireHeld() ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves every held step into `into` (to fail them).
+  void TakeHeldLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
@@ -301,6 +329,7 @@ class Executor {
   bool left_ ABSL_GUARDED_BY(mu_) = false;
   // Steps.
   absl::flat_hash_map<GroupKey, std::vector<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);  // Submitted while not formed; not reported yet.
   // By group (step 0): its last batch's steps here.
   absl::flat_hash_map<GroupKey, CachedBatch> cache_ ABSL_GUARDED_BY(mu_);
   // Divided steps between their parts. The map and each record's `steps` (which waiting() reads)

@@ -38,36 +38,53 @@ ReadyReport Executor::ReportOf(const TrainerStep& step) const {
 }
 
 void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
-  ReadyReport report = ReportOf(*step);
   const GroupKey key = step->key;
-  uint64_t submission;
+  ReadyReport report;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       done(Unavailable(key, "the server is shutting down"));
       return;
     }
+    step->submission = next_submission_++;
     if (!joined_ || !FormedLocked()) {
-      done(Unavailable(key, absl::StrCat("fleet rank ", options_.self.rank,
-                                         " is not a member of a formed fleet generation; retry on a ready member")));
+      if (options_.formation_hold <= absl::ZeroDuration() || leaving_) {
+        done(Unavailable(key, absl::StrCat("fleet rank ", options_.self.rank,
+                                           " is not a member of a formed fleet generation; retry on a ready member")));
+        return;
+      }
+      held_.push_back(Held{Waiting{std::move(step), std::move(done)}, absl::Now() + options_.formation_hold});
       return;
     }
-    submission = next_submission_++;
-    step->submission = submission;
-    report.submission = submission;
-    report.epoch = epoch_;
-    waiting_[key].push_back(Waiting{std::move(step), std::move(done)});
+    report = ListLocked(Waiting{std::move(step), std::move(done)});
   }
+  SendReport(report);
+}
+
+bool Executor::TakesSteps() const {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || leaving_) return false;
+  return (joined_ && FormedLocked()) || options_.formation_hold > absl::ZeroDuration();
+}
+
+ReadyReport Executor::ListLocked(Waiting waiting) {
+  ReadyReport report = ReportOf(*waiting.step);
+  report.epoch = epoch_;
+  waiting_[waiting.step->key].push_back(std::move(waiting));
+  return report;
+}
+
+void Executor::SendReport(const ReadyReport& report) {
   absl::Status reported = options_.log->Report(report);
   if (reported.ok()) return;
   // The coordinator did not take it: nobody will ever run this submission.
   std::vector<Waiting> mine;
   {
     absl::MutexLock lock(&mu_);
-    auto it = waiting_.find(key);
+    auto it = waiting_.find(report.key);
     if (it == waiting_.end()) return;  // Resolved meanwhile (a reset failed it).
     for (auto w = it->second.begin(); w != it->second.end();) {
-      if (w->step->submission == submission) {
+      if (w->step->submission == report.submission) {
         mine.push_back(std::move(*w));
         w = it->second.erase(w);
       } else {
@@ -77,8 +94,46 @@ void Executor::Submit(std::shared_ptr<TrainerStep> step, StepCallback done) {
     if (it->second.empty()) waiting_.erase(it);
   }
   for (Waiting& w : mine) {
-    w.done(Unavailable(key, absl::StrCat("the fleet coordinator did not take the report: ", reported.message())));
+    w.done(Unavailable(report.key, absl::StrCat("the fleet coordinator did not take the report: ", reported.message())));
   }
+}
+
+void Executor::ReleaseHeld() {
+  std::vector<ReadyReport> reports;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!joined_ || !FormedLocked()) return;
+    for (Held& h : held_) reports.push_back(ListLocked(std::move(h.waiting)));
+    held_.clear();
+  }
+  if (!reports.empty()) VLOG("fleet", 1) << "reporting " << reports.size() << " steps held for the new generation";
+  for (const ReadyReport& r : reports) SendReport(r);
+}
+
+void Executor::ExpireHeld() {
+  std::vector<Waiting> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (auto h = held_.begin(); h != held_.end();) {
+      if (h->until <= now) {
+        expired.push_back(std::move(h->waiting));
+        h = held_.erase(h);
+      } else {
+        ++h;
+      }
+    }
+  }
+  for (Waiting& w : expired) {
+    w.done(Unavailable(w.step->key, absl::StrCat("fleet rank ", options_.self.rank, " did not become a member of a formed "
+                                                 "fleet generation within ", absl::FormatDuration(options_.formation_hold),
+                                                 "; retry on a ready member")));
+  }
+}
+
+void Executor::TakeHeldLocked(absl::flat_hash_map<GroupKey, std::vector<Waiting>>& into) {
+  for (Held& h : held_) into[h.waiting.step->key].push_back(std::move(h.waiting));
+  held_.clear();
 }
 
 void Executor::AdvertiseLocked(const CachedBatch& batch, const std::vector<std::shared_ptr<TrainerStep>>& steps) {

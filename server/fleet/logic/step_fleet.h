@@ -56,6 +56,9 @@ class StepFleet {
   // This rank is a member of a formed generation: it serves group steps (and lone clients
   // through the fleet). When false it serves lone clients on its own.
   virtual bool ready() const = 0;
+  // This rank takes a group step now: ready(), or not yet but Submit holds the step until the
+  // fleet's next generation forms here (a re-formation under way). False: refuse the step at once.
+  virtual bool takes_group_steps() const { return ready(); }
 
   // Registers this trainer rank's part of a group step; `done` runs exactly once (possibly
   // before Submit returns, when the fleet cannot take the step), and sets step->submission

@@ -102,6 +102,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   e.notice_ttl = options.rendezvous_timeout;
   e.cache_ttl = 2 * (options.rendezvous_timeout + options.peer_timeout);
   e.formation_timeout = FormationTimeout(options.peer_timeout);
+  // A step that comes while the fleet re-forms waits for it (no retry, no backoff) for as long as
+  // a lost rank or coordinator takes to be replaced.
+  e.formation_hold = options.peer_timeout;
   if (options.election.enabled) e.max_backoff = absl::Milliseconds(200);
   if (Coordinator* coordinator = fleet->coordinator_.get()) {
     e.on_step_applied = [coordinator](int64_t index) { coordinator->BatchRan(index); };
@@ -383,6 +386,11 @@ void Fleet::Shutdown() {
 bool Fleet::ready() const {
   if (shutdown_.load() || executor_ == nullptr) return false;
   return executor_->view().formed;
+}
+
+bool Fleet::takes_group_steps() const {
+  if (shutdown_.load() || executor_ == nullptr) return false;
+  return executor_->TakesSteps();
 }
 
 int64_t Fleet::generation() const { return executor_ == nullptr ? 0 : executor_->view().generation; }

@@ -135,6 +135,7 @@ class Fleet final : public StepFleet {
   int rank() const override { return options_.rank; }
   int world() const override { return options_.world; }
   bool ready() const override;
+  bool takes_group_steps() const override;
   // The generation this rank is in (0: none), and how many members it has.
   int64_t generation() const;
   size_t generation_size() const;

@@ -6,7 +6,7 @@
 // 20 s, and every rank is restarted with SIGTERM (2, 1, 0: a rolling update that takes the
 // coordinator's rank down too, wherever it is). No step may fail, every result must be
 // bit-identical to the fault-free run, a trainer may stall at most the peer timeout + 3 s for a
-// loss and 3 s for a graceful SIGTERM, the fleet must be whole again within a bound, and every
+// loss and 1 s for a graceful SIGTERM, the fleet must be whole again within a bound, and every
 // rank must exit on SIGTERM. Prints the measured figures as a table, also written to
 // $ORTHOSERVE_ELECTED_REPORT when set.
 #include <signal.h>
@@ -28,11 +28,10 @@ namespace {
 
 using namespace elastic;  // NOLINT: the harness is this test's vocabulary.
 
-// A graceful SIGTERM, the coordinator's included, may hold the trainers up this long at most.
-// Issue #26 asks for 1 s: met on a quiet 2-core machine (0.6-0.7 s), but under load the
-// coordinator's hand-over with the rank's restart measured up to 2.4 s (bench/results/elastic.md),
-// the clients' retry backoff after two quick re-formations being most of it.
-constexpr absl::Duration kGracefulStall = absl::Seconds(3);
+// A graceful SIGTERM, the coordinator's included, may hold the trainers up this long at most
+// (issue #26). Members hold a step through a re-formation instead of failing it, and the clients
+// redial a restarted rank at once: 0.07-0.34 s measured under a load of 4-7 (bench/results/elastic.md).
+constexpr absl::Duration kGracefulStall = absl::Seconds(1);
 // While etcd does not answer nothing changes in the fleet: steps go on as before.
 constexpr absl::Duration kQuietStall = absl::Seconds(2);
 // The leadership lease: a lost coordinator is replaced within it.

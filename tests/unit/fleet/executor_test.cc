@@ -113,6 +113,7 @@ class FleetHarness {
     o.peer_timeout = kPeer;
     o.formation_timeout = absl::Seconds(10);
     o.poll = absl::Milliseconds(50);
+    o.formation_hold = hold_;
     if (rank == 0 && batch_window_ > 0) {
       o.on_step_applied = [this](int64_t index) {
         const int applied = ++steps_applied_on_0_;
@@ -156,6 +157,8 @@ class FleetHarness {
   // Makes joining a generation's collective fail at once on rank `rank` when `refuse(rank, group)`
   // (a partial partition). Set before Start.
   void RefuseJoin(std::function<bool(int rank, const CollectiveGroup&)> refuse) { refuse_join_ = std::move(refuse); }
+  // Executor::Options::formation_hold of the ranks started from now on (zero unless set).
+  void Hold(absl::Duration hold) { hold_ = hold; }
   // Executor::Options::on_membership of rank `rank` (set before Start(rank)).
   void OnMembership(int rank, std::function<void(const std::vector<Member>&, bool)> f) {
     on_membership_[rank] = std::move(f);
@@ -209,6 +212,7 @@ class FleetHarness {
   std::vector<std::unique_ptr<Executor>> ranks_;
   std::vector<std::function<void(const std::vector<Member>&, bool)>> on_membership_;
   std::function<bool(int rank, const CollectiveGroup&)> refuse_join_;
+  absl::Duration hold_ = absl::ZeroDuration();
   uint64_t next_incarnation_ = 1;
 };
 
@@ -744,6 +748,106 @@ TEST(ExecutorTest, ALostCoordinatorFailsWaitingStepsWithinThePeerTimeout) {
   EXPECT_TRUE(IsFleetChange(o.status));
   EXPECT_FALSE(h.rank(1).view().formed);
   EXPECT_OK(h.rank(1).Liveness());
+}
+
+// A step that comes while its rank is not (yet) a member of a formed generation waits for one:
+// trainer rank 0's step comes to rank 1 before rank 1 has even joined, and runs (with the
+// engine's bits) in the generation that forms when it does. Without a hold it fails at once.
+TEST(ExecutorTest, AStepSubmittedWhileTheFleetReformsIsHeldUntilItsGenerationForms) {
+  FleetHarness h(2);
+  h.Hold(absl::Seconds(20));
+  h.Start(0);
+  ASSERT_TRUE(h.WaitFormed({0}));
+  const std::vector<float> full = RandomMatrix(11);
+  h.log(1).Freeze(true);  // Rank 1 cannot join yet: its step must wait, not fail.
+  h.Start(1);
+  EXPECT_TRUE(h.rank(1).TakesSteps());
+  const GroupKey key{"t", "j", "g", 1, "run"};
+  std::vector<std::shared_ptr<TrainerStep>> steps = {MakeStep(key, 0, 2, full), MakeStep(key, 1, 2, full)};
+  std::vector<std::future<StepOutcome>> futures;
+  for (int r = 0; r < 2; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    h.rank(1 - r).Submit(steps[r], [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(futures[0].wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the held step failed";
+  EXPECT_EQ(h.rank(1).waiting(), 1u);
+  h.log(1).Freeze(false);
+  for (auto& f : futures) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    StepOutcome o = f.get();
+    ASSERT_OK(o.status);
+    ASSERT_OK(o.matrices[0]);
+  }
+  EXPECT_EQ(Gather(steps), Reference(h.backend(), full));
+}
+
+TEST(ExecutorTest, WithoutAHoldAStepOnARankOutsideAFormedGenerationFailsAtOnce) {
+  FleetHarness h(2);
+  h.log(1).Freeze(true);
+  h.Start(1);
+  EXPECT_FALSE(h.rank(1).TakesSteps());
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  h.rank(1).Submit(MakeStep({"t", "j", "g", 1, "run"}, 0, 2, RandomMatrix(12)),
+                   [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  StepOutcome o = future.get();
+  EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not a member of a formed fleet generation")));
+  EXPECT_TRUE(IsFleetChange(o.status));
+}
+
+// A hold is bounded: no generation within it fails the step as retryable (to go elsewhere).
+TEST(ExecutorTest, AHeldStepFailsRetryablyWhenNoGenerationFormsWithinTheHold) {
+  FleetHarness h(2);
+  h.Hold(absl::Milliseconds(400));
+  h.log(1).Freeze(true);
+  h.Start(1);
+  auto promise = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> future = promise->get_future();
+  const absl::Time start = absl::Now();
+  h.rank(1).Submit(MakeStep({"t", "j", "g", 1, "run"}, 0, 2, RandomMatrix(13)),
+                   [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  const absl::Duration took = absl::Now() - start;
+  StepOutcome o = future.get();
+  EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("did not become a member")));
+  EXPECT_TRUE(IsFleetChange(o.status));
+  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_EQ(h.rank(1).waiting(), 0u);
+}
+
+// A held step leaves with its trainer (AbortStep), and at once when the rank leaves or stops.
+TEST(ExecutorTest, AHeldStepEndsWithItsTrainersAbortAndAtLeaveAndShutdown) {
+  FleetHarness h(2);
+  h.Hold(absl::Seconds(30));
+  h.log(1).Freeze(true);
+  h.Start(1);
+  auto submit = [&](int64_t step) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    std::shared_ptr<TrainerStep> s = MakeStep({"t", "j", "g", step, "run"}, 0, 2, RandomMatrix(14));
+    h.rank(1).Submit(s, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+    return std::make_pair(s, promise->get_future());
+  };
+  auto [aborted, aborted_done] = submit(1);
+  EXPECT_NE(aborted->submission, 0u);
+  h.rank(1).AbortStep(aborted->key, 0, absl::CancelledError("the trainer cancelled its stream"), aborted->submission);
+  ASSERT_EQ(aborted_done.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  EXPECT_THAT(aborted_done.get().status, StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+
+  auto [left, left_done] = submit(2);
+  EXPECT_OK(h.rank(1).Leave(absl::Seconds(1)));  // Not a member: nothing to leave.
+  ASSERT_EQ(left_done.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  EXPECT_THAT(left_done.get().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("leaving")));
+  EXPECT_FALSE(h.rank(1).TakesSteps());
+
+  h.Start(1);  // A fresh process.
+  auto [stopped, stopped_done] = submit(3);
+  h.rank(1).Shutdown();
+  ASSERT_EQ(stopped_done.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  EXPECT_THAT(stopped_done.get().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  EXPECT_EQ(h.rank(1).waiting(), 0u);
 }
 
 }  // namespace
