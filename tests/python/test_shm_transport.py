@@ -99,6 +99,8 @@ def test_muon_through_a_region_is_bit_identical_to_bytes(shm_server, flavor):
                 assert [r.region_id for r in regions_of(client, shm_server.address)] == list(ids)
             transport = opt.region_transport
             assert (transport.shm_calls, transport.bytes_calls, transport.reason) == (3, 0, "")
+            # Every page was allocated by this process (Region.touch): charged to the trainer's memory cgroup.
+            assert os.fstat(transport.region._fd).st_blocks * 512 >= transport.region.size
             assert transport.region.address == shm_server.address
             assert_same([p.detach() for p in params], expected)
             assert_same([opt.state[p]["momentum_buffer"] for p in params], expected_buffers)

@@ -19,7 +19,8 @@ default):
 
 One region per transport (per Muon, per RemoteNewtonSchulz, per client for newton_schulz), sized for the call's
 inputs and results (rounded up to 1 MiB) and reused by the next calls; a call that needs more registers a larger one
-and unregisters the old. Each matrix is copied into the region (one memcpy, or the device-to-host copy the bytes path
+and unregisters the old. Every page is touched here when the region is made (Region.touch), so all of its memory is
+charged to this process's memory cgroup (the trainer's container), none to the server's. Each matrix is copied into the region (one memcpy, or the device-to-host copy the bytes path
 makes too), the server reads it and writes its result there in place, and the result is copied out into a new tensor
 of the input's dtype and device: the region is overwritten by the next call, the returned tensors are not. Results
 are bit for bit those of the bytes path (the same computation on the same rank).
@@ -230,6 +231,7 @@ class RegionTransport:
                     f"the server at {address} hands regions over on {info.shm_socket}, which is not a socket on "
                     "this host (the server runs elsewhere, or in a container that does not share that path)")
             new = client.region(size, name=f"{self.what} pid {os.getpid()}", address=address, timeout=timeout)
+            new.touch()  # Charged to this process's memory cgroup, results included (see Region.touch).
         except errors.OrthoserveError as e:
             if region is not None:
                 self._abandon(region)

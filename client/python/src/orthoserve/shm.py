@@ -182,6 +182,16 @@ class Region:
             return None
         return pb.RegionSlice(region_id=self.id, offset=start, size=nbytes)
 
+    def touch(self) -> None:
+        """Faults every page of the region in from this process (writing a zero byte to each; a new region is all
+        zeros). Memory of a memfd is charged to the memory cgroup of the process that first touches a page: after
+        this, all of it is this process's (the trainer's container's), and none of it is charged to the server's
+        when the server writes a result into a page the client had not touched yet."""
+        with self._lock:
+            if self._base is None:
+                raise ValueError("orthoserve: the region is closed")
+            self._base[::mmap.PAGESIZE] = 0
+
     # -- life ------------------------------------------------------------------------------------------------
 
     def close(self, timeout: Optional[float] = None) -> None:
