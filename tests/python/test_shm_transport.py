@@ -194,6 +194,21 @@ def test_a_uid_the_server_refuses_means_bytes_or_an_error(tmp_path):
         s.stop()
 
 
+@pytest.mark.deadline(60)
+def test_no_memory_for_a_region_here_means_bytes_or_an_error(shm_server, monkeypatch):
+    def no_memfd(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(orthoserve.shm.os, "memfd_create", no_memfd)
+    x = torch.randn(16, 24, generator=torch.Generator().manual_seed(8))
+    with orthoserve.Client(shm_server.address, timeout=60) as client:
+        ns = ot.RemoteNewtonSchulz(client=client)
+        assert torch.equal(ns(x), ot.RemoteNewtonSchulz(client=client, shm=False)(x))
+        assert ns.transport == "bytes" and "could not be made here" in ns.region_transport.reason
+        with pytest.raises(orthoserve.ResourceExhaustedError, match="Too many open files"):
+            ot.RemoteNewtonSchulz(client=client, shm=True)(x)
+
+
 @pytest.mark.deadline(240)
 @pytest.mark.parametrize("mode", ["auto", True])
 def test_the_regions_rank_failing_never_gives_a_wrong_result(tmp_path, mode):

@@ -230,7 +230,12 @@ class RegionTransport:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"the server at {address} hands regions over on {info.shm_socket}, which is not a socket on "
                     "this host (the server runs elsewhere, or in a container that does not share that path)")
-            new = client.region(size, name=f"{self.what} pid {os.getpid()}", address=address, timeout=timeout)
+            try:
+                new = client.region(size, name=f"{self.what} pid {os.getpid()}", address=address, timeout=timeout)
+            except OSError as e:  # memfd_create, ftruncate or mmap here (a limit on memory or descriptors).
+                raise errors.ResourceExhaustedError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"a shared-memory region of {size} bytes could not be made here: {e}") from None
             new.touch()  # Charged to this process's memory cgroup, results included (see Region.touch).
         except errors.OrthoserveError as e:
             if region is not None:
