@@ -64,7 +64,8 @@ def main(argv):
     if not same:
         problems.append("the parameters differ from the steps sent as bytes")
     scrape = urllib.request.urlopen(f"http://{a.metrics}/metrics", timeout=5).read().decode()
-    counts = {"orthoserve_shm_matrices_total input": metric(scrape, "orthoserve_shm_matrices_total", 'direction="input"'),
+    counts = {"orthoserve_shm_matrices_total input": metric(scrape, "orthoserve_shm_matrices_total",
+                                                            'direction="input"'),
               "orthoserve_shm_matrices_total result": metric(scrape, "orthoserve_shm_matrices_total",
                                                              'direction="result"'),
               "orthoserve_shm_handovers_total staged": metric(scrape, "orthoserve_shm_handovers_total",
@@ -73,7 +74,8 @@ def main(argv):
     print(", ".join(f"{k} {v:g}" for k, v in counts.items()))
     if counts["orthoserve_shm_matrices_total input"] < STEPS * len(SHAPES) or \
             counts["orthoserve_shm_matrices_total result"] < STEPS * len(SHAPES):
-        problems.append(f"the server counted fewer than {STEPS * len(SHAPES)} matrices read from and written to regions")
+        problems.append(f"the server counted fewer than {STEPS * len(SHAPES)} matrices read from and written to "
+                        "regions")
     if counts["orthoserve_shm_handovers_total staged"] < 1 or counts["orthoserve_shm_regions"] < 1:
         problems.append("the server shows no handover or no registered region")
     for p in problems:

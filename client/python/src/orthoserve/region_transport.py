@@ -12,18 +12,20 @@ default):
     "orthoserve" logger (INFO) with the reason, which `reason` keeps. A call through the region that fails in any
     way is sent again as bytes (the client's retries and fail-over apply to that), and the region is dropped: the
     next call registers a new one on the rank lone calls then go to.
-  "on" (True): always a region; FailedPreconditionError (saying why) when there can be none. A call that fails
+  "on" (True): always a region; when there can be none, an error saying why (FailedPreconditionError: no socket
+    of that rank on this host; the server's refusal; ResourceExhaustedError: no memfd here). A call that fails
     through the region is retried under the client's RetryPolicy through a new region, on another rank when
-    there is one.
+    there is one (a region the rank forgot, NOT_FOUND, is replaced on that rank at once).
   "off" (False): bytes.
 
 One region per transport (per Muon, per RemoteNewtonSchulz, per client for newton_schulz), sized for the call's
 inputs and results (rounded up to 1 MiB) and reused by the next calls; a call that needs more registers a larger one
 and unregisters the old. Every page is touched here when the region is made (Region.touch), so all of its memory is
-charged to this process's memory cgroup (the trainer's container), none to the server's. Each matrix is copied into the region (one memcpy, or the device-to-host copy the bytes path
-makes too), the server reads it and writes its result there in place, and the result is copied out into a new tensor
-of the input's dtype and device: the region is overwritten by the next call, the returned tensors are not. Results
-are bit for bit those of the bytes path (the same computation on the same rank).
+charged to this process's memory cgroup (the trainer's container), none to the server's. Each matrix is copied into
+the region (one memcpy, or the device-to-host copy the bytes path makes too), the server reads it and writes its
+result there in place, and the result is copied out into a new tensor of the input's dtype and device: the region is
+overwritten by the next call, the returned tensors are not. Results are bit for bit those of the bytes path (the
+same computation on the same rank).
 
 Why a region is never reused after a failed call: the server may still be running that call's step (a client-side
 deadline, a lost connection) and write its results into the region later; they must not land in a later call's

@@ -7,13 +7,14 @@
         client.orthogonalize([g], out=[u])              # read and written in place by the server
         t = region.tensor((1024, 1024), torch.bfloat16) # torch tensors (CPU) backed by it, likewise
 
-A Region is a memfd (Linux) sealed against shrinking, mapped here and handed over on the server's Unix domain
-socket (ServerInfo.shm_socket; the server must run with --shm-socket), then registered with the client's token
-through the SharedMemory service; only this client's tenant can use it. Arrays from `array` are views of the
-mapping, and so are the CPU torch tensors from `tensor` (torch is imported only there): a call given such an array
-or tensor (as input, or in `out=`) names the region's slice instead of sending bytes, and goes to the region's server
-rank only. orthoserve.torch stages its matrices in a region on its own (orthoserve.region_transport). Do not write an array the server is reading, or read a result array,
-while its call runs. `close` unregisters (waiting for the server's steps that use it) and unmaps.
+A Region is a memfd (Linux) sealed against shrinking, mapped here and handed over on the server's Unix domain socket
+(ServerInfo.shm_socket; the server must run with --shm-socket), then registered with the client's token through the
+SharedMemory service; only this client's tenant can use it. Arrays from `array` are views of the mapping, and so are
+the CPU torch tensors from `tensor` (torch is imported only there): a call given such an array or tensor (as input,
+or in `out=`) names the region's slice instead of sending bytes, and goes to the region's server rank only.
+orthoserve.torch stages its matrices in a region on its own (orthoserve.region_transport). Do not write an array the
+server is reading, or read a result array, while its call runs. `close` unregisters (waiting for the server's steps
+that use it) and unmaps.
 """
 
 from __future__ import annotations
