@@ -22,7 +22,7 @@ build_dir=${ORTHOSERVE_BUILD_DIR:-build}
 k8s_versions=(1.32.0 1.37.0)
 # Kustomizations to render, relative to deploy/k8s.
 kustomizations=(base overlays/cpu overlays/gpu examples/cells examples/tls examples/monitoring examples/fleet-tls-cert-manager
-  examples/etcd examples/etcd-external)
+  examples/etcd examples/etcd-external examples/sidecar)
 
 work=$(mktemp -d)
 server_pids=()
@@ -137,9 +137,18 @@ check "examples/etcd: elected coordinator, in-cluster etcd of 3 members" \
 check "examples/etcd-external: elected coordinator, an etcd elsewhere by address" \
   "$py" "${checks[0]}" etcd "$work/render/examples_etcd-external.yaml" --external
 
+# The same-host sidecar (examples/sidecar): the handover socket on a memory emptyDir with a
+# sizeLimit that the trainer mounts at the same path, uids the server accepts, loopback only; the
+# same for any pod of any render whose orthoserve container sets --shm-socket.
+renders=()
+for k in "${kustomizations[@]}"; do renders+=("$work/render/${k//\//_}.yaml"); done
+check "sidecar layout of examples/sidecar (shared memory: socket volume, mount path, uids)" \
+  "$py" tests/deploy/sidecar_checks.py check "${renders[@]}" --require "$work/render/examples_sidecar.yaml"
+
 # Each checker passes on the real files and fails on broken copies (uses the renders above).
 check "checker self-tests (tests/deploy/test_deploy_checks.py)" \
   env RENDER_DIR="$work/render" "$py" tests/deploy/test_deploy_checks.py
+check "checker self-tests (tests/deploy/test_sidecar_checks.py)" env KUBECTL="$kubectl" "$py" tests/deploy/test_sidecar_checks.py
 # Kubernetes posture (ServiceAccount, node spread, GPU nodes, monitoring opt-in, WORLD from replicas, GPU driver).
 for c in $("$py" tests/deploy/k8s_checks.py list); do check "k8s_checks.py ${c}" "$py" tests/deploy/k8s_checks.py "$c" --kubectl "$kubectl"; done
 check "checker self-tests (tests/deploy/test_k8s_checks.py)" env KUBECTL="$kubectl" "$py" tests/deploy/test_k8s_checks.py
@@ -464,6 +473,67 @@ sys.exit(0 if info.get("ready") and sum(1 for m in info.get("members", []) if m.
       "'$orthoctl' health --server 127.0.0.1:${tls_port} --timeout 5 --tls-ca '$t/ca.crt' \
          --tls-server-name orthoserve-0.orthoserve-fleet.orthoserve.svc; rc=\$?; echo \"exit \$rc\"; [ \$rc -ne 0 ]"
     { kill -KILL "$tls_pid" && wait "$tls_pid"; } 2>/dev/null
+  fi
+
+  # The sidecar example's server, started with its own environment (the socket under $work/root,
+  # free loopback ports, this machine's uid in --shm-peer-uids: the uids are checked above), and
+  # its trainer's environment (ORTHOSERVE_ADDRESS to that port, ORTHOSERVE_SHM as the example sets
+  # it): orthoserve.torch's Muon steps go through a region, equal the bytes path bit for bit and
+  # show in the server's region metrics (tests/deploy/sidecar_trainer.py; the project's .venv
+  # with torch). SIGTERM then removes the socket.
+  sidecar_render="$work/render/examples_sidecar.yaml"
+  sidecar_live() {
+    local traffic_py=${ORTHOSERVE_PYTHON:-$root/.venv/bin/python} port metrics socket="" line key value args rc
+    local server_vars=() trainer_vars=()
+    if ! "$traffic_py" -c 'import grpc, numpy, google.protobuf, torch' 2>/dev/null; then
+      echo "${traffic_py} cannot import grpc, numpy, protobuf and torch: run scripts/setup.sh (the project's .venv)" \
+        "or point ORTHOSERVE_PYTHON at a Python that has them"
+      return 1
+    fi
+    port=$(free_port) metrics=$(free_port)
+    "$py" tests/deploy/sidecar_checks.py env "$sidecar_render" --container orthoserve >"$work/sidecar-server.env" || return 1
+    while IFS= read -r line; do
+      [[ $line == \#* || -z $line ]] && continue
+      key=${line%%=*} value=${line#*=}
+      case $key in
+        ORTHOSERVE_LISTEN) value=127.0.0.1:${port} ;;
+        ORTHOSERVE_METRICS_ADDRESS) value=127.0.0.1:${metrics} ;;
+        ORTHOSERVE_SHM_PEER_UIDS) value=$(id -u) ;;
+        ORTHOSERVE_SHM_SOCKET)
+          value=$work/root$value socket=$value
+          mkdir -p "$(dirname "$value")"
+          ;;
+      esac
+      server_vars+=("$key=$value")
+    done <"$work/sidecar-server.env"
+    [[ -n $socket ]] || { echo "the sidecar sets no ORTHOSERVE_SHM_SOCKET"; return 1; }
+    args=$(sed -n 's/^#ARGS //p' "$work/sidecar-server.env")
+    # shellcheck disable=SC2086  # args are the container's args, word-split on purpose
+    env -i PATH="$PATH" "${server_vars[@]}" "$orthoserve" $args >"$work/sidecar.log" 2>&1 &
+    sidecar_pid=$!
+    server_pids+=("$sidecar_pid")
+    wait_health "$port" || { tail -n 20 "$work/sidecar.log"; return 1; }
+    echo "sidecar server: ${server_vars[*]}"
+    while IFS= read -r line; do
+      [[ $line == \#* || -z $line ]] && continue
+      key=${line%%=*} value=${line#*=}
+      [[ $key == ORTHOSERVE_ADDRESS ]] && value=127.0.0.1:${port}
+      trainer_vars+=("$key=$value")
+    done < <("$py" tests/deploy/sidecar_checks.py env "$sidecar_render" --container trainer)
+    echo "trainer: ${trainer_vars[*]}"
+    env -i PATH="$PATH" HOME="$work" "${trainer_vars[@]}" timeout 120 "$traffic_py" tests/deploy/sidecar_trainer.py \
+      --metrics "127.0.0.1:${metrics}"
+    rc=$?
+    kill -TERM "$sidecar_pid" && wait "$sidecar_pid"
+    if [[ -e $socket ]]; then
+      echo "the server left its socket ${socket} behind"
+      rc=1
+    fi
+    return $rc
+  }
+  if [[ -s $sidecar_render && -x $orthoctl ]]; then
+    check "sidecar example: its server and trainer environments take orthoserve.torch through a region (live)" \
+      sidecar_live
   fi
 
   # The base's liveness probe, run as the kubelet would (in pod orthoserve-0's environment, built

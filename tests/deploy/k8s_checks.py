@@ -44,9 +44,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
 # Every kustomization scripts/check_deploy.sh renders, relative to deploy/k8s.
 KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "examples/cells", "examples/tls", "examples/monitoring",
-                  "examples/fleet-tls-cert-manager", "examples/etcd", "examples/etcd-external"]
+                  "examples/fleet-tls-cert-manager", "examples/etcd", "examples/etcd-external", "examples/sidecar"]
 # Those that must apply on a cluster without the Prometheus Operator's CRDs.
-OPERATOR_FREE = ["base", "overlays/cpu", "overlays/gpu", "examples/tls", "examples/etcd", "examples/etcd-external"]
+OPERATOR_FREE = ["base", "overlays/cpu", "overlays/gpu", "examples/tls", "examples/etcd", "examples/etcd-external",
+                 "examples/sidecar"]
 MONITORING_COMPONENT = "components/monitoring"
 MONITORING_GROUP = "monitoring.coreos.com"
 HOSTNAME = "kubernetes.io/hostname"

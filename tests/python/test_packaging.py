@@ -53,6 +53,9 @@ with orthoserve.Client(sys.argv[1], timeout=60) as client:
     # The result is (nearly) orthogonal: its singular values are close to 1.
     s = np.linalg.svd(u.astype(np.float64), compute_uv=False)
     assert u.shape == g.shape and u.dtype == np.float32 and abs(s - 1).max() < 0.05, s
+# The shared-memory modules load without torch (a region's torch tensors import it when asked for).
+import orthoserve.region_transport, orthoserve.shm
+assert orthoserve.region_transport.shm_mode(None) in ("auto", "on", "off") and orthoserve.shm.ALIGNMENT == 64
 try:
     import orthoserve.torch
 except ImportError as e:
@@ -82,7 +85,8 @@ def test_client_installs_alone_in_a_fresh_venv(server, tmp_path):
     run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv])
     pip = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check", "-q"]
     offline = ["--no-index", "--find-links", WHEELHOUSE]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # Nothing of this interpreter's paths: PYTHONPATH (a worktree's sources) would shadow the installed copy.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
     # `pip install client/python`: builds the wheel (build isolation: setuptools and grpcio-tools from the
     # wheelhouse) and installs it with its dependencies.
     run(pip + ["install", *offline, source], env=env)

@@ -1,7 +1,8 @@
 """Shared-memory regions end to end (issue #28, docs/shared_memory.md): the real server with --shm-socket and a
-token file of two tenants, orthoserve.shm regions made by the client, arrays of them used in unary and stream calls.
-Results through a region are bit-identical to the same call with bytes; another tenant cannot use a region; a
-server without --shm-socket refuses regions."""
+token file of two tenants, orthoserve.shm regions made by the client, numpy arrays and torch tensors (fp32, bf16,
+fp16) of them used in unary and stream calls. Results through a region are bit-identical to the same call with
+bytes; another tenant cannot use a region; a server without --shm-socket refuses regions; slices out of range or
+misaligned are refused. orthoserve.torch's automatic use of regions: test_shm_transport.py."""
 
 import os
 
@@ -125,3 +126,121 @@ def test_the_memfd_is_sealed_against_shrinking(shm_server):
             g = region.array((16, 16))
             g[...] = np.eye(16, dtype=np.float32)
             assert client.orthogonalize(g, method="unary").shape == (16, 16)
+
+
+# -- torch tensors backed by a region ----------------------------------------------------------------------------
+
+try:
+    import torch
+except ImportError:  # The numpy tests above still run.
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+def _bits(t):
+    """A tensor's bits, comparable with == (bf16/fp16 as int16, fp32 as int32)."""
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@needs_torch
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("method", ["unary", "stream"])
+def test_region_tensors_are_bit_identical_to_bytes(shm_server, method):
+    gen = torch.Generator().manual_seed(11)
+    shapes = [((64, 96), torch.float32), ((96, 48), torch.bfloat16), ((40, 72), torch.float16),
+              ((3, 16, 8), torch.float32)]
+    with orthoserve.Client(shm_server.address, token="secret-a", timeout=60) as client:
+        with client.region(4 << 20, name="tensors") as region:
+            inputs, outs, plain = [], [], []
+            for shape, dtype in shapes:
+                g = region.tensor(shape, dtype)
+                assert g.dtype == dtype and tuple(g.shape) == shape and g.is_contiguous()
+                g.copy_(torch.randn(shape, generator=gen))
+                inputs.append(g)
+                outs.append(region.tensor(shape, dtype))
+                plain.append(g.clone())  # An ordinary tensor: sent as bytes.
+            # A numpy array of the same region in the same call.
+            a = region.array((32, 16), np.float32)
+            a[...] = np.random.default_rng(3).standard_normal((32, 16))
+            expected = client.orthogonalize(plain + [np.array(a)], method=method, precision="highest")
+            got = client.orthogonalize(inputs + [a], out=outs + [region.array((32, 16), np.float32)], method=method,
+                                       precision="highest")
+            for e, g, o in zip(expected, got, outs):
+                assert g is o  # The result is the out tensor, written by the server.
+                assert g.dtype == e.dtype and g.shape == e.shape
+                assert torch.equal(_bits(g), _bits(e))
+            assert got[-1].tobytes() == expected[-1].tobytes()
+            # Input in the region, result as bytes (a new tensor); and bytes in, result in the region.
+            assert torch.equal(_bits(client.orthogonalize(inputs[1], method=method, precision="highest")),
+                               _bits(expected[1]))
+            outs[2].zero_()
+            client.orthogonalize(plain[2], out=outs[2], method=method, precision="highest")
+            assert torch.equal(_bits(outs[2]), _bits(expected[2]))
+            # A contiguous part of a region tensor names its own slice.
+            rows = inputs[0][16:48]
+            assert region.slice_of(rows).offset == region.slice_of(inputs[0]).offset + 16 * 96 * 4
+            assert torch.equal(_bits(client.orthogonalize(rows, method=method, precision="highest")),
+                               _bits(client.orthogonalize(rows.clone(), method=method, precision="highest")))
+
+
+@needs_torch
+@pytest.mark.deadline(60)
+def test_region_tensor_misuse_is_refused(shm_server):
+    with orthoserve.Client(shm_server.address, token="secret-a", timeout=30) as client:
+        region = client.region(4096)
+        with pytest.raises(ValueError, match="do not fit"):
+            region.tensor((33, 32))  # 4224 bytes.
+        with pytest.raises(ValueError, match="do not fit"):
+            region.tensor((2, 2), torch.bfloat16, offset=4096 - 6)
+        with pytest.raises(ValueError, match="not a multiple"):
+            region.tensor((2, 2), torch.float32, offset=2)
+        with pytest.raises(ValueError, match="negative"):
+            region.tensor((2, -2))
+        with pytest.raises(TypeError, match="float32, torch.bfloat16 or torch.float16"):
+            region.tensor((2, 2), torch.float64)
+        g = region.tensor((8, 4))
+        g.copy_(torch.arange(32, dtype=torch.float32).reshape(8, 4))
+        # An out tensor must be a contiguous tensor of one of the client's regions, of the result's shape and dtype.
+        with pytest.raises(ValueError, match="not an array of one of this client's open regions"):
+            client.orthogonalize(g, out=torch.zeros(8, 4))
+        with pytest.raises(ValueError, match="not an array of one of this client's open regions"):
+            client.orthogonalize(g, out=region.tensor((4, 8)).T)  # Not contiguous.
+        with pytest.raises(ValueError, match="dtype"):
+            client.orthogonalize(g, out=region.tensor((8, 4), torch.float16))
+        with pytest.raises(ValueError, match="shape"):
+            client.orthogonalize(g, out=region.tensor((4, 8)))
+        # A non-contiguous view of the region is not in it: it goes as bytes, with the same result.
+        assert region.slice_of(g.T) is None
+        assert torch.equal(client.orthogonalize(g.T, precision="highest"),
+                           client.orthogonalize(g.T.contiguous(), precision="highest"))
+        region.close()
+        with pytest.raises(ValueError, match="closed"):
+            region.tensor((2, 2))
+        assert region.slice_of(g) is None  # A closed region holds nothing; g goes as bytes.
+        assert client.orthogonalize(g, method="unary").shape == (8, 4)
+
+
+@needs_torch
+@pytest.mark.deadline(60)
+def test_the_server_refuses_bf16_slices_out_of_range_or_misaligned(shm_server):
+    import grpc
+
+    with orthoserve.Client(shm_server.address, token="secret-a", timeout=30) as client:
+        with client.region(4096) as region:
+            stub = client._stub(shm_server.address)
+
+            def call(offset, size):
+                spec = pb.MatrixSpec(name="x", shape=[8, 8], dtype=pb.DTYPE_BF16,
+                                     input_region=pb.RegionSlice(region_id=region.id, offset=offset, size=size))
+                stub.Orthogonalize(pb.OrthogonalizeRequest(matrices=[pb.Matrix(spec=spec)]), timeout=10,
+                                   metadata=client._metadata)
+
+            region.tensor((8, 8), torch.bfloat16).copy_(torch.eye(8))
+            call(0, 128)  # In range: accepted.
+            for offset, size, code in ((4096 - 64, 128, grpc.StatusCode.OUT_OF_RANGE),
+                                       (2**63 - 64, 128, grpc.StatusCode.OUT_OF_RANGE),
+                                       (1, 128, grpc.StatusCode.INVALID_ARGUMENT),
+                                       (0, 127, grpc.StatusCode.INVALID_ARGUMENT)):
+                with pytest.raises(grpc.RpcError) as err:
+                    call(offset, size)
+                assert err.value.code() == code, (offset, size, err.value.details())

@@ -53,6 +53,8 @@ _MAX_MESSAGE_BYTES = 1 << 30
 ND_MODES = ("flatten", "batch")
 # The longest a membership re-read of a retried group step waits for one address.
 _MEMBERSHIP_TIMEOUT = 10.0
+# The longest close() waits for the UnregisterRegion of each region still open.
+_REGION_CLOSE_TIMEOUT = 5.0
 
 T = TypeVar("T")
 def _read(value: Union[None, bytes, str]) -> Optional[bytes]:
@@ -277,7 +279,16 @@ class Client:
         return r
 
     def close(self) -> None:
-        """Closes every channel; the client is unusable afterwards."""
+        """Unregisters the regions made by region() that are still open (each waiting at most
+        _REGION_CLOSE_TIMEOUT; errors ignored, the memory is released here anyway) and closes every channel; the
+        client is unusable afterwards."""
+        with self._lock:
+            regions, self._regions = self._regions, []
+        for r in regions:
+            try:
+                r.close(timeout=_REGION_CLOSE_TIMEOUT)
+            except errors.OrthoserveError:
+                pass
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
@@ -299,8 +310,10 @@ class Client:
         with self._lock:
             self.retries += 1
 
-    def _attempts(self, timeout: Optional[float], what: str) -> retry_lib.Attempts:
-        return retry_lib.Attempts(self.retry, self._deadline(timeout), what, self._count_retry)
+    def _attempts(self, timeout: Optional[float], what: str,
+                  policy: Optional[retry_lib.RetryPolicy] = None) -> retry_lib.Attempts:
+        return retry_lib.Attempts(self.retry if policy is None else policy, self._deadline(timeout), what,
+                                  self._count_retry)
 
     def _lone_targets(self) -> List[str]:
         """Where a lone request may go, in order: the last address that answered, the client's addresses, then
@@ -312,11 +325,11 @@ class Client:
         return routing.unique([first, *self.addresses, *known])
 
     def _lone_call(self, what: str, timeout: Optional[float], attempt: Callable[[str, int, Optional[float]], T],
-                   address: Optional[str] = None) -> T:
-        """Runs attempt(address, number, timeout) under the retry policy: at `address` every time when given,
-        else attempt k at the k-th of the lone targets (cycling; never the target the previous attempt failed on
-        while there is another), remembering the one that answered."""
-        attempts = self._attempts(timeout, what)
+                   address: Optional[str] = None, policy: Optional[retry_lib.RetryPolicy] = None) -> T:
+        """Runs attempt(address, number, timeout) under the retry policy (`policy`, default the client's): at
+        `address` every time when given, else attempt k at the k-th of the lone targets (cycling; never the target
+        the previous attempt failed on while there is another), remembering the one that answered."""
+        attempts = self._attempts(timeout, what, policy)
         failed: Optional[str] = None
         while True:
             if address is not None:
@@ -436,8 +449,11 @@ class Client:
 
     def orthogonalize_batch(self, matrices: Sequence[Any], options: Sequence[Dict[str, Any]], *,
                             method: str = "stream", timeout: Optional[float] = None,
-                            nd: str = "flatten", out: Optional[Sequence[Any]] = None) -> List[Any]:
-        """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm" and "name")."""
+                            nd: str = "flatten", out: Optional[Sequence[Any]] = None, retry: Any = None) -> List[Any]:
+        """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm" and "name").
+        retry: this call's retry policy (as Client's `retry`: a RetryPolicy, or False for a single attempt); None:
+        the client's."""
+        policy = None if retry is None else retry_lib.policy_of(retry)
         if len(options) != len(matrices):
             raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(options)} option sets")
         if out is not None and len(out) != len(matrices):
@@ -498,13 +514,14 @@ class Client:
         if entries:
             if method == "unary":
                 done = self._lone_call("Orthogonalize", timeout,
-                                       lambda address, _, t: self._unary(address, entries, t), address=pinned)
+                                       lambda address, _, t: self._unary(address, entries, t), address=pinned,
+                                       policy=policy)
             else:
                 def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
                     header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
                     return self._stream(address, header, entries, t)
 
-                done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pinned)
+                done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pinned, policy=policy)
             for i, r in zip(sent, done):
                 results[i] = r
         return results

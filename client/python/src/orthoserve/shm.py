@@ -5,13 +5,16 @@
         u = region.array((1024, 1024), np.float32)
         g[:] = momentum
         client.orthogonalize([g], out=[u])              # read and written in place by the server
+        t = region.tensor((1024, 1024), torch.bfloat16) # torch tensors (CPU) backed by it, likewise
 
-A Region is a memfd (Linux) sealed against shrinking, mapped here and handed over on the server's Unix domain
-socket (ServerInfo.shm_socket; the server must run with --shm-socket), then registered with the client's token
-through the SharedMemory service; only this client's tenant can use it. Arrays from `array` are views of the
-mapping: a call given such an array (as input, or in `out=`) names the region's slice instead of sending bytes,
-and goes to the region's server rank only. Do not write an array the server is reading, or read a result array,
-while its call runs. `close` unregisters (waiting for the server's steps that use it) and unmaps.
+A Region is a memfd (Linux) sealed against shrinking, mapped here and handed over on the server's Unix domain socket
+(ServerInfo.shm_socket; the server must run with --shm-socket), then registered with the client's token through the
+SharedMemory service; only this client's tenant can use it. Arrays from `array` are views of the mapping, and so are
+the CPU torch tensors from `tensor` (torch is imported only there): a call given such an array or tensor (as input,
+or in `out=`) names the region's slice instead of sending bytes, and goes to the region's server rank only.
+orthoserve.torch stages its matrices in a region on its own (orthoserve.region_transport). Do not write an array the
+server is reading, or read a result array, while its call runs. `close` unregisters (waiting for the server's steps
+that use it) and unmaps.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
@@ -36,6 +40,11 @@ __all__ = ["Region", "ALIGNMENT"]
 
 ALIGNMENT = 64  # Bytes: every array `Region.array` hands out starts at a multiple of this offset.
 _HANDOVER_TIMEOUT = 10.0  # Seconds for the socket's answer.
+
+
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _hand_over(path: str, fd: int, timeout: float) -> str:
@@ -81,7 +90,7 @@ class Region:
         self.name = name
         self.id = ""
         self._lock = threading.Lock()
-        self._next = 0  # The bump allocator of `array`.
+        self._next = 0  # The bump allocator of `array` and `tensor`.
         self._fd = os.memfd_create(f"orthoserve-{name or 'region'}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self._fd, size)
@@ -90,6 +99,7 @@ class Region:
             fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
             self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self._base = np.frombuffer(self._map, dtype=np.uint8)
+            self._mapped_at = self._base.__array_interface__["data"][0]  # Where the mapping starts here.
             ticket = _hand_over(info.shm_socket, self._fd, _HANDOVER_TIMEOUT)
             stub = pb_grpc.SharedMemoryStub(client._channel(address))
             try:
@@ -105,51 +115,100 @@ class Region:
 
     # -- arrays ----------------------------------------------------------------------------------------------
 
+    def _place(self, nbytes: int, itemsize: int, offset: Optional[int]) -> int:
+        """The offset of `nbytes` bytes of elements of `itemsize` bytes: `offset`, or (None) the next multiple of
+        ALIGNMENT after what was handed out so far, which then moves past them. ValueError when the region is
+        closed, the offset is not a multiple of `itemsize`, or the bytes do not fit."""
+        with self._lock:
+            if self._map is None:
+                raise ValueError("orthoserve: the region is closed")
+            start = (self._next + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if offset is None else int(offset)
+            if start % itemsize:
+                raise ValueError(f"orthoserve: offset {start} is not a multiple of the element size, {itemsize} bytes")
+            if start < 0 or nbytes < 0 or start > self.size or nbytes > self.size - start:
+                raise ValueError(f"orthoserve: {nbytes} bytes at offset {start} do not fit a region of {self.size}")
+            if offset is None:
+                self._next = start + nbytes
+            return start
+
     def array(self, shape: Sequence[int], dtype: Any = np.float32, offset: Optional[int] = None) -> np.ndarray:
         """A C-contiguous numpy array of `shape` and `dtype` (float32 or float16) backed by the region, at
-        `offset` (default: after the arrays handed out so far, aligned to ALIGNMENT; the server takes only offsets
-        that are a multiple of the element size). ValueError when it does not fit or is misaligned."""
+        `offset` (default: after the arrays and tensors handed out so far, aligned to ALIGNMENT; the server takes
+        only offsets that are a multiple of the element size). ValueError when it does not fit or is misaligned."""
         dtype = np.dtype(dtype)
         if dtype.name not in ("float32", "float16"):
             raise TypeError(f"orthoserve: region arrays are float32 or float16, not {dtype}")
         shape = tuple(int(d) for d in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        with self._lock:
-            if self._map is None:
-                raise ValueError("orthoserve: the region is closed")
-            start = (self._next + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if offset is None else int(offset)
-            if start % dtype.itemsize:
-                raise ValueError(f"orthoserve: offset {start} is not a multiple of {dtype}'s {dtype.itemsize} bytes")
-            if start < 0 or nbytes < 0 or start > self.size or nbytes > self.size - start:
-                raise ValueError(f"orthoserve: {nbytes} bytes at offset {start} do not fit a region of {self.size}")
-            if offset is None:
-                self._next = start + nbytes
-            return self._base[start:start + nbytes].view(dtype).reshape(shape)
+        start = self._place(nbytes, dtype.itemsize, offset)
+        return self._base[start:start + nbytes].view(dtype).reshape(shape)
+
+    def tensor(self, shape: Sequence[int], dtype: Any = None, offset: Optional[int] = None) -> Any:
+        """A contiguous CPU torch tensor of `shape` and `dtype` (torch.float32 by default, torch.bfloat16 or
+        torch.float16) backed by the region, placed as `array` places arrays (the two share the region's space).
+        Usable wherever a region array is: as an input, and in `out=`. Needs torch (imported here); TypeError for
+        another dtype, ValueError when it does not fit or is misaligned."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"orthoserve: region tensors are torch.float32, torch.bfloat16 or torch.float16, not "
+                            f"{dtype}")
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"orthoserve: negative dimension in shape {shape}")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        start = self._place(nbytes, itemsize, offset)
+        # A view of the numpy view of the mapping: it keeps the mapping alive as arrays do (see close).
+        return torch.from_numpy(self._base[start:start + nbytes]).view(dtype).reshape(shape)
 
     def slice_of(self, array: Any) -> Optional[pb.RegionSlice]:
-        """The RegionSlice a C-contiguous numpy array lies in, or None when it is not (wholly) in this region."""
-        if not isinstance(array, np.ndarray) or self._map is None or not array.flags.c_contiguous:
+        """The RegionSlice a C-contiguous numpy array, or a contiguous CPU torch tensor, lies in; None when it is
+        not (wholly) in this region."""
+        if self._map is None:
             return None
-        base = self._base.__array_interface__["data"][0]
-        start = array.__array_interface__["data"][0] - base
-        if start < 0 or start + array.nbytes > self.size:
+        if isinstance(array, np.ndarray):
+            if not array.flags.c_contiguous:
+                return None
+            address, nbytes = array.__array_interface__["data"][0], array.nbytes
+        elif _is_torch(array):
+            if array.device.type != "cpu" or not array.is_contiguous() or array.numel() == 0:
+                return None
+            address, nbytes = array.data_ptr(), array.numel() * array.element_size()
+        else:
             return None
-        return pb.RegionSlice(region_id=self.id, offset=start, size=array.nbytes)
+        start = address - self._mapped_at
+        if start < 0 or start + nbytes > self.size:
+            return None
+        return pb.RegionSlice(region_id=self.id, offset=start, size=nbytes)
+
+    def touch(self) -> None:
+        """Faults every page of the region in from this process (writing a zero byte to each; a new region is all
+        zeros). Memory of a memfd is charged to the memory cgroup of the process that first touches a page: after
+        this, all of it is this process's (the trainer's container's), and none of it is charged to the server's
+        when the server writes a result into a page the client had not touched yet."""
+        with self._lock:
+            if self._base is None:
+                raise ValueError("orthoserve: the region is closed")
+            self._base[::mmap.PAGESIZE] = 0
 
     # -- life ------------------------------------------------------------------------------------------------
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Unregisters the region (the server answers once no step uses it any more) and unmaps it here. Arrays
         still referring to it keep the mapping alive until they are gone. Idempotent."""
-        if self.id:
-            region_id, self.id = self.id, ""
-            try:
-                self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
-                                            timeout=self._client._deadline(timeout), metadata=self._client._metadata)
-            except grpc.RpcError as e:
-                self._release_memory()
-                raise errors.error_from_rpc(e) from None
-        self._release_memory()
+        try:
+            if self.id:
+                region_id, self.id = self.id, ""
+                try:
+                    self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
+                                                timeout=self._client._deadline(timeout),
+                                                metadata=self._client._metadata)
+                except grpc.RpcError as e:
+                    raise errors.error_from_rpc(e) from None
+        finally:
+            self._release_memory()
 
     def _release_memory(self) -> None:
         with self._lock:

@@ -12,6 +12,10 @@ and extra scale), p -= lr·update — which is also torch.optim.Muon's step (dec
 by adjust_lr_fn instead of a scale factor). The orthogonalization of every parameter of a step is one remote
 request (whole tensors in one stream; DTensor shards as one group step per shard group).
 
+Same host: whole tensors go through a shared-memory region when the server rank is on this host and takes regions
+(orthoserve.region_transport: `shm="auto"` by default, True to require it, False for bytes; $ORTHOSERVE_SHM sets the
+default, and is the only switch of newton_schulz). Results are bit for bit the same; group steps always send bytes.
+
 Group steps carry a run id (StepHeader.run_id; orthoserve.runs): Muon's `run_id=`, else $ORTHOSERVE_RUN_ID, else
 $TORCHELASTIC_RUN_ID (torchrun), else a random id agreed over the default torch.distributed process group — a
 collective that Muon's constructor makes, so construct Muon on every rank of the job, as training scripts do.
@@ -40,8 +44,10 @@ except ImportError as e:  # pragma: no cover - exercised by the client-only inst
 
 from orthoserve import errors, layout, local_ns, options as options_lib, runs
 from orthoserve.client import Client
+from orthoserve.region_transport import RegionTransport
 
-__all__ = ["newton_schulz", "set_default_client", "get_default_client", "RemoteNewtonSchulz", "Muon",
+__all__ = ["newton_schulz", "set_default_client", "get_default_client", "region_transport", "RemoteNewtonSchulz",
+           "Muon",
            "dtensor_block", "dtensor_group", "dtensor_shard", "is_dtensor", "ENV_ADDRESS", "ENV_TOKEN"]
 
 _PRECISIONS = ("highest", "high", "medium")
@@ -103,6 +109,22 @@ def get_default_client() -> Client:
 
 def _client_or_default(client: Optional[Client]) -> Client:
     return client if client is not None else get_default_client()
+
+
+# The transports of newton_schulz, one per client (its region is reused by the calls that go through that client).
+_transports: "weakref.WeakKeyDictionary[Client, RegionTransport]" = weakref.WeakKeyDictionary()
+
+
+def region_transport(client: Optional[Client] = None) -> RegionTransport:
+    """The RegionTransport that newton_schulz uses with `client` (default: get_default_client()): its `transport`
+    ("shm" or "bytes") and `reason` say how the last call went. Made on first use with shm=$ORTHOSERVE_SHM
+    ("auto" when unset)."""
+    client = _client_or_default(client)
+    with _default_lock:
+        transport = _transports.get(client)
+        if transport is None:
+            transport = _transports[client] = RegionTransport(None, what="orthoserve.torch.newton_schulz")
+        return transport
 
 
 # -- newton_schulz: Emerging-Optimizers' function, run by the service --------------------------------------
@@ -259,7 +281,8 @@ def newton_schulz(x: torch.Tensor, steps: int, coefficient_type: str = "quintic"
         opts["transpose"] = "auto" if transpose is None else bool(transpose)
     if x.numel() == 0:  # EO returns an empty result; the service takes no empty matrices.
         return torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    [out] = get_default_client().orthogonalize_batch([x], [opts], nd="batch")
+    client = get_default_client()
+    [out] = region_transport(client).orthogonalize_batch(client, [x], [opts], nd="batch")
     return out
 
 
@@ -315,11 +338,15 @@ class RemoteNewtonSchulz:
     client: an orthoserve.Client; None: orthoserve.torch.get_default_client() at each call.
     fallback: when the service stays unreachable (a retryable failure that outlasted the client's retries),
       compute the same numerics locally (orthoserve.local_ns) with a warning, instead of raising. Off by default.
+    shm: "auto" (default; None: $ORTHOSERVE_SHM, else "auto"), True or False: whether tensors go through a
+      shared-memory region when the server is on this host (orthoserve.region_transport). `transport` says how the
+      last call went ("shm" or "bytes"), `region_transport` more (the reason for bytes, the region).
     """
 
-    def __init__(self, client: Optional[Client] = None, fallback: bool = False, **options: Any):
+    def __init__(self, client: Optional[Client] = None, fallback: bool = False, shm: Any = None, **options: Any):
         self.client = client
         self.fallback = bool(fallback)
+        self.region_transport = RegionTransport(shm, what="RemoteNewtonSchulz")
         self.options = dict(options)
         self.options.setdefault("scale_mode", "none")
 
@@ -328,6 +355,11 @@ class RemoteNewtonSchulz:
         if opts.get("precision") is None:
             opts["precision"] = torch.get_float32_matmul_precision()
         return opts
+
+    @property
+    def transport(self) -> Optional[str]:
+        """How the last call went: "shm" (a shared-memory region), "bytes", or None before the first."""
+        return self.region_transport.transport
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.batch([x])[0]
@@ -339,8 +371,8 @@ class RemoteNewtonSchulz:
                 raise TypeError(f"Input tensor x must be 2d or 3d (batched 2d), got {x.ndim}d")
         opts = self._options()
         try:
-            return _client_or_default(self.client).orthogonalize_batch(list(tensors), [opts] * len(tensors),
-                                                                       nd="batch")
+            return self.region_transport.orthogonalize_batch(_client_or_default(self.client), list(tensors),
+                                                             [opts] * len(tensors), nd="batch")
         except errors.OrthoserveError as e:
             if not _falls_back(self.fallback, e, f"newton_schulz of {len(tensors)} tensor(s)"):
                 raise
@@ -531,6 +563,12 @@ class Muon(torch.optim.Optimizer):
         orthogonalize the whole (non-DTensor-sharded) parameters locally (orthoserve.local_ns) with a warning,
         instead of raising. Off by default. Sharded DTensor group steps have no local fallback: their error
         propagates.
+      shm: "auto" (default; None: $ORTHOSERVE_SHM, else "auto"), True or False: whether the whole parameters'
+        updates go through a shared-memory region when the server rank is on this host and takes regions
+        (orthoserve.region_transport; auto falls back to bytes, logged at INFO, and True raises
+        FailedPreconditionError instead). The region is sized for the step and reused by the next ones. Results are
+        bit for bit those of bytes. `transport` says how the last step went ("shm" or "bytes"), `region_transport`
+        more. Sharded DTensor group steps always send bytes.
     Unknown arguments raise TypeError; bad values ValueError (torch's messages where torch checks the same).
     Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest), also for adjust_lr_fn). DTensor
     parameters are sent as group steps of their mesh's shard group, each rank only its local shard; plain tensors
@@ -549,7 +587,7 @@ class Muon(torch.optim.Optimizer):
                  qkv_split_shapes: Optional[Sequence[int]] = None, tp_mode: Optional[str] = None,
                  algorithm: str = "auto", client: Optional[Client] = None, job: Optional[str] = None,
                  timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None,
-                 run_id: Optional[str] = None):
+                 run_id: Optional[str] = None, shm: Any = None):
         if isinstance(lr, Client):
             raise TypeError("Muon: pass the client by keyword (client=...); the second positional argument is lr")
         given = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -590,6 +628,7 @@ class Muon(torch.optim.Optimizer):
         self._job = job or os.environ.get("ORTHOSERVE_JOB") or None
         self.timeout = timeout
         self.fallback = bool(fallback)
+        self.region_transport = RegionTransport(shm, what="Muon")
         self._names: Dict[int, str] = {}
         self._group_of: Dict[int, dict] = {}
         self._remote_steps = 0
@@ -597,6 +636,12 @@ class Muon(torch.optim.Optimizer):
         defaults.update(self._canonical(given))
         self._check(defaults, "Muon")
         super().__init__(params, defaults)
+
+    @property
+    def transport(self) -> Optional[str]:
+        """How the last step's whole parameters went: "shm" (a shared-memory region), "bytes", or None before the
+        first step (region_transport.reason says why bytes)."""
+        return self.region_transport.transport
 
     @property
     def job(self) -> Optional[str]:
@@ -793,7 +838,7 @@ class Muon(torch.optim.Optimizer):
             tensors = [updates[i].to_local() if is_dtensor(updates[i]) else updates[i] for i in whole]
             opts = [dict(self._options_for(params[i]), name=self._names.get(id(params[i]), f"p{i}")) for i in whole]
             try:
-                out = client.orthogonalize_batch(tensors, opts, timeout=self.timeout)
+                out = self.region_transport.orthogonalize_batch(client, tensors, opts, timeout=self.timeout)
             except errors.OrthoserveError as e:
                 if not _falls_back(self.fallback, e, f"Muon step {self._remote_steps}"):
                     raise
