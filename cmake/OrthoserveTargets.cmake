@@ -8,16 +8,23 @@ function(orthoserve_configure_target target)
     $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>)
 endfunction()
 
-# orthoserve_test(NAME SOURCES... DEPS... [LABELS ...]): one GoogleTest binary registered with CTest.
+# orthoserve_test(NAME SOURCES... DEPS... [LABELS ...] [WRAPPER command...]): one GoogleTest binary
+# registered with CTest; with WRAPPER, CTest runs `command... <binary>`, and a wrapper's exit code
+# 77 marks the test skipped.
 function(orthoserve_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;WRAPPER" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   orthoserve_configure_target(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} orthoserve::test_util GTest::gmock GTest::gtest_main)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()
-  add_test(NAME ${name} COMMAND ${name})
+  if(ARG_WRAPPER)
+    add_test(NAME ${name} COMMAND ${ARG_WRAPPER} $<TARGET_FILE:${name}>)
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+  else()
+    add_test(NAME ${name} COMMAND ${name})
+  endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT})
   if(ARG_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")

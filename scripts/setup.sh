@@ -17,14 +17,15 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 # /usr/bin/etcd on free loopback ports with temporary data directories: they never use etcd's
 # default ports 2379/2380, so the system service the package may start (Debian's postinst does
 # where services can start) neither serves nor disturbs them. This script leaves that service
-# as the package set it up.
+# as the package set it up. iproute2 (`ip`) and util-linux (`unshare`, `setpriv`) are for the
+# partial-partition test, which makes a network namespace of its own (skipped where it cannot).
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus yamllint openssl
-  etcd-server
+  etcd-server iproute2 util-linux
   python3 python3-venv python3-dev python3-numpy
 )
 

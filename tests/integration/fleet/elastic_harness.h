@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -69,22 +70,33 @@ class Fleet {
     for (auto& r : ranks_) r.reset();  // SIGKILL whatever still runs.
   }
 
-  std::string Address(int r) const { return absl::StrCat("127.0.0.1:", base_ + r); }
+  std::string Address(int r) const { return absl::StrCat(Host(r), ":", base_ + r); }
+  // Rank r's loopback address: 127.0.0.1, or 127.0.0.(10+r) after DistinctHosts.
+  std::string Host(int r) const { return distinct_hosts_ ? absl::StrCat("127.0.0.", 10 + r) : "127.0.0.1"; }
+  // From now on rank r listens (public, fleet and collective ports) on its own loopback address,
+  // 127.0.0.(10+r) (not 127.0.0.1, where etcd and the clients are), so that the traffic between
+  // two ranks can be told apart (partition_test.cc).
+  void DistinctHosts() { distinct_hosts_ = true; }
+  // From now on rank r's command is `wrap(r)` followed by the server's (e.g. setpriv running it
+  // under a uid of its own).
+  void Wrap(std::function<std::vector<std::string>(int)> wrap) { wrap_ = std::move(wrap); }
 
   void Start(int r) {
-    std::vector<std::string> argv = {ORTHOSERVE_BINARY,
+    std::vector<std::string> argv;
+    if (wrap_) argv = wrap_(r);
+    argv.insert(argv.end(), {ORTHOSERVE_BINARY,
                                      "--rank", std::to_string(r),
                                      "--world", std::to_string(world_),
                                      "--listen", Address(r),
-                                     "--fleet-listen", absl::StrCat("127.0.0.1:", base_ + 50 + r),
+                                     "--fleet-listen", absl::StrCat(Host(r), ":", base_ + 50 + r),
                                      "--metrics-address", "",
                                      "--fleet-peer-timeout", absl::StrCat(absl::ToInt64Seconds(kPeer), "s"),
                                      "--drain-timeout", absl::StrCat(absl::ToInt64Seconds(kDrain), "s"),
                                      "--rendezvous-timeout", "30s",
                                      // The clients below ping every second (kClientKeepalive).
-                                     "--grpc-min-client-ping-interval", "500ms"};
+                                     "--grpc-min-client-ping-interval", "500ms"});
     if (membership_.empty()) {
-      argv.insert(argv.end(), {"--coordinator", absl::StrCat("127.0.0.1:", base_ + 50)});
+      argv.insert(argv.end(), {"--coordinator", absl::StrCat(Host(0), ":", base_ + 50)});
     } else {
       argv.insert(argv.end(), {"--membership", membership_});
     }
@@ -140,6 +152,8 @@ class Fleet {
   const std::vector<std::string> extra_;
   int base_ = 0;
   int starts_ = 0;
+  bool distinct_hosts_ = false;
+  std::function<std::vector<std::string>(int)> wrap_;
   std::string dir_;
   std::vector<std::unique_ptr<Subprocess>> ranks_;
 };
