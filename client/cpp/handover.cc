@@ -66,10 +66,10 @@ absl::StatusOr<std::string> ParseHandoverAnswer(absl::string_view line) {
     absl::StatusCode code = CodeNamed(name);
     if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;  // "ERR OK" is no refusal we know.
     return absl::Status(code, absl::StrCat("the server refused the memfd: ",
-                                           message.empty() ? BoundedText(std::string(line)) : message));
+                                           message.empty() ? BoundedText(line) : std::string(message)));
   }
   return absl::UnknownError(
-      absl::StrCat("the shared-memory socket answered \"", BoundedText(std::string(line)), "\", not OK or ERR"));
+      absl::StrCat("the shared-memory socket answered \"", BoundedText(line), "\", not OK or ERR"));
 }
 
 absl::StatusOr<std::string> HandOverMemfd(const std::string& socket_path, int fd, absl::Duration timeout) {

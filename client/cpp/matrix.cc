@@ -52,13 +52,13 @@ absl::StatusOr<Block> CheckInput(const MatrixInput& input) {
   RETURN_IF_ERROR(CheckBlockInside(block, m, what + " block"));
   const size_t expected = static_cast<size_t>(block.numel()) * ElementSize(input.dtype);
   RETURN_IF_ERROR(CheckRegions(input, what));
-  if (input.input_region.has_value()) return block;  // The bytes are in the region: checked by the server.
-  if (input.bytes != expected) {
+  // An input in a region carries no data (CheckRegions); its slice is checked by the server.
+  if (!input.input_region.has_value() && input.bytes != expected) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", input.bytes, " data bytes given, but block ",
                                                    BlockString(block), " of ", DTypeName(input.dtype), " needs ",
                                                    expected));
   }
-  if (expected > 0 && input.data == nullptr) {
+  if (!input.input_region.has_value() && expected > 0 && input.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": data is null"));
   }
   if (input.result != nullptr || input.result_bytes != 0) {

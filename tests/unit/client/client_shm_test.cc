@@ -400,6 +400,12 @@ TEST_F(ClientShmTest, InputsThatMixRegionsAndBytesAreRefusedBeforeSending) {
   two_results.result_region = RegionSlice{"id", server_->address, 0, 256};
   EXPECT_THAT(client->Step(StepOptions{}, {&two_results, 1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give one or the other")));
+  MatrixInput short_result = Describe(m);  // In a region, its result into a buffer too small.
+  short_result.input_region = RegionSlice{"id", server_->address, 0, 256};
+  short_result.result = result.data();
+  short_result.result_bytes = result.size() - 4;
+  EXPECT_THAT(client->Orthogonalize({&short_result, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("result buffer of 252 bytes")));
   MatrixInput no_id = Describe(m);
   no_id.input_region = RegionSlice{"", server_->address, 0, 256};
   EXPECT_THAT(client->Step(StepOptions{}, {&no_id, 1}),
