@@ -77,8 +77,7 @@ absl::StatusOr<std::string> HandOverMemfd(const std::string& socket_path, int fd
   addr.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("the shared-memory socket path \"", socket_path,
-                                                   "\" is empty or longer than ", sizeof(addr.sun_path) - 1,
-                                                   " bytes"));
+                                                   "\" is empty or longer than ", sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
   const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -89,10 +89,9 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Create(int64_t size, const std::
     // The server maps the size it saw at the handover, and the memfd cannot shrink: a different
     // size is a server that does not keep the protocol. Nothing else of it would be safe to use.
     const absl::Status unregister = region->Unregister();
-    return absl::InternalError(absl::StrCat("server protocol error: the region was registered with ", registered.size(),
-                                            " bytes, but its memfd has ", size,
-                                            unregister.ok() ? "" : absl::StrCat(" (and unregistering it failed: ",
-                                                                                unregister.message(), ")")));
+    return absl::InternalError(absl::StrCat(
+        "server protocol error: the region was registered with ", registered.size(), " bytes, but its memfd has ", size,
+        unregister.ok() ? "" : absl::StrCat(" (and unregistering it failed: ", unregister.message(), ")")));
   }
   return region;
 }

@@ -23,8 +23,8 @@ namespace orthoserve::client {
 
 // How Client::CreateRegion makes a region.
 struct RegionOptions {
-  std::string name;         // The region's label in the server's listings (not unique; may be empty).
-  std::string address;      // The server rank to register on; empty: Client::address(). One of the client's.
+  std::string name;     // The region's label in the server's listings (not unique; may be empty).
+  std::string address;  // The server rank to register on; empty: Client::address(). One of the client's.
   // The server's handover socket as this process sees it; empty: the server's ServerInfo.shm_socket
   // (give it when the client sees the socket under another path, e.g. another mount in a sidecar).
   std::string socket_path;
@@ -50,9 +50,9 @@ class Region {
  public:
   // The server rank a region is registered on and how to call it.
   struct Connection {
-    std::string address;                     // As the client names it.
-    std::shared_ptr<grpc::Channel> channel;  // The client's channel to `address`.
-    std::string bearer_token;                // Sent as "authorization: Bearer <token>" when set.
+    std::string address;                         // As the client names it.
+    std::shared_ptr<grpc::Channel> channel;      // The client's channel to `address`.
+    std::string bearer_token;                    // Sent as "authorization: Bearer <token>" when set.
     absl::Duration timeout = absl::Seconds(90);  // Deadline of RegisterRegion and UnregisterRegion.
   };
 

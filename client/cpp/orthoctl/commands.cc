@@ -428,12 +428,12 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   const double med = median(seconds);
   const double bytes = 2.0 * matrices * static_cast<double>(m->numel()) * ElementSize(dtype);
   const double flops = matrices * NsFlops(m->rows, m->cols, *options);
-  const std::string transport =
-      region != nullptr
-          ? absl::StrFormat("%s, inputs and results in shared-memory region %s (%.1f MiB) on %s", unary ? "unary" : "stream",
-                            region->id(), static_cast<double>(region->size()) / (1 << 20), region->address())
-      : unary ? std::string("unary")
-              : absl::StrCat("stream, chunk ", (*c)->chunk_bytes(), " B");
+  std::string transport = unary ? "unary" : absl::StrCat("stream, chunk ", (*c)->chunk_bytes(), " B");
+  if (region != nullptr) {
+    transport = absl::StrFormat("%s, inputs and results in shared-memory region %s (%.1f MiB) on %s",
+                                unary ? "unary" : "stream", region->id(),
+                                static_cast<double>(region->size()) / (1 << 20), region->address());
+  }
   out << absl::StrFormat("bench: %d x %s %s per step, %d iters after %d warmup, %s", matrices, ShapeText(shape),
                          DTypeName(dtype), static_cast<int>(seconds.size()), warmup, transport)
       << "\n";

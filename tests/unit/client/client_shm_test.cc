@@ -365,8 +365,8 @@ TEST_F(ClientShmTest, ACallNamingARegionGoesToItsAddressOnly) {
   absl::StatusOr<std::vector<MatrixOutput>> r = (*client)->Step(StepOptions{}, {&in, 1});
   ASSERT_OK(r);
   EXPECT_OK((*r)[0].status);
-  EXPECT_EQ((*client)->retries(), 0);           // Straight to the region's address...
-  EXPECT_EQ((*client)->address(), nowhere);     // ...which does not become the preferred one.
+  EXPECT_EQ((*client)->retries(), 0);        // Straight to the region's address...
+  EXPECT_EQ((*client)->address(), nowhere);  // ...which does not become the preferred one.
 
   // A slice on an address the client does not have, and slices on two addresses, are refused.
   MatrixInput stranger = in;
@@ -444,7 +444,8 @@ TEST(HandoverAnswer, ParsesTicketsAndErrorCodes) {
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("refused the memfd: the memfd holds 9 bytes")));
   EXPECT_THAT(ParseHandoverAnswer("ERR PERMISSION_DENIED uid 7 may not"),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("uid 7")));
-  EXPECT_THAT(ParseHandoverAnswer("ERR RESOURCE_EXHAUSTED full"), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("full")));
+  EXPECT_THAT(ParseHandoverAnswer("ERR RESOURCE_EXHAUSTED full"),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("full")));
   EXPECT_THAT(ParseHandoverAnswer("ERR NO_SUCH_CODE what"), StatusIs(absl::StatusCode::kUnknown, HasSubstr("what")));
   EXPECT_THAT(ParseHandoverAnswer("OK \n"), StatusIs(absl::StatusCode::kUnknown, HasSubstr("not OK or ERR")));
   EXPECT_THAT(ParseHandoverAnswer("hello"), StatusIs(absl::StatusCode::kUnknown, HasSubstr("\"hello\"")));
@@ -474,9 +475,10 @@ TEST_F(ClientShmTest, OrthoctlBenchThroughARegion) {
   EXPECT_THAT(unary_out.str(), HasSubstr("unary, inputs and results in shared-memory region"));
   // Without a tenant token the server refuses the registration; orthoctl says so and exits 2.
   std::ostringstream refused_out, refused_err;
-  EXPECT_EQ(orthoctl::RunBench({"--shm", "--shape", "16,16", "--iters", "1", "--server", server_->address, "--no-retry"},
-                               refused_out, refused_err),
-            orthoctl::kExitRpc);
+  EXPECT_EQ(
+      orthoctl::RunBench({"--shm", "--shape", "16,16", "--iters", "1", "--server", server_->address, "--no-retry"},
+                         refused_out, refused_err),
+      orthoctl::kExitRpc);
   EXPECT_THAT(refused_err.str(), HasSubstr("UNAUTHENTICATED"));
   EXPECT_THAT(refused_err.str(), HasSubstr("--shm"));
 }
