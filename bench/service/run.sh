@@ -8,8 +8,15 @@
 #    returned in new vectors (MatrixOutput::data), and written into result buffers the caller
 #    allocated once (MatrixInput::result). The part runs once per client malloc setting in
 #    CLIENT_MALLOC: glibc's default, and "kept" (service_bench --keep-freed-memory, the call
-#    docs/operations.md offers trainers).
-# Writes bench/results/service.md.
+#    docs/operations.md offers trainers);
+#  - shm (same-host shared memory, docs/shared_memory.md; the server then runs with --shm-socket,
+#    which adds one thread that wakes once a second and leaves the other parts as they were):
+#    (a) the transport part's steps = 0 step with its inputs read from and its results written to a
+#    registered memfd region vs the raw loopback TCP echo of the same bytes, alternately (the
+#    stream step into the caller's buffers, and the steps = 0 computation alone in process, beside
+#    them for reference); target ≥ 3× raw TCP throughput; (b) the overhead part's model matrices through a region vs the in-process
+#    engine, alternately; target ≤ 1.02×.
+# Writes bench/results/service.md (all of it: run PARTS=shm with OUT=elsewhere to keep the file).
 #
 # The transport part also records CPU time: the server rank's (from /proc, per step), and
 # service_bench's own while it runs the raw echo (both ends) and while it is the stream's client.
@@ -18,7 +25,7 @@
 #   REPS=3 LAYERS=2 bench/service/run.sh
 #   PARTS=transport ORTHOSERVE_BUILD_DIR=build-transport bench/service/run.sh
 #
-# Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), PARTS (overhead,transport), MODEL_SHAPES
+# Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), PARTS (overhead,transport,shm), MODEL_SHAPES
 # (a GPT-2-small layer: 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024),
 # STREAM_MATRICES (16), CLIENT_MALLOC (default,kept), REPS (5), WARMUP (1), PRECISION (medium),
 # PORT (47800; metrics and fleet ports at +100 and +50), OUT.
@@ -26,7 +33,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${ORTHOSERVE_BUILD_DIR:-$root/build-bench}
-parts=${PARTS:-overhead,transport}
+parts=${PARTS:-overhead,transport,shm}
 model_shapes=${MODEL_SHAPES:-2304x768,768x768,3072x768,768x3072}
 layers=${LAYERS:-4}
 stream_shapes=${STREAM_SHAPES:-4096x1024}
@@ -55,8 +62,12 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+server_flags=(--blas-threads 1 --workers 1 --log-level warning)
+case ",$parts," in
+  *,shm,*) server_flags+=(--shm-socket "$tmp/shm.sock") ;;
+esac
 "$root/deploy/local/fleet.sh" start --world 1 --base-port "$port" --dir "$tmp/fleet" --bin "$build/bin" -- \
-  --blas-threads 1 --workers 1 --log-level warning
+  "${server_flags[@]}"
 
 tree="HEAD $(git -C "$root" log -1 --format=%h 2>/dev/null || echo unknown), orthoserve built $(date -u -r "$build/bin/orthoserve" '+%Y-%m-%d %H:%M') UTC"
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt")
@@ -102,12 +113,19 @@ import json, os, statistics, sys
 (runs_path, out, start, load_before, load_after, uptime_line, model_shapes, model_matrices, stream_shapes,
  stream_matrices, reps, warmup, precision, layers, tree, build_type, server_cpu_s) = sys.argv[1:]
 over, trans, identical = [], [], None
+shm_trans, shm_over, shm_identical = [], [], {}
 for line in open(runs_path):
     r = json.loads(line)
-    if "identical_results" in r:
+    if "shm_identical_results" in r:
+        shm_identical[r["part"]] = r["shm_identical_results"]
+    elif "identical_results" in r:
         identical = r["identical_results"]
     elif r["part"] == "overhead":
         over.append(r)
+    elif r["part"] == "shm_transport":
+        shm_trans.append(r)
+    elif r["part"] == "shm_overhead":
+        shm_over.append(r)
     else:
         trans.append(r)
 cpu = "unknown"
@@ -196,6 +214,65 @@ if trans:
         rows = [r for r in trans if r.get("client_malloc", "default") == mode]
         if rows:
             transport(rows, mode, server_cpu.get(mode, "unknown"))
+if shm_trans or shm_over:
+    L.append("## Same-host shared memory (`PARTS=shm`)\n")
+    L.append("The server runs with `--shm-socket`; service_bench registers memfd regions on it "
+             "(`Client::CreateRegion`, docs/shared_memory.md), writes the inputs into them once, and names "
+             "slices of them in each stream step for every input and every result "
+             "(`MatrixInput::input_region`, `result_region`): the server reads the inputs and writes the results "
+             "in place, and only the specs and results' metadata travel on the connection.\n")
+if shm_trans:
+    b = shm_trans[0]["bytes_each_way"]
+    rw = med([r["raw_s"] for r in shm_trans])
+    sh = med([r["shm_s"] for r in shm_trans])
+    ss = med([r["shm_server_s"] for r in shm_trans])
+    sc = med([r["shm_client_cpu_s"] for r in shm_trans])
+    it = med([r["into_s"] for r in shm_trans])
+    en = med([r["engine_s"] for r in shm_trans])
+    ok = shm_identical.get("shm_transport")
+    L.append("### (a) Transport-bound (steps = 0): region vs raw loopback TCP\n")
+    L.append(f"Work: {stream_matrices} matrices of {stream_shapes} fp32 (cycled), {b / 2**20:.0f} MiB each way, NS "
+             "with steps = 0 (normalize and scale only). *raw*: the same bytes through one loopback TCP connection "
+             "to an echo thread and back (as in the transport part); *region*: one `Client::Step` whose inputs and "
+             "results are slices of one region; *server*: its StepSummary.server_seconds; *into*: the same step "
+             "with bytes, results into the caller's buffers (for reference); *engine*: the steps = 0 computation "
+             "alone, `CpuBackend::Run` (one thread, like the server's one worker) in service_bench's process into "
+             "result buffers allocated once, no transport at all. Throughput = bytes each way / wall "
+             f"time. Region results are {'bitwise identical' if ok else 'NOT identical'} to the step's with bytes "
+             "and the engine's.\n")
+    L.append("| | raw s | raw GB/s | region s | region GB/s | region server s | region client CPU s | into s | "
+             "into GB/s | engine s |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in shm_trans:
+        L.append(f"| rep {r['rep']} | {r['raw_s']:.3f} | {b / r['raw_s'] / 1e9:.2f} | {r['shm_s']:.3f} | "
+                 f"{b / r['shm_s'] / 1e9:.2f} | {r['shm_server_s']:.3f} | {r['shm_client_cpu_s']:.3f} | "
+                 f"{r['into_s']:.3f} | {b / r['into_s'] / 1e9:.2f} | {r['engine_s']:.3f} |")
+    L.append(f"| **median** | {rw:.3f} | **{b / rw / 1e9:.2f}** | {sh:.3f} | **{b / sh / 1e9:.2f}** | {ss:.3f} | "
+             f"{sc:.3f} | {it:.3f} | **{b / it / 1e9:.2f}** | {en:.3f} |")
+    pairs = ", ".join(f"{r['raw_s'] / r['shm_s']:.2f}" for r in shm_trans)
+    L.append(f"\nRegion / raw throughput: **{rw / sh:.2f}×** (ratio of medians; per pair {pairs}). Target: ≥ 3×. "
+             f"Of the region step's {sh:.3f} s the server computed for {ss:.3f} s (median); stream into the "
+             f"caller's buffers / raw: {rw / it:.2f}×. The computation alone takes {en:.3f} s (engine), so with no "
+             f"transport cost at all a region step on this server could reach {rw / en:.2f}× raw TCP.\n")
+if shm_over:
+    e = med([r["engine_s"] for r in shm_over])
+    w = med([r["shm_s"] for r in shm_over])
+    s = med([r["shm_server_s"] for r in shm_over])
+    ok = shm_identical.get("shm_overhead")
+    L.append("### (b) Model step through a region vs in-process engine\n")
+    L.append(f"Work: the overhead part's {model_matrices} matrices ({model_shapes} cycled, {layers} layer(s)), fp32 in "
+             f"and out, quintic, 5 steps, {precision.upper()}, {shm_over[0]['gflop']:.1f} GFLOP per step. *engine*: "
+             "`CpuBackend::Run` (one thread) in this process, into result buffers allocated once (as the region's "
+             "are); *region*: one `Client::Step` whose inputs and results are slices of one region. Results are "
+             f"{'bitwise identical' if ok else 'NOT identical'} between engine and region.\n")
+    L.append("| | engine s | region s | region server s | first result after s |")
+    L.append("|---|---|---|---|---|")
+    for r in shm_over:
+        L.append(f"| rep {r['rep']} | {r['engine_s']:.3f} | {r['shm_s']:.3f} | {r['shm_server_s']:.3f} | "
+                 f"{r['first_result_s']:.3f} |")
+    L.append(f"| **median** | **{e:.3f}** | **{w:.3f}** | {s:.3f} | {med([r['first_result_s'] for r in shm_over]):.3f} |")
+    pairs = ", ".join(f"{r['shm_s'] / r['engine_s']:.2f}" for r in shm_over)
+    L.append(f"\nRegion / engine: **{w / e:.2f}×** (ratio of medians; per pair {pairs}). Target: ≤ 1.02×.\n")
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY

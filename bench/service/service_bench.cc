@@ -1,6 +1,8 @@
 // service_bench: the service's overhead on loopback (docs/architecture.md), measured side by side in one run:
 // a remote stream step vs the in-process CPU engine on the same matrices, and a transport-bound
-// step (steps = 0) vs a raw loopback TCP echo of the same bytes. One JSON line per measurement.
+// step (steps = 0) vs a raw loopback TCP echo of the same bytes; and the same two through a
+// shared-memory region (docs/shared_memory.md; the server needs --shm-socket). One JSON line per
+// measurement.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -31,6 +33,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/matrix.h"
 #include "client/cpp/orthoctl/flags.h"
+#include "client/cpp/region.h"
 #include "common/malloc_tuning.h"
 #include "common/ns_options.h"
 #include "common/shape.h"
@@ -129,6 +132,28 @@ absl::StatusOr<double> TimeEngine(Backend& backend, const std::vector<MatrixInpu
   return s;
 }
 
+// TimeEngine into `results` as they are (allocated once by the caller, one per input, and reused):
+// the in-process reference of the shm part, whose region results also land in memory written
+// before (no fresh pages on either side).
+absl::StatusOr<double> TimeEngineInto(Backend& backend, const std::vector<MatrixInput>& inputs,
+                                      std::vector<std::vector<char>>* results) {
+  if (results->size() != inputs.size()) results->assign(inputs.size(), {});
+  std::vector<NsKernelArgs> args;
+  args.reserve(inputs.size());
+  std::vector<NsTask> tasks;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Matrix2d shape{inputs[i].shape[0], inputs[i].shape[1]};
+    args.push_back(ResolveKernelArgs(inputs[i].options, shape, shape));
+    (*results)[i].resize(inputs[i].bytes);
+    tasks.push_back(NsTask{shape, DType::kF32, inputs[i].data, DType::kF32, (*results)[i].data(), &args.back()});
+  }
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> statuses = backend.Run(tasks);
+  const double s = absl::ToDoubleSeconds(absl::Now() - start);
+  for (const absl::Status& st : statuses) RETURN_IF_ERROR(st);
+  return s;
+}
+
 // CPU seconds (user + system) this process has used, all threads.
 double ProcessCpuSeconds() {
   rusage usage{};
@@ -213,6 +238,48 @@ absl::StatusOr<double> TimeRawEcho(const char* data, size_t data_size, size_t by
     return absl::InternalError(absl::StrCat("raw echo moved ", received, " of ", bytes, " bytes"));
   }
   return s;
+}
+
+// Puts every input's bytes, then room for every result, into a new region on `client`'s server
+// (64-byte aligned slices), and returns the inputs naming those slices instead of their data.
+absl::StatusOr<std::vector<MatrixInput>> InRegion(Client& client, const std::vector<MatrixInput>& inputs,
+                                                  const std::string& name, std::unique_ptr<client::Region>* region) {
+  auto align = [](int64_t n) { return (n + 63) / 64 * 64; };
+  int64_t total = 0;
+  for (const MatrixInput& in : inputs) total += 2 * align(static_cast<int64_t>(in.bytes));
+  client::RegionOptions options;
+  options.name = name;
+  ASSIGN_OR_RETURN(*region, client.CreateRegion(total, options));
+  std::vector<MatrixInput> out = inputs;
+  int64_t offset = 0;
+  for (MatrixInput& in : out) {
+    const int64_t size = static_cast<int64_t>(in.bytes);
+    std::memcpy((*region)->data() + offset, in.data, in.bytes);
+    in.input_region = (*region)->Slice(offset, size);
+    offset += align(size);
+    in.data = nullptr;
+    in.bytes = 0;
+  }
+  for (MatrixInput& in : out) {
+    const int64_t size = in.input_region->size;  // fp32 in and out.
+    in.result_region = (*region)->Slice(offset, size);
+    offset += align(size);
+  }
+  return out;
+}
+
+// Whether the results `region_inputs` left in `region` equal `expected`, matrix by matrix.
+bool RegionResultsEqual(const client::Region& region, const std::vector<MatrixInput>& region_inputs,
+                        const std::vector<std::vector<char>>& expected) {
+  if (expected.size() != region_inputs.size()) return false;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const client::RegionSlice& r = *region_inputs[i].result_region;
+    if (expected[i].size() != static_cast<size_t>(r.size) ||
+        std::memcmp(region.data() + r.offset, expected[i].data(), expected[i].size()) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 struct Config {
@@ -324,6 +391,83 @@ absl::Status Run(const Config& config) {
                 << std::endl;
     }
   }
+  if (wants("shm")) {
+    // (a) Transport-bound: steps = 0, the transport part's matrices through a region (inputs read
+    // and results written in place) vs a raw TCP echo of the same bytes, with the stream step that
+    // writes into the caller's buffers beside them for reference.
+    ASSIGN_OR_RETURN(std::vector<Matrix2d> shapes, ParseShapes(config.stream_shapes, config.stream_matrices));
+    NsOptions zero = options;
+    zero.steps = 0;
+    std::vector<std::vector<float>> storage;
+    std::vector<MatrixInput> inputs = MakeInputs(shapes, zero, 2, &storage);
+    size_t bytes = 0;
+    for (const MatrixInput& in : inputs) bytes += in.bytes;
+    std::unique_ptr<client::Region> region;
+    ASSIGN_OR_RETURN(std::vector<MatrixInput> shm_inputs, InRegion(*client, inputs, "service_bench", &region));
+    std::vector<std::vector<char>> result_buffers;
+    std::vector<MatrixInput> into = inputs;
+    for (MatrixInput& in : into) {
+      result_buffers.emplace_back(in.bytes);
+      in.result = result_buffers.back().data();
+      in.result_bytes = in.bytes;
+    }
+    const char* raw_data = reinterpret_cast<const char*>(storage[0].data());
+    const size_t raw_size = storage[0].size() * sizeof(float);
+    // The steps = 0 computation alone, in this process on one thread: what the region step costs
+    // with no transport at all (the server computes with one worker, as run.sh starts it).
+    ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> zero_backend, CpuBackend::Create(CpuBackend::Options{1}));
+    bool identical = true;
+    std::vector<std::vector<char>> engine_out;
+    for (int it = 0; it < config.warmup + config.reps; ++it) {
+      ASSIGN_OR_RETURN(double engine_s, TimeEngineInto(*zero_backend, inputs, &engine_out));
+      const double cpu0 = ProcessCpuSeconds();
+      ASSIGN_OR_RETURN(double raw_s, TimeRawEcho(raw_data, raw_size, bytes, static_cast<size_t>(config.io_kib) << 10));
+      const double cpu1 = ProcessCpuSeconds();
+      ASSIGN_OR_RETURN(StepTiming shm, TimeStep(*client, shm_inputs, nullptr));
+      const double cpu2 = ProcessCpuSeconds();
+      ASSIGN_OR_RETURN(StepTiming step_into, TimeStep(*client, into, nullptr));
+      identical = identical && RegionResultsEqual(*region, shm_inputs, result_buffers) &&
+                  RegionResultsEqual(*region, shm_inputs, engine_out);
+      if (it < config.warmup) continue;
+      std::cout << absl::StrFormat(
+                       "{\"part\": \"shm_transport\", \"rep\": %d, \"bytes_each_way\": %d, \"raw_s\": %.6f, "
+                       "\"raw_cpu_s\": %.6f, \"shm_s\": %.6f, \"shm_client_cpu_s\": %.6f, \"shm_server_s\": %.6f, "
+                       "\"into_s\": %.6f, \"engine_s\": %.6f, \"load1\": %s}",
+                       it - config.warmup, bytes, raw_s, cpu1 - cpu0, shm.wall_s, cpu2 - cpu1, shm.server_s,
+                       step_into.wall_s, engine_s, LoadAverage1())
+                << std::endl;
+    }
+    std::cout << absl::StrFormat("{\"part\": \"shm_transport\", \"shm_identical_results\": %s}",
+                                 identical ? "true" : "false")
+              << std::endl;
+    region.reset();  // Unregisters it and unmaps it before (b) maps its own.
+
+    // (b) The overhead part's model matrices through a region vs the in-process engine.
+    ASSIGN_OR_RETURN(std::vector<Matrix2d> model, ParseShapes(config.model_shapes, config.model_matrices));
+    std::vector<std::vector<float>> model_storage;
+    std::vector<MatrixInput> model_inputs = MakeInputs(model, options, 1, &model_storage);
+    ASSIGN_OR_RETURN(std::vector<MatrixInput> model_shm, InRegion(*client, model_inputs, "service_bench", &region));
+    ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(CpuBackend::Options{1}));
+    double flops = 0;
+    for (const Matrix2d& s : model) flops += NsFlops(s.rows, s.cols, options);
+    bool model_identical = true;
+    std::vector<std::vector<char>> model_out;
+    for (int it = 0; it < config.warmup + config.reps; ++it) {
+      ASSIGN_OR_RETURN(double engine_s, TimeEngineInto(*backend, model_inputs, &model_out));
+      ASSIGN_OR_RETURN(StepTiming shm, TimeStep(*client, model_shm, nullptr));
+      model_identical = model_identical && RegionResultsEqual(*region, model_shm, model_out);
+      if (it < config.warmup) continue;
+      std::cout << absl::StrFormat(
+                       "{\"part\": \"shm_overhead\", \"rep\": %d, \"engine_s\": %.6f, \"shm_s\": %.6f, "
+                       "\"shm_server_s\": %.6f, \"first_result_s\": %.6f, \"gflop\": %.3f, \"load1\": %s}",
+                       it - config.warmup, engine_s, shm.wall_s, shm.server_s, shm.first_result_s, flops / 1e9,
+                       LoadAverage1())
+                << std::endl;
+    }
+    std::cout << absl::StrFormat("{\"part\": \"shm_overhead\", \"shm_identical_results\": %s}",
+                                 model_identical ? "true" : "false")
+              << std::endl;
+  }
   return absl::OkStatus();
 }
 
@@ -331,8 +475,10 @@ int Main(int argc, char** argv) {
   orthoctl::FlagSet flags("service_bench [flags]",
                           "Alternates an in-process engine run and a remote stream step on the same model matrices "
                           "(overhead), then a raw loopback TCP echo and a steps = 0 stream step of the same bytes, twice: "
-                          "results returned in new vectors, and written into the caller's buffers (transport); prints "
-                          "one JSON line per measurement.");
+                          "results returned in new vectors, and written into the caller's buffers (transport); with "
+                          "shm, the steps = 0 step through a shared-memory region vs the raw echo, and the model "
+                          "matrices through a region vs the engine (the server needs --shm-socket and this process "
+                          "must run on its host); prints one JSON line per measurement.");
   Config c;
   flags.AddString("server", "HOST:PORT", "server (default 127.0.0.1:47800)", &c.server);
   flags.AddString("model-shapes", "RxC,...", "overhead shapes, cycled (default GPT-2 small layer)", &c.model_shapes);
@@ -340,7 +486,7 @@ int Main(int argc, char** argv) {
   flags.AddString("stream-shapes", "RxC,...", "transport shapes, cycled (default 4096x1024)", &c.stream_shapes);
   flags.AddInt("stream-matrices", "N", "transport matrices per step (default 16)", &c.stream_matrices);
   flags.AddString("precision", "P", "highest|high|medium (default medium)", &c.precision);
-  flags.AddString("parts", "P,...", "overhead and/or transport (default both)", &c.parts);
+  flags.AddString("parts", "P,...", "overhead, transport and/or shm (default overhead,transport)", &c.parts);
   flags.AddInt("reps", "N", "timed pairs per part (default 5)", &c.reps);
   flags.AddInt("warmup", "N", "untimed pairs per part first (default 1)", &c.warmup);
   flags.AddInt("timeout", "S", "deadline of each step in seconds (default 900)", &c.timeout_s);

@@ -109,19 +109,25 @@ std::vector<std::string> ClientAddresses(const ClientOptions& options) {
 
 // The attempts of one call that fails over: attempt k goes to the k-th target after the one that
 // answered last (cycling), and the one that answers becomes the client's preferred target.
+//
+// A call pinned to one target (its inputs name shared-memory regions there) makes every attempt
+// there and leaves the preferred target alone.
 class Client::Attempts {
  public:
-  Attempts(Client* client, absl::string_view call)
+  Attempts(Client* client, absl::string_view call, std::optional<size_t> pinned = std::nullopt)
       : client_(client),
         call_(call),
         first_(client->preferred()),
+        pinned_(pinned),
         loop_(client->options_.retry, client->retry_environment_.get(), client->options_.timeout, "",
               &client->retries_) {
     loop_.set_what(What());
   }
 
   // The target of the current attempt.
-  size_t target() const { return (first_ + loop_.attempt()) % client_->targets_.size(); }
+  size_t target() const {
+    return pinned_.has_value() ? *pinned_ : (first_ + loop_.attempt()) % client_->targets_.size();
+  }
   int attempt() const { return loop_.attempt(); }
   absl::Duration Timeout() { return loop_.AttemptTimeout(); }
   // RetryLoop::BackOff; the log lines of the next attempt name its address.
@@ -130,9 +136,19 @@ class Client::Attempts {
     loop_.set_what(What());
     return true;
   }
-  absl::Status GiveUp(const absl::Status& status) const { return loop_.GiveUp(status); }
-  // The current target answered: calls start there from now on.
-  void Answered() { client_->preferred_.store(target(), std::memory_order_relaxed); }
+  absl::Status GiveUp(const absl::Status& status) const {
+    absl::Status given_up = loop_.GiveUp(status);
+    if (pinned_.has_value() && client_->targets_.size() > 1 && (IsRetryable(status) || loop_.TimedOut(status))) {
+      return AnnotateKeepingMarks(
+          given_up, absl::StrCat("the call names shared-memory regions of ", client_->targets_[*pinned_].address,
+                                 ", so it was not failed over to another address"));
+    }
+    return given_up;
+  }
+  // The current target answered: calls start there from now on (unless the call was pinned).
+  void Answered() {
+    if (!pinned_.has_value()) client_->preferred_.store(target(), std::memory_order_relaxed);
+  }
 
  private:
   std::string What() const { return absl::StrCat(call_, " to ", client_->targets_[target()].address); }
@@ -140,6 +156,7 @@ class Client::Attempts {
   Client* const client_;
   const std::string call_;
   const size_t first_;
+  const std::optional<size_t> pinned_;
   RetryLoop loop_;
 };
 
@@ -326,13 +343,14 @@ std::optional<v1::StepSummary> Client::last_summary() const {
 
 absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const MatrixInput> inputs) {
   RETURN_IF_ERROR(CheckInputs(inputs));
+  ASSIGN_OR_RETURN(std::optional<size_t> pinned, RegionTarget(inputs));
   v1::OrthogonalizeRequest request;
   for (const MatrixInput& input : inputs) {
     v1::Matrix* m = request.add_matrices();
     *m->mutable_spec() = ToSpec(input);
-    m->set_data(input.data, input.bytes);
+    if (!input.input_region.has_value()) m->set_data(input.data, input.bytes);
   }
-  Attempts attempts(this, "Orthogonalize");
+  Attempts attempts(this, "Orthogonalize", pinned);
   while (true) {
     absl::StatusOr<std::vector<MatrixOutput>> outputs =
         OrthogonalizeAttempt(attempts.target(), request, inputs, attempts.Timeout());
@@ -366,11 +384,18 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(size_t ta
       return absl::InternalError(
           absl::StrCat("server protocol error: result ", i, " is for matrix ", r->index(), " \"", r->name(), "\""));
     }
+    if (r->code() == 0) RETURN_IF_ERROR(CheckResultRegion(inputs[i], *r));
     std::string data = std::move(*r->mutable_data());
     r->clear_data();
     ASSIGN_OR_RETURN(MatrixOutput out, FromResult(*r));
     RETURN_IF_ERROR(CheckLayoutEchoed(inputs[i], out));
     RETURN_IF_ERROR(CheckResultIsFor(inputs[i], i, out));
+    if (out.status.ok() && inputs[i].result_region.has_value()) {  // The server wrote it into the region.
+      out.in_place = true;
+      out.result_region = inputs[i].result_region;
+      outputs.push_back(std::move(out));
+      continue;
+    }
     if (data.size() != ExpectedBytes(out)) {
       return absl::InternalError(absl::StrCat("server protocol error: result ", i, " \"", r->name(), "\" has ",
                                               data.size(), " bytes, its block needs ", ExpectedBytes(out)));
@@ -384,8 +409,9 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::OrthogonalizeAttempt(size_t ta
 absl::StatusOr<std::vector<MatrixOutput>> Client::Step(const StepOptions& step, absl::Span<const MatrixInput> inputs,
                                                        const ResultCallback& on_result) {
   RETURN_IF_ERROR(CheckStep(step, inputs));
+  ASSIGN_OR_RETURN(std::optional<size_t> pinned, RegionTarget(inputs));
   std::vector<bool> delivered(inputs.size(), false);
-  Attempts attempts(this, "Step");
+  Attempts attempts(this, "Step", pinned);
   while (true) {
     absl::StatusOr<std::vector<MatrixOutput>> outputs = StepAttempt(
         attempts.target(), step, attempts.attempt(), attempts.Timeout(), inputs, on_result, &delivered);
@@ -406,7 +432,74 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepOnce(const StepOptions& st
     return absl::InvalidArgumentError(
         absl::StrCat("StepOnce: `delivered` has ", delivered->size(), " entries for ", inputs.size(), " inputs"));
   }
-  return StepAttempt(preferred(), step, attempt, timeout, inputs, on_result, delivered);
+  ASSIGN_OR_RETURN(std::optional<size_t> pinned, RegionTarget(inputs));
+  return StepAttempt(pinned.value_or(preferred()), step, attempt, timeout, inputs, on_result, delivered);
+}
+
+std::optional<size_t> Client::TargetOf(const std::string& address) const {
+  for (size_t i = 0; i < targets_.size(); ++i) {
+    if (targets_[i].address == address) return i;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::optional<size_t>> Client::RegionTarget(absl::Span<const MatrixInput> inputs) const {
+  const RegionSlice* first = nullptr;
+  const MatrixInput* first_input = nullptr;
+  for (const MatrixInput& input : inputs) {
+    for (const std::optional<RegionSlice>* slice : {&input.input_region, &input.result_region}) {
+      if (!slice->has_value()) continue;
+      if (first == nullptr) {
+        first = &**slice;
+        first_input = &input;
+      } else if ((*slice)->address != first->address) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "matrix \"", input.name, "\" names a shared-memory region on ", (*slice)->address, ", but matrix \"",
+            first_input->name, "\" one on ", first->address,
+            "; one call goes to one server rank, so all the regions it names must be on one address"));
+      }
+    }
+  }
+  if (first == nullptr) return std::optional<size_t>();
+  std::optional<size_t> target = TargetOf(first->address);
+  if (!target.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("matrix \"", first_input->name,
+                                                   "\" names a shared-memory region on ", first->address,
+                                                   ", which is not one of this client's addresses"));
+  }
+  return target;
+}
+
+absl::StatusOr<std::unique_ptr<Region>> Client::CreateRegion(int64_t size, const RegionOptions& options) {
+  if (size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a shared-memory region needs at least one byte, not ", size));
+  }
+  std::optional<size_t> target = options.address.empty() ? preferred() : TargetOf(options.address);
+  if (!target.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region address ", options.address, " is not one of this client's addresses"));
+  }
+  std::string socket_path = options.socket_path;
+  if (socket_path.empty()) {
+    absl::StatusOr<v1::ServerInfo> info = InfoAttempt(*target, options_.timeout);
+    if (!info.ok()) {
+      return AnnotateKeepingMarks(info.status(), absl::StrCat("asking ", targets_[*target].address,
+                                                              " for its shared-memory socket (GetServerInfo)"));
+    }
+    if (info->shm_socket().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the server at ", targets_[*target].address,
+                       " does not take shared-memory regions (its ServerInfo names no shm_socket: start it with "
+                       "--shm-socket)"));
+    }
+    socket_path = info->shm_socket();
+  }
+  Region::Connection connection;
+  connection.address = targets_[*target].address;
+  connection.channel = targets_[*target].channel;
+  connection.bearer_token = options_.bearer_token;
+  connection.timeout = options_.timeout;
+  return Region::Create(size, options.name, socket_path, std::move(connection), options.handover_timeout);
 }
 
 absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(size_t target, const StepOptions& step, int attempt,

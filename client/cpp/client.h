@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/cpp/matrix.h"
+#include "client/cpp/region.h"
 #include "client/cpp/retry.h"
 #include "common/buffer_pool.h"
 #include "grpcpp/channel.h"
@@ -79,6 +80,13 @@ using ResultCallback = std::function<void(const MatrixOutput&)>;
 // addresses a retry never goes where the attempt before it failed. Health, GetServerInfoOnce and
 // StepOnce use the address that answered last and do not fail over.
 //
+// Shared-memory regions (region.h, CreateRegion). A call whose inputs name region slices
+// (MatrixInput::input_region, result_region) is pinned to the address of their region: every
+// attempt (and StepOnce) goes there, never to another address, and does not change address();
+// when it fails with a code that would otherwise have failed over, its message says so. All the
+// regions one call names must be on one address, one of this client's (INVALID_ARGUMENT
+// otherwise, before anything is sent).
+//
 // Thread-safe: any number of calls may run at once on one Client.
 class Client {
  public:
@@ -134,6 +142,16 @@ class Client {
                                                      absl::Span<const MatrixInput> inputs,
                                                      const ResultCallback& on_result, std::vector<bool>* delivered);
 
+  // A shared-memory region of `size` bytes registered on `options.address` (default: address())
+  // for this client's tenant (its bearer token), handed over on the server's Unix socket
+  // (`options.socket_path`, default the server's ServerInfo.shm_socket, read with one
+  // GetServerInfo attempt). The client must run on the server's host. Errors:
+  // INVALID_ARGUMENT for size <= 0 or an address that is not one of the client's;
+  // FAILED_PRECONDITION when the server reports no shm_socket (it was started without
+  // --shm-socket: regions are off); GetServerInfo's status when it fails; Region::Create's
+  // errors otherwise. The region keeps a reference to the channel, not to the client.
+  absl::StatusOr<std::unique_ptr<Region>> CreateRegion(int64_t size, const RegionOptions& options = {});
+
   // The summary of the last Step that completed on this client (for tools such as bench).
   std::optional<v1::StepSummary> last_summary() const;
 
@@ -169,6 +187,12 @@ class Client {
   // would fail the call at once with that old error until gRPC's reconnect backoff ends, though the
   // server may be back by now (a restarted rank); it dials again instead.
   void Redial(size_t target) const;
+  // The index of `address` among the targets; nullopt when it is not one.
+  std::optional<size_t> TargetOf(const std::string& address) const;
+  // The target every attempt of a call with `inputs` must go to: that of the regions they name
+  // (nullopt when they name none). INVALID_ARGUMENT when they name regions of two addresses, or of
+  // an address that is not one of this client's.
+  absl::StatusOr<std::optional<size_t>> RegionTarget(absl::Span<const MatrixInput> inputs) const;
   absl::StatusOr<v1::ServerInfo> InfoAttempt(size_t target, absl::Duration timeout);
   absl::Status EnsureLimits(size_t target, absl::Duration timeout);
   size_t ChunkBytesFor(size_t target) const;

@@ -12,18 +12,53 @@
 
 namespace orthoserve::client {
 
+namespace {
+
+absl::Status CheckSlice(const RegionSlice& slice, const std::string& what, const char* field) {
+  if (slice.region_id.empty() || slice.address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": its ", field, " has no ",
+                                                   slice.region_id.empty() ? "region id" : "address",
+                                                   "; make slices with Region::Slice"));
+  }
+  return absl::OkStatus();
+}
+
+// The region fields of `input` (named `what`) against its other fields.
+absl::Status CheckRegions(const MatrixInput& input, const std::string& what) {
+  if (input.input_region.has_value()) {
+    RETURN_IF_ERROR(CheckSlice(*input.input_region, what, "input_region"));
+    if (input.data != nullptr || input.bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": it names an input_region and also carries data (", input.bytes,
+          " bytes); give one or the other (data null and bytes 0 for a matrix in a region)"));
+    }
+  }
+  if (input.result_region.has_value()) {
+    RETURN_IF_ERROR(CheckSlice(*input.result_region, what, "result_region"));
+    if (input.result != nullptr || input.result_bytes != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": it names a result_region and also a result buffer; give one or the other"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Block> CheckInput(const MatrixInput& input) {
   const std::string what = absl::StrCat("matrix \"", input.name, "\"");
   ASSIGN_OR_RETURN(Matrix2d m, ViewAs2d(input.shape, what + " shape", input.layout));
   Block block = input.block.value_or(WholeBlock(m));
   RETURN_IF_ERROR(CheckBlockInside(block, m, what + " block"));
   const size_t expected = static_cast<size_t>(block.numel()) * ElementSize(input.dtype);
-  if (input.bytes != expected) {
+  RETURN_IF_ERROR(CheckRegions(input, what));
+  // An input in a region carries no data (CheckRegions); its slice is checked by the server.
+  if (!input.input_region.has_value() && input.bytes != expected) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", input.bytes, " data bytes given, but block ",
                                                    BlockString(block), " of ", DTypeName(input.dtype), " needs ",
                                                    expected));
   }
-  if (expected > 0 && input.data == nullptr) {
+  if (!input.input_region.has_value() && expected > 0 && input.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": data is null"));
   }
   if (input.result != nullptr || input.result_bytes != 0) {
@@ -68,7 +103,37 @@ v1::MatrixSpec ToSpec(const MatrixInput& input) {
   spec.set_algorithm(input.algorithm);
   spec.set_partition_dim(input.partition_dim);
   if (input.block.has_value()) *spec.mutable_block() = BlockToProto(*input.block);
+  if (input.input_region.has_value()) *spec.mutable_input_region() = RegionSliceToProto(*input.input_region);
+  if (input.result_region.has_value()) *spec.mutable_result_region() = RegionSliceToProto(*input.result_region);
   return spec;
+}
+
+v1::RegionSlice RegionSliceToProto(const RegionSlice& slice) {
+  v1::RegionSlice out;
+  out.set_region_id(slice.region_id);
+  out.set_offset(slice.offset);
+  out.set_size(slice.size);
+  return out;
+}
+
+absl::Status CheckResultRegion(const MatrixInput& input, const v1::MatrixResult& result) {
+  auto error = [&](absl::string_view what) {
+    return absl::InternalError(absl::StrCat("server protocol error: the result for matrix ", result.index(), " (\"",
+                                            BoundedText(input.name), "\") ", what));
+  };
+  if (!input.result_region.has_value()) {
+    if (result.has_result_region()) return error("names a result_region, but none was asked for");
+    return absl::OkStatus();
+  }
+  const v1::RegionSlice& got = result.result_region();
+  const RegionSlice& sent = *input.result_region;
+  if (!result.has_result_region() || got.region_id() != sent.region_id || got.offset() != sent.offset ||
+      got.size() != sent.size) {
+    return error(absl::StrCat("was not written into the region slice this call named (", sent.region_id, " at ",
+                              sent.offset, "+", sent.size, ")"));
+  }
+  if (!result.data().empty()) return error("carries data inline as well as in its result_region");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result) {

@@ -18,6 +18,20 @@
 
 namespace orthoserve::client {
 
+// Bytes [offset, offset + size) of a shared-memory region registered on the server at `address`
+// (client/cpp/region.h, docs/shared_memory.md), as a MatrixInput names it for its input or its
+// result: the wire's v1::RegionSlice plus the address, since a call that names a region can only go
+// to the server rank that holds it. Made by Region::Slice; the client does not check the bounds or
+// the alignment (the server does: OUT_OF_RANGE for a slice outside its region, INVALID_ARGUMENT for
+// a size that is not the block's or an offset that is not a multiple of the element size,
+// NOT_FOUND for a region this tenant does not have, e.g. after Region::Unregister).
+struct RegionSlice {
+  std::string region_id;  // Region::id().
+  std::string address;    // Region::address(): one of the client's addresses.
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
 // One matrix (or this rank's block of it) to orthogonalize. The caller owns `data`, which must
 // stay valid and unchanged until the call that takes the input returns.
 struct MatrixInput {
@@ -39,6 +53,17 @@ struct MatrixInput {
   // result comes in MatrixOutput::data.
   void* result = nullptr;
   size_t result_bytes = 0;
+  // Same-host clients (client/cpp/region.h): the block's bytes are in this slice of a registered
+  // region instead of `data` (`data` must then be null and `bytes` 0), and the server reads them
+  // where they are: nothing is sent. The slice must hold exactly the block's bytes and must not
+  // be written while the call runs. Lone steps and unary calls only (the server refuses regions
+  // in group steps with INVALID_ARGUMENT).
+  std::optional<RegionSlice> input_region;
+  // The server writes the result block into this slice (exactly block.numel() · ElementSize(result
+  // dtype) bytes, not overlapping `input_region`) instead of sending it back; not together with
+  // `result`. The slice holds the result once the call returned it OK (MatrixOutput::result_region);
+  // it is unspecified if the matrix fails. Do not read it while the call runs.
+  std::optional<RegionSlice> result_region;
 };
 
 // The result of one matrix. On error `status` carries the server's code and message and `data`
@@ -52,7 +77,11 @@ struct MatrixOutput {
   NdLayout layout = NdLayout::kFlatten;  // As sent.
   Block block;                 // The block `data` holds, in the 2-D view of shape and layout.
   std::vector<char> data;      // Block elements, row-major; empty when `in_place`.
-  bool in_place = false;       // The elements went to the input's `result` buffer instead.
+  // The elements went to the input's `result` buffer or its `result_region` instead of `data`.
+  bool in_place = false;
+  // The slice the server wrote the result into (the input's result_region, which the server's
+  // answer echoed), when the input named one and the matrix succeeded.
+  std::optional<RegionSlice> result_region;
 };
 
 // The group fields of a stream step. A lone client keeps the defaults.
@@ -70,8 +99,19 @@ struct StepOptions {
 // The block an input covers: its explicit block, or the whole 2-D view. INVALID_ARGUMENT (naming
 // the matrix) for a bad shape, a block outside the matrix, or `bytes` that do not match the block,
 // or null data for a non-empty block; for a `result` buffer whose size is not the result block's
-// (or a size without a buffer). (Client calls also check that result buffers overlap nothing.)
+// (or a size without a buffer); for an `input_region` given with data or bytes, a `result_region`
+// given with a `result` buffer, or a region slice without a region id or address. (Client calls
+// also check that result buffers overlap nothing, and that all the regions a call names are on one
+// of its addresses.)
 absl::StatusOr<Block> CheckInput(const MatrixInput& input);
+
+// The wire form of a slice (without its address).
+v1::RegionSlice RegionSliceToProto(const RegionSlice& slice);
+
+// INTERNAL ("server protocol error") unless the OK `result` of `input` says its data is in the
+// result_region `input` named (the same region id, offset and size) and carries none inline, or,
+// when `input` named no result_region, names none.
+absl::Status CheckResultRegion(const MatrixInput& input, const v1::MatrixResult& result);
 
 // The wire spec of an input (does not validate; call CheckInput first).
 v1::MatrixSpec ToSpec(const MatrixInput& input);
@@ -96,6 +136,7 @@ absl::Status CheckResultIsFor(const MatrixInput& input, int index, const MatrixO
 size_t ExpectedBytes(const MatrixOutput& output);
 
 // Stores an OK result's `bytes` for `input`: into input.result (output.in_place) or output.data.
+// (A result in the input's result_region has no bytes to store: see CheckResultRegion.)
 // INTERNAL when the server's result does not have the size the result buffer was given for (its
 // dtype differs from the one asked for).
 absl::Status StoreResult(const MatrixInput& input, absl::string_view bytes, MatrixOutput& output);

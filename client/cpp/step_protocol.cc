@@ -137,9 +137,16 @@ absl::StatusOr<std::optional<int>> StepResultAssembler::Add(const v1::StreamResp
       }
       ASSIGN_OR_RETURN(outputs_[i], FromResult(r));
       expected_[i] = ExpectedBytes(outputs_[i]);
-      if (!inputs_.empty()) {
-        RETURN_IF_ERROR(CheckResultBuffer(inputs_[i], outputs_[i], expected_[i]));
-        outputs_[i].in_place = inputs_[i].result != nullptr && outputs_[i].status.ok();
+      if (!inputs_.empty() && outputs_[i].status.ok()) {
+        RETURN_IF_ERROR(CheckResultRegion(inputs_[i], r));
+        if (inputs_[i].result_region.has_value()) {  // Written into the region: no chunks follow.
+          outputs_[i].in_place = true;
+          outputs_[i].result_region = inputs_[i].result_region;
+          expected_[i] = 0;
+        } else {
+          RETURN_IF_ERROR(CheckResultBuffer(inputs_[i], outputs_[i], expected_[i]));
+          outputs_[i].in_place = inputs_[i].result != nullptr;
+        }
       }
       if (!outputs_[i].in_place) outputs_[i].data.reserve(expected_[i]);
       states_[i] = expected_[i] == 0 ? State::kDone : State::kReceiving;

@@ -74,8 +74,10 @@ class StepResultAssembler {
   // MatrixOutput::data.
   explicit StepResultAssembler(std::vector<std::string> names);
   // For the (checked) inputs of a step: their names, and their result buffers where they have one
-  // (the output is then `in_place`; a result of another size is a protocol error). The inputs must
-  // outlive the assembler.
+  // (the output is then `in_place`; a result of another size is a protocol error), and their
+  // result regions (an OK result must echo the slice and completes on its MatrixResult: the
+  // server wrote the data into the region, and the output is `in_place` with its result_region;
+  // CheckResultRegion). The inputs must outlive the assembler.
   explicit StepResultAssembler(absl::Span<const MatrixInput> inputs);
 
   // Consumes one message. Returns the index of the matrix this message completed, if any (an error

@@ -150,7 +150,8 @@ std::string MainUsage() {
          "  info            print the server's version, backend, fleet, options and limits (--json for JSON)\n"
          "  health          grpc.health.v1 check; exit 0 when SERVING\n"
          "  orthogonalize   orthogonalize a .npy matrix (--in IN.npy --out OUT.npy) in one stream step\n"
-         "  bench           time repeated steps of random matrices; median latency and throughput\n\n"
+         "  bench           time repeated steps of random matrices; median latency and throughput (--shm: through\n"
+         "                  a shared-memory region, on the server's host)\n\n"
          "Every subcommand takes --server HOST:PORT (default 127.0.0.1:50051), --timeout, --token-file,\n"
          "--tls-ca, --tls-cert, --tls-key, --tls-server-name. `orthoctl SUBCOMMAND --help` lists its flags.\n"
          "info, orthogonalize and bench retry calls that fail with UNAVAILABLE (or ABORTED by a fleet change)\n"
@@ -301,7 +302,11 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
                 "Times --iters steps (after --warmup untimed ones), each carrying --matrices random normal matrices of "
                 "--shape in --wire-dtype, as lone-client stream steps (or unary calls with --unary). Prints the "
                 "median/p99/min/max latency per step and the median throughput: matrices/s, payload GB/s (sent + "
-                "received bytes) and NS GFLOP/s (2 per multiply-add, as computed).");
+                "received bytes) and NS GFLOP/s (2 per multiply-add, as computed). With --shm (orthoctl on the "
+                "server's host, the server started with --shm-socket) the matrices go through a shared-memory "
+                "region instead: their inputs are written into it once, the server reads them and writes the "
+                "results there in place, and only the specs travel on the connection (payload GB/s then counts the "
+                "same bytes, moved through the region).");
   ConnectionFlagValues conn;
   NsFlagValues ns;
   std::string shape_text = "1024,1024";
@@ -317,6 +322,15 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   flags.AddInt("seed", "N", "random seed (default 1)", &seed);
   flags.AddInt("chunk-bytes", "N", "DataChunk size (default 4 MiB, lowered to the server's limit)", &chunk_bytes);
   flags.AddBool("unary", "use the unary Orthogonalize call instead of a stream step", &unary);
+  bool shm = false;
+  std::string shm_socket;
+  flags.AddBool("shm",
+                "move inputs and results through a shared-memory region registered on the server (same host; the "
+                "server needs --shm-socket) instead of sending bytes",
+                &shm);
+  flags.AddString("shm-socket", "PATH",
+                  "with --shm: the server's handover socket as seen here (default: the path the server reports)",
+                  &shm_socket);
   AddNsFlags(&flags, &ns);
   AddConnectionFlags(&flags, &conn);
   AddRetryFlags(&flags, &conn);
@@ -333,6 +347,9 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (!m.ok()) return Fail(err, kExitUsage, m.status());
   if (matrices < 1 || iters < 1 || warmup < 0) {
     return Fail(err, kExitUsage, absl::InvalidArgumentError("--matrices and --iters must be >= 1, --warmup >= 0"));
+  }
+  if (!shm_socket.empty() && !shm) {
+    return Fail(err, kExitUsage, absl::InvalidArgumentError("--shm-socket goes with --shm"));
   }
   absl::StatusOr<NsOptions> options = NsOptionsFromFlags(ns);
   if (!options.ok()) return Fail(err, kExitUsage, options.status());
@@ -365,6 +382,27 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     inputs[i].data = payloads[i].data();
     inputs[i].bytes = payloads[i].size();
   }
+  // --shm: every input, then every result, at 64-byte aligned offsets of one region.
+  std::unique_ptr<client::Region> region;
+  if (shm) {
+    const int64_t bytes_each = static_cast<int64_t>(payloads[0].size());
+    const int64_t stride = (bytes_each + 63) / 64 * 64;
+    client::RegionOptions region_options;
+    region_options.name = "orthoctl-bench";
+    region_options.socket_path = shm_socket;
+    absl::StatusOr<std::unique_ptr<client::Region>> made = (*c)->CreateRegion(2 * matrices * stride, region_options);
+    if (!made.ok()) return Fail(err, kExitRpc, Annotate(made.status(), "--shm"));
+    region = *std::move(made);
+    for (int i = 0; i < matrices; ++i) {
+      const int64_t in_offset = i * stride, out_offset = (matrices + i) * stride;
+      std::memcpy(region->data() + in_offset, payloads[i].data(), payloads[i].size());
+      inputs[i].input_region = region->Slice(in_offset, bytes_each);
+      inputs[i].result_region = region->Slice(out_offset, bytes_each);
+      inputs[i].data = nullptr;
+      inputs[i].bytes = 0;
+    }
+    payloads.clear();
+  }
   std::vector<double> seconds, server_seconds;
   absl::Time timed_start = absl::InfiniteFuture();
   for (int it = 0; it < warmup + iters; ++it) {
@@ -390,9 +428,14 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   const double med = median(seconds);
   const double bytes = 2.0 * matrices * static_cast<double>(m->numel()) * ElementSize(dtype);
   const double flops = matrices * NsFlops(m->rows, m->cols, *options);
+  std::string transport = unary ? "unary" : absl::StrCat("stream, chunk ", (*c)->chunk_bytes(), " B");
+  if (region != nullptr) {
+    transport = absl::StrFormat("%s, inputs and results in shared-memory region %s (%.1f MiB) on %s",
+                                unary ? "unary" : "stream", region->id(),
+                                static_cast<double>(region->size()) / (1 << 20), region->address());
+  }
   out << absl::StrFormat("bench: %d x %s %s per step, %d iters after %d warmup, %s", matrices, ShapeText(shape),
-                         DTypeName(dtype), static_cast<int>(seconds.size()), warmup,
-                         unary ? std::string("unary") : absl::StrCat("stream, chunk ", (*c)->chunk_bytes(), " B"))
+                         DTypeName(dtype), static_cast<int>(seconds.size()), warmup, transport)
       << "\n";
   // p99 by nearest rank: the smallest latency that at least 99% of the steps did not exceed.
   std::vector<double> sorted = seconds;

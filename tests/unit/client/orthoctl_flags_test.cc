@@ -241,6 +241,22 @@ TEST(Commands, RetryFlagsBelongToTheCallsThatRetry) {
   EXPECT_THAT(MainUsage(), HasSubstr("--no-retry"));
 }
 
+TEST(Commands, BenchShmFlags) {
+  std::ostringstream help, err;
+  EXPECT_EQ(RunBench({"--help"}, help, err), kExitOk);
+  EXPECT_THAT(help.str(), HasSubstr("--shm "));
+  EXPECT_THAT(help.str(), HasSubstr("--shm-socket PATH"));
+  EXPECT_THAT(MainUsage(), HasSubstr("--shm"));
+  std::ostringstream out;
+  EXPECT_EQ(RunBench({"--shm-socket", "/tmp/x.sock"}, out, err), kExitUsage);  // Only with --shm.
+  EXPECT_THAT(err.str(), HasSubstr("--shm-socket goes with --shm"));
+  // A server that cannot be reached fails the region's GetServerInfo: an RPC failure, nothing sent.
+  std::ostringstream down_out, down_err;
+  EXPECT_EQ(RunBench({"--shm", "--server", "127.0.0.1:1", "--timeout", "5", "--no-retry"}, down_out, down_err),
+            kExitRpc);
+  EXPECT_THAT(down_err.str(), HasSubstr("UNAVAILABLE: --shm: asking 127.0.0.1:1 for its shared-memory socket"));
+}
+
 TEST(Commands, ExitCodesWithoutAServer) {
   std::ostringstream out, err;
   EXPECT_EQ(RunInfo({"--bogus"}, out, err), kExitUsage);

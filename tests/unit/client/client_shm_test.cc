@@ -1,0 +1,487 @@
+// The C++ client's shared-memory regions (client/cpp/region.h) against the real orthoserve binary
+// on loopback, started with --shm-socket and a token file of two tenants (and, for the refusals,
+// one started without it): results through regions are bit-identical to results through bytes in
+// unary and stream calls, a result goes into a second region, the server's OUT_OF_RANGE and
+// NOT_FOUND come back as such, a server without regions gives FAILED_PRECONDITION, a call naming a
+// region stays on the region's address, and `orthoctl bench --shm` runs.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
+#include "client/cpp/handover.h"
+#include "client/cpp/orthoctl/commands.h"
+#include "client/cpp/region.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/binaries/server_fixture.h"
+#include "tests/integration/binaries/subprocess.h"
+#include "tests/util/status_matchers.h"
+
+namespace orthoserve::client {
+namespace {
+
+using ::orthoserve::testing::ServerProcess;
+using ::orthoserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kAlice[] = "shm-token-alice";
+constexpr char kBob[] = "shm-token-bob";
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(static_cast<int32_t>(x >> 8) % 2001 - 1000) / 1000.0f;
+  }
+  return v;
+}
+
+// A whole matrix of `shape` in `dtype`, its elements random (seeded), as bytes.
+struct TestMatrix {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;
+  std::vector<char> bytes;
+};
+
+TestMatrix MakeMatrix(const std::string& name, std::vector<int64_t> shape, DType dtype, uint32_t seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const std::vector<float> values = Random(static_cast<size_t>(n), seed);
+  TestMatrix m{name, std::move(shape), dtype, std::vector<char>(static_cast<size_t>(n) * ElementSize(dtype))};
+  ConvertFromF32(dtype, values.data(), values.size(), m.bytes.data());
+  return m;
+}
+
+// Options every call here uses (the same for bytes and regions).
+MatrixInput Describe(const TestMatrix& m) {
+  MatrixInput in;
+  in.name = m.name;
+  in.shape = m.shape;
+  in.dtype = m.dtype;
+  in.options.precision = Precision::kHighest;
+  in.options.steps = 7;
+  return in;
+}
+
+MatrixInput WithBytes(const TestMatrix& m) {
+  MatrixInput in = Describe(m);
+  in.data = m.bytes.data();
+  in.bytes = m.bytes.size();
+  return in;
+}
+
+int64_t AlignUp(int64_t n) { return (n + 63) / 64 * 64; }
+
+std::string RegionBytes(const Region& region, const RegionSlice& slice) {
+  return std::string(region.data() + slice.offset, static_cast<size_t>(slice.size));
+}
+
+std::string Bytes(const MatrixOutput& out) { return std::string(out.data.begin(), out.data.end()); }
+
+class ClientShmTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::MakeScratchDir());
+    tokens_ = new std::string(*dir_ + "/tokens");
+    {
+      std::ofstream out(*tokens_);
+      out << kAlice << " alice\n" << kBob << " bob\n";
+    }
+    socket_ = new std::string(*dir_ + "/shm.sock");
+    // A 4 KiB chunk limit: the byte calls compared with regions go through the chunked path.
+    server_ = new ServerProcess(testing::StartServer(
+        *dir_ + "/server", {"--token-file", *tokens_, "--shm-socket", *socket_, "--chunk-bytes", "4096"}));
+  }
+  static void TearDownTestSuite() {
+    if (server_ != nullptr) testing::StopServerExpectCleanExit(*server_);
+    delete server_;
+    server_ = nullptr;
+    EXPECT_FALSE(std::filesystem::exists(*socket_)) << "the server left its socket behind";
+    std::error_code ignored;
+    std::filesystem::remove_all(*dir_, ignored);
+    delete dir_;
+    delete tokens_;
+    delete socket_;
+  }
+  void SetUp() override { ASSERT_NE(server_->process, nullptr) << "the server did not start"; }
+
+  static std::unique_ptr<Client> Connect(const std::string& token, std::vector<std::string> addresses = {}) {
+    ClientOptions o;
+    o.address = server_->address;
+    o.addresses = std::move(addresses);
+    o.timeout = absl::Seconds(30);
+    o.bearer_token = token;
+    o.retry.deadline = absl::Seconds(20);
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(o);
+    EXPECT_OK(c);
+    return *std::move(c);
+  }
+
+  static std::unique_ptr<Region> MakeRegion(Client& client, int64_t size, const std::string& name = "test") {
+    RegionOptions o;
+    o.name = name;
+    absl::StatusOr<std::unique_ptr<Region>> r = client.CreateRegion(size, o);
+    EXPECT_OK(r);
+    return r.ok() ? *std::move(r) : nullptr;
+  }
+
+  static std::string* dir_;
+  static std::string* tokens_;
+  static std::string* socket_;
+  static ServerProcess* server_;
+};
+
+std::string* ClientShmTest::dir_ = nullptr;
+std::string* ClientShmTest::tokens_ = nullptr;
+std::string* ClientShmTest::socket_ = nullptr;
+ServerProcess* ClientShmTest::server_ = nullptr;
+
+// The call under test: unary Orthogonalize or a lone stream Step.
+enum class Method { kUnary, kStream };
+
+absl::StatusOr<std::vector<MatrixOutput>> Call(Client& client, Method method, absl::Span<const MatrixInput> inputs) {
+  return method == Method::kUnary ? client.Orthogonalize(inputs) : client.Step(StepOptions{}, inputs);
+}
+
+class ClientShmMethodTest : public ClientShmTest, public ::testing::WithParamInterface<Method> {};
+
+TEST_P(ClientShmMethodTest, ResultsThroughARegionAreBitIdenticalToResultsThroughBytes) {
+  std::unique_ptr<Client> client = Connect(kAlice);
+  const std::vector<TestMatrix> matrices = {MakeMatrix("a", {64, 96}, DType::kF32, 1),
+                                            MakeMatrix("b", {96, 48}, DType::kF16, 2),
+                                            MakeMatrix("c", {3, 16, 8}, DType::kF32, 3)};
+  std::vector<MatrixInput> plain;
+  for (const TestMatrix& m : matrices) plain.push_back(WithBytes(m));
+  absl::StatusOr<std::vector<MatrixOutput>> expected = Call(*client, GetParam(), plain);
+  ASSERT_OK(expected);
+
+  // Every input, then every result, in one region.
+  std::unique_ptr<Region> region = MakeRegion(*client, 1 << 20, "momenta");
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(region->id().size(), 32u);
+  EXPECT_EQ(region->address(), server_->address);
+  std::vector<MatrixInput> in_region;
+  int64_t offset = 0;
+  for (const TestMatrix& m : matrices) {
+    MatrixInput in = Describe(m);
+    const int64_t size = static_cast<int64_t>(m.bytes.size());
+    std::memcpy(region->data() + offset, m.bytes.data(), m.bytes.size());
+    in.input_region = region->Slice(offset, size);
+    offset = AlignUp(offset + size);
+    in.result_region = region->Slice(offset, size);
+    std::memset(region->data() + offset, 0x7f, m.bytes.size());  // Not a result by chance.
+    offset = AlignUp(offset + size);
+    in_region.push_back(in);
+  }
+  absl::StatusOr<std::vector<MatrixOutput>> got = Call(*client, GetParam(), in_region);
+  ASSERT_OK(got);
+  ASSERT_EQ(got->size(), matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    SCOPED_TRACE(matrices[i].name);
+    const MatrixOutput& e = (*expected)[i];
+    const MatrixOutput& g = (*got)[i];
+    ASSERT_OK(e.status);
+    ASSERT_OK(g.status);
+    EXPECT_TRUE(g.in_place);
+    EXPECT_TRUE(g.data.empty());
+    ASSERT_TRUE(g.result_region.has_value());
+    EXPECT_EQ(g.result_region->offset, in_region[i].result_region->offset);
+    EXPECT_EQ(g.dtype, e.dtype);
+    EXPECT_EQ(g.block, e.block);
+    EXPECT_FALSE(e.data.empty());
+    EXPECT_TRUE(RegionBytes(*region, *in_region[i].result_region) == Bytes(e)) << "results differ from bytes";
+  }
+
+  // Input in the region, result as bytes; input as bytes, result in the region.
+  MatrixInput input_only = in_region[0];
+  input_only.result_region.reset();
+  absl::StatusOr<std::vector<MatrixOutput>> a = Call(*client, GetParam(), {&input_only, 1});
+  ASSERT_OK(a);
+  ASSERT_OK((*a)[0].status);
+  EXPECT_FALSE((*a)[0].in_place);
+  EXPECT_FALSE((*a)[0].result_region.has_value());
+  EXPECT_EQ(Bytes((*a)[0]), Bytes((*expected)[0]));
+  const RegionSlice result_slice = region->Slice(in_region[0].result_region->offset, in_region[0].result_region->size);
+  MatrixInput result_only = plain[0];
+  result_only.result_region = result_slice;
+  std::memset(region->data() + result_slice.offset, 0, static_cast<size_t>(result_slice.size));
+  absl::StatusOr<std::vector<MatrixOutput>> b = Call(*client, GetParam(), {&result_only, 1});
+  ASSERT_OK(b);
+  ASSERT_OK((*b)[0].status);
+  EXPECT_TRUE((*b)[0].in_place);
+  EXPECT_EQ(RegionBytes(*region, result_slice), Bytes((*expected)[0]));
+}
+
+TEST_P(ClientShmMethodTest, ResultIntoASecondRegion) {
+  std::unique_ptr<Client> client = Connect(kAlice);
+  const TestMatrix m = MakeMatrix("w", {40, 72}, DType::kF32, 4);
+  MatrixInput plain = WithBytes(m);
+  absl::StatusOr<std::vector<MatrixOutput>> expected = Call(*client, GetParam(), {&plain, 1});
+  ASSERT_OK(expected);
+  ASSERT_OK((*expected)[0].status);
+
+  std::unique_ptr<Region> inputs = MakeRegion(*client, 64 << 10, "inputs");
+  std::unique_ptr<Region> results = MakeRegion(*client, 64 << 10, "results");
+  ASSERT_NE(inputs, nullptr);
+  ASSERT_NE(results, nullptr);
+  EXPECT_NE(inputs->id(), results->id());
+  const int64_t size = static_cast<int64_t>(m.bytes.size());
+  std::memcpy(inputs->data() + 128, m.bytes.data(), m.bytes.size());
+  MatrixInput in = Describe(m);
+  in.input_region = inputs->Slice(128, size);
+  in.result_region = results->Slice(4096, size);
+  absl::StatusOr<std::vector<MatrixOutput>> got = Call(*client, GetParam(), {&in, 1});
+  ASSERT_OK(got);
+  ASSERT_OK((*got)[0].status);
+  ASSERT_TRUE((*got)[0].result_region.has_value());
+  EXPECT_EQ((*got)[0].result_region->region_id, results->id());
+  EXPECT_EQ(RegionBytes(*results, *in.result_region), Bytes((*expected)[0]));
+  // The input is left as it was.
+  EXPECT_EQ(std::memcmp(inputs->data() + 128, m.bytes.data(), m.bytes.size()), 0);
+}
+
+TEST_P(ClientShmMethodTest, ASliceOutsideItsRegionIsOutOfRange) {
+  std::unique_ptr<Client> client = Connect(kAlice);
+  const TestMatrix m = MakeMatrix("x", {16, 16}, DType::kF32, 5);  // 1 KiB.
+  std::unique_ptr<Region> region = MakeRegion(*client, 4096);
+  ASSERT_NE(region, nullptr);
+  MatrixInput in = Describe(m);
+  in.input_region = region->Slice(4096 - 512, 1024);  // Runs 512 bytes past the end.
+  MatrixInput out = WithBytes(m);
+  out.result_region = region->Slice(int64_t{1} << 40, 1024);  // Starts far beyond it.
+  for (const MatrixInput& input : {in, out}) {
+    absl::StatusOr<std::vector<MatrixOutput>> r = Call(*client, GetParam(), {&input, 1});
+    const char* field = input.input_region.has_value() ? "input_region" : "result_region";
+    if (GetParam() == Method::kUnary) {  // The unary call is all or nothing: the call fails.
+      EXPECT_THAT(r, StatusIs(absl::StatusCode::kOutOfRange, HasSubstr(field)));
+    } else {  // A lone stream step answers a bad spec in-band.
+      ASSERT_OK(r);
+      EXPECT_THAT((*r)[0].status, StatusIs(absl::StatusCode::kOutOfRange, HasSubstr(field)));
+      EXPECT_FALSE((*r)[0].result_region.has_value());
+    }
+  }
+  // The server is still serving, and the region still works.
+  std::memcpy(region->data(), m.bytes.data(), m.bytes.size());
+  in.input_region = region->Slice(0, 1024);
+  absl::StatusOr<std::vector<MatrixOutput>> ok = Call(*client, GetParam(), {&in, 1});
+  ASSERT_OK(ok);
+  EXPECT_OK((*ok)[0].status);
+}
+
+TEST_P(ClientShmMethodTest, UnregisteredOrAnotherTenantsRegionIsNotFound) {
+  std::unique_ptr<Client> alice = Connect(kAlice);
+  std::unique_ptr<Client> bob = Connect(kBob);
+  const TestMatrix m = MakeMatrix("y", {8, 8}, DType::kF32, 6);
+  std::unique_ptr<Region> region = MakeRegion(*alice, 4096);
+  ASSERT_NE(region, nullptr);
+  std::memcpy(region->data(), m.bytes.data(), m.bytes.size());
+  MatrixInput in = Describe(m);
+  in.input_region = region->Slice(0, static_cast<int64_t>(m.bytes.size()));
+  absl::StatusOr<std::vector<MatrixOutput>> mine = Call(*alice, GetParam(), {&in, 1});
+  ASSERT_OK(mine);
+  ASSERT_OK((*mine)[0].status);
+
+  auto expect_not_found = [&](Client& client, const char* who) {
+    SCOPED_TRACE(who);
+    absl::StatusOr<std::vector<MatrixOutput>> r = Call(client, GetParam(), {&in, 1});
+    if (GetParam() == Method::kUnary) {
+      EXPECT_THAT(r, StatusIs(absl::StatusCode::kNotFound, HasSubstr("input_region")));
+    } else {
+      ASSERT_OK(r);
+      EXPECT_THAT((*r)[0].status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("input_region")));
+    }
+  };
+  expect_not_found(*bob, "bob names alice's region");
+  ASSERT_OK(region->Unregister());
+  EXPECT_FALSE(region->registered());
+  expect_not_found(*alice, "alice names her region after unregistering it");
+  EXPECT_OK(region->Unregister());  // Once is enough; again is a no-op.
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, ClientShmMethodTest, ::testing::Values(Method::kUnary, Method::kStream),
+                         [](const ::testing::TestParamInfo<Method>& info) {
+                           return info.param == Method::kUnary ? std::string("Unary") : std::string("Stream");
+                         });
+
+TEST_F(ClientShmTest, ServerWithoutShmSocketRefusesRegions) {
+  ServerProcess plain = testing::StartServer(*dir_ + "/plain");
+  ASSERT_NE(plain.process, nullptr);
+  ClientOptions o;
+  o.address = plain.address;
+  o.timeout = absl::Seconds(30);
+  o.retry.enabled = false;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o);
+  ASSERT_OK(client);
+  // The client sees no socket in the server's info.
+  EXPECT_THAT((*client)->CreateRegion(4096),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--shm-socket")));
+  // Handed over on the other server's socket, the ticket is still refused here: regions are off.
+  RegionOptions elsewhere;
+  elsewhere.socket_path = *socket_;
+  EXPECT_THAT((*client)->CreateRegion(4096, elsewhere),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("regions are off")));
+  // And so is a matrix that names a region.
+  const TestMatrix m = MakeMatrix("z", {8, 8}, DType::kF32, 7);
+  MatrixInput in = Describe(m);
+  in.input_region = RegionSlice{"00000000000000000000000000000000", plain.address, 0, 256};
+  EXPECT_THAT((*client)->Orthogonalize({&in, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--shm-socket")));
+  testing::StopServerExpectCleanExit(plain);
+}
+
+TEST_F(ClientShmTest, ACallNamingARegionGoesToItsAddressOnly) {
+  // The client prefers an address where nothing listens; the region is on the server.
+  absl::StatusOr<int> free_port = testing::PickFreePort();
+  ASSERT_OK(free_port);
+  const std::string nowhere = absl::StrCat("127.0.0.1:", *free_port);
+  ClientOptions o;
+  o.addresses = {nowhere, server_->address};
+  o.timeout = absl::Seconds(10);
+  o.bearer_token = kAlice;
+  o.retry.max_attempts = 2;
+  o.retry.initial_backoff = absl::Milliseconds(10);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o);
+  ASSERT_OK(client);
+  RegionOptions on_server;
+  on_server.address = server_->address;
+  absl::StatusOr<std::unique_ptr<Region>> region = (*client)->CreateRegion(4096, on_server);
+  ASSERT_OK(region);
+  const TestMatrix m = MakeMatrix("p", {8, 8}, DType::kF32, 8);
+  std::memcpy((*region)->data(), m.bytes.data(), m.bytes.size());
+  MatrixInput in = Describe(m);
+  in.input_region = (*region)->Slice(0, 256);
+  absl::StatusOr<std::vector<MatrixOutput>> r = (*client)->Step(StepOptions{}, {&in, 1});
+  ASSERT_OK(r);
+  EXPECT_OK((*r)[0].status);
+  EXPECT_EQ((*client)->retries(), 0);        // Straight to the region's address...
+  EXPECT_EQ((*client)->address(), nowhere);  // ...which does not become the preferred one.
+
+  // A slice on an address the client does not have, and slices on two addresses, are refused.
+  MatrixInput stranger = in;
+  stranger.input_region->address = "127.0.0.1:1";
+  EXPECT_THAT((*client)->Orthogonalize({&stranger, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not one of this client's addresses")));
+  MatrixInput other = Describe(m);
+  other.name = "q";
+  other.input_region = RegionSlice{(*region)->id(), nowhere, 0, 256};
+  std::vector<MatrixInput> mixed = {in, other};
+  EXPECT_THAT((*client)->Step(StepOptions{}, mixed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one call goes to one server rank")));
+
+  // A call pinned to an address that does not answer fails there, saying it was not failed over.
+  absl::StatusOr<std::vector<MatrixOutput>> down = (*client)->Orthogonalize({&other, 1});
+  EXPECT_THAT(down, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not failed over")));
+  EXPECT_THAT(down.status().message(), HasSubstr(nowhere));
+}
+
+TEST_F(ClientShmTest, InputsThatMixRegionsAndBytesAreRefusedBeforeSending) {
+  std::unique_ptr<Client> client = Connect(kAlice);
+  const TestMatrix m = MakeMatrix("r", {8, 8}, DType::kF32, 9);
+  std::vector<char> result(m.bytes.size());
+  MatrixInput both = WithBytes(m);
+  both.input_region = RegionSlice{"id", server_->address, 0, 256};
+  EXPECT_THAT(client->Orthogonalize({&both, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give one or the other")));
+  MatrixInput two_results = WithBytes(m);
+  two_results.result = result.data();
+  two_results.result_bytes = result.size();
+  two_results.result_region = RegionSlice{"id", server_->address, 0, 256};
+  EXPECT_THAT(client->Step(StepOptions{}, {&two_results, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give one or the other")));
+  MatrixInput short_result = Describe(m);  // In a region, its result into a buffer too small.
+  short_result.input_region = RegionSlice{"id", server_->address, 0, 256};
+  short_result.result = result.data();
+  short_result.result_bytes = result.size() - 4;
+  EXPECT_THAT(client->Orthogonalize({&short_result, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("result buffer of 252 bytes")));
+  MatrixInput no_id = Describe(m);
+  no_id.input_region = RegionSlice{"", server_->address, 0, 256};
+  EXPECT_THAT(client->Step(StepOptions{}, {&no_id, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Region::Slice")));
+  EXPECT_THAT(client->CreateRegion(0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least one byte")));
+}
+
+TEST_F(ClientShmTest, TheServersRefusalOfAHandoverKeepsItsCode) {
+  // A descriptor that is not a memfd (a pipe): the server answers "ERR INVALID_ARGUMENT ...".
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  EXPECT_THAT(HandOverMemfd(*socket_, pipe_fds[0], absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a memfd")));
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  // A memfd without the seal.
+  const int unsealed = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 4096), 0);
+  EXPECT_THAT(HandOverMemfd(*socket_, unsealed, absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F_SEAL_SHRINK")));
+  close(unsealed);
+  // No socket at all.
+  EXPECT_THAT(HandOverMemfd(*dir_ + "/no.sock", 0, absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no.sock")));
+  // An explicit socket path that does not exist, through the client.
+  std::unique_ptr<Client> client = Connect(kAlice);
+  RegionOptions wrong;
+  wrong.socket_path = *dir_ + "/no.sock";
+  EXPECT_THAT(client->CreateRegion(4096, wrong), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connect")));
+}
+
+TEST(HandoverAnswer, ParsesTicketsAndErrorCodes) {
+  EXPECT_THAT(ParseHandoverAnswer("OK 0123abcd\n"), ::orthoserve::testing::IsOkAndHolds(std::string("0123abcd")));
+  EXPECT_THAT(ParseHandoverAnswer("ERR OUT_OF_RANGE the memfd holds 9 bytes\n"),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("refused the memfd: the memfd holds 9 bytes")));
+  EXPECT_THAT(ParseHandoverAnswer("ERR PERMISSION_DENIED uid 7 may not"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("uid 7")));
+  EXPECT_THAT(ParseHandoverAnswer("ERR RESOURCE_EXHAUSTED full"),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("full")));
+  EXPECT_THAT(ParseHandoverAnswer("ERR NO_SUCH_CODE what"), StatusIs(absl::StatusCode::kUnknown, HasSubstr("what")));
+  EXPECT_THAT(ParseHandoverAnswer("OK \n"), StatusIs(absl::StatusCode::kUnknown, HasSubstr("not OK or ERR")));
+  EXPECT_THAT(ParseHandoverAnswer("hello"), StatusIs(absl::StatusCode::kUnknown, HasSubstr("\"hello\"")));
+}
+
+TEST_F(ClientShmTest, OrthoctlBenchThroughARegion) {
+  const std::string token_file = *dir_ + "/alice.token";
+  {
+    std::ofstream out(token_file);
+    out << kAlice << "\n";
+  }
+  std::ostringstream out, err;
+  const int rc = orthoctl::RunBench({"--shm", "--shape", "48,32", "--matrices", "3", "--iters", "3", "--warmup", "1",
+                                     "--server", server_->address, "--token-file", token_file, "--timeout", "30"},
+                                    out, err);
+  EXPECT_EQ(rc, orthoctl::kExitOk) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("3 x [48, 32] fp32 per step, 3 iters after 1 warmup, stream, inputs and results in "
+                                   "shared-memory region"));
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat("on ", server_->address)));
+  EXPECT_THAT(out.str(), HasSubstr("throughput:"));
+  std::ostringstream unary_out, unary_err;
+  EXPECT_EQ(orthoctl::RunBench({"--shm", "--unary", "--shape", "16,16", "--iters", "2", "--server", server_->address,
+                                "--token-file", token_file},
+                               unary_out, unary_err),
+            orthoctl::kExitOk)
+      << unary_err.str();
+  EXPECT_THAT(unary_out.str(), HasSubstr("unary, inputs and results in shared-memory region"));
+  // Without a tenant token the server refuses the registration; orthoctl says so and exits 2.
+  std::ostringstream refused_out, refused_err;
+  EXPECT_EQ(
+      orthoctl::RunBench({"--shm", "--shape", "16,16", "--iters", "1", "--server", server_->address, "--no-retry"},
+                         refused_out, refused_err),
+      orthoctl::kExitRpc);
+  EXPECT_THAT(refused_err.str(), HasSubstr("UNAUTHENTICATED"));
+  EXPECT_THAT(refused_err.str(), HasSubstr("--shm"));
+}
+
+}  // namespace
+}  // namespace orthoserve::client
