@@ -420,6 +420,12 @@ absl::StatusOr<std::vector<SharedLogEntry>> Coordinator::ReadEndLocked(const Rea
   return out;
 }
 
+void Coordinator::Listed(const absl::flat_hash_map<int, uint64_t>& listed) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  if (membership_.CheckListed(listed)) ReformLocked("lost", /*force=*/false);
+}
+
 void Coordinator::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!shutdown_) {

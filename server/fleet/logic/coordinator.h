@@ -201,6 +201,10 @@ class Coordinator {
   // Rank 0's executor has applied log entry `index` (and every one before it): the batches up
   // to it have run there, or failed.
   void BatchRan(int64_t index) ABSL_LOCKS_EXCLUDED(mu_);
+  // The ranks etcd lists as alive (rank -> incarnation; an elected coordinator's fleet reads
+  // them every few hundred ms): a member listed before and not now is lost at once
+  // (Membership::CheckListed) and the next generation forms without it.
+  void Listed(const absl::flat_hash_map<int, uint64_t>& listed) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Steps waiting for trainer ranks or, complete, for their turn (for tests and metrics).
   size_t pending_steps() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -157,7 +157,10 @@ void Executor::Keep(const LogEntry& entry, const std::vector<Waiting>& ran,
   }
   // The group's previous step is dropped: its next one ran, so every trainer rank has its result.
   // Another run of the same step (a replay) adds to what is kept: a trainer rank placed
-  // elsewhere this time is still kept here, as the coordinator was told.
+  // elsewhere this time is still kept here, as the coordinator was told, and a trainer rank that
+  // ran here again under a new submission is kept under both: a replay the coordinator planned
+  // before this run's notice reached it names the older submission (CachedStepsLocked matches
+  // submissions), and both carry the same blocks (a retry's digest must equal its original's).
   CachedBatch& batch = cache_[key.Group()];
   if (!(batch.key == key)) {
     batch.key = key;
@@ -168,8 +171,9 @@ void Executor::Keep(const LogEntry& entry, const std::vector<Waiting>& ran,
   std::vector<std::shared_ptr<TrainerStep>> steps = cached;
   for (const Waiting& w : ran) steps.push_back(w.step);
   for (const std::shared_ptr<TrainerStep>& s : steps) {
-    auto same = std::find_if(batch.steps.begin(), batch.steps.end(),
-                             [&](const std::shared_ptr<TrainerStep>& k) { return k->trainer_rank == s->trainer_rank; });
+    auto same = std::find_if(batch.steps.begin(), batch.steps.end(), [&](const std::shared_ptr<TrainerStep>& k) {
+      return k->trainer_rank == s->trainer_rank && k->submission == s->submission;
+    });
     if (same != batch.steps.end()) {
       *same = s;
     } else {
@@ -305,13 +309,25 @@ void Executor::ClaimWaitingLocked(const LogEntry& entry, ClaimedStep& claimed) {
   if (it == waiting_.end()) return;
   // Only the submissions the plan was made from take part; another submission of the same
   // trainer rank here was superseded by a retry (its client has gone). A failure entry ends all.
+  // But where a replay takes a trainer rank's kept inputs (entry.cached), a submission of that
+  // rank waiting here is its retry, newer than the replay: the replay its report starts (next in
+  // the log) runs it, so it keeps waiting.
+  std::vector<Waiting> later;
   for (Waiting& w : it->second) {
     const int r = w.step->trainer_rank;
-    const bool planned = !entry.status.ok() || (r >= 0 && r < static_cast<int>(entry.submissions.size()) &&
-                                                entry.submissions[r] == w.step->submission);
+    const bool in_range = r >= 0 && r < static_cast<int>(entry.submissions.size());
+    const bool planned = !entry.status.ok() || (in_range && entry.submissions[r] == w.step->submission);
+    if (!planned && in_range && static_cast<size_t>(r) < entry.cached.size() && entry.cached[r]) {
+      later.push_back(std::move(w));
+      continue;
+    }
     (planned ? claimed.mine : claimed.stale).push_back(std::move(w));
   }
-  waiting_.erase(it);
+  if (later.empty()) {
+    waiting_.erase(it);
+  } else {
+    it->second = std::move(later);
+  }
 }
 
 void Executor::OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) {

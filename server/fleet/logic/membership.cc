@@ -59,6 +59,7 @@ absl::StatusOr<Membership::Joined> Membership::Join(const Member& member, int64_
   k.cursor = log_end;
   k.formed_generation = 0;
   k.failed_generation = 0;
+  k.listed = false;
   joined.cursor = k.cursor;
   return joined;
 }
@@ -135,6 +136,29 @@ bool Membership::CheckLiveness(absl::Time now) {
     }
     LOG_WARNING("fleet") << "fleet rank " << r << " (" << k.member.address << ") has been silent for "
                          << absl::FormatDuration(now - k.last_seen) << "; it is lost";
+    k.state = RankState::kGone;
+    lost = true;
+  }
+  return lost;
+}
+
+bool Membership::CheckListed(const absl::flat_hash_map<int, uint64_t>& listed) {
+  bool lost = false;
+  for (size_t r = 0; r < known_.size(); ++r) {
+    Known& k = known_[r];
+    if (!Reads(k)) continue;
+    auto it = listed.find(static_cast<int>(r));
+    if (it != listed.end() && it->second == k.member.incarnation) {
+      k.listed = true;
+      continue;
+    }
+    if (!k.listed) continue;  // Not listed yet: its key may be on its way.
+    if (k.state == RankState::kLeaving) {
+      k.state = RankState::kGone;
+      continue;
+    }
+    LOG_WARNING("fleet") << "fleet rank " << r << " (" << k.member.address
+                         << ")'s etcd lease ended (its process died or stopped); it is lost";
     k.state = RankState::kGone;
     lost = true;
   }

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -93,6 +94,11 @@ class Membership {
   // Marks ranks silent for longer than the peer timeout lost (a leaving rank just gone); true
   // when a member was lost.
   bool CheckLiveness(absl::Time now);
+  // The ranks whose liveness keys etcd lists (rank -> incarnation; --membership etcd://): a
+  // rank that joined and was listed with its incarnation, and is not any more (its lease ended:
+  // the process died or stopped for the lease TTL), is lost now, without waiting for the peer
+  // timeout. A rank not yet listed is left to the peer timeout. True when a member was lost.
+  bool CheckListed(const absl::flat_hash_map<int, uint64_t>& listed);
   // Starts the next generation when the live ranks differ from the members (or `force`, or a
   // scheduled forced reform); true when it did. First quarantines the worst rank that has
   // failed too often (above), so that generation goes without it.
@@ -123,6 +129,7 @@ class Membership {
     bool released = true;    // The end of its last quarantine was announced (QuarantineOver).
     bool returning = false;  // Quarantined, and not yet in a generation since.
     int64_t probation = 0;   // The generation that took it back after its last quarantine.
+    bool listed = false;     // etcd has listed this incarnation's liveness key (CheckListed).
   };
   // Leaves the worst candidate out of the next generation (see "Quarantine"); true if it did.
   bool QuarantineWorst(absl::Time now);

@@ -100,6 +100,7 @@ void EtcdLeadership::ReachedLocked(const absl::Status& status) {
   if (status.ok()) {
     if (!etcd_status_.ok()) {
       LOG_INFO("fleet") << "etcd answers again after " << absl::FormatDuration(absl::Now() - unreachable_since_);
+      reachable_since_ = absl::Now();
     }
     unreachable_since_ = absl::InfiniteFuture();
   } else if (etcd_status_.ok()) {
@@ -250,7 +251,57 @@ void EtcdLeadership::MonitorLoop() {
       if (watcher.ok()) watcher_ = std::move(*watcher);
     }
     Check();
+    if (options_.on_listed) KeepListed();
   }
+}
+
+void EtcdLeadership::KeepListed() {
+  const std::string members = options_.prefix + "/members/";
+  if (member_keeper_ != nullptr && !member_keeper_->status().ok()) {
+    // Lost (NOT_FOUND) or unanswered: a new lease, and the key put again on it (the old lease,
+    // if it lives, deletes nothing when it ends: the key is no longer on it).
+    member_keeper_.reset();
+    member_lease_ = 0;
+  }
+  if (member_lease_ == 0) {
+    absl::StatusOr<etcd::Lease> lease = client_->GrantLease(options_.ttl);
+    if (!lease.ok()) return;  // The next check tries again.
+    absl::StatusOr<int64_t> put = client_->Put(members + std::to_string(options_.rank),
+                                               absl::StrCat(options_.incarnation, " ", options_.address), lease->id);
+    etcd::LeaseKeeper::Options k;
+    k.lease_id = lease->id;
+    k.ttl = absl::Seconds(lease->ttl_seconds);
+    absl::StatusOr<std::unique_ptr<etcd::LeaseKeeper>> keeper =
+        put.ok() ? etcd::LeaseKeeper::Start(&client_->pool(), k) : put.status();
+    if (!keeper.ok()) {
+      (void)client_->RevokeLease(lease->id);
+      VLOG("fleet", 1) << "keeping this rank's etcd liveness key: " << keeper.status();
+      return;
+    }
+    member_lease_ = lease->id;
+    member_keeper_ = std::move(*keeper);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!etcd_status_.ok() || absl::Now() - reachable_since_ < options_.ttl) return;
+  }
+  absl::StatusOr<etcd::RangeResult> listed = client_->GetPrefix(members);
+  if (!listed.ok()) return;
+  absl::flat_hash_map<int, uint64_t> ranks;
+  for (const etcd::KeyValue& kv : listed->kvs) {
+    int rank;
+    uint64_t incarnation;
+    std::vector<std::string> parts = absl::StrSplit(kv.value, absl::MaxSplits(' ', 1));
+    if (!absl::SimpleAtoi(kv.key.substr(members.size()), &rank) || parts.empty() ||
+        !absl::SimpleAtoi(parts[0], &incarnation)) {
+      LOG_WARNING("fleet") << "etcd key " << kv.key << " is not a fleet liveness key (\"" << kv.value.substr(0, 100)
+                           << "\"); ignored";
+      continue;
+    }
+    ranks[rank] = incarnation;
+  }
+  absl::MutexLock callbacks(&callback_mu_);
+  options_.on_listed(ranks);
 }
 
 absl::Status EtcdLeadership::HoldLeadership() {
@@ -372,6 +423,11 @@ void EtcdLeadership::Stop() {
   if (monitor_.joinable()) monitor_.join();
   if (watcher_ != nullptr) watcher_->Stop();
   DropLease(/*revoke=*/true);
+  member_keeper_.reset();
+  if (member_lease_ != 0) {
+    (void)client_->RevokeLease(member_lease_);  // The liveness key goes now, not a TTL later.
+    member_lease_ = 0;
+  }
 }
 
 }  // namespace orthoserve

@@ -13,6 +13,14 @@
 // each new leader, this rank included. This rank's leadership starts with `on_elected` and ends
 // with `on_deposed`: when etcd says its lease is gone or another key leads, or on Resign/Stop.
 //
+// Liveness keys. With `on_listed` set, every rank also keeps "<prefix>/members/<rank>" =
+// "<incarnation> <address>" on a lease of its own (the same TTL, kept alive by its own keeper, so
+// campaigns and resignations never touch it), and every check reads the keys of all ranks and
+// passes them (rank -> incarnation) to `on_listed`: a process that dies or stops is unlisted one
+// TTL later, when its lease ends. Stop revokes the lease (the key goes at once). Listings start
+// (and start again after etcd was unreachable) one TTL after etcd answers, so that a rank whose
+// lease lapsed in the outage has put its key again before anyone reads its absence.
+//
 // When etcd cannot be reached nothing changes: the leader stays leader and followers follow it,
 // `reachable()` is false and says since when, and etcd's first answer settles it (the same
 // leader goes on; a different one, or none, deposes this rank). A leader whose keep-alives go
@@ -31,6 +39,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -69,6 +78,10 @@ class EtcdLeadership {
     std::function<void(int64_t term)> on_elected;                              // Required.
     std::function<void(int64_t term, const absl::Status& reason)> on_deposed;  // Required.
     std::function<void(const LeaderInfo& leader)> on_leader;                   // Required.
+    uint64_t incarnation = 0;  // This process's fleet incarnation, for its liveness key.
+    // Called after each check that read the liveness keys, with the ranks listed (rank ->
+    // incarnation); optional (no liveness keys without it).
+    std::function<void(const absl::flat_hash_map<int, uint64_t>& listed)> on_listed;
     // Called when etcd stops answering (with the error and since when) and when it answers
     // again (OK); optional (metrics).
     std::function<void(const absl::Status& status, absl::Time since)> on_reachability;
@@ -108,6 +121,9 @@ class EtcdLeadership {
   void LeaseLost(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void Depose(const absl::Status& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureLease() ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps this rank's liveness key (a new lease and put when it has none, or its keeper ended),
+  // reads every rank's and calls on_listed (monitor thread).
+  void KeepListed() ABSL_LOCKS_EXCLUDED(mu_);
   void DropLease(bool revoke) ABSL_LOCKS_EXCLUDED(mu_);
   void Reached(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void ReachedLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,12 +141,18 @@ class EtcdLeadership {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<etcd::LeaseKeeper> keeper_ ABSL_GUARDED_BY(mu_);
+  // The liveness key's lease and keeper (monitor thread, and Stop after it ended).
+  int64_t member_lease_ = 0;
+  std::unique_ptr<etcd::LeaseKeeper> member_keeper_;
   std::optional<etcd::LeaderKey> leading_ ABSL_GUARDED_BY(mu_);  // This rank's leadership.
   absl::Status deposed_ ABSL_GUARDED_BY(mu_);                    // Why it ended, when it ended.
   LeaderInfo leader_ ABSL_GUARDED_BY(mu_);
   std::string leader_key_ ABSL_GUARDED_BY(mu_);
   absl::Status etcd_status_ ABSL_GUARDED_BY(mu_);
   absl::Time unreachable_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Since when etcd has answered (start, or its first answer after an outage): listings are
+  // passed on only a TTL after it, when every live rank has had time to put its key again.
+  absl::Time reachable_since_ ABSL_GUARDED_BY(mu_) = absl::Now();
   std::unique_ptr<etcd::Watcher> watcher_;  // Set before the threads start; stopped in Stop.
   std::thread campaign_;
   std::thread monitor_;

@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
   };
   ASSIGN_OR_RETURN(fleet->executor_, Executor::Create(e));
   if (options.election.enabled) {
-    RETURN_IF_ERROR(fleet->StartElection());
+    RETURN_IF_ERROR(fleet->StartElection(e.self.incarnation));
     LOG_INFO("fleet") << "rank " << options.rank << " of up to " << options.world
                       << " joins the fleet whose coordinator etcd elects (" << options.election.etcd.endpoints
                       << ", prefix " << options.election.prefix << "; " << options.collective << ")";
@@ -176,7 +176,7 @@ std::string Fleet::FleetAddress() const {
   return JoinHostPort(host, fleet_port_);
 }
 
-absl::Status Fleet::StartElection() {
+absl::Status Fleet::StartElection(uint64_t incarnation) {
   const Options::Election& e = options_.election;
   EtcdLeadership::Options l;
   l.etcd = e.etcd;
@@ -191,6 +191,12 @@ absl::Status Fleet::StartElection() {
   l.on_elected = [this](int64_t term) { Elected(term); };
   l.on_deposed = [this](int64_t term, const absl::Status&) { Deposed(term); };
   l.on_leader = [this](const LeaderInfo& leader) { LeaderIs(leader); };
+  // Liveness: this process's key in etcd, and, while this rank coordinates, every member whose
+  // key is gone (its lease ended) is lost at once rather than after the peer timeout.
+  l.incarnation = incarnation;
+  l.on_listed = [this](const absl::flat_hash_map<int, uint64_t>& listed) {
+    if (std::shared_ptr<const CoordinatorSeat> s = seat()) s->coordinator->Listed(listed);
+  };
   if (Metrics* metrics = options_.metrics; metrics != nullptr) {
     l.on_reachability = [metrics](const absl::Status& status, absl::Time since) {
       metrics->fleet_etcd_unreachable_since().Set(status.ok() ? 0.0 : absl::ToDoubleSeconds(since - absl::UnixEpoch()));

@@ -189,8 +189,9 @@ class Fleet final : public StepFleet {
   Coordinator::Options CoordinatorOptions(uint64_t epoch, int home_rank) const;
   // The fleet address other ranks reach this one at (its host, the bound fleet port).
   std::string FleetAddress() const;
-  // Elected coordinator: starts the campaign; the callbacks below carry its outcome out.
-  absl::Status StartElection();
+  // Elected coordinator: starts the campaign and keeps this process's (`incarnation`) liveness key;
+  // the callbacks below carry its outcome out.
+  absl::Status StartElection(uint64_t incarnation);
   void Elected(int64_t term) ABSL_LOCKS_EXCLUDED(mu_);
   void Deposed(int64_t term) ABSL_LOCKS_EXCLUDED(mu_);
   void LeaderIs(const LeaderInfo& leader) ABSL_LOCKS_EXCLUDED(mu_);

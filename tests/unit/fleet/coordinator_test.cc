@@ -143,6 +143,45 @@ TEST(CoordinatorTest, RestartLossAndLeaveEachStartANewGeneration) {
   EXPECT_LT(absl::Now() - silent, kPeer + absl::Seconds(2));
 }
 
+// With an elected coordinator, etcd's liveness keys say who is alive: a member whose key was
+// listed and is gone is lost at once (not at the peer timeout, though it kept reading here); a
+// rank not yet listed, another incarnation's key, and a leaving rank's key are no loss.
+TEST(CoordinatorTest, AMemberWhoseEtcdKeyIsGoneIsLostAtOnce) {
+  Coordinator::Options o = TestOptions(3);
+  o.peer_timeout = absl::Seconds(30);  // Far beyond the test: only the listing can drop a rank.
+  auto c = Coordinator::Create(o);
+  ASSERT_OK(c);
+  std::vector<Member> members = {M(0, 10), M(1, 11), M(2, 22)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  ASSERT_EQ(WaitGeneration(**c, 1, members).members.size(), 3u);
+
+  (*c)->Listed({{0, 10}, {1, 11}});  // Rank 2's key has not come yet: nothing happens.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ((*c)->generation().number, 1);
+  (*c)->Listed({{0, 10}, {1, 11}, {2, 99}});  // Another process's key for rank 2: not this one's.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ((*c)->generation().number, 1);
+  (*c)->Listed({{0, 10}, {1, 11}, {2, 22}});
+  (*c)->Listed({{0, 10}, {1, 11}, {2, 22}});
+  EXPECT_EQ((*c)->generation().number, 1);
+
+  // Rank 2's lease ends (it keeps reading, as a stopped process's last reads may still arrive).
+  const absl::Time gone = absl::Now();
+  (*c)->Listed({{0, 10}, {1, 11}});
+  Generation g = WaitGeneration(**c, 2, members);
+  EXPECT_EQ(g.number, 2);
+  ASSERT_EQ(g.members.size(), 2u);
+  EXPECT_EQ(g.members[1].rank, 1);
+  EXPECT_LT(absl::Now() - gone, absl::Seconds(2));
+
+  // Rank 1 leaves gracefully, then its key goes: the leave made the generation, not a loss.
+  ASSERT_OK((*c)->Leave(1, 11, (*c)->epoch()));
+  EXPECT_EQ((*c)->generation().number, 3);
+  (*c)->Listed({{0, 10}});
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ((*c)->generation().number, 3);
+}
+
 TEST(CoordinatorTest, ReportsComeOnlyFromMembersOfThisEpoch) {
   auto c = Coordinator::Create(TestOptions(2));
   ASSERT_OK(c);

@@ -6,7 +6,9 @@
 
 #include <signal.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,7 @@ struct Candidate {
   int64_t elected = 0;  // Term this rank leads (0: none).
   std::vector<int64_t> deposed;
   LeaderInfo leader;
+  absl::flat_hash_map<int, uint64_t> listed;  // The last on_listed.
   std::unique_ptr<EtcdLeadership> leadership;
 };
 
@@ -58,6 +61,11 @@ std::unique_ptr<Candidate> Start(const std::string& endpoints, const std::string
     absl::MutexLock lock(&raw->mu);
     EXPECT_GT(leader.term, raw->leader.term) << "terms only grow";
     raw->leader = leader;
+  };
+  o.incarnation = 100 + rank;
+  o.on_listed = [raw](const absl::flat_hash_map<int, uint64_t>& listed) {
+    absl::MutexLock lock(&raw->mu);
+    raw->listed = listed;
   };
   absl::StatusOr<std::unique_ptr<EtcdLeadership>> l = EtcdLeadership::Start(o);
   EXPECT_TRUE(l.ok()) << l.status();
@@ -166,6 +174,60 @@ TEST_F(EtcdLeadershipTest, ALeaderWhoseLeaseEtcdDropsIsDeposedAndReplaced) {
   EXPECT_LT(absl::Now() - start, kTtl + absl::Seconds(1));
   absl::MutexLock lock(&candidates_[first]->mu);
   EXPECT_THAT(candidates_[first]->deposed, ::testing::Contains(term));
+}
+
+// Waits until `c`'s listing satisfies `want`.
+bool WaitListed(Candidate& c, const std::function<bool(const absl::flat_hash_map<int, uint64_t>&)>& want,
+                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&c.mu);
+      if (want(c.listed)) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// Every rank keeps a liveness key with its incarnation; one that stops is unlisted at once (its
+// lease revoked), and one whose lease etcd drops puts its key again on a new one.
+TEST_F(EtcdLeadershipTest, EveryRankIsListedWithItsIncarnationUntilItsLeaseEnds) {
+  const absl::flat_hash_map<int, uint64_t> all = {{0, 100}, {1, 101}, {2, 102}};
+  auto is = [](const absl::flat_hash_map<int, uint64_t>& want) {
+    return [want](const absl::flat_hash_map<int, uint64_t>& listed) { return listed == want; };
+  };
+  ASSERT_TRUE(WaitListed(*candidates_[0], is(all), 2 * kTtl + absl::Seconds(2)));
+
+  etcd::EtcdOptions options;
+  options.endpoints = cluster_->endpoints();
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
+  ASSERT_OK(client);
+  absl::StatusOr<std::optional<etcd::KeyValue>> key = (*client)->Get("/test/fleet/members/1");
+  ASSERT_OK(key);
+  ASSERT_TRUE(key->has_value());
+  EXPECT_EQ((*key)->value, "101 127.0.0.1:7001");
+  ASSERT_OK((*client)->RevokeLease((*key)->lease));  // What etcd does when rank 1 stops for its TTL.
+  // Rank 1 notices (its keep-alive finds no lease) and puts its key again on a new lease.
+  const absl::Time revoked = absl::Now();
+  std::optional<etcd::KeyValue> again;
+  while (absl::Now() - revoked < kTtl + absl::Seconds(2)) {
+    absl::StatusOr<std::optional<etcd::KeyValue>> now = (*client)->Get("/test/fleet/members/1");
+    ASSERT_OK(now);
+    if (now->has_value() && (*now)->lease != (*key)->lease) {
+      again = *now;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(again.has_value()) << "rank 1 did not put its key again";
+  EXPECT_EQ(again->value, "101 127.0.0.1:7001");
+  ASSERT_TRUE(WaitListed(*candidates_[0], is(all), absl::Seconds(2)));
+
+  const absl::Time stop = absl::Now();
+  candidates_[2]->leadership->Stop();
+  ASSERT_TRUE(WaitListed(*candidates_[0], is({{0, 100}, {1, 101}}), absl::Seconds(2)));
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(2));
 }
 
 TEST_F(EtcdLeadershipTest, NothingChangesWhileEtcdDoesNotAnswer) {

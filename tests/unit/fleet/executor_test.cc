@@ -501,6 +501,38 @@ TEST(ExecutorTest, AResultLostAfterItsBatchRanIsReplayedWithTheSameBits) {
   ExpectReplayed(h.rank(0), MakeStep(key, 1, 2, full, /*attempt=*/1), first);
 }
 
+// Both trainer ranks lost their results and retry at once, each on the member that kept its
+// original: the coordinator plans one replay per retry (each taking the other's kept inputs),
+// before either has run. The first replay must neither fail the second retry as "superseded" nor
+// drop the kept original the second replay takes (it ran the retry of the same trainer rank).
+TEST(ExecutorTest, TwoRetriesThatStartTwoReplaysAtOnceBothGetTheSameBits) {
+  FleetHarness h(2);
+  h.StartAll();
+  ASSERT_TRUE(h.WaitFormed({0, 1}));
+  const std::vector<float> full = RandomMatrix(8);
+  const GroupKey key{"t", "j", "g", 1, "run"};
+  std::vector<std::shared_ptr<TrainerStep>> steps;
+  for (const StepOutcome& o : RunStep(h, key, {0, 1}, full, &steps)) ASSERT_OK(o.status);
+  // The members' notices of what they keep reach the coordinator with their next reads: from
+  // then on each retry's report alone completes a replay.
+  absl::SleepFor(absl::Milliseconds(400));
+  std::vector<std::shared_ptr<TrainerStep>> retries;
+  std::vector<std::future<StepOutcome>> futures;
+  for (int r = 0; r < 2; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    retries.push_back(MakeStep(key, r, 2, full, /*attempt=*/1));
+    h.rank(r).Submit(retries.back(), [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(futures[r].wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    StepOutcome o = futures[r].get();
+    ASSERT_TRUE(o.status.ok()) << "trainer rank " << r << ": " << o.status;
+    ASSERT_TRUE(o.matrices[0].ok()) << "trainer rank " << r << ": " << o.matrices[0];
+    EXPECT_EQ(retries[r]->outputs[0], steps[r]->outputs[0]) << "trainer rank " << r;
+  }
+}
+
 TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
   FleetHarness h(2);
   h.StartAll();
