@@ -130,16 +130,16 @@ absl::StatusOr<RegionLease> RegionRegistry::Use(absl::string_view tenant, absl::
       auto r = t->second.find(id);
       if (r != t->second.end()) entry = r->second;
     }
-  }
-  if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
-  const int64_t region_size = entry->map->size();
-  // offset + size is never formed: each is compared with what is left of the region.
-  if (offset < 0 || size < 0 || offset > region_size || size > region_size - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ", region_size, " bytes"));
-  }
-  {
-    absl::MutexLock lock(&entry->mu);
+    if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
+    const int64_t region_size = entry->map->size();
+    // offset + size is never formed: each is compared with what is left of the region.
+    if (offset < 0 || size < 0 || offset > region_size || size > region_size - offset) {
+      return absl::OutOfRangeError(
+          absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ", region_size, " bytes"));
+    }
+    // Counted while the region is still registered (under mu_): an Unregister that removes it
+    // after this point sees the use and waits for it.
+    absl::MutexLock use(&entry->mu);
     ++entry->users;
   }
   char* data = entry->map->data() + offset;
@@ -180,6 +180,11 @@ absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_v
   // allocation as soon as the unregister answered, and CUDA leaves a free before the importer's
   // cudaIpcCloseMemHandle undefined.
   while (entry.use_count() > 1 && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(50));
+  if (entry.use_count() > 1) {
+    return absl::DeadlineExceededError(
+        "the region was unregistered and no step uses it, but its memory was not let go of by the deadline; it is "
+        "unmapped in a moment");
+  }
   entry.reset();
   return absl::OkStatus();
 }
