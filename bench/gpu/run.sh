@@ -9,10 +9,14 @@
 #      Llama-3.2-1B) as one Run call on device-resident matrices beside PyTorch's loop over them,
 #   4. if the orthoserve and orthoctl targets exist, a one-rank service step on loopback beside the
 #      in-process engine,
+#   5. CUDA IPC regions (docs/shared_memory.md): orthoserve --backend=cuda --shm-socket and a second
+#      process (orthoserve_gpu_ipc_bench) that allocates the matrices on the GPU, hands the
+#      allocation over by CUDA IPC handle, registers it and times steps whose input and result are
+#      slices of it, beside the same steps with bytes and the in-process engine on the same matrices,
 # and writes a markdown report to $OUT/gpu_ns.md when $OUT is a directory, to $OUT when it names
 # a file, else to bench/results/gpu_ns.md.
 # Environment: BUILD_DIR (default build-gpu-bench), ITERS (10), JOBS (nproc), PYTHON (python3), SETS,
-# SKIP_E2E=1 to leave out step 4.
+# SKIP_E2E=1 to leave out step 4, SKIP_IPC=1 to leave out step 5, IPC_SHAPES (1024x1024,4096x4096).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,7 +58,8 @@ TARGETS=(orthoserve_gpu_ns_bench cuda_backend_gpu_test cuda_layout_emulation_gpu
 # before ninja has written everything (SIGPIPE), which would drop targets at random.
 ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null)
 has_target() { grep -q "^$1:" <<<"$ALL_TARGETS"; }
-for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test cuda_fleet_emulation_gpu_test; do
+for t in cpu_gpu_agreement_gpu_test nccl_collective_gpu_test cuda_fleet_emulation_gpu_test cuda_ipc_gpu_test \
+    cuda_ipc_emulation_gpu_test; do
   has_target "$t" && TARGETS+=("$t")
 done
 if ! ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" >"$WORK/build.log" 2>&1; then
@@ -144,6 +149,44 @@ else
   NOTES+=("end-to-end loopback step skipped: orthoserve/orthoctl targets not present (or no time left).")
 fi
 
+# CUDA IPC regions: a second process hands its GPU memory to the server by handle; steps through
+# the region beside the same steps with bytes and the in-process engine (ipc_bench.cc's CSV).
+IPC_SHAPES=${IPC_SHAPES:-1024x1024,4096x4096}
+if [[ "${SKIP_IPC:-0}" != "1" ]] && (( SECONDS - START < 380 )) && has_target orthoserve && \
+    has_target orthoserve_gpu_ipc_bench; then
+  log "CUDA IPC regions: build"
+  if timeout $((440 - (SECONDS - START))) ninja -C "$BUILD" -j"$JOBS" orthoserve orthoserve_gpu_ipc_bench \
+      >"$WORK/ipc_build.log" 2>&1; then
+    SERVER=$(find "$BUILD" -type f -name orthoserve -perm -u+x | head -1)
+    PORT=$((40000 + RANDOM % 20000))
+    SOCK=$WORK/shm.sock
+    "$SERVER" --backend=cuda --listen=127.0.0.1:$PORT --metrics_address=127.0.0.1:$((PORT + 1)) \
+      --fleet_listen=127.0.0.1:$((PORT + 2)) --shm_socket="$SOCK" --max_message_bytes=$((512 << 20)) \
+      >"$WORK/ipc_server.log" 2>&1 &
+    IPC_PID=$!
+    for _ in $(seq 1 100); do
+      [[ -S "$SOCK" ]] && break
+      sleep 0.2
+    done
+    log "CUDA IPC regions: bench"
+    if ! timeout 120 "$BUILD/bench/gpu/orthoserve_gpu_ipc_bench" --server=127.0.0.1:$PORT --socket="$SOCK" \
+        --shapes="$IPC_SHAPES" --precisions=medium,highest --iters="$ITERS" --warmup=2 \
+        >"$WORK/ipc.csv" 2>"$WORK/ipc.err"; then
+      NOTES+=("CUDA IPC bench failed: $(tail -1 "$WORK/ipc.err"); server: $(tail -1 "$WORK/ipc_server.log")")
+    fi
+    curl -s "http://127.0.0.1:$((PORT + 1))/metrics" 2>/dev/null | grep -E '^orthoserve_shm_(regions|handovers_total)' \
+      >"$WORK/ipc_metrics.txt"
+    kill "$IPC_PID" 2>/dev/null
+    wait "$IPC_PID" 2>/dev/null
+  else
+    NOTES+=("CUDA IPC regions skipped: building orthoserve/orthoserve_gpu_ipc_bench failed or ran out of time.")
+  fi
+elif [[ "${SKIP_IPC:-0}" == "1" ]]; then
+  NOTES+=("CUDA IPC regions skipped (SKIP_IPC=1).")
+else
+  NOTES+=("CUDA IPC regions skipped: orthoserve/orthoserve_gpu_ipc_bench targets not present (or no time left).")
+fi
+
 log "report"
 {
   echo "# GPU Newton–Schulz benchmark"
@@ -199,6 +242,26 @@ log "report"
     echo "| shape | precision | service median ms | in-process e2e ms | service / in-process | orthoctl bench |"
     echo "|---|---|---:|---:|---:|---|"
     echo -n "$E2E"
+  fi
+  if [[ -s "$WORK/ipc.csv" ]]; then
+    echo
+    echo "CUDA IPC regions (docs/shared_memory.md): another process's fp32 matrix on the GPU, handed over by"
+    echo "CUDA IPC handle and registered; a unary step whose input and result are slices of it (the server"
+    echo "computes on that memory) beside the same step with the matrix as bytes, and beside this GPU's engine"
+    echo "in-process on the same matrix resident on the device and from host memory. Wall clock, medians."
+    echo
+    echo "| shape | precision | region step ms | bytes step ms | in-process resident ms | in-process from host ms | region / in-process resident | region result = bytes result |"
+    echo "|---|---|---:|---:|---:|---:|---:|---|"
+    while IFS=, read -r _ shape prec region bytes_ms dev host same; do
+      ratio=$(awk -v a="$region" -v b="$dev" 'BEGIN { printf "%.2fx", a / b }')
+      echo "| $shape | $prec | $region | $bytes_ms | $dev | $host | $ratio | $same |"
+    done < <(grep '^ipc,' "$WORK/ipc.csv")
+    if [[ -s "$WORK/ipc_metrics.txt" ]]; then
+      echo
+      echo '```'
+      cat "$WORK/ipc_metrics.txt"
+      echo '```'
+    fi
   fi
   if (( ${#NOTES[@]} > 0 )); then
     echo

@@ -22,6 +22,7 @@
 #include "server/metrics/certificate_expiry.h"
 #include "server/tls/watched_tls.h"
 #include "server/rpc/service_state.h"
+#include "server/shm/ipc_region.h"
 
 namespace orthoserve {
 namespace {
@@ -282,8 +283,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                         o.fleet_tls.cert_file, o.fleet_tls.key_file, o.fleet_tls.ca_file};
     Metrics* metrics = server->metrics_.get();
     h.observe = [metrics](absl::string_view outcome) { metrics->ShmHandover(outcome); };
+    // GPU memory by CUDA IPC handle when the backend can open it on its device (cuda); a cpu
+    // backend has no opener, and the socket refuses such handles with FAILED_PRECONDITION.
+    IpcOpener* opener = server->backend_->ipc_opener();
+    h.open_cuda_ipc = CudaIpcOpenFunction(opener);
     ASSIGN_OR_RETURN(server->shm_socket_, HandoverSocket::Start(h, server->shm_registry_.get()));
     o.service.shm_socket = o.shm.socket;
+    if (opener != nullptr) o.service.shm_cuda_device = opener->device_uuid();
   }
   server->shm_service_ = std::make_unique<SharedMemoryService>(server->shm_registry_.get(), server->auth_.get(),
                                                                server->metrics_.get(), o.shm.unregister_timeout);

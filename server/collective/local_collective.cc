@@ -23,6 +23,16 @@ absl::Status LocalCollective::Fail(absl::Status status) {
   return status;
 }
 
+absl::Status LocalCollective::CopySelf(void* dst, const void* src, size_t bytes) {
+  if (device_copy_ == nullptr) {
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status copied = device_copy_(dst, src, bytes);
+  if (!copied.ok()) return Fail(copied);
+  return absl::OkStatus();
+}
+
 void LocalCollective::Abort(absl::string_view reason) {
   (void)Fail(absl::UnavailableError(absl::StrCat("local collective aborted: ", reason)));
 }
@@ -32,7 +42,7 @@ absl::Status LocalCollective::AllToAllv(const void* send, absl::Span<const size_
   RETURN_IF_ERROR(CheckUsable());
   absl::Status args = collective_internal::CheckAllToAllvArgs(0, 1, send_bytes, recv_bytes);
   if (!args.ok()) return Fail(args);
-  if (send_bytes[0] > 0) std::memmove(recv, send, send_bytes[0]);
+  if (send_bytes[0] > 0) return CopySelf(recv, send, send_bytes[0]);
   return absl::OkStatus();
 }
 
@@ -41,7 +51,7 @@ absl::Status LocalCollective::AllGatherv(const void* send, size_t send_bytes, vo
   RETURN_IF_ERROR(CheckUsable());
   absl::Status args = collective_internal::CheckAllGathervArgs(0, 1, send_bytes, recv_bytes);
   if (!args.ok()) return Fail(args);
-  if (send_bytes > 0 && send != recv) std::memmove(recv, send, send_bytes);
+  if (send_bytes > 0 && send != recv) return CopySelf(recv, send, send_bytes);
   return absl::OkStatus();
 }
 

@@ -2,6 +2,8 @@
 // operation is a local copy (or nothing), so it never times out.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,14 +20,22 @@ namespace orthoserve {
 // thread at a time, as every Collective).
 class LocalCollective final : public Collective {
  public:
+  // Copies `bytes` bytes from `src` to `dst` (which do not overlap) in one memory, synchronously.
+  using Copy = std::function<absl::Status(void* dst, const void* src, size_t bytes)>;
+
+  // Exchanges copy with memcpy: host memory only.
   LocalCollective() = default;
+  // Exchanges copy with `device_copy`, a copy within a backend's device memory: the collective
+  // then takes device memory (TakesDeviceMemory), and a one-rank batch keeps its blocks there
+  // (a lone client's matrix in a CUDA IPC region, server/distributed/local_batch.h).
+  explicit LocalCollective(Copy device_copy) : device_copy_(std::move(device_copy)) {}
 
   int rank() const override { return 0; }
   int world() const override { return 1; }
   std::string name() const override { return "local"; }
-  // A sum over one rank reads and writes nothing: any memory will do. Its exchanges copy with
-  // memcpy, so TakesDeviceMemory stays false (a one-rank batch keeps its blocks in host memory).
+  // A sum over one rank reads and writes nothing: any memory will do.
   bool ReducesDeviceMemory() const override { return true; }
+  bool TakesDeviceMemory() const override { return device_copy_ != nullptr; }
 
   // Copies send_bytes[0] bytes from `send` to `recv`.
   absl::Status AllToAllv(const void* send, absl::Span<const size_t> send_bytes, void* recv,
@@ -47,6 +57,10 @@ class LocalCollective final : public Collective {
   // Records a failure (breaking the collective) and returns it.
   absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Copies a segment to itself: memmove, or the device copy.
+  absl::Status CopySelf(void* dst, const void* src, size_t bytes);
+
+  const Copy device_copy_;  // Null: host memory.
   mutable absl::Mutex mu_;  // Abort may come from another thread.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };

@@ -20,10 +20,14 @@ absl::StatusOr<Assembled> MakeAssembled(BatchContext& ctx, int m) {
 }
 
 const LocalBlock* WholeLocalBlock(BatchContext& ctx, int m) {
-  if (ctx.on_device() || !ctx.Ok(m)) return nullptr;
+  if (!ctx.Ok(m)) return nullptr;
   const MatrixPlan& mp = ctx.matrix(m);
   for (const BlockPlacement& p : mp.blocks) {
-    if (p.fleet_rank == ctx.rank() && p.block == WholeBlock(mp.view)) return ctx.Local(m, p.trainer_rank);
+    if (p.fleet_rank != ctx.rank() || !(p.block == WholeBlock(mp.view))) continue;
+    const LocalBlock* lb = ctx.Local(m, p.trainer_rank);
+    // Computed on the caller's buffers only where the batch computes: host blocks of a host batch,
+    // device blocks (a CUDA IPC region) of a device batch.
+    return lb != nullptr && lb->space == ctx.memory().space() ? lb : nullptr;
   }
   return nullptr;
 }
@@ -43,9 +47,9 @@ void OrthogonalizeAssembled(BatchContext& ctx, std::vector<Assembled>& matrices)
   for (Assembled& a : matrices) {
     if (!ctx.Ok(a.matrix)) continue;
     const MatrixPlan& mp = ctx.matrix(a.matrix);
-    const MemorySpace space = a.direct_in != nullptr ? MemorySpace::kHost : ctx.memory().space();
+    // Direct (caller's) buffers are in the batch's memory too (WholeLocalBlock).
     jobs.push_back(MatrixJob{mp.name, mp.view, mp.view, mp.dtype, a.input(), mp.result_dtype, a.output(), &mp.options,
-                             BatchRowsOf(mp), space});
+                             BatchRowsOf(mp), ctx.memory().space()});
     job_matrix.push_back(a.matrix);
     flops += EngineFlops(mp.view, mp.options, BatchRowsOf(mp));
   }

@@ -10,13 +10,13 @@
 
 namespace orthoserve::distributed_internal {
 
-// A whole matrix, in buffers of the batch's memory (BatchContext::memory()) or (direct, host
-// memory only) in the caller's buffers of a local block that covers the whole matrix.
+// A whole matrix, in buffers of the batch's memory (BatchContext::memory()) or (direct) in the
+// caller's buffers of a local block that covers the whole matrix and lies in that memory too.
 struct Assembled {
   int matrix = 0;
   MemoryBuffer in;                  // view.rows × view.cols elements of the matrix dtype, row-major.
   MemoryBuffer out;                 // The same in the result dtype.
-  const void* direct_in = nullptr;  // When set, NS reads here (host memory) and writes `direct_out`.
+  const void* direct_in = nullptr;  // When set, NS reads here (the batch's memory) and writes `direct_out`.
   void* direct_out = nullptr;
 
   const void* input() const { return direct_in != nullptr ? direct_in : in.data(); }
@@ -29,9 +29,9 @@ struct Assembled {
 // (exchange.cc): it must carry zeros, not bytes an earlier batch left in the memory.
 absl::StatusOr<Assembled> MakeAssembled(BatchContext& ctx, int m);
 
-// The local block of matrix `m` on this rank when it is the whole matrix and usable here, and the
-// batch keeps blocks in host memory (so NS can run on the caller's buffers with no copy), or
-// nullptr.
+// The local block of matrix `m` on this rank when it is the whole matrix and usable here, and its
+// buffers are in the memory the batch keeps blocks in (host blocks of a host batch, device
+// blocks of a device batch), so NS can run on the caller's buffers with no copy; or nullptr.
 const LocalBlock* WholeLocalBlock(BatchContext& ctx, int m);
 
 // Copies a block's dense bytes (in the batch's memory) into / out of an assembled matrix.

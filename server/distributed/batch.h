@@ -57,6 +57,10 @@ struct LocalBlock {
   int trainer_rank = 0;      // Which placement of that matrix this is.
   const void* in = nullptr;  // block.numel() elements of the matrix's dtype, row-major.
   void* out = nullptr;       // block.numel() elements of the matrix's result_dtype.
+  // Where `in` and `out` are: host memory, or the backend's device memory (a lone client's CUDA
+  // IPC region), which only a batch that keeps its blocks in device memory takes (a collective
+  // that takes device memory: NCCL, or a LocalCollective over the backend's memory).
+  MemorySpace space = MemorySpace::kHost;
 };
 
 struct ExecuteOptions {
@@ -93,16 +97,19 @@ struct BatchResult {
 //    matrix: the first failure in fleet rank order.
 // Blocks travel in the matrix's dtype and results in the result dtype. Collective calls depend
 // only on the plan, so they are made in the same order on every rank; fleet ranks with no
-// blocks take part with empty ones. `local`'s buffers are host memory; between them and the
-// backend the blocks are kept in the backend's device memory when it has one and the collective
-// takes device memory (NCCL: each block up once, exchanged and assembled device to device, its
-// result down once), in host memory otherwise (docs/architecture.md, "Memory spaces"); the
-// results are the same bits either way.
+// blocks take part with empty ones. `local`'s buffers are host memory or (LocalBlock::space)
+// the backend's device memory; between them and the backend the blocks are kept in the backend's
+// device memory when it has one and the collective takes device memory (NCCL: each block up
+// once, exchanged and assembled device to device, its result down once), in host memory
+// otherwise (docs/architecture.md, "Memory spaces"); the results are the same bits either way. A
+// local block whose buffers are in the batch's own memory and hold the whole matrix is computed
+// where it is (no copy).
 //
 // Per-matrix errors (in BatchResult::matrices, identical on every rank): the ValidatePlan
-// error; INVALID_ARGUMENT when a rank's local block is missing, duplicated, misplaced or has no
-// buffers; the backend's error (for example INTERNAL or RESOURCE_EXHAUSTED) from the rank that
-// computed it — the owner, any gathering rank, any TP participant. A failed matrix's outputs
+// error; INVALID_ARGUMENT when a rank's local block is missing, duplicated, misplaced, has no
+// buffers, or is in device memory while the batch keeps its blocks in host memory; the
+// backend's error (for example INTERNAL or RESOURCE_EXHAUSTED) from the rank that computed it —
+// the owner, any gathering rank, any TP participant. A failed matrix's outputs
 // are unspecified. The returned status itself: INVALID_ARGUMENT when the collective's world is
 // not plan.fleet_world; otherwise non-OK only when a collective call failed (UNAVAILABLE or
 // DEADLINE_EXCEEDED, annotated with the phase) or this rank could not allocate a buffer of the

@@ -74,6 +74,14 @@ void BatchContext::IndexLocal(absl::Span<const LocalBlock> local) {
            FailureKind::kPrimary);
       continue;
     }
+    if (lb.space == MemorySpace::kDevice && !on_device()) {
+      Fail(lb.matrix,
+           absl::InvalidArgumentError(absl::StrCat(what, ": the block of trainer rank ", lb.trainer_rank,
+                                                   " is in device memory, but this batch keeps its blocks in host "
+                                                   "memory (its collective takes host memory only)")),
+           FailureKind::kPrimary);
+      continue;
+    }
     if (!p.block.empty() && (lb.in == nullptr || lb.out == nullptr)) {
       Fail(lb.matrix,
            absl::InvalidArgumentError(
@@ -147,8 +155,8 @@ void BatchContext::ReadBlock(int m, int t, void* dst, int64_t ld) {
     // matrix that is not computed once its matrix failed here).
     status = ld == 0 ? memory_->Zero(dst, InBytes(mp, block)) : absl::OkStatus();
   } else {
-    status = memory_->Copy2d(
-        BlockCopy(block, ElementSize(mp.dtype), ld, dst, memory_->space(), lb->in, MemorySpace::kHost, true));
+    status =
+        memory_->Copy2d(BlockCopy(block, ElementSize(mp.dtype), ld, dst, memory_->space(), lb->in, lb->space, true));
   }
   if (!status.ok()) {
     Fail(m, Annotate(status, absl::StrCat("matrix \"", BoundedText(mp.name), "\" block upload")),
@@ -162,7 +170,7 @@ void BatchContext::WriteBlock(int m, int t, const void* src, int64_t ld) {
   const LocalBlock* lb = local_index_[m][t];
   if (block.empty() || lb == nullptr) return;
   const absl::Status status = memory_->Copy2d(
-      BlockCopy(block, ElementSize(mp.result_dtype), ld, lb->out, MemorySpace::kHost, src, memory_->space(), false));
+      BlockCopy(block, ElementSize(mp.result_dtype), ld, lb->out, lb->space, src, memory_->space(), false));
   if (!status.ok()) {
     Fail(m, Annotate(status, absl::StrCat("matrix \"", BoundedText(mp.name), "\" result download")),
          FailureKind::kPrimary);

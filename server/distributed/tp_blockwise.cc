@@ -19,7 +19,8 @@ void RunTpBlockwise(BatchContext& ctx) {
       const LocalBlock* lb = ctx.Local(m, t);
       if (b.empty() || lb == nullptr) continue;
       const Matrix2d shape{b.rows, b.cols};
-      jobs.push_back(MatrixJob{mp.name, shape, shape, mp.dtype, lb->in, mp.result_dtype, lb->out, &mp.options});
+      jobs.push_back(
+          MatrixJob{mp.name, shape, shape, mp.dtype, lb->in, mp.result_dtype, lb->out, &mp.options, 0, lb->space});
       job_matrix.push_back(m);
       flops += EngineFlops(shape, mp.options);
     }

@@ -29,7 +29,7 @@ absl::Status RunOne(BatchContext& ctx, int m) {
       const Block& b = mp.blocks[t].block;
       const LocalBlock* lb = ctx.Local(m, t);
       if (b.empty() || lb == nullptr) continue;
-      shards.push_back(NsShard{Matrix2d{b.rows, b.cols}, mp.dtype, lb->in, mp.result_dtype, lb->out});
+      shards.push_back(NsShard{Matrix2d{b.rows, b.cols}, mp.dtype, lb->in, mp.result_dtype, lb->out, lb->space});
       flops += EngineFlops(Matrix2d{b.rows, b.cols}, forced);
     }
     status = ctx.Compute(flops, [&] {

@@ -32,6 +32,7 @@
 #include "common/dtype.h"
 #include "common/ns_options.h"
 #include "common/shape.h"
+#include "server/engine/ipc_memory.h"
 #include "server/engine/memory.h"
 
 namespace orthoserve {
@@ -142,6 +143,11 @@ class Backend {
   // The memory this backend computes in (memory.h): host memory unless the backend has a device
   // of its own (cuda), whose copies then count in Copies().
   virtual Memory& memory() { return host_memory_; }
+
+  // Opens other processes' GPU memory from CUDA IPC handles on this backend's device, for
+  // shared-memory regions (ipc_memory.h); null when the backend computes in host memory (cpu),
+  // which then takes no such regions. Owned by the backend; valid for its lifetime.
+  virtual IpcOpener* ipc_opener() { return nullptr; }
 
  private:
   HostMemory host_memory_;

@@ -35,4 +35,9 @@ absl::Status HostMemory::Zero(void* data, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> HostMemory::FindNonFinite(const void* data, DType dtype, int64_t count) {
+  if (count <= 0) return -1;
+  return orthoserve::FindNonFinite(dtype, data, static_cast<size_t>(count));
+}
+
 }  // namespace orthoserve

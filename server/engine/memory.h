@@ -13,11 +13,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/dtype.h"
 
 namespace orthoserve {
 
@@ -93,6 +95,11 @@ class Memory {
   // Sets `bytes` bytes at `data` (in this space) to zero.
   virtual absl::Status Zero(void* data, size_t bytes) = 0;
 
+  // The index of the first NaN or Inf among `count` elements of `dtype` at `data` (in this space,
+  // aligned to the element size), or -1 when all are finite: how the step layer checks an input
+  // that stays where the client put it (a shared-memory region) before it is computed.
+  virtual absl::StatusOr<int64_t> FindNonFinite(const void* data, DType dtype, int64_t count) = 0;
+
   // A contiguous copy of `bytes` bytes (one row).
   absl::Status Copy(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, size_t bytes) {
     return Copy2d(Copy2dArgs{dst, bytes, dst_space, src, bytes, src_space, 1, bytes});
@@ -107,6 +114,7 @@ class HostMemory final : public Memory {
   absl::StatusOr<MemoryBuffer> Allocate(size_t bytes, bool zero, const char* what) override;
   absl::Status Copy2d(const Copy2dArgs& args) override;
   absl::Status Zero(void* data, size_t bytes) override;
+  absl::StatusOr<int64_t> FindNonFinite(const void* data, DType dtype, int64_t count) override;
 };
 
 }  // namespace orthoserve

@@ -116,20 +116,25 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                    .Add({});
   m->shm_regions_ = &prometheus::BuildGauge()
                          .Name("orthoserve_shm_regions")
-                         .Help("Shared-memory regions registered on this rank, all tenants together.")
-                         .Register(r)
-                         .Add({});
+                         .Help("Shared-memory regions registered on this rank, all tenants together, by memory: "
+                               "host (memfds) or cuda (GPU memory by CUDA IPC handle).")
+                         .Register(r);
   m->shm_region_bytes_ = &prometheus::BuildGauge()
                               .Name("orthoserve_shm_region_bytes")
-                              .Help("Bytes of the shared-memory regions registered on this rank.")
-                              .Register(r)
-                              .Add({});
+                              .Help("Bytes of the shared-memory regions registered on this rank, by memory (host, "
+                                    "cuda).")
+                              .Register(r);
+  for (const char* memory : {"host", "cuda"}) {
+    m->shm_regions_->Add({{"memory", memory}});
+    m->shm_region_bytes_->Add({{"memory", memory}});
+  }
   m->shm_handovers_ = &prometheus::BuildCounter()
                            .Name("orthoserve_shm_handovers_total")
-                           .Help("Memfds handed over on the shared-memory socket, by outcome: staged (waiting "
-                                 "for RegisterRegion), refused_peer (uid not accepted), refused_message, "
-                                 "refused_memfd (not a sealed, read-write memfd of an accepted size), exhausted "
-                                 "(too many waiting).")
+                           .Help("Memfds and CUDA IPC handles handed over on the shared-memory socket, by "
+                                 "outcome: staged (waiting for RegisterRegion), refused_peer (uid not accepted), "
+                                 "refused_message, refused_memfd (not a sealed, read-write memfd of an accepted "
+                                 "size), refused_cuda_ipc (not opened: a cpu backend, another GPU, a stale handle, "
+                                 "out of its allocation), exhausted (too many waiting).")
                            .Register(r);
   m->shm_matrices_ = &prometheus::BuildCounter()
                           .Name("orthoserve_shm_matrices_total")
@@ -357,9 +362,9 @@ void Metrics::BytesOut(absl::string_view method, double bytes) {
 }
 
 void Metrics::Flops(double flops) { flops_->Increment(flops); }
-void Metrics::ShmRegions(int64_t regions, int64_t bytes) {
-  shm_regions_->Set(static_cast<double>(regions));
-  shm_region_bytes_->Set(static_cast<double>(bytes));
+void Metrics::ShmRegions(absl::string_view memory, int64_t regions, int64_t bytes) {
+  shm_regions_->Add({{"memory", std::string(memory)}}).Set(static_cast<double>(regions));
+  shm_region_bytes_->Add({{"memory", std::string(memory)}}).Set(static_cast<double>(bytes));
 }
 
 void Metrics::ShmHandover(absl::string_view outcome) {

@@ -65,11 +65,11 @@ enum class TenantLabels { kOff, kName, kHash };
 absl::string_view TenantLabelsName(TenantLabels labels);  // "off", "name", "hash"
 absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 
-// The outcomes of a memfd handed over on the shared-memory socket
+// The outcomes of a memfd or CUDA IPC handle handed over on the shared-memory socket
 // (orthoserve_shm_handovers_total{outcome}; server/shm/handover_socket.h), each series there from
 // the start.
-inline constexpr const char* kShmHandoverOutcomes[] = {"staged", "refused_peer", "refused_message", "refused_memfd",
-                                                       "exhausted"};
+inline constexpr const char* kShmHandoverOutcomes[] = {"staged",        "refused_peer",     "refused_message",
+                                                       "refused_memfd", "refused_cuda_ipc", "exhausted"};
 
 
 // The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): a call turned away
@@ -169,9 +169,10 @@ class Metrics {
   void Degraded(absl::Duration duration);
 
   // Shared-memory regions (docs/shared_memory.md): registered regions and their bytes, all
-  // tenants together (orthoserve_shm_regions, orthoserve_shm_region_bytes), and one memfd handed
-  // over on the socket, by outcome (one of kShmHandoverOutcomes).
-  void ShmRegions(int64_t regions, int64_t bytes);
+  // tenants together, of `memory` "host" (memfds) or "cuda" (CUDA IPC)
+  // (orthoserve_shm_regions{memory}, orthoserve_shm_region_bytes{memory}), and one memfd or CUDA
+  // IPC handle handed over on the socket, by outcome (one of kShmHandoverOutcomes).
+  void ShmRegions(absl::string_view memory, int64_t regions, int64_t bytes);
   void ShmHandover(absl::string_view outcome);
   // A matrix whose input or result (`direction`: "input", "result") is a region's slice, read or
   // written in place (orthoserve_shm_matrices_total{direction}).
@@ -238,8 +239,8 @@ class Metrics {
   prometheus::Counter* degraded_seconds_ = nullptr;
   prometheus::Gauge* fleet_generation_ = nullptr;
   prometheus::Counter* flops_ = nullptr;
-  prometheus::Gauge* shm_regions_ = nullptr;
-  prometheus::Gauge* shm_region_bytes_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* shm_regions_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* shm_region_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_handovers_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_matrices_ = nullptr;
   prometheus::Counter* rendezvous_timeouts_ = nullptr;

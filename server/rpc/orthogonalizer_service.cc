@@ -116,6 +116,7 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   info->set_ready(fleet_->ready() && !state_->draining.load());
   info->set_fleet_generation(fleet_->generation());
   info->set_shm_socket(state_->options.shm_socket);
+  info->set_shm_cuda_device(state_->options.shm_cuda_device);
   return grpc::Status::OK;
 }
 

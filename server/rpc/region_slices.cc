@@ -27,8 +27,9 @@ absl::StatusOr<RegionLease> Lease(const RegionRegistry& registry, absl::string_v
   absl::StatusOr<RegionLease> lease = registry.Use(tenant, slice.region_id(), slice.offset(), slice.size());
   if (!lease.ok()) return Annotate(lease.status(), absl::StrCat(what, " ", field));
   // The engine reads and writes elements through typed pointers: a misaligned element is undefined
-  // behaviour (vectorized code may assume the alignment), so it is refused (the region's mapping
-  // starts on a page).
+  // behaviour (vectorized code may assume the alignment; on a GPU a misaligned load is a sticky
+  // error of the whole context), so it is refused (a memfd's mapping starts on a page, a CUDA IPC
+  // region on a multiple of 256 bytes).
   const int64_t element = static_cast<int64_t>(ElementSize(dtype));
   if (slice.offset() % element != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " ", field, ".offset = ", slice.offset(),
@@ -69,11 +70,13 @@ absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::
     ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, what, "input_region", spec.input_region(),
                                           parsed.block_bytes, parsed.plan.dtype));
     memory.input = leases->input.data();
+    memory.input_space = leases->input.on_device() ? MemorySpace::kDevice : MemorySpace::kHost;
   }
   if (spec.has_result_region()) {
     ASSIGN_OR_RETURN(leases->result, Lease(*registry, tenant, what, "result_region", spec.result_region(),
                                            ResultBytes(parsed), parsed.plan.result_dtype));
     memory.result = leases->result.data();
+    memory.result_space = leases->result.on_device() ? MemorySpace::kDevice : MemorySpace::kHost;
   }
   memory.owner = std::move(leases);
   if (metrics != nullptr) {

@@ -55,6 +55,7 @@ struct ServiceOptions {
   BufferPool::Options buffers;
   std::string version;
   std::string shm_socket;  // The shared-memory handover socket (--shm-socket), reported in GetServerInfo.
+  std::string shm_cuda_device;  // The GPU whose CUDA IPC handles the socket takes (its UUID); empty: none.
 };
 
 // The bytes a unary call reserves before its body is read: room for the largest request and

@@ -18,6 +18,7 @@ void ToProto(const RegionInfo& info, v1::Region* region) {
   region->set_peer_pid(static_cast<int32_t>(info.peer.pid));
   region->set_peer_uid(static_cast<uint32_t>(info.peer.uid));
   region->set_users(info.users);
+  region->set_cuda_device(info.cuda_device);
 }
 
 }  // namespace
@@ -35,7 +36,10 @@ absl::StatusOr<std::string> SharedMemoryService::Tenant(const grpc::ServerContex
 }
 
 void SharedMemoryService::UpdateMetrics() {
-  if (metrics_ != nullptr) metrics_->ShmRegions(registry_->regions(), registry_->bytes());
+  if (metrics_ == nullptr) return;
+  const RegionRegistry::Totals totals = registry_->totals();
+  metrics_->ShmRegions("host", totals.host_regions, totals.host_bytes);
+  metrics_->ShmRegions("cuda", totals.cuda_regions, totals.cuda_bytes);
 }
 
 grpc::Status SharedMemoryService::RegisterRegion(grpc::ServerContext* context, const v1::RegisterRegionRequest* request,
@@ -45,7 +49,8 @@ grpc::Status SharedMemoryService::RegisterRegion(grpc::ServerContext* context, c
   absl::StatusOr<RegionInfo> info = registry_->Claim(*tenant, request->ticket(), request->name());
   if (!info.ok()) return ToGrpcStatus(info.status());
   UpdateMetrics();
-  LOG_INFO("shm") << "tenant " << BoundedText(*tenant) << " registered a region of " << info->size << " bytes from pid "
+  LOG_INFO("shm") << "tenant " << BoundedText(*tenant) << " registered a region of " << info->size << " bytes "
+                  << (info->cuda_device.empty() ? "of host memory" : "on " + info->cuda_device) << " from pid "
                   << info->peer.pid;
   ToProto(*info, response);
   return grpc::Status::OK;

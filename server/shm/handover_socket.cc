@@ -14,8 +14,11 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
+#include "server/shm/mapped_region.h"
 
 namespace orthoserve {
 namespace {
@@ -74,6 +77,28 @@ void SetTimeouts(int fd, absl::Duration timeout) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+// Whether `text`, the start of a message, is (or may still become) a CUDA_IPC line.
+bool MayBeCudaIpc(absl::string_view text) {
+  return absl::StartsWith(text, kCudaIpcMessagePrefix) ||
+         (text.size() < kCudaIpcMessagePrefix.size() && absl::StartsWith(kCudaIpcMessagePrefix, text));
+}
+
+// Reads on into `text` until it holds a newline, kMaxCudaIpcMessageBytes, the peer stops sending,
+// or `timeout` has passed since the call (a CUDA_IPC line may arrive in more than one piece).
+void ReadLine(int conn, std::string* text, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  char buffer[kMaxCudaIpcMessageBytes];
+  while (text->find('\n') == std::string::npos && text->size() < kMaxCudaIpcMessageBytes) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) return;
+    pollfd p{conn, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30))) <= 0) return;
+    const ssize_t n = recv(conn, buffer, kMaxCudaIpcMessageBytes - text->size(), 0);
+    if (n <= 0) return;
+    text->append(buffer, static_cast<size_t>(n));
+  }
+}
+
 void Answer(int conn, absl::string_view line) {
   std::string text = absl::StrCat(line, "\n");
   // One short write on a fresh socket; MSG_NOSIGNAL: a client gone is not a SIGPIPE.
@@ -121,7 +146,8 @@ absl::StatusOr<std::unique_ptr<HandoverSocket>> HandoverSocket::Start(Options op
   std::unique_ptr<HandoverSocket> socket(
       new HandoverSocket(std::move(options), registry, fd, stop, st.st_dev, st.st_ino));
   socket->thread_ = std::thread([s = socket.get()] { s->Serve(); });
-  LOG_INFO("shm") << "accepting memfds on " << socket->path();
+  LOG_INFO("shm") << "accepting memfds" << (socket->options_.open_cuda_ipc ? " and CUDA IPC handles" : "") << " on "
+                  << socket->path();
   return socket;
 }
 
@@ -177,8 +203,8 @@ const char* HandoverSocket::Handle(int conn) {
       std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) != options_.peer_uids.end();
   // The message is read before any answer, a refusal included: a peer still sending when the
   // connection closes would see a broken pipe instead of the reason.
-  char byte[16];
-  iovec iov{byte, sizeof(byte)};
+  char bytes[kMaxCudaIpcMessageBytes];
+  iovec iov{bytes, sizeof(bytes)};
   // Room for a few descriptors, so that a message with more than one is seen (and refused) whole.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
   msghdr msg{};
@@ -201,15 +227,23 @@ const char* HandoverSocket::Handle(int conn) {
   }
   if (!peer_allowed) {
     for (int fd : fds) close(fd);  // Never mapped.
-    LOG_WARNING("shm") << "refused a memfd from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
+    LOG_WARNING("shm") << "refused memory from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
     AnswerError(conn, absl::PermissionDeniedError(
                           absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
     return "refused_peer";
   }
+  std::string text(bytes, n > 0 ? static_cast<size_t>(n) : 0);
+  if (fds.empty() && n > 0 && (msg.msg_flags & MSG_CTRUNC) == 0 && MayBeCudaIpc(text)) {
+    ReadLine(conn, &text, options_.io_timeout);
+    if (absl::StartsWith(text, kCudaIpcMessagePrefix)) {
+      return HandleCudaIpc(conn, text, PeerIdentity{peer.pid, peer.uid, peer.gid});
+    }
+  }
   if (n <= 0 || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC) != 0) {
     for (int fd : fds) close(fd);
     AnswerError(conn, absl::InvalidArgumentError(
-                          "send one message of at least one byte carrying exactly one memfd (SCM_RIGHTS)"));
+                          "send one message of at least one byte carrying exactly one memfd (SCM_RIGHTS), or one "
+                          "CUDA_IPC line and no descriptor (docs/shared_memory.md)"));
     return "refused_message";
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> region =
@@ -219,6 +253,47 @@ const char* HandoverSocket::Handle(int conn) {
     return "refused_memfd";
   }
   absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid});
+  if (!ticket.ok()) {
+    AnswerError(conn, ticket.status());
+    return "exhausted";
+  }
+  Answer(conn, absl::StrCat("OK ", *ticket));
+  return "staged";
+}
+
+const char* HandoverSocket::HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer) {
+  const size_t newline = text.find('\n');
+  if (newline == std::string::npos || newline + 1 != text.size()) {
+    AnswerError(conn,
+                absl::InvalidArgumentError(absl::StrCat("a CUDA_IPC message is one line ending in a newline, at most ",
+                                                        kMaxCudaIpcMessageBytes, " bytes, and nothing after it")));
+    return "refused_message";
+  }
+  absl::StatusOr<CudaIpcHandover> handover = ParseCudaIpcMessage(text);
+  if (!handover.ok()) {
+    AnswerError(conn, handover.status());
+    return "refused_message";
+  }
+  if (!options_.open_cuda_ipc) {
+    AnswerError(conn, absl::FailedPreconditionError(
+                          "this server does not open CUDA IPC handles: its backend computes in host memory "
+                          "(--backend cpu); hand over a memfd, or use a server started with --backend cuda"));
+    return "refused_cuda_ipc";
+  }
+  const int64_t max_bytes = registry_->options().max_region_bytes;
+  if (handover->size > max_bytes) {
+    AnswerError(conn, absl::OutOfRangeError(absl::StrCat("the region holds ", handover->size,
+                                                         " bytes; a region may hold at most ", max_bytes,
+                                                         " (--shm-max-region-bytes)")));
+    return "refused_cuda_ipc";
+  }
+  absl::StatusOr<std::unique_ptr<RegionMemory>> memory = options_.open_cuda_ipc(*handover);
+  if (!memory.ok()) {
+    LOG_WARNING("shm") << "refused a CUDA IPC handle from pid " << peer.pid << ": " << memory.status();
+    AnswerError(conn, memory.status());
+    return "refused_cuda_ipc";
+  }
+  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(memory), peer);
   if (!ticket.ok()) {
     AnswerError(conn, ticket.status());
     return "exhausted";

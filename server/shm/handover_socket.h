@@ -5,6 +5,12 @@
 // (MappedRegion::Map) and staged in the RegionRegistry under the ticket, which the client then
 // presents to RegisterRegion with its tenant's token. No gRPC.
 //
+// A client may instead send one CUDA_IPC line and no descriptor (cuda_ipc_message.h): part of
+// one of its GPU allocations, by CUDA IPC memory handle. It is opened by Options::open_cuda_ipc
+// (the backend's, on the server's GPU) and staged and answered the same way; without that
+// function (a cpu backend) the answer is "ERR FAILED_PRECONDITION ...". The handle's bytes travel
+// only on this socket, never over gRPC.
+//
 // The peer is identified by the kernel (SO_PEERCRED) and refused unless its uid is accepted.
 // Connections are served one at a time by one thread, each within Options::io_timeout.
 #pragma once
@@ -21,6 +27,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/shm/cuda_ipc_message.h"
+#include "server/shm/region_memory.h"
 #include "server/shm/region_registry.h"
 
 namespace orthoserve {
@@ -29,14 +37,19 @@ class HandoverSocket {
  public:
   struct Options {
     std::string path;                                // Absolute socket path (at most 107 bytes).
-    std::vector<uid_t> peer_uids;                    // Uids that may hand memfds over; empty: the server's own.
+    std::vector<uid_t> peer_uids;                    // Uids that may hand memory over; empty: the server's own.
     std::vector<std::string> reserved_paths;         // Files the server uses itself: refused as `path`.
     mode_t mode = 0660;                              // Permissions of the socket file.
     absl::Duration io_timeout = absl::Seconds(2);    // For one connection's message and answer.
     absl::Duration prune_period = absl::Seconds(1);  // How often expired tickets are dropped.
     // Told the outcome of each connection: "staged", "refused_peer", "refused_message",
-    // "refused_memfd", "exhausted" (for metrics); may be empty. Called on the socket's thread.
+    // "refused_memfd", "refused_cuda_ipc", "exhausted" (for metrics); may be empty. Called on the
+    // socket's thread.
     std::function<void(absl::string_view outcome)> observe;
+    // Opens the GPU memory a CUDA_IPC message names (its size already checked against the
+    // registry's max_region_bytes); its error is the answer. Null: CUDA IPC messages are refused
+    // with FAILED_PRECONDITION. Called on the socket's thread.
+    std::function<absl::StatusOr<std::unique_ptr<RegionMemory>>(const CudaIpcHandover&)> open_cuda_ipc;
   };
 
   // Checks `options.path` (absolute, fits sun_path, none of reserved_paths), removes a stale
@@ -58,6 +71,8 @@ class HandoverSocket {
   void Serve();
   // Serves one accepted connection; returns its outcome (Options::observe).
   const char* Handle(int conn);
+  // Serves a CUDA_IPC message `text` (read whole up to its newline, if it has one) from `peer`.
+  const char* HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer);
 
   const Options options_;
   RegionRegistry* const registry_;

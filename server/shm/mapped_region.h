@@ -8,10 +8,11 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "server/shm/region_memory.h"
 
 namespace orthoserve {
 
-class MappedRegion {
+class MappedRegion final : public RegionMemory {
  public:
   // Takes ownership of `fd` (closed on every path, error or not). The file must be a memfd
   // sealed with F_SEAL_SHRINK (so that nobody can truncate it under a step: SIGBUS), of 1 to
@@ -25,10 +26,10 @@ class MappedRegion {
   MappedRegion& operator=(const MappedRegion&) = delete;
   // Unmaps the memory and closes the descriptor: only once nothing uses the memory (the registry's
   // leases make sure of it).
-  ~MappedRegion();
+  ~MappedRegion() override;
 
-  char* data() const { return data_; }
-  int64_t size() const { return size_; }
+  char* data() const override { return data_; }
+  int64_t size() const override { return size_; }
 
  private:
   MappedRegion(int fd, char* data, int64_t size) : fd_(fd), data_(data), size_(size) {}

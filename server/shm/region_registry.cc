@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status.h"
 #include "server/shm/random_id.h"
 
@@ -13,19 +14,22 @@ namespace orthoserve {
 // A region's memory and its users. Shared by the registry and every lease, so that the memory
 // outlives the registry's entry while a step still uses it.
 struct RegionLease::Entry {
-  Entry(std::unique_ptr<MappedRegion> map, PeerIdentity peer) : map(std::move(map)), peer(peer) {}
+  Entry(std::unique_ptr<RegionMemory> map, PeerIdentity peer)
+      : map(std::move(map)), peer(peer), cuda_device(this->map->cuda_device()) {}
 
-  const std::unique_ptr<MappedRegion> map;
+  const std::unique_ptr<RegionMemory> map;
   const PeerIdentity peer;
+  const std::string cuda_device;  // Empty: host memory.
   std::string name;  // Set once, by Claim, before the entry is shared with any lease.
   mutable absl::Mutex mu;
   int64_t users ABSL_GUARDED_BY(mu) = 0;
 };
 
 RegionLease::RegionLease(RegionLease&& other) noexcept
-    : entry_(std::move(other.entry_)), data_(other.data_), size_(other.size_) {
+    : entry_(std::move(other.entry_)), data_(other.data_), size_(other.size_), on_device_(other.on_device_) {
   other.data_ = nullptr;
   other.size_ = 0;
+  other.on_device_ = false;
 }
 
 RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
@@ -34,8 +38,10 @@ RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
     entry_ = std::move(other.entry_);
     data_ = other.data_;
     size_ = other.size_;
+    on_device_ = other.on_device_;
     other.data_ = nullptr;
     other.size_ = 0;
+    other.on_device_ = false;
   }
   return *this;
 }
@@ -48,18 +54,19 @@ void RegionLease::Release() {
     absl::MutexLock lock(&entry_->mu);
     --entry_->users;
   }
-  entry_.reset();  // The last holder unmaps the memory.
+  entry_.reset();  // The last holder unmaps (or closes) the memory.
   data_ = nullptr;
   size_ = 0;
+  on_device_ = false;
 }
 
-absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<MappedRegion> region, PeerIdentity peer) {
+absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer) {
   auto entry = std::make_shared<RegionLease::Entry>(std::move(region), peer);
   absl::MutexLock lock(&mu_);
   PruneExpiredLocked();
   if (static_cast<int>(staged_.size()) >= options_.max_pending) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_pending, " handed-over memfds already wait for RegisterRegion (--shm-max-pending); retry later"));
+        options_.max_pending, " handed-over regions already wait for RegisterRegion (--shm-max-pending); retry later"));
   }
   std::string ticket;
   do {
@@ -79,7 +86,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::Claim(absl::string_view tenant, absl:
   PruneExpiredLocked();
   auto staged = staged_.find(ticket);
   if (staged == staged_.end()) {
-    return absl::NotFoundError("no memfd waits under this ticket (unknown, already used, or expired)");
+    return absl::NotFoundError("no handed-over memory waits under this ticket (unknown, already used, or expired)");
   }
   TenantRegions& regions = tenants_[tenant];
   if (static_cast<int>(regions.size()) >= options_.max_regions_per_tenant) {
@@ -95,8 +102,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::Claim(absl::string_view tenant, absl:
   std::shared_ptr<RegionLease::Entry> entry = std::move(staged->second.entry);
   staged_.erase(staged);
   entry->name = std::string(name);
-  regions_ += 1;
-  bytes_ += entry->map->size();
+  Count(*entry, +1);
   RegionInfo info = InfoOf(id, *entry);
   regions.emplace(std::move(id), std::move(entry));
   return info;
@@ -124,20 +130,21 @@ absl::StatusOr<RegionLease> RegionRegistry::Use(absl::string_view tenant, absl::
       auto r = t->second.find(id);
       if (r != t->second.end()) entry = r->second;
     }
-  }
-  if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
-  const int64_t region_size = entry->map->size();
-  // offset + size is never formed: each is compared with what is left of the region.
-  if (offset < 0 || size < 0 || offset > region_size || size > region_size - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ", region_size, " bytes"));
-  }
-  {
-    absl::MutexLock lock(&entry->mu);
+    if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
+    const int64_t region_size = entry->map->size();
+    // offset + size is never formed: each is compared with what is left of the region.
+    if (offset < 0 || size < 0 || offset > region_size || size > region_size - offset) {
+      return absl::OutOfRangeError(
+          absl::StrCat("bytes [", offset, ", +", size, ") are not inside the region of ", region_size, " bytes"));
+    }
+    // Counted while the region is still registered (under mu_): an Unregister that removes it
+    // after this point sees the use and waits for it.
+    absl::MutexLock use(&entry->mu);
     ++entry->users;
   }
   char* data = entry->map->data() + offset;
-  return RegionLease(std::move(entry), data, size);
+  const bool on_device = !entry->cuda_device.empty();
+  return RegionLease(std::move(entry), data, size, on_device);
 }
 
 absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_view id, absl::Time deadline) {
@@ -151,20 +158,34 @@ absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_v
         entry = std::move(r->second);
         t->second.erase(r);
         if (t->second.empty()) tenants_.erase(t);
-        regions_ -= 1;
-        bytes_ -= entry->map->size();
+        Count(*entry, -1);
       }
     }
   }
   if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
   RegionLease::Entry* const e = entry.get();
-  absl::MutexLock lock(&e->mu);
-  auto idle = [e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return e->users == 0; };
-  if (!e->mu.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the region was unregistered, but ", e->users,
-                     " step(s) still use it at the deadline; its memory is unmapped when they finish"));
+  {
+    absl::MutexLock lock(&e->mu);
+    auto idle = [e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return e->users == 0; };
+    if (!e->mu.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the region was unregistered, but ", e->users,
+                       " step(s) still use it at the deadline; its memory is unmapped when they finish"));
+    }
   }
+  // No lease uses it any more, but the last one may still be letting go of the entry (Release
+  // counts down, then drops its reference). Nothing else can take a reference now (the id is
+  // gone), so wait for that moment too: this call then holds the last reference and unmaps (or
+  // closes, for a CUDA IPC region) the memory itself before it returns. A client may free its GPU
+  // allocation as soon as the unregister answered, and CUDA leaves a free before the importer's
+  // cudaIpcCloseMemHandle undefined.
+  while (entry.use_count() > 1 && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(50));
+  if (entry.use_count() > 1) {
+    return absl::DeadlineExceededError(
+        "the region was unregistered and no step uses it, but its memory was not let go of by the deadline; it is "
+        "unmapped in a moment");
+  }
+  entry.reset();
   return absl::OkStatus();
 }
 
@@ -193,19 +214,36 @@ RegionInfo RegionRegistry::InfoOf(const std::string& id, const RegionLease::Entr
   info.name = entry.name;
   info.size = entry.map->size();
   info.peer = entry.peer;
+  info.cuda_device = entry.cuda_device;
   absl::MutexLock lock(&entry.mu);
   info.users = entry.users;
   return info;
 }
 
+void RegionRegistry::Count(const RegionLease::Entry& entry, int sign) {
+  const int64_t bytes = entry.map->size();
+  if (entry.cuda_device.empty()) {
+    totals_.host_regions += sign;
+    totals_.host_bytes += sign * bytes;
+  } else {
+    totals_.cuda_regions += sign;
+    totals_.cuda_bytes += sign * bytes;
+  }
+}
+
+RegionRegistry::Totals RegionRegistry::totals() const {
+  absl::MutexLock lock(&mu_);
+  return totals_;
+}
+
 int64_t RegionRegistry::regions() const {
   absl::MutexLock lock(&mu_);
-  return regions_;
+  return totals_.host_regions + totals_.cuda_regions;
 }
 
 int64_t RegionRegistry::bytes() const {
   absl::MutexLock lock(&mu_);
-  return bytes_;
+  return totals_.host_bytes + totals_.cuda_bytes;
 }
 
 int RegionRegistry::pending() const {

@@ -1,7 +1,7 @@
-// The registry of shared-memory regions (docs/shared_memory.md): memfds handed over on the
-// socket wait here under a one-time ticket until a tenant claims them; a claimed region belongs
-// to that tenant under a server-chosen random id, and every use of it holds a lease, so that
-// unregistering waits for the steps using it. No gRPC; thread-safe.
+// The registry of shared-memory regions (docs/shared_memory.md): memfds (and CUDA IPC handles,
+// opened) handed over on the socket wait here under a one-time ticket until a tenant claims
+// them; a claimed region belongs to that tenant under a server-chosen random id, and every use of
+// it holds a lease, so that unregistering waits for the steps using it. No gRPC; thread-safe.
 //
 // Isolation: every lookup is keyed by (tenant, id). Another tenant's id, a guessed id and an id
 // whose owner unregistered it all give the same NOT_FOUND, so answers say nothing about regions
@@ -22,7 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/shm/mapped_region.h"
+#include "server/shm/region_memory.h"
 
 namespace orthoserve {
 
@@ -35,11 +35,12 @@ struct PeerIdentity {
 
 // A registered region as its owner sees it.
 struct RegionInfo {
-  std::string id;     // 32 hex digits, chosen by the server.
-  std::string name;   // The owner's label (RegisterRegion's name); not unique.
-  int64_t size = 0;   // Bytes mapped.
-  PeerIdentity peer;  // Who handed the memfd over.
-  int64_t users = 0;  // Leases held now (steps using it).
+  std::string id;           // 32 hex digits, chosen by the server.
+  std::string name;         // The owner's label (RegisterRegion's name); not unique.
+  int64_t size = 0;         // Bytes mapped.
+  PeerIdentity peer;        // Who handed the memory over.
+  int64_t users = 0;        // Leases held now (steps using it).
+  std::string cuda_device;  // Empty: host memory (a memfd); else the GPU's UUID (a CUDA IPC region).
 };
 
 // One use of a slice of a region: the memory stays mapped, and UnregisterRegion waits, until
@@ -53,27 +54,30 @@ class RegionLease {
 
   char* data() const { return data_; }  // Start of the slice; null for an empty lease.
   int64_t size() const { return size_; }
+  // The slice is GPU memory (a CUDA IPC region) that only the backend may touch, not host code.
+  bool on_device() const { return on_device_; }
   // Ends the use now (as the destructor would).
   void Release();
 
  private:
   friend class RegionRegistry;
   struct Entry;
-  RegionLease(std::shared_ptr<Entry> entry, char* data, int64_t size)
-      : entry_(std::move(entry)), data_(data), size_(size) {}
+  RegionLease(std::shared_ptr<Entry> entry, char* data, int64_t size, bool on_device)
+      : entry_(std::move(entry)), data_(data), size_(size), on_device_(on_device) {}
 
   std::shared_ptr<Entry> entry_;
   char* data_ = nullptr;
   int64_t size_ = 0;
+  bool on_device_ = false;
 };
 
 class RegionRegistry {
  public:
   struct Options {
     int max_regions_per_tenant = 64;                               // Registered regions of one tenant.
-    int64_t max_region_bytes = int64_t{64} << 30;                  // Largest memfd accepted (MappedRegion::Map).
-    int max_pending = 64;                                          // Staged memfds waiting for RegisterRegion.
-    absl::Duration ticket_timeout = absl::Seconds(10);             // How long a staged memfd waits.
+    int64_t max_region_bytes = int64_t{64} << 30;                  // Largest memfd or CUDA IPC region accepted.
+    int max_pending = 64;                                          // Staged regions waiting for RegisterRegion.
+    absl::Duration ticket_timeout = absl::Seconds(10);             // How long a staged region waits.
     int max_name_bytes = 1024;                                     // Bytes of a region's label.
     std::function<absl::Time()> now = [] { return absl::Now(); };  // The clock (tests inject one).
   };
@@ -86,10 +90,10 @@ class RegionRegistry {
 
   // Holds `region` (handed over by `peer`) under a fresh ticket, which it returns; the ticket is
   // good for one Claim within options().ticket_timeout. RESOURCE_EXHAUSTED when
-  // options().max_pending memfds wait already (the region is then dropped: unmapped and closed).
-  absl::StatusOr<std::string> Stage(std::unique_ptr<MappedRegion> region, PeerIdentity peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // options().max_pending regions wait already (the region is then dropped: unmapped or closed).
+  absl::StatusOr<std::string> Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Makes the memfd staged under `ticket` a region of `tenant`, labelled `name`, under a fresh
+  // Makes the memory staged under `ticket` a region of `tenant`, labelled `name`, under a fresh
   // id. NOT_FOUND for an unknown, used or expired ticket; INVALID_ARGUMENT for a name longer
   // than options().max_name_bytes; RESOURCE_EXHAUSTED when the tenant has
   // options().max_regions_per_tenant regions (the ticket stays good until it expires).
@@ -106,19 +110,28 @@ class RegionRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes region `id` of `tenant` at once (new uses are NOT_FOUND), then waits until no lease
-  // on it is held, or until `deadline`. NOT_FOUND as for Use; DEADLINE_EXCEEDED when leases are
-  // still held at the deadline (the region is gone from the registry all the same, and its memory
-  // is unmapped when the last lease goes).
+  // on it is held, or until `deadline`; when it returns OK the memory has been unmapped (or the
+  // CUDA IPC handle closed). NOT_FOUND as for Use; DEADLINE_EXCEEDED when leases are still held at
+  // the deadline (the region is gone from the registry all the same, and its memory is unmapped
+  // when the last lease goes).
   absl::Status Unregister(absl::string_view tenant, absl::string_view id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Drops staged memfds whose ticket expired; returns how many. Stage and Claim prune too; the
-  // socket listener calls this periodically so that an unclaimed memfd does not outlive its
-  // ticket by more than that period.
+  // Drops staged regions whose ticket expired; returns how many. Stage and Claim prune too; the
+  // socket listener calls this periodically so that an unclaimed memfd or CUDA IPC mapping does
+  // not outlive its ticket by more than that period.
   int PruneExpired() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Registered regions of all tenants and their bytes, by memory.
+  struct Totals {
+    int64_t host_regions = 0;
+    int64_t host_bytes = 0;
+    int64_t cuda_regions = 0;
+    int64_t cuda_bytes = 0;
+  };
+  Totals totals() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t regions() const ABSL_LOCKS_EXCLUDED(mu_);  // Registered regions, all tenants.
   int64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);    // Their bytes.
-  int pending() const ABSL_LOCKS_EXCLUDED(mu_);      // Staged memfds.
+  int pending() const ABSL_LOCKS_EXCLUDED(mu_);      // Staged regions.
 
  private:
   struct Staged {
@@ -128,14 +141,15 @@ class RegionRegistry {
   using TenantRegions = absl::flat_hash_map<std::string, std::shared_ptr<RegionLease::Entry>>;  // id -> region
 
   int PruneExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds (sign +1) or removes (-1) a claimed region in totals_.
+  void Count(const RegionLease::Entry& entry, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static RegionInfo InfoOf(const std::string& id, const RegionLease::Entry& entry);
 
   const Options options_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Staged> staged_ ABSL_GUARDED_BY(mu_);  // ticket -> memfd
+  absl::flat_hash_map<std::string, Staged> staged_ ABSL_GUARDED_BY(mu_);  // ticket -> memory
   absl::flat_hash_map<std::string, TenantRegions> tenants_ ABSL_GUARDED_BY(mu_);
-  int64_t regions_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  Totals totals_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace orthoserve

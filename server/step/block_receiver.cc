@@ -36,4 +36,10 @@ void BlockReceiver::TakeInPlace(const char* data) {
   scanned_ = whole;
 }
 
+void BlockReceiver::TakeScanned(int64_t first_non_finite) {
+  first_non_finite_ = first_non_finite;
+  received_ = size_;
+  scanned_ = size_ / static_cast<int64_t>(ElementSize(dtype_));
+}
+
 }  // namespace orthoserve

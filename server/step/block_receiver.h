@@ -29,6 +29,11 @@ class BlockReceiver {
   // it) in one pass. Requires received() == 0.
   void TakeInPlace(const char* data);
 
+  // Takes the whole block where it is and this process cannot read it (a CUDA IPC region, in
+  // device memory): `first_non_finite` is the verdict of a scan made there (-1: all finite).
+  // Nothing is digested. Requires received() == 0.
+  void TakeScanned(int64_t first_non_finite);
+
   int64_t size() const { return size_; }
   int64_t received() const { return received_; }
   bool complete() const { return received_ == size_; }

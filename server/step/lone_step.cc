@@ -105,6 +105,8 @@ void LoneStep::Compute(int index, Matrix& m, absl::Time queued) {
     return;
   }
   const char* in = m.memory.input != nullptr ? m.memory.input : m.input->data();
+  const MemorySpace in_space = m.memory.input != nullptr ? m.memory.input_space : MemorySpace::kHost;
+  const MemorySpace out_space = m.memory.result != nullptr ? m.memory.result_space : MemorySpace::kHost;
   const size_t out_bytes = static_cast<size_t>(m.spec.block.numel()) * ElementSize(m.spec.plan.result_dtype);
   std::shared_ptr<const void> owner;
   char* out = nullptr;
@@ -123,12 +125,16 @@ void LoneStep::Compute(int index, Matrix& m, absl::Time queued) {
     }
   }
   if (status.ok()) {
-    status = ComputeLoneMatrix(m.spec.plan, m.spec.block, in, out, *s_.backend, s_.metrics, request_.tenant).status;
+    status = ComputeLoneMatrix(m.spec.plan, m.spec.block, in, out, *s_.backend, s_.metrics, request_.tenant, in_space,
+                               out_space)
+                 .status;
   }
   m.input.reset();               // The input is no longer needed,
   m.memory = MatrixMemory{};     // nor the regions' leases (a result in one keeps them through `owner`).
   if (!status.ok()) owner.reset();
-  const absl::string_view data = owner == nullptr ? absl::string_view() : absl::string_view(out, out_bytes);
+  // A result on the device stays there: the sink gets no view of it (step.h).
+  const absl::string_view data =
+      owner == nullptr || out_space == MemorySpace::kDevice ? absl::string_view() : absl::string_view(out, out_bytes);
   Deliver(index, m, status, data, std::move(owner));
 }
 

@@ -96,6 +96,29 @@ absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) 
   m.spec = std::move(spec);
   m.parsed = true;
   m.memory = std::move(memory);
+  const bool on_device = m.memory.input_space == MemorySpace::kDevice || m.memory.result_space == MemorySpace::kDevice;
+  if (on_device && s_.backend->memory().space() != MemorySpace::kDevice) {
+    m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes);
+    m.receiver.TakeScanned(-1);  // Nothing of it is read: it is answered now.
+    return Reject(index,
+                  absl::FailedPreconditionError(absl::StrCat(MatrixLabel(index, m.spec.plan.name),
+                                                             " names a CUDA IPC region (GPU memory), but this "
+                                                             "server computes on the ",
+                                                             s_.backend->Info().name, " backend, in host memory")));
+  }
+  if (m.memory.input != nullptr && m.memory.input_space == MemorySpace::kDevice) {
+    // Scanned on the device, where it stays; only the verdict comes to the host.
+    m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes);
+    const int64_t elements = m.spec.block_bytes / static_cast<int64_t>(ElementSize(m.spec.plan.dtype));
+    absl::StatusOr<int64_t> bad = s_.backend->memory().FindNonFinite(m.memory.input, m.spec.plan.dtype, elements);
+    if (!bad.ok()) {
+      m.receiver.TakeScanned(-1);
+      return Reject(index, Annotate(bad.status(), absl::StrCat(MatrixLabel(index, m.spec.plan.name),
+                                                               " input_region: the NaN/Inf scan on the device")));
+    }
+    m.receiver.TakeScanned(*bad);
+    return Completed(index);
+  }
   if (m.memory.input != nullptr) {
     m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes);
     m.receiver.TakeInPlace(m.memory.input);

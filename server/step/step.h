@@ -78,13 +78,17 @@ struct StepServices {
 
 // A matrix's memory outside the step's buffers — slices of registered shared-memory regions
 // (server/shm) that the RPC layer resolved and leased: the step reads the input and writes the
-// result there, copying neither (docs/shared_memory.md).
+// result there, copying neither (docs/shared_memory.md). A slice of a CUDA IPC region is device
+// memory of the backend's GPU (space kDevice): the step checks it and the backend computes on it
+// there, and no host code reads or writes it.
 struct MatrixMemory {
   const char* input = nullptr;  // The block's spec.block_bytes bytes; null: they arrive through AddData.
   char* result = nullptr;       // Room for the result (block numel × result dtype); null: a buffer of the step's.
   // Keeps `input` and `result` valid (the regions' leases). The step drops it once the matrix is
   // computed, or hands it to the sink as the owner of a result written to `result`.
   std::shared_ptr<const void> owner;
+  MemorySpace input_space = MemorySpace::kHost;   // Where `input` is.
+  MemorySpace result_space = MemorySpace::kHost;  // Where `result` is.
 };
 
 // How a step ended. `status` OK: every matrix's result was handed to the sink before. Otherwise
@@ -99,7 +103,9 @@ class StepSink {
  public:
   virtual ~StepSink() = default;
   // Matrix `index`'s result: its status and, when OK, `data` (block.numel() elements of
-  // plan.result_dtype) kept alive and unchanged by `owner` for as long as the sink holds it.
+  // plan.result_dtype) kept alive and unchanged by `owner` for as long as the sink holds it. A
+  // result written into device memory (MatrixMemory::result_space kDevice) comes with empty
+  // `data`: it is in the client's region, where host code cannot read it.
   virtual void Result(int index, const MatrixPlan& plan, const Block& block, const absl::Status& status,
                       absl::string_view data, std::shared_ptr<const void> owner) = 0;
   // The step is over; called exactly once, after every Result.
@@ -116,9 +122,10 @@ class Step {
   virtual bool AddMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape) = 0;
   // Like AddMatrix with a valid spec, for a matrix whose input and/or result live in `memory`
   // (see MatrixMemory). With memory.input no AddData follows for this matrix: its bytes are
-  // checked for NaN and Inf where they are. Such a matrix is computed on this rank, never
-  // forwarded to a fleet peer. Lone steps only: a group step fails (INVALID_ARGUMENT). False when
-  // the step failed.
+  // checked for NaN and Inf where they are (on the device, by the backend's Memory, for device
+  // memory). Such a matrix is computed on this rank, never forwarded to a fleet peer. Lone steps
+  // only: a group step fails (INVALID_ARGUMENT). Device memory on a backend that computes in host
+  // memory is refused (FAILED_PRECONDITION), like a bad spec. False when the step failed.
   virtual bool AddMatrixInMemory(ParsedSpec spec, MatrixMemory memory) = 0;
   // Bytes of matrix `index`'s block, in order (views of one chunk). False when the step failed.
   virtual bool AddData(int index, absl::Span<const absl::string_view> data) = 0;

@@ -1,6 +1,7 @@
 // Implementation of tests/gpu/cuda_runtime_emulation.h.
 #include "tests/gpu/cuda_runtime_emulation.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,17 +24,52 @@ void* Allocate(size_t bytes) { return std::aligned_alloc(256, std::max<size_t>(2
 std::atomic<int> g_stream_tokens{0};
 cudaStream_t NewToken() { return reinterpret_cast<cudaStream_t>(new int(++g_stream_tokens)); }
 
-// Live cudaMalloc allocations (start → bytes): what counts as device memory.
+// A live cudaMalloc allocation.
+struct Allocation {
+  size_t bytes = 0;
+  int device = 0;       // The device current on the allocating thread.
+  uint64_t serial = 0;  // Unique per allocation (a new one at the same address gets a new serial).
+  int64_t opens = 0;    // cudaIpcOpenMemHandle calls on its handle not yet closed.
+};
+
+// Live cudaMalloc allocations (start → allocation): what counts as device memory.
 std::mutex g_device_mu;
-std::map<uintptr_t, size_t> g_device;
+std::map<uintptr_t, Allocation> g_device;
+uint64_t g_serial = 0;
+int64_t g_freed_while_open = 0;
+thread_local int t_device = 0;  // cudaSetDevice.
 
 void AddDevice(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_device_mu);
-  g_device[reinterpret_cast<uintptr_t>(p)] = bytes;
+  g_device[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, t_device, ++g_serial, 0};
 }
 void RemoveDevice(void* p) {
   std::lock_guard<std::mutex> lock(g_device_mu);
-  g_device.erase(reinterpret_cast<uintptr_t>(p));
+  auto it = g_device.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_device.end()) return;
+  if (it->second.opens > 0) ++g_freed_while_open;
+  g_device.erase(it);
+}
+
+// The allocation holding [a, a + bytes), or end(). Requires g_device_mu.
+std::map<uintptr_t, Allocation>::iterator Holding(uintptr_t a, size_t bytes) {
+  auto it = g_device.upper_bound(a);
+  if (it == g_device.begin()) return g_device.end();
+  --it;
+  return a + bytes <= it->first + it->second.bytes ? it : g_device.end();
+}
+
+// An emulated cudaIpcMemHandle_t: this prefix, then the allocation's serial; zeros after.
+constexpr char kHandleMagic[8] = {'O', 'S', 'E', 'M', 'U', 'I', 'P', 'C'};
+
+// cuMemGetAddressRange (v2), as cudaGetDriverEntryPointByVersion hands it out.
+CUresult EmulatedGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  auto it = Holding(static_cast<uintptr_t>(ptr), 1);
+  if (it == g_device.end()) return CUDA_ERROR_NOT_FOUND;
+  *base = static_cast<CUdeviceptr>(it->first);
+  *size = it->second.bytes;
+  return CUDA_SUCCESS;
 }
 
 // Element i of a `dtype` array, widened; element i of a `dtype` array, narrowed from v.
@@ -51,21 +87,39 @@ void StoreAt(orthoserve::DType dtype, void* p, int64_t i, float v) {
 namespace orthoserve::gpu_emulation {
 
 bool IsDeviceMemory(const void* p, size_t bytes) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(g_device_mu);
-  auto it = g_device.upper_bound(a);
-  if (it == g_device.begin()) return false;
-  --it;
-  return a + bytes <= it->first + it->second;
+  return Holding(reinterpret_cast<uintptr_t>(p), bytes) != g_device.end();
+}
+
+int64_t OpenIpcHandles() {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  int64_t opens = 0;
+  for (const auto& [base, allocation] : g_device) opens += allocation.opens;
+  return opens;
+}
+
+int64_t FreedWhileOpen() {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  return g_freed_while_open;
 }
 
 }  // namespace orthoserve::gpu_emulation
 
 extern "C" {
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
+cudaError_t cudaSetDevice(int device) {
+  t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   std::memset(prop, 0, sizeof(*prop));
   std::strncpy(prop->name, "Emulated CUDA device", sizeof(prop->name) - 1);
+  // A UUID per ordinal: e0e1e2...ef with the last byte the ordinal.
+  for (int i = 0; i < 16; ++i) prop->uuid.bytes[i] = static_cast<char>(0xe0 + i);
+  prop->uuid.bytes[15] = static_cast<char>(device);
   prop->totalGlobalMem = size_t{16} << 30;
   prop->major = 9;
   prop->minor = 0;
@@ -127,7 +181,55 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
   std::memset(attr, 0, sizeof(*attr));
-  attr->type = orthoserve::gpu_emulation::IsDeviceMemory(p, 1) ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  auto it = Holding(reinterpret_cast<uintptr_t>(p), 1);
+  attr->type = it != g_device.end() ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+  attr->device = it != g_device.end() ? it->second.device : -1;
+  attr->devicePointer = it != g_device.end() ? const_cast<void*>(p) : nullptr;
+  return cudaSuccess;
+}
+// CUDA IPC: a handle names a live allocation (by its serial). Opening it returns the allocation's
+// own address (device memory is host memory here, shared by the "processes" of a test) and counts
+// the open, as the driver counts repeated opens in one context (the same pointer each time); the
+// handle of an allocation that was freed, or bytes that are no handle, fail as the driver does.
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  auto it = g_device.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_device.end()) return cudaErrorInvalidValue;  // Not the base of an allocation.
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, kHandleMagic, sizeof(kHandleMagic));
+  std::memcpy(handle->reserved + sizeof(kHandleMagic), &it->second.serial, sizeof(uint64_t));
+  return cudaSuccess;
+}
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  uint64_t serial = 0;
+  std::memcpy(&serial, handle.reserved + sizeof(kHandleMagic), sizeof(serial));
+  if (std::memcmp(handle.reserved, kHandleMagic, sizeof(kHandleMagic)) != 0) return cudaErrorMapBufferObjectFailed;
+  for (auto& [base, allocation] : g_device) {
+    if (allocation.serial != serial) continue;
+    ++allocation.opens;
+    *p = reinterpret_cast<void*>(base);
+    return cudaSuccess;
+  }
+  return cudaErrorMapBufferObjectFailed;
+}
+cudaError_t cudaIpcCloseMemHandle(void* p) {
+  std::lock_guard<std::mutex> lock(g_device_mu);
+  auto it = g_device.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_device.end() || it->second.opens == 0) return cudaErrorInvalidValue;
+  --it->second.opens;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (std::strcmp(symbol, "cuMemGetAddressRange") != 0) {
+    *fn = nullptr;
+    if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+  }
+  *fn = reinterpret_cast<void*>(&EmulatedGetAddressRange);
+  if (status != nullptr) *status = cudaDriverEntryPointSuccess;
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
@@ -197,6 +299,16 @@ cudaError_t SumInOrder(const double* v, int64_t n, double* out, cudaStream_t) {
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += v[i];
   *out = sum;
+  return cudaSuccess;
+}
+
+cudaError_t FirstNonFinite(DType dtype, const void* x, int64_t n, unsigned long long* first, cudaStream_t) {
+  for (int64_t i = 0; i < n && static_cast<unsigned long long>(i) < *first; ++i) {
+    if (!std::isfinite(LoadAt(dtype, x, i))) {
+      *first = static_cast<unsigned long long>(i);
+      break;
+    }
+  }
   return cudaSuccess;
 }
 

@@ -21,14 +21,16 @@ namespace orthoserve {
 
 using cuda::CudaCall;
 
-CudaBackend::Impl::Impl(int device_in, std::string name, int64_t budget_in, const CudaBackend::Options& options)
+CudaBackend::Impl::Impl(int device_in, std::string name, std::string uuid, int64_t budget_in,
+                        const CudaBackend::Options& options)
     : device(device_in),
       device_name(std::move(name)),
       budget(budget_in),
       cuda_graphs(options.cuda_graphs),
       symmetric_min_size(options.symmetric_min_size),
       device_pool(cuda::MemoryPool::Options{cuda::MemoryPool::Kind::kDevice, budget_in, 0}),
-      pinned_pool(cuda::MemoryPool::Options{cuda::MemoryPool::Kind::kPinnedHost, 0, options.pinned_cache_bytes}) {}
+      pinned_pool(cuda::MemoryPool::Options{cuda::MemoryPool::Kind::kPinnedHost, 0, options.pinned_cache_bytes}),
+      ipc(device_in, std::move(uuid)) {}
 
 absl::StatusOr<std::unique_ptr<CudaBackend::Impl::Lease>> CudaBackend::Impl::Take() {
   RETURN_IF_ERROR(CudaCall(cudaSetDevice(device), "cudaSetDevice"));
@@ -349,7 +351,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   // Memory in GiB (an H200's 143,771 MiB shows as "140 GiB"; the marketed "141 GB" is neither unit).
   std::string name = absl::StrFormat("%s (device %d, %.0f GiB)", prop.name, options.device,
                                      std::round(static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0)));
-  auto impl = std::make_unique<Impl>(options.device, std::move(name), budget, options);
+  unsigned char uuid[16];
+  std::memcpy(uuid, prop.uuid.bytes, sizeof(uuid));
+  auto impl = std::make_unique<Impl>(options.device, std::move(name), FormatGpuUuid(uuid), budget, options);
   {
     // Surface stream / cuBLAS failures now rather than on the first task.
     ASSIGN_OR_RETURN(auto lease, impl->Take());
@@ -374,6 +378,8 @@ int64_t CudaBackend::GraphCaptures() const { return impl_->graph_captures.load()
 CopyCounts CudaBackend::Copies() const { return impl_->Copies(); }
 
 Memory& CudaBackend::memory() { return impl_->memory; }
+
+IpcOpener* CudaBackend::ipc_opener() { return &impl_->ipc; }
 
 absl::Status CudaBackend::Impl::Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                      cudaStream_t stream, const char* what) {

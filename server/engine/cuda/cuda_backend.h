@@ -65,6 +65,10 @@ class CudaBackend final : public Backend {
   // Device memory (server/engine/memory.h): buffers from the backend's pool, under its budget.
   Memory& memory() override;
 
+  // Opens other processes' allocations from CUDA IPC handles on this backend's device
+  // (cuda_ipc.h): the memory of CUDA IPC shared-memory regions, computed on where it is.
+  IpcOpener* ipc_opener() override;
+
   // Step graphs captured so far, over every context (0 without cuda_graphs).
   int64_t GraphCaptures() const;
 

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/cuda/context.h"
 #include "server/engine/cuda/cuda_backend.h"
+#include "server/engine/cuda/cuda_ipc.h"
 #include "server/engine/cuda/cuda_memory.h"
 #include "server/engine/cuda/memory_pool.h"
 #include "server/engine/cuda/ns_steps.h"
@@ -21,7 +22,8 @@ namespace orthoserve {
 
 class CudaBackend::Impl {
  public:
-  Impl(int device, std::string device_name, int64_t budget, const CudaBackend::Options& options);
+  Impl(int device, std::string device_name, std::string device_uuid, int64_t budget,
+       const CudaBackend::Options& options);
 
   // A context taken from the pool (or made) for one call; goes back when destroyed.
   class Lease {
@@ -67,6 +69,7 @@ class CudaBackend::Impl {
   cuda::MemoryPool device_pool;
   cuda::MemoryPool pinned_pool;
   CudaMemory memory{*this};  // CudaBackend::memory().
+  CudaIpcOpener ipc;         // CudaBackend::ipc_opener().
 
  private:
   void Return(std::unique_ptr<cuda::Context> ctx);

@@ -3,11 +3,13 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <memory>
 
 #include "common/status.h"
 #include "server/engine/cuda/cuda_backend_impl.h"
 #include "server/engine/cuda/cuda_status.h"
+#include "server/engine/cuda/kernels.h"
 
 namespace orthoserve {
 
@@ -43,6 +45,24 @@ absl::Status CudaMemory::Zero(void* data, size_t bytes) {
   cudaStream_t stream = (*lease)->h2d.get();
   RETURN_IF_ERROR(CudaCall(cudaMemsetAsync(data, 0, bytes, stream), "cudaMemsetAsync"));
   return CudaCall(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+absl::StatusOr<int64_t> CudaMemory::FindNonFinite(const void* data, DType dtype, int64_t count) {
+  if (count <= 0) return -1;
+  ASSIGN_OR_RETURN(auto lease, impl_.Take());
+  cudaStream_t stream = (*lease)->h2d.get();
+  ASSIGN_OR_RETURN(cuda::MemoryPool::Block verdict,
+                   impl_.device_pool.Acquire(sizeof(unsigned long long), "the non-finite scan"));
+  RETURN_IF_ERROR(CudaCall(cudaMemsetAsync(verdict.data(), 0xff, sizeof(unsigned long long), stream),
+                           "cudaMemsetAsync"));  // ULLONG_MAX: nothing found yet.
+  RETURN_IF_ERROR(
+      CudaCall(cuda::FirstNonFinite(dtype, data, count, verdict.as<unsigned long long>(), stream), "FirstNonFinite"));
+  unsigned long long first = 0;
+  // The 8-byte verdict comes down (counted in Copies() as one device-to-host copy); the data stays.
+  RETURN_IF_ERROR(
+      impl_.Copy(&first, verdict.data(), sizeof(first), cudaMemcpyDeviceToHost, stream, "cudaMemcpyAsync(D2H)"));
+  RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  return first == ULLONG_MAX ? int64_t{-1} : static_cast<int64_t>(first);
 }
 
 }  // namespace orthoserve

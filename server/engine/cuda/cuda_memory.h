@@ -17,6 +17,8 @@ class CudaMemory final : public Memory {
   absl::StatusOr<MemoryBuffer> Allocate(size_t bytes, bool zero, const char* what) override;
   absl::Status Copy2d(const Copy2dArgs& args) override;
   absl::Status Zero(void* data, size_t bytes) override;
+  // A kernel over the elements where they are; only the 8-byte verdict comes to the host.
+  absl::StatusOr<int64_t> FindNonFinite(const void* data, DType dtype, int64_t count) override;
 
  private:
   CudaBackend::Impl& impl_;

@@ -131,6 +131,18 @@ __global__ void SumInOrderKernel(const double* v, int64_t n, double* out) {
   *out = sum;
 }
 
+// Each thread walks its indices in increasing order, so the first non-finite one it meets is its
+// smallest; the atomic minimum over the threads is then the first of all, whatever their order.
+__global__ void FirstNonFiniteKernel(DType t, const void* x, int64_t n, unsigned long long* first) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    if (!isfinite(Load(t, x, i))) {
+      atomicMin(first, static_cast<unsigned long long>(i));
+      return;
+    }
+  }
+}
+
 __global__ void NeverRuns(int* p) {
   if (p != nullptr) *p = 1;
 }
@@ -202,6 +214,12 @@ cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* ds
 cudaError_t SumInOrder(const double* v, int64_t n, double* out, cudaStream_t stream) {
   ClearStaleError();
   SumInOrderKernel<<<1, 1, 0, stream>>>(v, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t FirstNonFinite(DType dtype, const void* x, int64_t n, unsigned long long* first, cudaStream_t stream) {
+  ClearStaleError();
+  FirstNonFiniteKernel<<<GridFor(n), kThreads, 0, stream>>>(dtype, x, n, first);
   return cudaGetLastError();
 }
 

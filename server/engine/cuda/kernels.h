@@ -48,6 +48,11 @@ cudaError_t AccumulateF32(DType src_dtype, const void* src, int64_t n, float* ds
 // a participant's shard norms, in the order the host adds them.
 cudaError_t SumInOrder(const double* v, int64_t n, double* out, cudaStream_t stream);
 
+// *first = min(*first, i) over the indices i < n whose element of `x` is NaN or Inf (one pass);
+// *first must hold ULLONG_MAX (no verdict yet) before. The scan of an input that stays in device
+// memory (a CUDA IPC region) before it is computed.
+cudaError_t FirstNonFinite(DType dtype, const void* x, int64_t n, unsigned long long* first, cudaStream_t stream);
+
 // Launches a kernel with an invalid configuration (more threads per block than any device
 // allows) and returns the resulting error: the test hook for the backend's error path.
 cudaError_t LaunchInvalidConfigForTest(cudaStream_t stream);

@@ -6,8 +6,9 @@
 namespace orthoserve {
 
 LoneComputation ComputeLoneMatrix(const MatrixPlan& plan, const Block& block, const void* in, void* out,
-                                  Backend& backend, Metrics* metrics, const std::string& tenant) {
-  absl::StatusOr<BatchResult> result = RunLocalBatch({LocalMatrix{plan, block, in, out}}, backend);
+                                  Backend& backend, Metrics* metrics, const std::string& tenant, MemorySpace in_space,
+                                  MemorySpace out_space) {
+  absl::StatusOr<BatchResult> result = RunLocalBatch({LocalMatrix{plan, block, in, out, in_space, out_space}}, backend);
   LoneComputation c;
   if (!result.ok()) {
     c.status = result.status();

@@ -22,9 +22,13 @@ struct LoneComputation {
 // Orthogonalizes `plan` (without placements) whose block `block` (the whole matrix) is `in`
 // (block.numel() elements of plan.dtype) into `out` (block.numel() elements of
 // plan.result_dtype), on this rank alone: a one-trainer, one-rank batch through ExecuteBatch
-// (RunLocalBatch), so every algorithm means what it means on a fleet. Records the compute time
-// and FLOPs in `metrics` (may be null) under `tenant`.
+// (RunLocalBatch), so every algorithm means what it means on a fleet. `in_space` and
+// `out_space` say where `in` and `out` are: host memory, or the backend's device memory (a CUDA
+// IPC region: computed there, RunLocalBatch). Records the compute time and FLOPs in `metrics`
+// (may be null) under `tenant`.
 LoneComputation ComputeLoneMatrix(const MatrixPlan& plan, const Block& block, const void* in, void* out,
-                                  Backend& backend, Metrics* metrics, const std::string& tenant);
+                                  Backend& backend, Metrics* metrics, const std::string& tenant,
+                                  MemorySpace in_space = MemorySpace::kHost,
+                                  MemorySpace out_space = MemorySpace::kHost);
 
 }  // namespace orthoserve

@@ -60,15 +60,32 @@ TEST_F(SharedMemoryServiceTest, ARegionBelongsToTheTenantThatRegisteredIt) {
   EXPECT_EQ(mallory.regions_size(), 0);
   EXPECT_EQ(Unregister("secret-m", region.region_id()).error_code(), grpc::StatusCode::NOT_FOUND);
   const std::string metrics = Scrape();
-  EXPECT_THAT(metrics, HasSubstr("orthoserve_shm_regions 1"));
-  EXPECT_THAT(metrics, HasSubstr("orthoserve_shm_region_bytes 1048576"));
+  EXPECT_THAT(metrics, HasSubstr("orthoserve_shm_regions{memory=\"host\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("orthoserve_shm_region_bytes{memory=\"host\"} 1048576"));
+  EXPECT_THAT(metrics, HasSubstr("orthoserve_shm_regions{memory=\"cuda\"} 0"));
   EXPECT_THAT(metrics, HasSubstr("orthoserve_shm_handovers_total{outcome=\"staged\"} 1"));
 
   ASSERT_TRUE(Unregister("secret-a", region.region_id()).ok());
   EXPECT_EQ(Unregister("secret-a", region.region_id()).error_code(), grpc::StatusCode::NOT_FOUND);
   ASSERT_TRUE(List("secret-a", &alice).ok());
   EXPECT_EQ(alice.regions_size(), 0);
-  EXPECT_THAT(Scrape(), HasSubstr("orthoserve_shm_regions 0"));
+  EXPECT_THAT(Scrape(), HasSubstr("orthoserve_shm_regions{memory=\"host\"} 0"));
+}
+
+// A server on the cpu backend computes in host memory: it takes no CUDA IPC handle, says so, and
+// advertises no device for them.
+TEST_F(SharedMemoryServiceTest, ACpuServerRefusesCudaIpcHandlesWithFailedPrecondition) {
+  StartServer(/*regions=*/true);
+  v1::ServerInfo info;
+  ASSERT_TRUE(StubFor(*server_)->GetServerInfo(Context("secret-a").get(), v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.shm_cuda_device(), "");
+  const std::string line = "CUDA_IPC GPU-00000000-0000-0000-0000-000000000000 0 1024 " + std::string(128, 'a') + "\n";
+  EXPECT_THAT(HandOverLine(socket_, line),
+              ::testing::StartsWith("ERR FAILED_PRECONDITION this server does not open CUDA IPC handles"));
+  EXPECT_THAT(Scrape(), HasSubstr("orthoserve_shm_handovers_total{outcome=\"refused_cuda_ipc\"} 1"));
+  v1::ListRegionsResponse list;
+  ASSERT_TRUE(List("secret-a", &list).ok());
+  EXPECT_EQ(list.regions_size(), 0);
 }
 
 TEST_F(SharedMemoryServiceTest, TheSocketIsRemovedWhenTheServerStops) {

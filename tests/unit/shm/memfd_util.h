@@ -92,4 +92,41 @@ inline std::string HandOver(const std::string& path, const int* fds, int count) 
   return answer;
 }
 
+// Connects to the handover socket at `path`, sends `text` with no descriptor — in two writes,
+// the second `pause_ms` after the first, when `split` is inside it — and returns the server's answer
+// line (without the newline), or "connect failed: ..." etc.
+inline std::string HandOverLine(const std::string& path, const std::string& text, size_t split = 0, int pause_ms = 50) {
+  OwnedFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::StrCat("connect failed: ", std::strerror(errno));
+  }
+  timeval tv{5, 0};  // Every wait has a deadline.
+  setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const size_t first = split > 0 && split < text.size() ? split : text.size();
+  if (send(conn.get(), text.data(), first, MSG_NOSIGNAL) != static_cast<ssize_t>(first)) {
+    return absl::StrCat("send failed: ", std::strerror(errno));
+  }
+  if (first < text.size()) {
+    usleep(static_cast<useconds_t>(pause_ms) * 1000);
+    const size_t rest = text.size() - first;
+    if (send(conn.get(), text.data() + first, rest, MSG_NOSIGNAL) != static_cast<ssize_t>(rest)) {
+      return absl::StrCat("send failed: ", std::strerror(errno));
+    }
+  }
+  shutdown(conn.get(), SHUT_WR);  // Nothing more comes: a line without its newline is seen at once.
+  std::string answer;
+  char buf[256];
+  for (int i = 0; i < 64; ++i) {  // Bounded: the answer is one short line.
+    const ssize_t n = recv(conn.get(), buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+    if (answer.find('\n') != std::string::npos) break;
+  }
+  if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  return answer;
+}
+
 }  // namespace orthoserve

@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/shm/mapped_region.h"
 #include "server/shm/random_id.h"
 #include "tests/unit/shm/memfd_util.h"
 #include "tests/util/status_matchers.h"
