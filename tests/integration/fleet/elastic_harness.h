@@ -54,6 +54,17 @@ inline constexpr absl::Duration kClientKeepalive = absl::Seconds(1);
 // A trainer stalls at most the peer timeout plus this when a rank stops (issue #26).
 inline constexpr absl::Duration kStallMargin = absl::Seconds(3);
 
+// The options of a fault test's clients (the group's and the lone one): `addresses`, a 60 s
+// attempt, and the keepalive the harness's stall bounds count on (kClientKeepalive).
+inline ClientOptions WorkloadClient(std::vector<std::string> addresses) {
+  ClientOptions o;
+  o.addresses = std::move(addresses);
+  o.timeout = absl::Seconds(60);
+  o.keepalive_time = kClientKeepalive;
+  o.keepalive_timeout = kClientKeepalive;
+  return o;
+}
+
 // S rank processes, started, signalled and restarted one by one.
 class Fleet {
  public:
@@ -112,17 +123,27 @@ class Fleet {
 
   // Ready members as rank r sees them (-1 when it does not answer, or is not ready itself).
   int ReadyMembers(int r) {
-    ClientOptions o;
-    o.address = Address(r);
-    o.timeout = absl::Seconds(1);
-    o.retry.enabled = false;
-    auto c = Client::Create(o);
-    if (!c.ok()) return -1;
-    absl::StatusOr<v1::ServerInfo> info = (*c)->GetServerInfo();
+    absl::StatusOr<v1::ServerInfo> info = Info(r);
     if (!info.ok() || !info->ready()) return -1;
     int n = 0;
     for (const v1::FleetMember& m : info->members()) n += m.ready() ? 1 : 0;
     return n;
+  }
+  // Rank r's GetServerInfo: one attempt of at most a second.
+  absl::StatusOr<v1::ServerInfo> Info(int r) {
+    ClientOptions o;
+    o.address = Address(r);
+    o.timeout = absl::Seconds(1);
+    o.retry.enabled = false;
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(o);
+    if (!c.ok()) return c.status();
+    return (*c)->GetServerInfo();
+  }
+  // Every rank's address, in rank order.
+  std::vector<std::string> Addresses() const {
+    std::vector<std::string> out;
+    for (int r = 0; r < world_; ++r) out.push_back(Address(r));
+    return out;
   }
   // Waits until every rank is a member of a formed generation of all S ranks.
   absl::Duration WaitWhole(absl::Duration timeout) {

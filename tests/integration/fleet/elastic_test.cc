@@ -44,18 +44,10 @@ TEST(ElasticFleetTest, TrainersRideThroughKillsRestartsRollingUpdatesAndStops) {
   ASSERT_NE(fleet.WaitWhole(absl::Seconds(60)), absl::InfiniteDuration()) << "the fleet did not form";
 
   GroupClient::Options go;
-  go.client.address = fleet.Address(0);
-  go.client.timeout = absl::Seconds(60);
-  go.client.keepalive_time = kClientKeepalive;
-  go.client.keepalive_timeout = kClientKeepalive;
+  go.client = WorkloadClient({fleet.Address(0)});
   auto group = GroupClient::Create(go);
   ASSERT_OK(group);
-  ClientOptions lo;
-  lo.address = fleet.Address(1);
-  lo.timeout = absl::Seconds(60);
-  lo.keepalive_time = kClientKeepalive;
-  lo.keepalive_timeout = kClientKeepalive;
-  auto lone = Client::Create(lo);
+  auto lone = Client::Create(WorkloadClient({fleet.Address(1)}));
   ASSERT_OK(lone);
 
   Workload work(group->get(), lone->get());

@@ -45,14 +45,8 @@ struct CoordinatorView {
 };
 
 CoordinatorView ViewOf(Fleet& fleet, int r) {
-  ClientOptions o;
-  o.address = fleet.Address(r);
-  o.timeout = absl::Seconds(1);
-  o.retry.enabled = false;
   CoordinatorView view;
-  auto c = Client::Create(o);
-  if (!c.ok()) return view;
-  absl::StatusOr<v1::ServerInfo> info = (*c)->GetServerInfo();
+  absl::StatusOr<v1::ServerInfo> info = fleet.Info(r);
   if (!info.ok()) return view;
   view.rank = info->coordinator().rank();
   view.term = info->coordinator().term();
@@ -98,21 +92,11 @@ TEST(ElectedFleetTest, TrainersRideThroughCoordinatorLossEtcdFaultsAndRollingUpd
   ASSERT_GE(first, 0) << "no rank reports an elected coordinator";
   for (int r = 0; r < kFleet; ++r) EXPECT_EQ(ViewOf(fleet, r).rank, first) << "rank " << r << " follows another";
 
-  std::vector<std::string> addresses;
-  for (int r = 0; r < kFleet; ++r) addresses.push_back(fleet.Address(r));
   GroupClient::Options go;
-  go.client.addresses = addresses;
-  go.client.timeout = absl::Seconds(60);
-  go.client.keepalive_time = kClientKeepalive;
-  go.client.keepalive_timeout = kClientKeepalive;
+  go.client = WorkloadClient(fleet.Addresses());
   auto group = GroupClient::Create(go);
   ASSERT_OK(group);
-  ClientOptions lo;
-  lo.addresses = addresses;
-  lo.timeout = absl::Seconds(60);
-  lo.keepalive_time = kClientKeepalive;
-  lo.keepalive_timeout = kClientKeepalive;
-  auto lone = Client::Create(lo);
+  auto lone = Client::Create(WorkloadClient(fleet.Addresses()));
   ASSERT_OK(lone);
 
   Workload work(group->get(), lone->get());

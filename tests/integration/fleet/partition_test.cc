@@ -53,27 +53,10 @@ void Cut(const Fleet& fleet, int a, int b, bool add) {
   }
 }
 
-// Rank r answers GetServerInfo.
-bool Answers(Fleet& fleet, int r) {
-  ClientOptions o;
-  o.address = fleet.Address(r);
-  o.timeout = absl::Seconds(1);
-  o.retry.enabled = false;
-  auto c = Client::Create(o);
-  return c.ok() && (*c)->GetServerInfo().ok();
-}
-
-// The coordinating rank as an answering rank sees it (-1: none), and rank r's ready members (-1:
-// it does not answer or is not ready itself).
+// The coordinating rank as an answering rank sees it (-1: none).
 int CoordinatorOf(Fleet& fleet) {
   for (int r = 0; r < kFleet; ++r) {
-    ClientOptions o;
-    o.address = fleet.Address(r);
-    o.timeout = absl::Seconds(1);
-    o.retry.enabled = false;
-    auto c = Client::Create(o);
-    if (!c.ok()) continue;
-    absl::StatusOr<v1::ServerInfo> info = (*c)->GetServerInfo();
+    absl::StatusOr<v1::ServerInfo> info = fleet.Info(r);
     if (info.ok() && info->coordinator().term() > 0) return info->coordinator().rank();
   }
   return -1;
@@ -99,21 +82,11 @@ TEST(PartitionTest, TwoMembersThatCannotReachEachOtherLeaveAWorkingGenerationOfT
   fleet.StartAll();
   ASSERT_NE(fleet.WaitWhole(absl::Seconds(60)), absl::InfiniteDuration()) << "the fleet did not form";
 
-  std::vector<std::string> addresses;
-  for (int r = 0; r < kFleet; ++r) addresses.push_back(fleet.Address(r));
   GroupClient::Options go;
-  go.client.addresses = addresses;
-  go.client.timeout = absl::Seconds(60);
-  go.client.keepalive_time = kClientKeepalive;
-  go.client.keepalive_timeout = kClientKeepalive;
+  go.client = WorkloadClient(fleet.Addresses());
   auto group = GroupClient::Create(go);
   ASSERT_OK(group);
-  ClientOptions lo;
-  lo.addresses = addresses;
-  lo.timeout = absl::Seconds(60);
-  lo.keepalive_time = kClientKeepalive;
-  lo.keepalive_timeout = kClientKeepalive;
-  auto lone = Client::Create(lo);
+  auto lone = Client::Create(WorkloadClient(fleet.Addresses()));
   ASSERT_OK(lone);
   Workload work(group->get(), lone->get());
   work.Start();
@@ -134,10 +107,10 @@ TEST(PartitionTest, TwoMembersThatCannotReachEachOtherLeaveAWorkingGenerationOfT
   // Gloo pair with the other end is refused): after a few failed formations the coordinator
   // quarantines one end, and the coordinator and the other end serve the group as two.
   const absl::Time restarted_by = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < restarted_by && !Answers(fleet, b)) {
+  while (absl::Now() < restarted_by && !fleet.Info(b).ok()) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_TRUE(Answers(fleet, b)) << "the restarted rank " << b << " does not answer";
+  ASSERT_TRUE(fleet.Info(b).ok()) << "the restarted rank " << b << " does not answer";
   // Sampled through the window: the quarantine of one end is released (and fails to form again)
   // now and then, so the fleet serves as two most of the time, not all of it.
   int samples = 0, as_two = 0;
@@ -145,7 +118,7 @@ TEST(PartitionTest, TwoMembersThatCannotReachEachOtherLeaveAWorkingGenerationOfT
     as_two += fleet.ReadyMembers(c) == 2 ? 1 : 0;
     absl::SleepFor(absl::Milliseconds(100));
   }
-  const bool both_alive = Answers(fleet, a) && Answers(fleet, b);
+  const bool both_alive = fleet.Info(a).ok() && fleet.Info(b).ok();
   ASSERT_TRUE(work.Progress(5, absl::Seconds(30))) << "no progress while the members were cut apart";
   const absl::Duration cut_stall = work.LongestStall(start, absl::Now(), /*group=*/true);
   const absl::Duration cut_lone = work.LongestStall(start, absl::Now(), /*group=*/false);
