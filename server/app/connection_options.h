@@ -35,18 +35,20 @@ struct ConnectionOptions {
   // apply on top); 0: gRPC's default (no limit).
   int max_streams_per_connection = 256;
   // The memory gRPC may hold for the public port (a grpc::ResourceQuota): received messages not
-  // yet consumed, transport and flow-control buffers of every connection. Near it gRPC shrinks
-  // its HTTP/2 windows (so a waiting call holds less of what its client sends), closes idle
-  // connections and, at the limit, cancels calls with RESOURCE_EXHAUSTED ("Buffers full").
+  // yet consumed, transport and flow-control buffers of every connection. Near it gRPC closes
+  // idle connections (and, with bdp_probe, shrinks its HTTP/2 windows) and, at the limit,
+  // cancels calls with RESOURCE_EXHAUSTED ("Buffers full").
   // 0: DefaultMemoryQuota (the server sets it).
   int64_t memory_quota_bytes = 0;
-  // gRPC sizes each connection's HTTP/2 windows from its measured bandwidth-delay product (BDP
-  // probing): fast transfers, but a call the server has not read yet may be sent a window's worth
-  // of its request (1–4 MiB per call on loopback) that gRPC buffers. false: fixed 64 KiB windows,
-  // so calls waiting for a slot hold at most 64 KiB each, at a cost in stream throughput (measure
-  // it with bench/service/run.sh first: bench/results/service.md saw 0.40× raw TCP without probing
-  // but with 64 MiB windows, against 0.46–0.50× with it).
-  bool bdp_probe = true;
+  // Whether gRPC sizes each connection's HTTP/2 windows from its measured bandwidth-delay product
+  // (BDP probing). Off (the default): every stream starts with a fixed 64 KiB window, so a call
+  // the server has not read yet (waiting for a unary slot or room) holds at most 64 KiB of its
+  // request in gRPC's buffers; a call being read still gets a window for the whole message it
+  // reads (gRPC announces what a pending read needs), so streams lose no throughput
+  // (bench/service/windows.sh, bench/results/windows.md). On: new streams start with a window of
+  // 4 MiB or twice the estimated BDP, which gRPC buffers for every waiting call, unbounded by the
+  // admission limits.
+  bool bdp_probe = false;
 };
 
 // The default memory quota, the bound on what gRPC holds that docs/operations.md ("Memory bound")

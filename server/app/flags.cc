@@ -130,10 +130,11 @@ ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 0,
           "transport and flow-control buffers. Near it gRPC shrinks its HTTP/2 windows and closes idle connections; "
           "at it, calls are cancelled with RESOURCE_EXHAUSTED. 0: --max-inflight-bytes + 8 MiB per unary call that may "
           "hold a slot or wait (--max-concurrent-unary + --max-unary-waiters) + 64 MiB. At least 16 MiB.");
-ABSL_FLAG(bool, grpc_bdp_probe, true,
-          "Size the public port's HTTP/2 windows from each connection's measured bandwidth-delay product (fast "
-          "streams). false: fixed 64 KiB windows, so a call waiting for a slot or room holds at most 64 KiB of its "
-          "request in gRPC's buffers (instead of 1-4 MiB), at a cost in stream throughput.");
+ABSL_FLAG(bool, grpc_bdp_probe, false,
+          "Size the public port's HTTP/2 windows from each connection's measured bandwidth-delay product. false: "
+          "fixed 64 KiB initial windows, so a call waiting for a slot or room holds at most 64 KiB of its request in "
+          "gRPC's buffers (calls being read still get a window for the message they read). true: each new call may be "
+          "sent 4 MiB or more of its request before the server reads it, beyond the admission limits.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60), "Timeout of each fleet collective call.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30), "How long SIGTERM waits for calls in flight (after leaving the fleet); the process exits at "
           "this plus 10s at the latest.");

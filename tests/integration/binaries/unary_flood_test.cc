@@ -213,7 +213,7 @@ TEST_P(UnaryFloodTest, AnotherTenantIsServedWithinASecondAndMemoryStaysBounded) 
   sampler.join();
 
   // Alice's calls still hold their slot or wait. Only where their requests may fill gRPC's
-  // buffers (BDP probing on) may some end: cancelled by the memory quota (RESOURCE_EXHAUSTED,
+  // buffers (BDP probing turned on) may some end: cancelled by the memory quota (RESOURCE_EXHAUSTED,
   // "Buffers full"), or served in a slot that such a cancellation freed.
   int ended = 0;
   int other = 0;
@@ -244,14 +244,15 @@ TEST_P(UnaryFloodTest, AnotherTenantIsServedWithinASecondAndMemoryStaysBounded) 
   EXPECT_GT(start_rss, 0);
 }
 
-// With gRPC's default BDP probing, each of the 460 waiting calls may be sent a window of its
-// request (all 512 KiB of it on loopback) that gRPC buffers, so memory is not bounded by the
-// in-flight limit there (the memory quota, --grpc-memory-quota-bytes, is the backstop): that case
-// checks bob and the codes only, and prints what it measured.
+// "silent" and "requests" run the server with its default transport flags: fixed 64 KiB
+// initial HTTP/2 windows, so each of the 460 waiting calls holds at most 64 KiB of its request in
+// gRPC's buffers. With BDP probing turned on (--grpc-bdp-probe=true), each waiting call may be
+// sent a window of its request (all 512 KiB of it on loopback) that gRPC buffers, so memory is
+// not bounded by the in-flight limit there (the memory quota, --grpc-memory-quota-bytes, is the
+// backstop): that case checks bob and the codes only, and prints what it measured.
 INSTANTIATE_TEST_SUITE_P(Floods, UnaryFloodTest,
-                         ::testing::Values(Flood{"silent", kCalls, {}, true},
-                                           Flood{"requests_without_bdp_probing", 40, {"--grpc-bdp-probe=false"}, true},
-                                           Flood{"requests_with_bdp_probing", 40, {}, false}),
+                         ::testing::Values(Flood{"silent", kCalls, {}, true}, Flood{"requests", 40, {}, true},
+                                           Flood{"requests_with_bdp_probing", 40, {"--grpc-bdp-probe=true"}, false}),
                          [](const ::testing::TestParamInfo<Flood>& info) { return std::string(info.param.name); });
 
 }  // namespace
