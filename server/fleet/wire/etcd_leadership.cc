@@ -51,6 +51,9 @@ absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Start(Options op
   }
   leadership->monitor_ = std::thread([l = leadership.get()] { l->MonitorLoop(); });
   leadership->campaign_ = std::thread([l = leadership.get()] { l->CampaignLoop(); });
+  if (leadership->options_.on_listed) {
+    leadership->lister_ = std::thread([l = leadership.get()] { l->ListLoop(); });
+  }
   return leadership;
 }
 
@@ -251,7 +254,17 @@ void EtcdLeadership::MonitorLoop() {
       if (watcher.ok()) watcher_ = std::move(*watcher);
     }
     Check();
-    if (options_.on_listed) KeepListed();
+  }
+}
+
+void EtcdLeadership::ListLoop() {
+  for (;;) {
+    KeepListed();
+    absl::MutexLock lock(&mu_);
+    // Until Stop, not Resign: a rank that resigned is still a member until it leaves.
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.check_interval);
+    if (stopping_) return;
   }
 }
 
@@ -419,15 +432,18 @@ void EtcdLeadership::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
+  // The liveness key first: it goes now, not a TTL later, nor after the campaign thread's call
+  // ends (up to campaign_window).
+  if (lister_.joinable()) lister_.join();
+  member_keeper_.reset();
+  if (member_lease_ != 0) {
+    (void)client_->RevokeLease(member_lease_);
+    member_lease_ = 0;
+  }
   if (campaign_.joinable()) campaign_.join();
   if (monitor_.joinable()) monitor_.join();
   if (watcher_ != nullptr) watcher_->Stop();
   DropLease(/*revoke=*/true);
-  member_keeper_.reset();
-  if (member_lease_ != 0) {
-    (void)client_->RevokeLease(member_lease_);  // The liveness key goes now, not a TTL later.
-    member_lease_ = 0;
-  }
 }
 
 }  // namespace orthoserve

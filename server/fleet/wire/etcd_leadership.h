@@ -15,9 +15,11 @@
 //
 // Liveness keys. With `on_listed` set, every rank also keeps "<prefix>/members/<rank>" =
 // "<incarnation> <address>" on a lease of its own (the same TTL, kept alive by its own keeper, so
-// campaigns and resignations never touch it), and every check reads the keys of all ranks and
-// passes them (rank -> incarnation) to `on_listed`: a process that dies or stops is unlisted one
-// TTL later, when its lease ends. Stop revokes the lease (the key goes at once). Listings start
+// campaigns and resignations never touch it), and a thread of its own reads the keys of all
+// ranks every `check_interval` and passes them (rank -> incarnation) to `on_listed` (apart from
+// the leader checks, which an unreachable etcd's calls on the liveness key would delay): a
+// process that dies or stops is unlisted one TTL later, when its lease ends. Stop revokes the
+// lease first (the key goes at once, before Stop waits for the campaign thread). Listings start
 // (and start again after etcd was unreachable) one TTL after etcd answers, so that a rank whose
 // lease lapsed in the outage has put its key again before anyone reads its absence.
 //
@@ -121,8 +123,12 @@ class EtcdLeadership {
   void LeaseLost(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void Depose(const absl::Status& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureLease() ABSL_LOCKS_EXCLUDED(mu_);
+  // The liveness keys' thread (when on_listed is set): KeepListed every check_interval. Apart from
+  // the monitor, so that calls to an unreachable etcd (each up to its call timeout) do not delay
+  // the leader checks.
+  void ListLoop();
   // Keeps this rank's liveness key (a new lease and put when it has none, or its keeper ended),
-  // reads every rank's and calls on_listed (monitor thread).
+  // reads every rank's and calls on_listed (lister thread).
   void KeepListed() ABSL_LOCKS_EXCLUDED(mu_);
   void DropLease(bool revoke) ABSL_LOCKS_EXCLUDED(mu_);
   void Reached(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -141,7 +147,7 @@ class EtcdLeadership {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<etcd::LeaseKeeper> keeper_ ABSL_GUARDED_BY(mu_);
-  // The liveness key's lease and keeper (monitor thread, and Stop after it ended).
+  // The liveness key's lease and keeper (lister thread, and Stop after it ended).
   int64_t member_lease_ = 0;
   std::unique_ptr<etcd::LeaseKeeper> member_keeper_;
   std::optional<etcd::LeaderKey> leading_ ABSL_GUARDED_BY(mu_);  // This rank's leadership.
@@ -156,6 +162,7 @@ class EtcdLeadership {
   std::unique_ptr<etcd::Watcher> watcher_;  // Set before the threads start; stopped in Stop.
   std::thread campaign_;
   std::thread monitor_;
+  std::thread lister_;
 };
 
 }  // namespace orthoserve
