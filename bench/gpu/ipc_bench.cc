@@ -141,8 +141,10 @@ std::string DeviceUuid(int device) {
   return text;
 }
 
-// Sends `line` on the Unix socket at `path` and returns the answer line.
-std::string HandOver(const std::string& path, const std::string& line) {
+// Sends `line` on the Unix socket at `path` and returns the answer line. The connection is left
+// open in `*lifeline`: the region's lifeline, closed by the caller after its unregister (the
+// server drops the region when it closes).
+std::string HandOver(const std::string& path, const std::string& line, int* lifeline) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   IPC_CHECK(fd >= 0);
   sockaddr_un addr{};
@@ -160,7 +162,7 @@ std::string HandOver(const std::string& path, const std::string& line) {
     if (n <= 0) break;
     answer.append(buf, static_cast<size_t>(n));
   }
-  close(fd);
+  *lifeline = fd;
   if (!answer.empty() && answer.back() == '\n') answer.pop_back();
   return answer;
 }
@@ -244,7 +246,8 @@ int Main(int argc, char** argv) {
     h.offset = 0;
     h.size = 2 * out_offset;
     h.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-    const std::string answer = HandOver(flags.socket, FormatCudaIpcMessage(h));
+    int lifeline = -1;
+    const std::string answer = HandOver(flags.socket, FormatCudaIpcMessage(h), &lifeline);
     if (answer.rfind("OK ", 0) != 0) Fail("the socket refused the handle: " + answer);
     v1::Region region;
     {
@@ -318,6 +321,7 @@ int Main(int argc, char** argv) {
       const grpc::Status status = shm->UnregisterRegion(&context, request, &response);
       if (!status.ok()) Fail("UnregisterRegion: " + status.error_message());
     }
+    close(lifeline);
     // Freed only once the server closed its mapping (the unregister answered): CUDA leaves a free
     // before the importer's close undefined.
     CUDA_OK(cudaFree(base));

@@ -19,20 +19,6 @@ namespace {
 // The longest answer read: the server's line is short (a ticket, or a code and a message).
 constexpr size_t kMaxAnswerBytes = 4096;
 
-// Closes the socket on every path.
-class SocketCloser {
- public:
-  explicit SocketCloser(int fd) : fd_(fd) {}
-  ~SocketCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  SocketCloser(const SocketCloser&) = delete;
-  SocketCloser& operator=(const SocketCloser&) = delete;
-
- private:
-  const int fd_;
-};
-
 absl::Status SocketError(const std::string& path, absl::string_view what) {
   const int error = errno;
   if (error == EAGAIN || error == EWOULDBLOCK) {
@@ -53,6 +39,20 @@ absl::StatusCode CodeNamed(absl::string_view name) {
 
 }  // namespace
 
+Lifeline& Lifeline::operator=(Lifeline&& other) noexcept {
+  if (this != &other) {
+    Close();
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+void Lifeline::Close() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
 absl::StatusOr<std::string> ParseHandoverAnswer(absl::string_view line) {
   line = absl::StripTrailingAsciiWhitespace(line);
   if (absl::StartsWith(line, "OK ")) {
@@ -72,7 +72,7 @@ absl::StatusOr<std::string> ParseHandoverAnswer(absl::string_view line) {
       absl::StrCat("the shared-memory socket answered \"", BoundedText(line), "\", not OK or ERR"));
 }
 
-absl::StatusOr<std::string> HandOverMemfd(const std::string& socket_path, int fd, absl::Duration timeout) {
+absl::StatusOr<HandedOver> HandOverMemfd(const std::string& socket_path, int fd, absl::Duration timeout) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
@@ -82,7 +82,7 @@ absl::StatusOr<std::string> HandOverMemfd(const std::string& socket_path, int fd
   std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
   const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return SocketError(socket_path, "socket");
-  SocketCloser closer(s);
+  Lifeline connection(s);  // Closed on every path but success.
   const timeval tv = absl::ToTimeval(timeout);
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -108,7 +108,7 @@ absl::StatusOr<std::string> HandOverMemfd(const std::string& socket_path, int fd
     sent = sendmsg(s, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
   if (sent != 1) return SocketError(socket_path, "sendmsg");
-  // One short line, then the server closes the connection.
+  // One short line; after "OK" the connection stays open (the lifeline), after "ERR" the server closes it.
   std::string answer;
   char buf[512];
   while (answer.size() < kMaxAnswerBytes && !absl::EndsWith(answer, "\n")) {
@@ -122,7 +122,9 @@ absl::StatusOr<std::string> HandOverMemfd(const std::string& socket_path, int fd
     return absl::UnavailableError(
         absl::StrCat("the shared-memory socket ", socket_path, " closed the connection without an answer"));
   }
-  return ParseHandoverAnswer(answer);
+  absl::StatusOr<std::string> ticket = ParseHandoverAnswer(answer);
+  if (!ticket.ok()) return ticket.status();
+  return HandedOver{*std::move(ticket), std::move(connection)};
 }
 
 }  // namespace orthoserve::client

@@ -67,12 +67,12 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Create(int64_t size, const std::
   if (data == MAP_FAILED) return SystemError("mmap", errno);
   memory.data = static_cast<char*>(data);
 
-  absl::StatusOr<std::string> ticket = HandOverMemfd(socket_path, memory.fd, handover_timeout);
-  if (!ticket.ok()) return ticket.status();
+  absl::StatusOr<HandedOver> handed_over = HandOverMemfd(socket_path, memory.fd, handover_timeout);
+  if (!handed_over.ok()) return handed_over.status();
   grpc::ClientContext context;
   PrepareContext(&context, connection);
   v1::RegisterRegionRequest request;
-  request.set_ticket(*ticket);
+  request.set_ticket(handed_over->ticket);
   request.set_name(name);
   v1::Region registered;
   const grpc::Status status =
@@ -80,7 +80,8 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Create(int64_t size, const std::
   if (absl::Status s = FromCallStatus(status, context.GetServerTrailingMetadata()); !s.ok()) {
     return AnnotateKeepingMarks(s, absl::StrCat("registering a shared-memory region on ", connection.address));
   }
-  std::unique_ptr<Region> region(new Region(memory.fd, memory.data, size, name, std::move(connection)));
+  std::unique_ptr<Region> region(
+      new Region(memory.fd, memory.data, size, name, std::move(connection), std::move(handed_over->lifeline)));
   memory.fd = -1;  // The region owns them now.
   memory.data = nullptr;
   region->id_ = registered.region_id();
@@ -96,8 +97,13 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Create(int64_t size, const std::
   return region;
 }
 
-Region::Region(int fd, char* data, int64_t size, std::string name, Connection connection)
-    : fd_(fd), data_(data), size_(size), name_(std::move(name)), connection_(std::move(connection)) {}
+Region::Region(int fd, char* data, int64_t size, std::string name, Connection connection, Lifeline lifeline)
+    : fd_(fd),
+      data_(data),
+      size_(size),
+      name_(std::move(name)),
+      connection_(std::move(connection)),
+      lifeline_(std::move(lifeline)) {}
 
 Region::~Region() {
   if (registered_) {
@@ -106,6 +112,7 @@ Region::~Region() {
       LOG_WARNING("client") << "unregistering shared-memory region " << id_ << " on " << address() << ": " << status;
     }
   }
+  lifeline_.Close();
   munmap(data_, static_cast<size_t>(size_));
   close(fd_);
 }
@@ -122,6 +129,7 @@ absl::Status Region::Unregister() {
   v1::UnregisterRegionResponse response;
   const grpc::Status status =
       v1::SharedMemory::NewStub(connection_.channel)->UnregisterRegion(&context, request, &response);
+  lifeline_.Close();  // After the answer: closed first, the server could drop the region before it.
   return AnnotateKeepingMarks(FromCallStatus(status, context.GetServerTrailingMetadata()),
                               absl::StrCat("unregistering shared-memory region ", id_, " on ", address()));
 }

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cpp/handover.h"
 #include "client/cpp/matrix.h"
 #include "grpcpp/channel.h"
 
@@ -38,6 +39,10 @@ struct RegionOptions {
 // client's tenant on the one server rank address(). A MatrixInput names slices of it
 // (Slice) for its input and its result; such a call goes to address() only, never to another of
 // the client's addresses.
+//
+// The connection the memfd was handed over on stays open as the region's lifeline (handover.h)
+// until Unregister or the destructor: if this process dies first, the kernel closes it and the
+// server drops the region on its own.
 //
 // The caller writes inputs into data() before a call and reads results after it returns; it must
 // not write a slice the server reads, or read a result slice, while a call that names it runs.
@@ -69,8 +74,8 @@ class Region {
                                                         absl::Duration handover_timeout = absl::Seconds(10));
 
   // Unregisters the region if it still is (waiting, up to the connection's timeout, for the
-  // server's steps that use it; a failure is logged, not returned), then unmaps it and closes the
-  // memfd. Pointers into data() are invalid afterwards.
+  // server's steps that use it; a failure is logged, not returned), closes its lifeline, then
+  // unmaps it and closes the memfd. Pointers into data() are invalid afterwards.
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -94,17 +99,20 @@ class Region {
   // NOT_FOUND), answering once no step uses it any more; the memory stays mapped here until the
   // Region is destroyed. OK when it was already unregistered. The RPC's status otherwise
   // (NOT_FOUND when the server no longer has it, DEADLINE_EXCEEDED when steps still used it at the
-  // deadline: it is unregistered all the same); the region counts as unregistered either way.
+  // deadline: it is unregistered all the same); the region counts as unregistered either way, and
+  // its lifeline is closed after the call (so a region whose unregister failed is dropped by the
+  // server all the same).
   absl::Status Unregister();
 
  private:
-  Region(int fd, char* data, int64_t size, std::string name, Connection connection);
+  Region(int fd, char* data, int64_t size, std::string name, Connection connection, Lifeline lifeline);
 
   const int fd_;
   char* const data_;
   const int64_t size_;
   const std::string name_;
   const Connection connection_;
+  Lifeline lifeline_;
   std::string id_;
   bool registered_ = false;
 };

@@ -196,6 +196,9 @@ ABSL_FLAG(std::string, shm_peer_uids, "",
 ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{64} << 30, "Largest memfd registered as a region.");
 ABSL_FLAG(int32_t, shm_max_regions_per_tenant, 64, "Shared-memory regions one tenant may have registered.");
 ABSL_FLAG(int32_t, shm_max_pending, 64, "Memfds handed over and not yet registered, all clients together.");
+ABSL_FLAG(int32_t, shm_max_connections, 1024,
+          "Handover connections held open, all clients together: each staged or registered region's lifeline, "
+          "whose end (the client closing it or dying) drops the region. A handover beyond it is refused.");
 ABSL_FLAG(absl::Duration, shm_ticket_timeout, absl::Seconds(10),
           "How long a handed-over memfd waits for its RegisterRegion before it is dropped.");
 ABSL_FLAG(absl::Duration, shm_unregister_timeout, absl::Seconds(60),
@@ -218,7 +221,7 @@ const char* const kFlagNames[] = {
     "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "stream_min_progress_bytes", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "grpc_memory_quota_bytes", "grpc_bdp_probe", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "shm_socket", "shm_peer_uids", "shm_max_region_bytes", "shm_max_regions_per_tenant",
-    "shm_max_pending", "shm_ticket_timeout", "shm_unregister_timeout", "log_level", "log_verbose", "check_config"};
+    "shm_max_pending", "shm_max_connections", "shm_ticket_timeout", "shm_unregister_timeout", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
   FairPool::Shares shares;
@@ -370,6 +373,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.shm.max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
   o.shm.max_regions_per_tenant = absl::GetFlag(FLAGS_shm_max_regions_per_tenant);
   o.shm.max_pending = absl::GetFlag(FLAGS_shm_max_pending);
+  o.shm.max_connections = absl::GetFlag(FLAGS_shm_max_connections);
   o.shm.ticket_timeout = absl::GetFlag(FLAGS_shm_ticket_timeout);
   o.shm.unregister_timeout = absl::GetFlag(FLAGS_shm_unregister_timeout);
 

@@ -218,6 +218,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     if (o.shm.max_region_bytes < 1) return absl::InvalidArgumentError("--shm-max-region-bytes must be >= 1");
     if (o.shm.max_regions_per_tenant < 1) return absl::InvalidArgumentError("--shm-max-regions-per-tenant must be >= 1");
     if (o.shm.max_pending < 1) return absl::InvalidArgumentError("--shm-max-pending must be >= 1");
+    if (o.shm.max_connections < 1) return absl::InvalidArgumentError("--shm-max-connections must be >= 1");
     if (o.shm.ticket_timeout <= absl::ZeroDuration() || o.shm.unregister_timeout <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError("--shm-ticket-timeout and --shm-unregister-timeout must be > 0");
     }
@@ -283,6 +284,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                         o.fleet_tls.cert_file, o.fleet_tls.key_file, o.fleet_tls.ca_file};
     Metrics* metrics = server->metrics_.get();
     h.observe = [metrics](absl::string_view outcome) { metrics->ShmHandover(outcome); };
+    h.max_lifelines = o.shm.max_connections;
+    const RegionRegistry* registry = server->shm_registry_.get();
+    h.on_dropped = [metrics, registry](RegionRegistry::Dropped dropped) {
+      metrics->ShmRegionDropped(dropped == RegionRegistry::Dropped::kStaged ? "owner_gone_unclaimed" : "owner_gone");
+      SharedMemoryService::PublishTotals(*registry, metrics);
+    };
     // GPU memory by CUDA IPC handle when the backend can open it on its device (cuda); a cpu
     // backend has no opener, and the socket refuses such handles with FAILED_PRECONDITION.
     IpcOpener* opener = server->backend_->ipc_opener();

@@ -40,6 +40,7 @@ struct ShmOptions {
   int64_t max_region_bytes = int64_t{64} << 30;  // --shm-max-region-bytes: the largest memfd taken.
   int max_regions_per_tenant = 64;    // --shm-max-regions-per-tenant.
   int max_pending = 64;               // --shm-max-pending: memfds waiting for RegisterRegion.
+  int max_connections = 1024;         // --shm-max-connections: lifelines held (one per region).
   absl::Duration ticket_timeout = absl::Seconds(10);      // --shm-ticket-timeout.
   absl::Duration unregister_timeout = absl::Seconds(60);  // --shm-unregister-timeout.
 };

@@ -134,8 +134,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                                  "outcome: staged (waiting for RegisterRegion), refused_peer (uid not accepted), "
                                  "refused_message, refused_memfd (not a sealed, read-write memfd of an accepted "
                                  "size), refused_cuda_ipc (not opened: a cpu backend, another GPU, a stale handle, "
-                                 "out of its allocation), exhausted (too many waiting).")
+                                 "out of its allocation), exhausted (too many waiting, or too many connections "
+                                 "held).")
                            .Register(r);
+  m->shm_regions_dropped_ = &prometheus::BuildCounter()
+                                 .Name("orthoserve_shm_regions_dropped_total")
+                                 .Help("Shared-memory regions dropped without an UnregisterRegion because the "
+                                       "connection their client handed them over on ended (the process died or "
+                                       "closed it), by cause: owner_gone (registered), owner_gone_unclaimed "
+                                       "(handed over, not yet registered).")
+                                 .Register(r);
   m->shm_matrices_ = &prometheus::BuildCounter()
                           .Name("orthoserve_shm_matrices_total")
                           .Help("Matrices whose input or result (direction: input, result) was a shared-memory "
@@ -295,6 +303,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* method : {"Orthogonalize", "OrthogonalizeStream"}) m->steps_retried_->Add({{"method", method}});
   for (const char* where : {"here", "peer", "fallback"}) m->lone_matrices_->Add({{"where", where}});
   for (const char* outcome : kShmHandoverOutcomes) m->shm_handovers_->Add({{"outcome", outcome}});
+  for (const char* cause : kShmDropCauses) m->shm_regions_dropped_->Add({{"cause", cause}});
   for (const char* direction : {"input", "result"}) m->shm_matrices_->Add({{"direction", direction}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
@@ -369,6 +378,10 @@ void Metrics::ShmRegions(absl::string_view memory, int64_t regions, int64_t byte
 
 void Metrics::ShmHandover(absl::string_view outcome) {
   shm_handovers_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void Metrics::ShmRegionDropped(absl::string_view cause) {
+  shm_regions_dropped_->Add({{"cause", std::string(cause)}}).Increment();
 }
 
 void Metrics::ShmMatrix(absl::string_view direction) {

@@ -70,6 +70,10 @@ absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 // the start.
 inline constexpr const char* kShmHandoverOutcomes[] = {"staged",        "refused_peer",     "refused_message",
                                                        "refused_memfd", "refused_cuda_ipc", "exhausted"};
+// Why a region was dropped without its owner's UnregisterRegion
+// (orthoserve_shm_regions_dropped_total{cause}): its lifeline ended (the client process died or let
+// go) while it was registered ("owner_gone") or still staged ("owner_gone_unclaimed").
+inline constexpr const char* kShmDropCauses[] = {"owner_gone", "owner_gone_unclaimed"};
 
 
 // The limits a refusal can name (orthoserve_tenant_refusals_total{limit}): a call turned away
@@ -174,6 +178,8 @@ class Metrics {
   // IPC handle handed over on the socket, by outcome (one of kShmHandoverOutcomes).
   void ShmRegions(absl::string_view memory, int64_t regions, int64_t bytes);
   void ShmHandover(absl::string_view outcome);
+  // A region dropped because its owner went (`cause`: one of kShmDropCauses).
+  void ShmRegionDropped(absl::string_view cause);
   // A matrix whose input or result (`direction`: "input", "result") is a region's slice, read or
   // written in place (orthoserve_shm_matrices_total{direction}).
   void ShmMatrix(absl::string_view direction);
@@ -242,6 +248,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* shm_regions_ = nullptr;
   prometheus::Family<prometheus::Gauge>* shm_region_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_handovers_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shm_regions_dropped_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_matrices_ = nullptr;
   prometheus::Counter* rendezvous_timeouts_ = nullptr;
   prometheus::Gauge* inflight_requests_ = nullptr;

@@ -35,12 +35,14 @@ absl::StatusOr<std::string> SharedMemoryService::Tenant(const grpc::ServerContex
   return auth_->Authenticate(context);
 }
 
-void SharedMemoryService::UpdateMetrics() {
-  if (metrics_ == nullptr) return;
-  const RegionRegistry::Totals totals = registry_->totals();
-  metrics_->ShmRegions("host", totals.host_regions, totals.host_bytes);
-  metrics_->ShmRegions("cuda", totals.cuda_regions, totals.cuda_bytes);
+void SharedMemoryService::PublishTotals(const RegionRegistry& registry, Metrics* metrics) {
+  if (metrics == nullptr) return;
+  const RegionRegistry::Totals totals = registry.totals();
+  metrics->ShmRegions("host", totals.host_regions, totals.host_bytes);
+  metrics->ShmRegions("cuda", totals.cuda_regions, totals.cuda_bytes);
 }
+
+void SharedMemoryService::UpdateMetrics() { PublishTotals(*registry_, metrics_); }
 
 grpc::Status SharedMemoryService::RegisterRegion(grpc::ServerContext* context, const v1::RegisterRegionRequest* request,
                                                  v1::Region* response) {

@@ -28,6 +28,9 @@ class SharedMemoryService final : public v1::SharedMemory::Service {
   grpc::Status UnregisterRegion(grpc::ServerContext* context, const v1::UnregisterRegionRequest* request,
                                 v1::UnregisterRegionResponse* response) override;
 
+  // Sets the region gauges of `metrics` (may be null) to `registry`'s totals. Thread-safe.
+  static void PublishTotals(const RegionRegistry& registry, Metrics* metrics);
+
  private:
   // The caller's tenant, or why not: FAILED_PRECONDITION when regions are off, UNAUTHENTICATED.
   absl::StatusOr<std::string> Tenant(const grpc::ServerContext& context) const;

@@ -164,6 +164,8 @@ HandoverSocket::~HandoverSocket() {
   const uint64_t one = 1;
   (void)write(stop_fd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
+  // The regions stay registered (the registry outlives the socket); only the connections go.
+  for (const Lifeline& l : lifelines_) close(l.fd);
   close(listen_fd_);
   close(stop_fd_);
   // Remove the socket file only if it is still the one this server made.
@@ -173,26 +175,63 @@ HandoverSocket::~HandoverSocket() {
 
 void HandoverSocket::Serve() {
   const int period_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.prune_period)));
+  absl::Time next_prune = absl::Now();
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    const int ready = poll(fds, 2, period_ms);
+    fds.assign({{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}});
+    // A lifeline's only event is its end (EOF, hang-up, error) or a byte the client should not send.
+    for (const Lifeline& l : lifelines_) fds.push_back({l.fd, POLLIN | POLLRDHUP, 0});
+    const int ready = poll(fds.data(), fds.size(), period_ms);
     if (ready < 0 && errno != EINTR) {
       LOG_ERROR("shm") << Errno("poll of the handover socket") << "; no more memfds are accepted";
       return;
     }
     if (fds[1].revents != 0) return;
-    registry_->PruneExpired();
+    const bool prune = absl::Now() >= next_prune;
+    if (prune) {
+      registry_->PruneExpired();
+      next_prune = absl::Now() + options_.prune_period;
+    }
+    if (ready > 0 || prune) EndLifelines(fds.data() + 2, prune);
     if (ready <= 0 || (fds[0].revents & POLLIN) == 0) continue;
     const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;  // EAGAIN (the client went away), EMFILE, ...: try again at the next poll.
     SetTimeouts(conn, options_.io_timeout);
-    const char* outcome = Handle(conn);
-    close(conn);
+    const uint64_t lifeline = next_lifeline_++;
+    const char* outcome = Handle(conn, lifeline);
+    if (std::strcmp(outcome, "staged") == 0) {
+      lifelines_.push_back({conn, lifeline});
+    } else {
+      close(conn);
+    }
     if (options_.observe) options_.observe(outcome);
   }
 }
 
-const char* HandoverSocket::Handle(int conn) {
+void HandoverSocket::EndLifelines(const pollfd* events, bool reap) {
+  size_t kept = 0;
+  const size_t count = lifelines_.size();
+  for (size_t i = 0; i < count; ++i) {
+    const Lifeline l = lifelines_[i];
+    if (events[i].revents != 0) {
+      // Ended, or the client broke the protocol by sending on it: either way it lets go.
+      const RegionRegistry::Dropped dropped = registry_->DropLifeline(l.id);
+      if (dropped != RegionRegistry::Dropped::kNothing) {
+        LOG_INFO("shm") << "dropped a " << (dropped == RegionRegistry::Dropped::kStaged ? "staged" : "registered")
+                        << " region: its owner's connection ended";
+        if (options_.on_dropped) options_.on_dropped(dropped);
+      }
+      close(l.fd);
+    } else if (reap && !registry_->Holds(l.id)) {
+      close(l.fd);  // Unregistered, or its ticket expired: nothing left to drop.
+    } else {
+      lifelines_[kept++] = l;
+    }
+  }
+  lifelines_.resize(kept);
+}
+
+const char* HandoverSocket::Handle(int conn, uint64_t lifeline) {
   ucred peer{};
   socklen_t len = sizeof(peer);
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
@@ -232,11 +271,19 @@ const char* HandoverSocket::Handle(int conn) {
                           absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
     return "refused_peer";
   }
+  if (static_cast<int>(lifelines_.size()) >= options_.max_lifelines) {
+    for (int fd : fds) close(fd);  // Never mapped.
+    AnswerError(conn, absl::ResourceExhaustedError(absl::StrCat(
+                          "the server holds ", options_.max_lifelines,
+                          " handover connections already, one per region (--shm-max-connections); unregister "
+                          "regions (and close their connections) first")));
+    return "exhausted";
+  }
   std::string text(bytes, n > 0 ? static_cast<size_t>(n) : 0);
   if (fds.empty() && n > 0 && (msg.msg_flags & MSG_CTRUNC) == 0 && MayBeCudaIpc(text)) {
     ReadLine(conn, &text, options_.io_timeout);
     if (absl::StartsWith(text, kCudaIpcMessagePrefix)) {
-      return HandleCudaIpc(conn, text, PeerIdentity{peer.pid, peer.uid, peer.gid});
+      return HandleCudaIpc(conn, text, PeerIdentity{peer.pid, peer.uid, peer.gid}, lifeline);
     }
   }
   if (n <= 0 || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC) != 0) {
@@ -252,7 +299,8 @@ const char* HandoverSocket::Handle(int conn) {
     AnswerError(conn, region.status());
     return "refused_memfd";
   }
-  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid});
+  absl::StatusOr<std::string> ticket =
+      registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid}, lifeline);
   if (!ticket.ok()) {
     AnswerError(conn, ticket.status());
     return "exhausted";
@@ -261,7 +309,8 @@ const char* HandoverSocket::Handle(int conn) {
   return "staged";
 }
 
-const char* HandoverSocket::HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer) {
+const char* HandoverSocket::HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer,
+                                          uint64_t lifeline) {
   const size_t newline = text.find('\n');
   if (newline == std::string::npos || newline + 1 != text.size()) {
     AnswerError(conn,
@@ -293,7 +342,7 @@ const char* HandoverSocket::HandleCudaIpc(int conn, const std::string& text, con
     AnswerError(conn, memory.status());
     return "refused_cuda_ipc";
   }
-  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(memory), peer);
+  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(memory), peer, lifeline);
   if (!ticket.ok()) {
     AnswerError(conn, ticket.status());
     return "exhausted";

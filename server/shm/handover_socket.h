@@ -1,9 +1,17 @@
 // The Unix domain socket on which same-host clients hand memfds over (docs/shared_memory.md):
 // a client connects, sends one message of at least one byte carrying exactly one descriptor
-// (SCM_RIGHTS), and reads one line back — "OK <ticket>\n", or "ERR <CODE> <message>\n" — after
+// (SCM_RIGHTS), and reads one line back — "OK <ticket>\n", or "ERR <CODE> <message>\n" after
 // which the server closes the connection. The descriptor is checked and mapped
 // (MappedRegion::Map) and staged in the RegionRegistry under the ticket, which the client then
 // presents to RegisterRegion with its tenant's token. No gRPC.
+//
+// After "OK" the connection stays open: it is the region's lifeline. The client keeps it for as
+// long as it holds the region and sends nothing more on it; when it ends — the client closed it,
+// or the kernel did because the process died (SIGKILL, OOM), in whatever PID namespace — or
+// anything arrives on it, the region staged or registered through it is dropped
+// (RegionRegistry::DropLifeline). Lifelines whose region is gone (unregistered, ticket expired)
+// are closed by the server. At most Options::max_lifelines are held; a handover beyond that is
+// answered "ERR RESOURCE_EXHAUSTED ...".
 //
 // A client may instead send one CUDA_IPC line and no descriptor (cuda_ipc_message.h): part of
 // one of its GPU allocations, by CUDA IPC memory handle. It is opened by Options::open_cuda_ipc
@@ -12,12 +20,14 @@
 // only on this socket, never over gRPC.
 //
 // The peer is identified by the kernel (SO_PEERCRED) and refused unless its uid is accepted.
-// Connections are served one at a time by one thread, each within Options::io_timeout.
+// Connections are served one at a time by one thread, each within Options::io_timeout; the same
+// thread polls the lifelines (no thread per connection).
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
-#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,11 +51,15 @@ class HandoverSocket {
     std::vector<std::string> reserved_paths;         // Files the server uses itself: refused as `path`.
     mode_t mode = 0660;                              // Permissions of the socket file.
     absl::Duration io_timeout = absl::Seconds(2);    // For one connection's message and answer.
-    absl::Duration prune_period = absl::Seconds(1);  // How often expired tickets are dropped.
+    absl::Duration prune_period = absl::Seconds(1);  // How often expired tickets (and idle lifelines) are dropped.
+    int max_lifelines = 1024;                        // Handover connections held open (one per region).
     // Told the outcome of each connection: "staged", "refused_peer", "refused_message",
     // "refused_memfd", "refused_cuda_ipc", "exhausted" (for metrics); may be empty. Called on the
     // socket's thread.
     std::function<void(absl::string_view outcome)> observe;
+    // Told of each region dropped because its lifeline ended (RegionRegistry::kStaged or
+    // kRegistered; never kNothing), for metrics; may be empty. Called on the socket's thread.
+    std::function<void(RegionRegistry::Dropped dropped)> on_dropped;
     // Opens the GPU memory a CUDA_IPC message names (its size already checked against the
     // registry's max_region_bytes); its error is the answer. Null: CUDA IPC messages are refused
     // with FAILED_PRECONDITION. Called on the socket's thread.
@@ -67,12 +81,22 @@ class HandoverSocket {
   const std::string& path() const { return options_.path; }
 
  private:
+  // A held handover connection and the id its region was staged under.
+  struct Lifeline {
+    int fd;
+    uint64_t id;
+  };
+
   HandoverSocket(Options options, RegionRegistry* registry, int listen_fd, int stop_fd, dev_t dev, ino_t ino);
   void Serve();
-  // Serves one accepted connection; returns its outcome (Options::observe).
-  const char* Handle(int conn);
+  // Serves one accepted connection, staging its region under lifeline `lifeline`; returns its
+  // outcome (Options::observe): "staged" when the connection is to be held.
+  const char* Handle(int conn, uint64_t lifeline);
   // Serves a CUDA_IPC message `text` (read whole up to its newline, if it has one) from `peer`.
-  const char* HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer);
+  const char* HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer, uint64_t lifeline);
+  // Drops the regions of the lifelines with an event in `events` (parallel to lifelines_) and
+  // closes those, and the lifelines whose region the registry no longer holds when `reap`.
+  void EndLifelines(const pollfd* events, bool reap);
 
   const Options options_;
   RegionRegistry* const registry_;
@@ -80,6 +104,9 @@ class HandoverSocket {
   const int stop_fd_;  // An eventfd written to stop Serve.
   const dev_t dev_;    // The socket file this server made, to remove only that one.
   const ino_t ino_;
+  // Used only by the thread that runs Serve (and by the destructor after it ended).
+  std::vector<Lifeline> lifelines_;
+  uint64_t next_lifeline_ = 1;
   std::thread thread_;
 };
 

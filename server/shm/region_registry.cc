@@ -14,11 +14,12 @@ namespace orthoserve {
 // A region's memory and its users. Shared by the registry and every lease, so that the memory
 // outlives the registry's entry while a step still uses it.
 struct RegionLease::Entry {
-  Entry(std::unique_ptr<RegionMemory> map, PeerIdentity peer)
-      : map(std::move(map)), peer(peer), cuda_device(this->map->cuda_device()) {}
+  Entry(std::unique_ptr<RegionMemory> map, PeerIdentity peer, uint64_t lifeline)
+      : map(std::move(map)), peer(peer), lifeline(lifeline), cuda_device(this->map->cuda_device()) {}
 
   const std::unique_ptr<RegionMemory> map;
   const PeerIdentity peer;
+  const uint64_t lifeline;  // The connection it was staged through.
   const std::string cuda_device;  // Empty: host memory.
   std::string name;  // Set once, by Claim, before the entry is shared with any lease.
   mutable absl::Mutex mu;
@@ -60,10 +61,14 @@ void RegionLease::Release() {
   on_device_ = false;
 }
 
-absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer) {
-  auto entry = std::make_shared<RegionLease::Entry>(std::move(region), peer);
+absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer,
+                                                  uint64_t lifeline) {
+  auto entry = std::make_shared<RegionLease::Entry>(std::move(region), peer, lifeline);
   absl::MutexLock lock(&mu_);
   PruneExpiredLocked();
+  if (lifelines_.contains(lifeline)) {
+    return absl::InvalidArgumentError(absl::StrCat("lifeline ", lifeline, " holds a region already"));
+  }
   if (static_cast<int>(staged_.size()) >= options_.max_pending) {
     return absl::ResourceExhaustedError(absl::StrCat(
         options_.max_pending, " handed-over regions already wait for RegisterRegion (--shm-max-pending); retry later"));
@@ -73,6 +78,7 @@ absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<RegionMemory> 
     ASSIGN_OR_RETURN(ticket, RandomId128());
   } while (staged_.contains(ticket));
   staged_.emplace(ticket, Staged{std::move(entry), options_.now() + options_.ticket_timeout});
+  lifelines_.emplace(lifeline, Held{ticket, false, "", ""});
   return ticket;
 }
 
@@ -103,6 +109,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::Claim(absl::string_view tenant, absl:
   staged_.erase(staged);
   entry->name = std::string(name);
   Count(*entry, +1);
+  lifelines_[entry->lifeline] = Held{"", true, std::string(tenant), id};
   RegionInfo info = InfoOf(id, *entry);
   regions.emplace(std::move(id), std::move(entry));
   return info;
@@ -151,16 +158,7 @@ absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_v
   std::shared_ptr<RegionLease::Entry> entry;
   {
     absl::MutexLock lock(&mu_);
-    auto t = tenants_.find(tenant);
-    if (t != tenants_.end()) {
-      auto r = t->second.find(id);
-      if (r != t->second.end()) {
-        entry = std::move(r->second);
-        t->second.erase(r);
-        if (t->second.empty()) tenants_.erase(t);
-        Count(*entry, -1);
-      }
-    }
+    entry = RemoveLocked(tenant, id);
   }
   if (entry == nullptr) return absl::NotFoundError("the tenant has no shared-memory region with this id");
   RegionLease::Entry* const e = entry.get();
@@ -189,6 +187,43 @@ absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_v
   return absl::OkStatus();
 }
 
+std::shared_ptr<RegionLease::Entry> RegionRegistry::RemoveLocked(absl::string_view tenant, absl::string_view id) {
+  auto t = tenants_.find(tenant);
+  if (t == tenants_.end()) return nullptr;
+  auto r = t->second.find(id);
+  if (r == t->second.end()) return nullptr;
+  std::shared_ptr<RegionLease::Entry> entry = std::move(r->second);
+  t->second.erase(r);
+  if (t->second.empty()) tenants_.erase(t);
+  Count(*entry, -1);
+  lifelines_.erase(entry->lifeline);
+  return entry;
+}
+
+RegionRegistry::Dropped RegionRegistry::DropLifeline(uint64_t lifeline) {
+  std::shared_ptr<RegionLease::Entry> entry;  // Let go of after mu_: the last holder unmaps.
+  absl::MutexLock lock(&mu_);
+  auto held = lifelines_.find(lifeline);
+  if (held == lifelines_.end()) return Dropped::kNothing;
+  if (!held->second.claimed) {
+    auto staged = staged_.find(held->second.ticket);
+    if (staged != staged_.end()) {
+      entry = std::move(staged->second.entry);
+      staged_.erase(staged);
+    }
+    lifelines_.erase(held);
+    return entry == nullptr ? Dropped::kNothing : Dropped::kStaged;
+  }
+  const Held where = held->second;  // RemoveLocked erases `held`.
+  entry = RemoveLocked(where.tenant, where.id);
+  return entry == nullptr ? Dropped::kNothing : Dropped::kRegistered;
+}
+
+bool RegionRegistry::Holds(uint64_t lifeline) const {
+  absl::MutexLock lock(&mu_);
+  return lifelines_.contains(lifeline);
+}
+
 int RegionRegistry::PruneExpired() {
   absl::MutexLock lock(&mu_);
   return PruneExpiredLocked();
@@ -199,6 +234,7 @@ int RegionRegistry::PruneExpiredLocked() {
   int pruned = 0;
   for (auto it = staged_.begin(); it != staged_.end();) {
     if (it->second.expires <= now) {
+      lifelines_.erase(it->second.entry->lifeline);
       staged_.erase(it++);
       ++pruned;
     } else {

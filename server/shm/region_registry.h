@@ -3,6 +3,12 @@
 // them; a claimed region belongs to that tenant under a server-chosen random id, and every use of
 // it holds a lease, so that unregistering waits for the steps using it. No gRPC; thread-safe.
 //
+// Every region is staged through a lifeline: the handover connection, which its client keeps
+// open for as long as it holds the region (handover_socket.h). When a lifeline ends (the process
+// died, or let go), DropLifeline drops the region staged or registered through it as an
+// unregister would, without waiting: so a client that died does not keep its regions (or its
+// tenant's --shm-max-regions-per-tenant) until the server restarts.
+//
 // Isolation: every lookup is keyed by (tenant, id). Another tenant's id, a guessed id and an id
 // whose owner unregistered it all give the same NOT_FOUND, so answers say nothing about regions
 // that are not the caller's.
@@ -88,10 +94,13 @@ class RegionRegistry {
 
   const Options& options() const { return options_; }
 
-  // Holds `region` (handed over by `peer`) under a fresh ticket, which it returns; the ticket is
-  // good for one Claim within options().ticket_timeout. RESOURCE_EXHAUSTED when
-  // options().max_pending regions wait already (the region is then dropped: unmapped or closed).
-  absl::StatusOr<std::string> Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Holds `region` (handed over by `peer` on the connection `lifeline`, an id the caller never
+  // reuses) under a fresh ticket, which it returns; the ticket is good for one Claim within
+  // options().ticket_timeout. RESOURCE_EXHAUSTED when options().max_pending regions wait already;
+  // INVALID_ARGUMENT when `lifeline` holds a region already (one region per lifeline). The region
+  // is dropped (unmapped or closed) on error.
+  absl::StatusOr<std::string> Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer, uint64_t lifeline)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Makes the memory staged under `ticket` a region of `tenant`, labelled `name`, under a fresh
   // id. NOT_FOUND for an unknown, used or expired ticket; INVALID_ARGUMENT for a name longer
@@ -116,6 +125,20 @@ class RegionRegistry {
   // when the last lease goes).
   absl::Status Unregister(absl::string_view tenant, absl::string_view id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // What DropLifeline dropped: the region, staged (unclaimed) or registered, or nothing.
+  enum class Dropped { kNothing, kStaged, kRegistered };
+
+  // Lifeline `lifeline` ended (its owner died or let go): drops the region staged or registered
+  // through it, as Unregister does but without waiting — new uses are NOT_FOUND at once, steps in
+  // flight keep their leases, and the memory is unmapped (or the handle closed) when the last
+  // lease goes. kNothing when the region was unregistered or its ticket expired already, or the
+  // lifeline is unknown: ending a lifeline after an unregister is a no-op.
+  Dropped DropLifeline(uint64_t lifeline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whether a region staged or registered through `lifeline` is still here (not unregistered, not
+  // expired, not dropped): the socket lets go of lifelines that hold nothing any more.
+  bool Holds(uint64_t lifeline) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops staged regions whose ticket expired; returns how many. Stage and Claim prune too; the
   // socket listener calls this periodically so that an unclaimed memfd or CUDA IPC mapping does
   // not outlive its ticket by more than that period.
@@ -139,8 +162,19 @@ class RegionRegistry {
     absl::Time expires;
   };
   using TenantRegions = absl::flat_hash_map<std::string, std::shared_ptr<RegionLease::Entry>>;  // id -> region
+  // Where the region of a lifeline is: staged under `ticket`, or (claimed) region `id` of `tenant`.
+  struct Held {
+    std::string ticket;
+    bool claimed = false;
+    std::string tenant;
+    std::string id;
+  };
 
   int PruneExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes region `id` of `tenant` (counted out of totals_, its lifeline forgotten) and returns
+  // it; null when there is none.
+  std::shared_ptr<RegionLease::Entry> RemoveLocked(absl::string_view tenant, absl::string_view id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds (sign +1) or removes (-1) a claimed region in totals_.
   void Count(const RegionLease::Entry& entry, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static RegionInfo InfoOf(const std::string& id, const RegionLease::Entry& entry);
@@ -149,6 +183,7 @@ class RegionRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Staged> staged_ ABSL_GUARDED_BY(mu_);  // ticket -> memory
   absl::flat_hash_map<std::string, TenantRegions> tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Held> lifelines_ ABSL_GUARDED_BY(mu_);  // lifeline -> its region
   Totals totals_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <random>
@@ -132,8 +133,10 @@ class CudaIpcEmulationTest : public ::testing::Test {
   }
 
   // Hands [offset, +size) of `a` over on the socket as a CUDA_IPC line; the answer line.
+  // The connection is kept (open until the test ends): it is the region's lifeline.
   std::string HandOver(const ClientAllocation& a, int64_t offset, int64_t size, const std::string& uuid = kDevice0) {
-    return HandOverLine(socket_->path(), FormatCudaIpcMessage(CudaIpcHandover{uuid, offset, size, a.handle}));
+    return HandOverLine(socket_->path(), FormatCudaIpcMessage(CudaIpcHandover{uuid, offset, size, a.handle}), 0, 50,
+                        &lifelines_.emplace_back());
   }
   // Hands it over and registers it for `tenant`; the region's id ("" and a failure otherwise).
   std::string Register(const std::string& tenant, const ClientAllocation& a, int64_t offset, int64_t size) {
@@ -207,6 +210,7 @@ class CudaIpcEmulationTest : public ::testing::Test {
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<BufferPool> buffers_;
   FairPool pool_{2};
+  std::deque<OwnedFd> lifelines_;
   std::string dir_;
   RegionRegistry registry_{RegionRegistry::Options{}};  // After backend_: its regions close first.
   std::unique_ptr<HandoverSocket> socket_;

@@ -3,14 +3,19 @@
 // one started without it): results through regions are bit-identical to results through bytes in
 // unary and stream calls, a result goes into a second region, the server's OUT_OF_RANGE and
 // NOT_FOUND come back as such, a server without regions gives FAILED_PRECONDITION, a call naming a
-// region stays on the region's address, and `orthoctl bench --shm` runs.
+// region stays on the region's address, `orthoctl bench --shm` runs, and the region of an orthoctl
+// killed with SIGKILL (by its pid) is dropped by the server (its lifeline closed with the process).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -22,7 +27,9 @@
 #include "client/cpp/orthoctl/commands.h"
 #include "client/cpp/region.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "orthoserve/v1/orthogonalizer.grpc.pb.h"
 #include "tests/integration/binaries/server_fixture.h"
 #include "tests/integration/binaries/subprocess.h"
 #include "tests/util/status_matchers.h"
@@ -481,6 +488,72 @@ TEST_F(ClientShmTest, OrthoctlBenchThroughARegion) {
       orthoctl::kExitRpc);
   EXPECT_THAT(refused_err.str(), HasSubstr("UNAUTHENTICATED"));
   EXPECT_THAT(refused_err.str(), HasSubstr("--shm"));
+}
+
+// The ids of the regions `token`'s tenant has on the server (empty, and a failure, when the call fails).
+std::vector<std::string> RegionIds(const std::string& address, const std::string& token) {
+  auto stub = v1::SharedMemory::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListRegionsResponse response;
+  const grpc::Status status = stub->ListRegions(&context, v1::ListRegionsRequest(), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<std::string> ids;
+  for (const v1::Region& r : response.regions()) ids.push_back(r.region_id());
+  return ids;
+}
+
+// Polls `done` every 20 ms until it holds or `timeout` passed; whether it held.
+bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+TEST_F(ClientShmTest, TheRegionOfAClientKilledWithoutUnregisteringIsDropped) {
+  const std::string token_file = *dir_ + "/bob.token";
+  {
+    std::ofstream out(token_file);
+    out << kBob << "\n";
+  }
+  const std::vector<std::string> before = RegionIds(server_->address, kBob);
+  // orthoctl bench --shm registers one region and steps through it for far longer than this test.
+  absl::StatusOr<std::unique_ptr<testing::Subprocess>> bench = testing::Subprocess::Start(
+      {ORTHOCTL_BINARY, "bench", "--shm", "--shape", "64,64", "--matrices", "2", "--iters", "100000000", "--server",
+       server_->address, "--token-file", token_file, "--timeout", "30"},
+      *dir_ + "/killed-bench");
+  ASSERT_OK(bench.status());
+  std::string id;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (const std::string& r : RegionIds(server_->address, kBob)) {
+          if (std::find(before.begin(), before.end(), r) == before.end()) id = r;
+        }
+        return !id.empty() || !(*bench)->Running();
+      },
+      absl::Seconds(60)));
+  ASSERT_FALSE(id.empty()) << "orthoctl registered no region: " << (*bench)->Stderr();
+  (*bench)->Signal(SIGKILL);  // By its pid: it cannot unregister.
+  absl::StatusOr<int> code = (*bench)->Wait(absl::Seconds(30));
+  ASSERT_OK(code.status());
+  EXPECT_EQ(*code, 128 + SIGKILL);
+  EXPECT_TRUE(Eventually(
+      [&] {
+        const std::vector<std::string> now = RegionIds(server_->address, kBob);
+        return std::find(now.begin(), now.end(), id) == now.end();
+      },
+      absl::Seconds(10)))
+      << "the killed client's region " << id << " is still registered";
+  // The tenant registers (and unregisters) as before.
+  std::unique_ptr<Client> bob = Connect(kBob);
+  absl::StatusOr<std::unique_ptr<Region>> region = bob->CreateRegion(4096);
+  ASSERT_OK(region.status());
+  EXPECT_OK((*region)->Unregister());
+  EXPECT_EQ(RegionIds(server_->address, kBob), before);
 }
 
 }  // namespace

@@ -100,7 +100,8 @@ class CudaRegionRpcTest : public ::testing::Test {
   // Stages fake GPU memory of `size` bytes (as the socket does for an opened handle) and
   // registers it through the service as `token`'s tenant.
   v1::Region Register(const std::string& token, int64_t size) {
-    absl::StatusOr<std::string> ticket = registry_.Stage(std::make_unique<FakeGpuMemory>(size), PeerIdentity{getpid()});
+    absl::StatusOr<std::string> ticket = registry_.Stage(std::make_unique<FakeGpuMemory>(size), PeerIdentity{getpid()},
+                                                            ++lifelines_);
     EXPECT_OK(ticket.status());
     v1::RegisterRegionRequest request;
     request.set_ticket(ticket.value_or(""));
@@ -114,6 +115,7 @@ class CudaRegionRpcTest : public ::testing::Test {
   std::string dir_;
   std::string tokens_;
   RegionRegistry registry_{RegionRegistry::Options{}};
+  uint64_t lifelines_ = 0;  // The last lifeline id staged under (no socket here: ids only).
   std::unique_ptr<TokenAuth> auth_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<SharedMemoryService> service_;

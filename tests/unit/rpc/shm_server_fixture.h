@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@ namespace orthoserve::testing {
 // A client's region: a sealed memfd of `size` bytes, mapped here, handed over and registered.
 struct ClientRegion {
   OwnedFd fd;
+  OwnedFd lifeline;  // The handover connection: the region is dropped when it closes.
   char* data = nullptr;
   int64_t size = 0;
   std::string id;
@@ -83,7 +85,7 @@ class ShmServerTest : public ::testing::Test {
   std::string Ticket() {
     OwnedFd fd = MakeMemfd(kFixtureMemfdBytes);
     const int fds[] = {fd.get()};
-    const std::string answer = HandOver(socket_, fds, 1);
+    const std::string answer = HandOver(socket_, fds, 1, &lifelines_.emplace_back());
     EXPECT_THAT(answer, ::testing::StartsWith("OK "));
     return answer.size() > 3 ? answer.substr(3) : "";
   }
@@ -112,7 +114,7 @@ class ShmServerTest : public ::testing::Test {
     EXPECT_NE(p, MAP_FAILED);
     if (p != MAP_FAILED) r->data = static_cast<char*>(p);
     const int fds[] = {r->fd.get()};
-    const std::string answer = HandOver(socket_, fds, 1);
+    const std::string answer = HandOver(socket_, fds, 1, &r->lifeline);
     EXPECT_THAT(answer, ::testing::StartsWith("OK "));
     v1::Region region;
     EXPECT_TRUE(Register(token, answer.size() > 3 ? answer.substr(3) : "", &region).ok());
@@ -122,6 +124,7 @@ class ShmServerTest : public ::testing::Test {
 
   std::string Scrape() { return HttpExchange(server_->metrics_port(), "GET /metrics HTTP/1.1"); }
 
+  std::deque<OwnedFd> lifelines_;  // Of the tickets Ticket() handed out: open until the test ends.
   std::string dir_;
   std::string tokens_;
   std::string socket_;

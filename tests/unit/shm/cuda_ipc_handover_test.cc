@@ -156,7 +156,8 @@ TEST_F(CudaIpcHandoverTest, AHandleIsOpenedStagedClaimedAndClosedWhenTheLastLeas
   Start(/*opener=*/true);
   const CudaIpcHandover h = Handover(4096, 1 << 16);
   // The line may arrive in pieces: split inside the handle.
-  const std::string answer = HandOverLine(path_, FormatCudaIpcMessage(h), 100);
+  OwnedFd lifeline;
+  const std::string answer = HandOverLine(path_, FormatCudaIpcMessage(h), 100, 50, &lifeline);
   ASSERT_THAT(answer, StartsWith("OK "));
   const std::vector<CudaIpcHandover> got = opened();
   ASSERT_EQ(got.size(), 1u);

@@ -77,7 +77,8 @@ TEST_F(HandoverSocketTest, AHandedOverMemfdIsStagedUnderATicket) {
   ASSERT_OK(socket.status());
   OwnedFd fd = MakeMemfd(kSize);
   const int fds[] = {fd.get()};
-  const std::string answer = HandOver(path_, fds, 1);
+  OwnedFd lifeline;
+  const std::string answer = HandOver(path_, fds, 1, &lifeline);
   ASSERT_THAT(answer, StartsWith("OK "));
   const std::string ticket = answer.substr(3);
   EXPECT_EQ(ticket.size(), kRandomIdChars);
@@ -102,7 +103,8 @@ TEST_F(HandoverSocketTest, BadMessagesAreRefusedAndTheSocketGoesOn) {
   EXPECT_THAT(HandOver(path_, two, 2), StartsWith("ERR INVALID_ARGUMENT send one message"));
   EXPECT_THAT(HandOver(path_, one_unsealed, 1), StartsWith("ERR INVALID_ARGUMENT the memfd is not sealed"));
   const int good[] = {a.get()};
-  EXPECT_THAT(HandOver(path_, good, 1), StartsWith("OK "));
+  OwnedFd lifeline;
+  EXPECT_THAT(HandOver(path_, good, 1, &lifeline), StartsWith("OK "));
   EXPECT_EQ(outcomes(4), (std::vector<std::string>{"refused_message", "refused_message", "refused_memfd", "staged"}));
   EXPECT_EQ(registry.pending(), 1);
 }

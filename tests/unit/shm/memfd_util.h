@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -53,8 +54,10 @@ inline OwnedFd MakeMemfd(int64_t size, bool seal_shrink = true) {
 }
 
 // Connects to the handover socket at `path`, sends one byte with `fds` (count of them) and
-// returns the server's answer line (without the newline), or "connect failed: ..." etc.
-inline std::string HandOver(const std::string& path, const int* fds, int count) {
+// returns the server's answer line (without the newline), or "connect failed: ..." etc. The
+// connection — the region's lifeline after "OK" — is moved to `*lifeline` when it is given (the
+// region lives as long as that is open), else closed (a staged region is then dropped).
+inline std::string HandOver(const std::string& path, const int* fds, int count, OwnedFd* lifeline = nullptr) {
   OwnedFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -89,13 +92,16 @@ inline std::string HandOver(const std::string& path, const int* fds, int count) 
     if (answer.find('\n') != std::string::npos) break;
   }
   if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  if (lifeline != nullptr) *lifeline = std::move(conn);
   return answer;
 }
 
 // Connects to the handover socket at `path`, sends `text` with no descriptor — in two writes,
 // the second `pause_ms` after the first, when `split` is inside it — and returns the server's answer
-// line (without the newline), or "connect failed: ..." etc.
-inline std::string HandOverLine(const std::string& path, const std::string& text, size_t split = 0, int pause_ms = 50) {
+// line (without the newline), or "connect failed: ..." etc. The connection is moved to `*lifeline`
+// when it is given (as for HandOver), else the client shuts its sending side after `text` and closes it.
+inline std::string HandOverLine(const std::string& path, const std::string& text, size_t split = 0, int pause_ms = 50,
+                                OwnedFd* lifeline = nullptr) {
   OwnedFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -116,7 +122,9 @@ inline std::string HandOverLine(const std::string& path, const std::string& text
       return absl::StrCat("send failed: ", std::strerror(errno));
     }
   }
-  shutdown(conn.get(), SHUT_WR);  // Nothing more comes: a line without its newline is seen at once.
+  // Nothing more comes: a line without its newline is seen at once. (Not on a lifeline, whose end
+  // would drop the region.)
+  if (lifeline == nullptr) shutdown(conn.get(), SHUT_WR);
   std::string answer;
   char buf[256];
   for (int i = 0; i < 64; ++i) {  // Bounded: the answer is one short line.
@@ -126,6 +134,7 @@ inline std::string HandOverLine(const std::string& path, const std::string& text
     if (answer.find('\n') != std::string::npos) break;
   }
   if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  if (lifeline != nullptr) *lifeline = std::move(conn);
   return answer;
 }
 

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -27,6 +28,12 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kSize = 1 << 16;
 
+// A lifeline id not used before in this process (the socket numbers its connections so).
+uint64_t NextLifeline() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
 std::unique_ptr<MappedRegion> MapOrDie(OwnedFd fd, int64_t max_bytes = kSize) {
   absl::StatusOr<std::unique_ptr<MappedRegion>> region = MappedRegion::Map(fd.release(), max_bytes);
   EXPECT_TRUE(region.ok()) << region.status();
@@ -35,7 +42,7 @@ std::unique_ptr<MappedRegion> MapOrDie(OwnedFd fd, int64_t max_bytes = kSize) {
 
 // Registers a fresh sealed memfd of `size` bytes for `tenant`; returns its info.
 RegionInfo Register(RegionRegistry& registry, const std::string& tenant, int64_t size = kSize) {
-  absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(MakeMemfd(size), size), PeerIdentity{});
+  absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(MakeMemfd(size), size), PeerIdentity{}, NextLifeline());
   EXPECT_TRUE(ticket.ok()) << ticket.status();
   absl::StatusOr<RegionInfo> info = registry.Claim(tenant, ticket.value_or(""), "weights");
   EXPECT_TRUE(info.ok()) << info.status();
@@ -107,7 +114,7 @@ TEST(MappedRegionTest, TheClientCannotTruncateARegionTheServerMapped) {
 
 TEST(RegionRegistryTest, ATicketIsGoodForOneClaim) {
   RegionRegistry registry({});
-  absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{42, 1000, 1000});
+  absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{42, 1000, 1000}, NextLifeline());
   ASSERT_OK(ticket.status());
   EXPECT_EQ(registry.pending(), 1);
   absl::StatusOr<RegionInfo> info = registry.Claim("alice", *ticket, "momenta");
@@ -130,7 +137,7 @@ TEST(RegionRegistryTest, AnUnclaimedTicketExpires) {
   options.ticket_timeout = absl::Seconds(10);
   options.now = [&now] { return now; };
   RegionRegistry registry(options);
-  absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{});
+  absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{}, NextLifeline());
   ASSERT_OK(ticket.status());
   now += absl::Seconds(9);
   EXPECT_EQ(registry.PruneExpired(), 0);
@@ -145,11 +152,11 @@ TEST(RegionRegistryTest, StagedMemfdsAndRegionsPerTenantAreBounded) {
   options.max_pending = 2;
   options.max_regions_per_tenant = 1;
   RegionRegistry registry(options);
-  absl::StatusOr<std::string> first = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{});
+  absl::StatusOr<std::string> first = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{}, NextLifeline());
   ASSERT_OK(first.status());
-  absl::StatusOr<std::string> second = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{});
+  absl::StatusOr<std::string> second = registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{}, NextLifeline());
   ASSERT_OK(second.status());
-  EXPECT_THAT(registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{}),
+  EXPECT_THAT(registry.Stage(MapOrDie(MakeMemfd(kSize)), PeerIdentity{}, NextLifeline()),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--shm-max-pending")));
   EXPECT_EQ(registry.pending(), 2);
   ASSERT_OK(registry.Claim("alice", *first, "").status());

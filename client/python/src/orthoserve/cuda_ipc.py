@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import socket
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Tuple
 
 import grpc
 
-from orthoserve import errors
+from orthoserve import errors, shm
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
@@ -112,29 +112,11 @@ def format_message(device: str, offset: int, size: int, handle: bytes) -> bytes:
     return f"CUDA_IPC {device} {offset} {size} {handle.hex()}\n".encode("ascii")
 
 
-def hand_over(path: str, message: bytes, timeout: float = _HANDOVER_TIMEOUT) -> str:
-    """Sends a CUDA_IPC line on the server's socket at `path`; returns the ticket. Raises OrthoserveError with the
-    server's code when it refuses (FailedPreconditionError: a cpu backend, or another GPU)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        try:
-            s.connect(path)
-            s.sendall(message)
-            answer = b""
-            while not answer.endswith(b"\n") and len(answer) < 4096:
-                part = s.recv(4096)
-                if not part:
-                    break
-                answer += part
-        except OSError as e:
-            raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE,
-                                          f"the shared-memory socket {path} did not take the handle: {e}") from None
-    line = answer.decode("utf-8", "replace").strip()
-    if line.startswith("OK "):
-        return line[3:]
-    code_name, _, text = line[4:].partition(" ") if line.startswith("ERR ") else ("UNKNOWN", "", line)
-    code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
-    raise errors.error_from_code(code.value[0], f"the server refused the CUDA IPC handle: {text or line!r}")
+def hand_over(path: str, message: bytes, timeout: float = _HANDOVER_TIMEOUT) -> Tuple[str, socket.socket]:
+    """Sends a CUDA_IPC line on the server's socket at `path`; returns the ticket and the connection, the region's
+    lifeline (shm.hand_over: keep it open while the region is held). Raises OrthoserveError with the server's code
+    when it refuses (FailedPreconditionError: a cpu backend, or another GPU)."""
+    return shm.hand_over(path, lambda s: s.sendall(message), "the CUDA IPC handle", timeout)
 
 
 class CudaRegion:
@@ -159,8 +141,9 @@ class CudaRegion:
         self._end = ptr + size
         if self._end > e.base + e.size:
             raise ValueError(f"orthoserve: {size} bytes at {ptr:#x} run past their allocation")
-        ticket = hand_over(info.shm_socket, format_message(e.device_uuid, self._start - e.base,
-                                                           self._end - self._start, e.handle))
+        ticket, lifeline = hand_over(info.shm_socket, format_message(e.device_uuid, self._start - e.base,
+                                                                     self._end - self._start, e.handle))
+        shm.hold_lifeline(self, lifeline)
         self._client = client
         self._keep = keep
         self.address = address
@@ -171,6 +154,7 @@ class CudaRegion:
             region = self._stub.RegisterRegion(pb.RegisterRegionRequest(ticket=ticket, name=name),
                                                timeout=client._deadline(timeout), metadata=client._metadata)
         except grpc.RpcError as err:
+            shm.close_lifeline(self)
             raise errors.error_from_rpc(err) from None
         self.id = region.region_id
 
@@ -196,15 +180,20 @@ class CudaRegion:
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Unregisters the region; the server answers once no step uses it and it closed its mapping. Only then is
-        the memory let go of (the tensor reference). Idempotent."""
-        if self.id:
-            region_id, self.id = self.id, ""
-            try:
-                self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
-                                            timeout=self._client._deadline(timeout), metadata=self._client._metadata)
-            except grpc.RpcError as err:
-                raise errors.error_from_rpc(err) from None
-        self._keep = None
+        the memory let go of (the tensor reference). Closes the lifeline either way (when the unregister failed, the
+        server drops the region on its own, and the tensor stays referenced). Idempotent."""
+        try:
+            if self.id:
+                region_id, self.id = self.id, ""
+                try:
+                    self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
+                                                timeout=self._client._deadline(timeout),
+                                                metadata=self._client._metadata)
+                except grpc.RpcError as err:
+                    raise errors.error_from_rpc(err) from None
+            self._keep = None
+        finally:
+            shm.close_lifeline(self)
 
     def __enter__(self) -> "CudaRegion":
         return self

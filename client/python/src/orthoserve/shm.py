@@ -15,6 +15,11 @@ or in `out=`) names the region's slice instead of sending bytes, and goes to the
 orthoserve.torch stages its matrices in a region on its own (orthoserve.region_transport). Do not write an array the
 server is reading, or read a result array, while its call runs. `close` unregisters (waiting for the server's steps
 that use it) and unmaps.
+
+Each region keeps the connection it was handed over on open (its lifeline) until `close`: when this process dies
+without closing its regions (SIGKILL, OOM), the kernel closes the connection and the server drops them. A child this
+process forks does not hold its parent's lifelines (they are closed in the child at the fork): the parent's regions go
+with the parent.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import os
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -47,29 +53,64 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _hand_over(path: str, fd: int, timeout: float) -> str:
-    """Sends `fd` over the Unix socket at `path` (one byte with SCM_RIGHTS); returns the ticket. Raises
-    OrthoserveError (the server's code) when the server refuses it."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+def hand_over(path: str, send: Callable[[socket.socket], None], what: str,
+              timeout: float = _HANDOVER_TIMEOUT) -> Tuple[str, socket.socket]:
+    """Connects to the handover socket at `path`, lets `send` write the message on it and reads the one-line answer.
+    Returns the ticket and the connection, which the caller keeps open for as long as it holds the region (its
+    lifeline: the server drops the region when it closes) and sends nothing more on. Raises OrthoserveError (the
+    server's code; UnavailableError when the socket cannot be reached) naming `what` when it refuses."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
         s.settimeout(timeout)
         try:
             s.connect(path)
-            socket.send_fds(s, [b"M"], [fd])
+            send(s)
             answer = b""
-            while not answer.endswith(b"\n") and len(answer) < 4096:  # One short line, then the server closes.
+            while not answer.endswith(b"\n") and len(answer) < 4096:  # One short line.
                 part = s.recv(4096)
                 if not part:
                     break
                 answer += part
         except OSError as e:
             raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE,
-                                          f"the shared-memory socket {path} did not take the memfd: {e}") from None
-    line = answer.decode("utf-8", "replace").strip()
-    if line.startswith("OK "):
-        return line[3:]
-    code_name, _, message = line[4:].partition(" ") if line.startswith("ERR ") else ("UNKNOWN", "", line)
-    code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
-    raise errors.error_from_code(code.value[0], f"the server refused the memfd: {message or line!r}")
+                                          f"the shared-memory socket {path} did not take {what}: {e}") from None
+        line = answer.decode("utf-8", "replace").strip()
+        if line.startswith("OK "):
+            s.settimeout(None)
+            return line[3:], s
+        code_name, _, message = line[4:].partition(" ") if line.startswith("ERR ") else ("UNKNOWN", "", line)
+        code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
+        raise errors.error_from_code(code.value[0], f"the server refused {what}: {message or line!r}")
+    except BaseException:
+        s.close()
+        raise
+
+
+# Regions whose lifeline is open in this process: a forked child closes its copies (os.register_at_fork below).
+_with_lifelines: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def hold_lifeline(owner: Any, lifeline: socket.socket) -> None:
+    """Records that `owner` (a Region or CudaRegion, with a `_lifeline` attribute) holds `lifeline`."""
+    owner._lifeline = lifeline
+    _with_lifelines.add(owner)
+
+
+def close_lifeline(owner: Any) -> None:
+    """Closes `owner`'s lifeline, if open: the server drops whatever is still registered through it."""
+    lifeline, owner._lifeline = getattr(owner, "_lifeline", None), None
+    _with_lifelines.discard(owner)
+    if lifeline is not None:
+        lifeline.close()
+
+
+def _close_lifelines_in_child() -> None:
+    # The child's copies only: the parent's connections stay open, so its regions live as long as the parent.
+    for owner in list(_with_lifelines):
+        close_lifeline(owner)
+
+
+os.register_at_fork(after_in_child=_close_lifelines_in_child)
 
 
 class Region:
@@ -91,6 +132,7 @@ class Region:
         self.id = ""
         self._lock = threading.Lock()
         self._next = 0  # The bump allocator of `array` and `tensor`.
+        self._lifeline: Optional[socket.socket] = None
         self._fd = os.memfd_create(f"orthoserve-{name or 'region'}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self._fd, size)
@@ -100,7 +142,9 @@ class Region:
             self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self._base = np.frombuffer(self._map, dtype=np.uint8)
             self._mapped_at = self._base.__array_interface__["data"][0]  # Where the mapping starts here.
-            ticket = _hand_over(info.shm_socket, self._fd, _HANDOVER_TIMEOUT)
+            fd = self._fd
+            ticket, lifeline = hand_over(info.shm_socket, lambda s: socket.send_fds(s, [b"M"], [fd]), "the memfd")
+            hold_lifeline(self, lifeline)
             stub = pb_grpc.SharedMemoryStub(client._channel(address))
             try:
                 region = stub.RegisterRegion(pb.RegisterRegionRequest(ticket=ticket, name=name),
@@ -196,8 +240,9 @@ class Region:
     # -- life ------------------------------------------------------------------------------------------------
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Unregisters the region (the server answers once no step uses it any more) and unmaps it here. Arrays
-        still referring to it keep the mapping alive until they are gone. Idempotent."""
+        """Unregisters the region (the server answers once no step uses it any more), closes its lifeline and unmaps
+        it here. Arrays still referring to it keep the mapping alive until they are gone. Idempotent. When the
+        unregister fails, the lifeline is closed all the same: the server then drops the region on its own."""
         try:
             if self.id:
                 region_id, self.id = self.id, ""
@@ -211,6 +256,7 @@ class Region:
             self._release_memory()
 
     def _release_memory(self) -> None:
+        close_lifeline(self)
         with self._lock:
             self._base = None
             if getattr(self, "_map", None) is not None:
