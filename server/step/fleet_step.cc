@@ -48,6 +48,7 @@ void FleetStep::InputEnded() {
     blocks.push_back(m.spec.block);
     step->inputs.push_back(std::move(m.group_input));
   }
+  TakeRegions(*step);
   step->sent = SenderBlocks(std::move(specs), std::move(blocks));
   {
     absl::MutexLock lock(&mu_);
@@ -68,6 +69,26 @@ void FleetStep::InputEnded() {
     draining = cancel_draining_;
   }
   if (cancel) Cancel(draining);
+}
+
+void FleetStep::TakeRegions(TrainerStep& step) {
+  std::vector<std::shared_ptr<const void>> leases;
+  for (const Matrix& m : matrices_) {
+    if (m.memory.owner != nullptr) leases.push_back(m.memory.owner);
+  }
+  if (leases.empty()) return;
+  step.input_at.assign(matrices_.size(), nullptr);
+  step.output_at.assign(matrices_.size(), nullptr);
+  result_at_.assign(matrices_.size(), nullptr);
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    step.input_at[i] = matrices_[i].memory.input;
+    step.output_at[i] = matrices_[i].memory.result;
+    result_at_[i] = matrices_[i].memory.result;
+  }
+  // Both the fleet's step (until the batch ran) and this step (until its results are delivered)
+  // hold the leases: either may end first (a cancel, a batch still running).
+  regions_ = std::make_shared<const std::vector<std::shared_ptr<const void>>>(std::move(leases));
+  step.regions = regions_;
 }
 
 void FleetStep::Cancel(bool draining) {
@@ -125,6 +146,13 @@ void FleetStep::Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> ow
     const MatrixPlan& plan = step.sent.spec(i);
     const absl::Status& s = outcome.matrices[i];
     s_.metrics->MatrixDone(s_.method, AlgorithmName(plan.algorithm), DTypeName(plan.dtype), absl::StatusCodeToString(s.code()));
+    if (i < result_at_.size() && result_at_[i] != nullptr) {
+      // Written into the trainer's region by the batch: handed over where it is.
+      const size_t bytes = static_cast<size_t>(step.sent.blocks[i].numel()) * ElementSize(plan.result_dtype);
+      sink_->Result(static_cast<int>(i), plan, step.sent.blocks[i], s,
+                    s.ok() ? absl::string_view(result_at_[i], bytes) : absl::string_view(), regions_);
+      continue;
+    }
     const std::vector<char>& out = step.outputs[i];
     sink_->Result(static_cast<int>(i), plan, step.sent.blocks[i], s,
                   s.ok() ? absl::string_view(out.data(), out.size()) : absl::string_view(),
