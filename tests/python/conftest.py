@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import typing
 
@@ -186,6 +187,27 @@ def start_fleet(tmp_dir: pathlib.Path, world: int, attempts: int = 3, extra_args
             for s in reversed(ranks):
                 s.stop()
     raise RuntimeError("could not start a fleet:\n" + "\n".join(failures))
+
+
+def on_every_rank(world, rank_main):
+    """Runs rank_main(rank) for every trainer rank in its own thread; returns their results by rank, or raises
+    the first failure."""
+    results, failures = [None] * world, []
+
+    def run(rank):
+        try:
+            results[rank] = rank_main(rank)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if failures:
+        raise failures[0]
+    return results
 
 
 @pytest.fixture(scope="session")

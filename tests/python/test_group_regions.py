@@ -4,14 +4,13 @@ blocks to the members by the usual routing, some with inputs and results in a re
 some with bytes, some mixed; every rank's results are bit-identical to the same step in bytes. A region array
 pins the step to its region's member."""
 
-import threading
 import uuid
 
 import numpy as np
 import pytest
 
 import orthoserve
-from conftest import start_fleet
+from conftest import on_every_rank, start_fleet
 
 WORLD = 4
 SHAPES = [((24, 16), np.float32), ((16, 12), np.float16)]
@@ -24,25 +23,6 @@ def shm_fleet(tmp_path_factory):
     yield ranks
     for s in reversed(ranks):  # rank 0 (the coordinator) last
         s.stop()
-
-
-def on_every_rank(rank_main):
-    results, failures = [None] * WORLD, []
-
-    def run(rank):
-        try:
-            results[rank] = rank_main(rank)
-        except Exception as e:  # noqa: BLE001 - reported by the main thread
-            failures.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if failures:
-        raise failures[0]
-    return results
 
 
 @pytest.mark.deadline(240)
@@ -88,7 +68,7 @@ def test_a_group_step_through_regions_has_the_bits_of_bytes(shm_fleet):
                     assert g.tobytes() == e.tobytes(), f"rank {rank} matrix {i} differs from bytes"
         return member
 
-    members = on_every_rank(rank_main)
+    members = on_every_rank(WORLD, rank_main)
     assert set(members) == set(addresses), "the trainer ranks did not spread over both members"
 
 

@@ -139,13 +139,9 @@ TEST(ExecutorRegionTest, AReplayAnswersARetryInTheSliceItNamesFromTheKeptInputs)
   FakeRegion second;
   std::shared_ptr<TrainerStep> retry = MakeStep(key, 1, 2, full, /*attempt=*/1);
   InRegion(*retry, second, true, true, nullptr);
-  auto promise = std::make_shared<std::promise<StepOutcome>>();
-  std::future<StepOutcome> future = promise->get_future();
-  h.rank(0).Submit(retry, [promise](StepOutcome o) { promise->set_value(std::move(o)); });
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  StepOutcome o = future.get();
-  ASSERT_OK(o.status);
-  ASSERT_OK(o.matrices[0]);
+  const std::vector<StepOutcome> replayed = Submit(h, {0}, {retry});
+  ASSERT_OK(replayed[0].status);
+  ASSERT_OK(replayed[0].matrices[0]);
   EXPECT_EQ(second.result, Rows(expected, 1, 2));
   EXPECT_EQ(regions[1].result, std::vector<char>(regions[1].result.size(), '\x02'));  // The first slice: untouched.
   EXPECT_EQ(regions[0].result, std::vector<char>(regions[0].result.size(), '\x02'));  // Trainer 0's: untouched.
