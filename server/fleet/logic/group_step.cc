@@ -8,26 +8,27 @@
 namespace orthoserve {
 
 bool TakeRegionInputs(TrainerStep& step) {
-  if (step.input_at.empty() && step.output_at.empty() && step.regions == nullptr) return true;
   bool from_region = false;
-  std::vector<DigestedBlock> digested;
-  digested.reserve(step.sent.size());
-  for (size_t i = 0; i < step.sent.size(); ++i) {
-    if (i < step.input_at.size() && step.input_at[i] != nullptr) {
-      const absl::string_view in = step.input(i);
-      step.inputs[i].assign(in.begin(), in.end());
-      from_region = true;
-    }
-    StreamDigest bytes;
-    bytes.Update(absl::string_view(step.inputs[i].data(), step.inputs[i].size()));
-    digested.push_back(DigestedBlock{step.sent.blocks[i], step.sent.spec(i).dtype, bytes.Value()});
+  for (size_t i = 0; i < step.input_at.size() && i < step.sent.size(); ++i) {
+    if (step.input_at[i] == nullptr) continue;
+    const absl::string_view in = step.input(i);
+    step.inputs[i].assign(in.begin(), in.end());
+    from_region = true;
   }
   step.input_at.clear();
   step.output_at.clear();
   step.regions.reset();
-  // Only the bytes copied out of a region can differ from what arrived; a step whose inputs all
-  // came as bytes is not digested again.
-  return !from_region || StepDigest(digested) == step.digest;
+  // Only bytes copied out of a region can differ from what arrived: a step whose inputs all came
+  // as bytes is not digested again.
+  if (!from_region) return true;
+  std::vector<DigestedBlock> digested;
+  digested.reserve(step.sent.size());
+  for (size_t i = 0; i < step.sent.size(); ++i) {
+    StreamDigest bytes;
+    bytes.Update(absl::string_view(step.inputs[i].data(), step.inputs[i].size()));
+    digested.push_back(DigestedBlock{step.sent.blocks[i], step.sent.spec(i).dtype, bytes.Value()});
+  }
+  return StepDigest(digested) == step.digest;
 }
 
 }  // namespace orthoserve

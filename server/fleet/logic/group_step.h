@@ -10,8 +10,8 @@
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
-#include "absl/time/time.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/fleet_change.h"
 #include "common/shape.h"
