@@ -134,6 +134,11 @@ class FleetStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int) override { return absl::OkStatus(); }
   void InputEnded() override;
+  // INVALID_ARGUMENT when a matrix's result slice overlaps an input slice of the step (its own is
+  // refused at ingress): the batch may write one matrix's result before it reads another's input,
+  // which would give the whole group results of inputs partly overwritten. Compares addresses in
+  // this process's mappings.
+  absl::Status CheckRegionOverlaps() const;
   // Hands the matrices' shared-memory slices (MatrixMemory) to `step` (TrainerStep::input_at,
   // output_at, regions) and keeps what Deliver needs of them (reader's thread, before Submit).
   void TakeRegions(TrainerStep& step);

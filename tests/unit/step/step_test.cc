@@ -457,6 +457,38 @@ TEST_F(GroupStepTest, BlocksInMemoryGoToTheFleetInPlaceBesideBlocksInBytes) {
   EXPECT_TRUE(watch.expired());  // Nobody holds the memory's owner any more.
 }
 
+// A result slice that overlaps another matrix's input slice fails the group step before the
+// fleet has it (the batch may write the one before it reads the other); slices side by side do not.
+TEST_F(GroupStepTest, AResultSliceOverlappingAnotherMatricesInputFailsTheStep) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap);
+    FakeStepFleet fleet(0, 2, backend_.get());
+    auto sink = std::make_shared<RecordingSink>();
+    StepRequest request = Group();
+    request.num_matrices = 2;
+    std::shared_ptr<Step> step = Open(&fleet, request, sink);
+    ASSERT_NE(step, nullptr);
+    // One "region": a's input at 0, b's input after it, b's result over a's input's second half or after both.
+    std::vector<float> region = RandomMatrix(48, 34);
+    const char* base = reinterpret_cast<const char*>(region.data());
+    char* b_result = reinterpret_cast<char*>(region.data()) + (overlap ? 6 : 24) * sizeof(float);
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 6, Block{2, 0, 2, 6}), MatrixMemory{base, nullptr, nullptr}));
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("b", 4, 6, Block{2, 0, 2, 6}),
+                                        MatrixMemory{base + 12 * sizeof(float), b_result, nullptr}));
+    step->End();
+    if (overlap) {
+      ASSERT_TRUE(sink->WaitFinished());
+      EXPECT_THAT(sink->end().status,
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps the input_region of matrix 0")));
+      EXPECT_THAT(fleet.submitted(), IsEmpty());
+      EXPECT_THAT(fleet.aborts(), SizeIs(1));  // The other ranks are told.
+    } else {
+      EXPECT_THAT(fleet.submitted(), SizeIs(1));
+      EXPECT_FALSE(sink->finished());
+    }
+  }
+}
+
 // Device memory (a CUDA IPC region) is not served in group steps: the step fails, and the other
 // ranks are told.
 TEST_F(GroupStepTest, DeviceMemoryFailsTheGroupStep) {
