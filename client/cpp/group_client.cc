@@ -142,6 +142,16 @@ const GroupClient::Member& GroupClient::Pick(int rank, int world, const std::str
   return *ready[preferred];
 }
 
+absl::StatusOr<GroupClient::Route> GroupClient::RouteTo(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Client * client, ClientFor(address));
+  int fleet_rank = -1;
+  for (const Member& m : members_) {
+    if (m.address == address) fleet_rank = m.rank;
+  }
+  return Route{fleet_rank, address, client};
+}
+
 absl::StatusOr<GroupClient::Route> GroupClient::RouteFor(int rank, int world, const std::string& avoid) {
   absl::MutexLock lock(&mu_);
   const Member& m = Pick(rank, world, avoid);
@@ -205,9 +215,16 @@ absl::StatusOr<std::vector<MatrixOutput>> GroupClient::Step(const std::string& j
       options_.client.retry, retry_environment_.get(), options_.client.timeout,
       absl::StrCat("step ", step, " of group ", job, "/", group, " (trainer rank ", rank, " of ", world, ")"),
       &retries_);
+  // Where the regions the inputs name are (StepOnce checks that they are all on one address).
+  std::string pinned;
+  for (const MatrixInput& input : inputs) {
+    for (const std::optional<RegionSlice>* slice : {&input.input_region, &input.result_region}) {
+      if (pinned.empty() && slice->has_value()) pinned = (*slice)->address;
+    }
+  }
   std::string failed;  // The member the last attempt failed on.
   while (true) {
-    ASSIGN_OR_RETURN(Route route, RouteFor(rank, world, failed));
+    ASSIGN_OR_RETURN(Route route, pinned.empty() ? RouteFor(rank, world, failed) : RouteTo(pinned));
     absl::StatusOr<std::vector<MatrixOutput>> outputs =
         route.client->StepOnce(options, loop.attempt(), loop.AttemptTimeout(), inputs, on_result, &delivered);
     if (outputs.ok()) return outputs;

@@ -33,6 +33,11 @@ namespace orthoserve::client {
 // attempt went to for the next ready one while there is another, and sends the whole step with
 // StepHeader.attempt + 1. Connections to addresses not seen before are made as needed.
 //
+// Shared-memory regions (region.h; docs/shared_memory.md): a step whose inputs name region slices
+// (made on a member's connection, member_client(fleet_rank)->CreateRegion) goes to that region's
+// member on every attempt instead (no other member can read the region), and all the slices of
+// one step must be of regions on that one member (INVALID_ARGUMENT otherwise).
+//
 // Thread-safe: steps of different groups may run at once, and the membership may change under
 // them. Connections live as long as the GroupClient.
 class GroupClient {
@@ -116,6 +121,8 @@ class GroupClient {
   // member.
   const Member& Pick(int rank, int world, const std::string& avoid = "") const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Route> RouteFor(int rank, int world, const std::string& avoid);
+  // The route to `address` (the member whose regions a step names).
+  absl::StatusOr<Route> RouteTo(const std::string& address);
   // Re-reads the membership after a failure at `failed_address` (see the class comment).
   void RefreshMembership(const std::string& failed_address, absl::Duration timeout);
 

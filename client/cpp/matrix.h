@@ -56,8 +56,8 @@ struct MatrixInput {
   // Same-host clients (client/cpp/region.h): the block's bytes are in this slice of a registered
   // region instead of `data` (`data` must then be null and `bytes` 0), and the server reads them
   // where they are: nothing is sent. The slice must hold exactly the block's bytes and must not
-  // be written while the call runs. Lone steps and unary calls only (the server refuses regions
-  // in group steps with INVALID_ARGUMENT).
+  // be written while the call runs. In unary calls, lone steps and group steps (GroupClient::Step
+  // then sends the step to the region's member).
   std::optional<RegionSlice> input_region;
   // The server writes the result block into this slice (exactly block.numel() · ElementSize(result
   // dtype) bytes, not overlapping `input_region`) instead of sending it back; not together with

@@ -3,8 +3,12 @@
 // waits for its batch only while its client is there: Cancel (the client went away, its
 // deadline passed, or the server's drain deadline cut the call) ends it at once, and the fleet
 // drops its copy later.
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/block_digest.h"
+#include "common/message_text.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
@@ -28,6 +32,10 @@ void FleetStep::Fail(absl::Status status) {
 }
 
 void FleetStep::InputEnded() {
+  if (absl::Status overlaps = CheckRegionOverlaps(); !overlaps.ok()) {
+    Fail(std::move(overlaps));
+    return;
+  }
   auto step = std::make_shared<TrainerStep>();
   step->key = key_;
   step->trainer_rank = request_.rank;
@@ -48,6 +56,7 @@ void FleetStep::InputEnded() {
     blocks.push_back(m.spec.block);
     step->inputs.push_back(std::move(m.group_input));
   }
+  TakeRegions(*step);
   step->sent = SenderBlocks(std::move(specs), std::move(blocks));
   {
     absl::MutexLock lock(&mu_);
@@ -68,6 +77,66 @@ void FleetStep::InputEnded() {
     draining = cancel_draining_;
   }
   if (cancel) Cancel(draining);
+}
+
+absl::Status FleetStep::CheckRegionOverlaps() const {
+  struct Range {
+    const char* begin;
+    const char* end;
+    size_t index;
+    bool result;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    const Matrix& m = matrices_[i];
+    if (m.memory.input != nullptr && m.spec.block_bytes > 0) {
+      ranges.push_back(Range{m.memory.input, m.memory.input + m.spec.block_bytes, i, false});
+    }
+    const int64_t result_bytes = m.spec.block.numel() * static_cast<int64_t>(ElementSize(m.spec.plan.result_dtype));
+    if (m.memory.result != nullptr && result_bytes > 0) {
+      ranges.push_back(Range{m.memory.result, m.memory.result + result_bytes, i, true});
+    }
+  }
+  if (ranges.size() < 2) return absl::OkStatus();
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // Sorted by start: a range overlaps an earlier one of the other kind iff it starts before the
+  // furthest end among those.
+  const Range* furthest[2] = {nullptr, nullptr};  // Of inputs, of results.
+  for (const Range& r : ranges) {
+    const Range* other = furthest[r.result ? 0 : 1];
+    if (other != nullptr && r.begin < other->end) {
+      const Range& result = r.result ? r : *other;
+      const Range& input = r.result ? *other : r;
+      return absl::InvalidArgumentError(absl::StrCat(
+          MatrixLabel(static_cast<int>(result.index), matrices_[result.index].spec.plan.name),
+          " result_region overlaps the input_region of ",
+          MatrixLabel(static_cast<int>(input.index), matrices_[input.index].spec.plan.name),
+          " (the batch may write one matrix's result before it reads another's input)"));
+    }
+    const Range*& mine = furthest[r.result ? 1 : 0];
+    if (mine == nullptr || r.end > mine->end) mine = &r;
+  }
+  return absl::OkStatus();
+}
+
+void FleetStep::TakeRegions(TrainerStep& step) {
+  std::vector<std::shared_ptr<const void>> leases;
+  for (const Matrix& m : matrices_) {
+    if (m.memory.owner != nullptr) leases.push_back(m.memory.owner);
+  }
+  if (leases.empty()) return;
+  step.input_at.assign(matrices_.size(), nullptr);
+  step.output_at.assign(matrices_.size(), nullptr);
+  result_at_.assign(matrices_.size(), nullptr);
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    step.input_at[i] = matrices_[i].memory.input;
+    step.output_at[i] = matrices_[i].memory.result;
+    result_at_[i] = matrices_[i].memory.result;
+  }
+  // Both the fleet's step (until the batch ran) and this step (until its results are delivered)
+  // hold the leases: either may end first (a cancel, a batch still running).
+  regions_ = std::make_shared<const std::vector<std::shared_ptr<const void>>>(std::move(leases));
+  step.regions = regions_;
 }
 
 void FleetStep::Cancel(bool draining) {
@@ -125,6 +194,13 @@ void FleetStep::Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> ow
     const MatrixPlan& plan = step.sent.spec(i);
     const absl::Status& s = outcome.matrices[i];
     s_.metrics->MatrixDone(s_.method, AlgorithmName(plan.algorithm), DTypeName(plan.dtype), absl::StatusCodeToString(s.code()));
+    if (i < result_at_.size() && result_at_[i] != nullptr) {
+      // Written into the trainer's region by the batch: handed over where it is.
+      const size_t bytes = static_cast<size_t>(step.sent.blocks[i].numel()) * ElementSize(plan.result_dtype);
+      sink_->Result(static_cast<int>(i), plan, step.sent.blocks[i], s,
+                    s.ok() ? absl::string_view(result_at_[i], bytes) : absl::string_view(), regions_);
+      continue;
+    }
     const std::vector<char>& out = step.outputs[i];
     sink_->Result(static_cast<int>(i), plan, step.sent.blocks[i], s,
                   s.ok() ? absl::string_view(out.data(), out.size()) : absl::string_view(),

@@ -85,10 +85,11 @@ absl::StatusOr<int> StepBase::NextIndex() const {
 
 absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) {
   ASSIGN_OR_RETURN(const int index, NextIndex());
-  if (!lone()) {
-    return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(index, spec.plan.name),
-                                                   ": shared-memory regions are served for lone clients and unary "
-                                                   "calls only, not (yet) in group steps"));
+  const bool on_device = memory.input_space == MemorySpace::kDevice || memory.result_space == MemorySpace::kDevice;
+  if (on_device && !lone()) {
+    return absl::FailedPreconditionError(absl::StrCat(MatrixLabel(index, spec.plan.name),
+                                                      " names a CUDA IPC region (GPU memory): those are served for "
+                                                      "lone clients and unary calls only, not (yet) in group steps"));
   }
   matrices_.emplace_back();
   current_ = index;
@@ -96,7 +97,6 @@ absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) 
   m.spec = std::move(spec);
   m.parsed = true;
   m.memory = std::move(memory);
-  const bool on_device = m.memory.input_space == MemorySpace::kDevice || m.memory.result_space == MemorySpace::kDevice;
   if (on_device && s_.backend->memory().space() != MemorySpace::kDevice) {
     m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes);
     m.receiver.TakeScanned(-1);  // Nothing of it is read: it is answered now.
@@ -119,13 +119,14 @@ absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) 
     m.receiver.TakeScanned(*bad);
     return Completed(index);
   }
+  // A group step's blocks are digested, in a region as in bytes (a retry must carry the same ones).
   if (m.memory.input != nullptr) {
-    m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes);
+    m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes, /*digest=*/!lone());
     m.receiver.TakeInPlace(m.memory.input);
     return Completed(index);
   }
   ASSIGN_OR_RETURN(char* dst, Destination(m));
-  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes);
+  m.receiver = BlockReceiver(m.spec.plan.dtype, dst, m.spec.block_bytes, /*digest=*/!lone());
   if (m.spec.block_bytes == 0) return Completed(index);
   return absl::OkStatus();
 }

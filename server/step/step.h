@@ -123,9 +123,14 @@ class Step {
   // Like AddMatrix with a valid spec, for a matrix whose input and/or result live in `memory`
   // (see MatrixMemory). With memory.input no AddData follows for this matrix: its bytes are
   // checked for NaN and Inf where they are (on the device, by the backend's Memory, for device
-  // memory). Such a matrix is computed on this rank, never forwarded to a fleet peer. Lone steps
-  // only: a group step fails (INVALID_ARGUMENT). Device memory on a backend that computes in host
-  // memory is refused (FAILED_PRECONDITION), like a bad spec. False when the step failed.
+  // memory). In a lone step such a matrix is computed on this rank, never forwarded to a fleet
+  // peer. In a group step the block is handed to the fleet where it is (TrainerStep::input_at,
+  // output_at): the batch reads it in place (copying it only into the fleet exchange's buffers)
+  // and writes this trainer rank's result block into `result`; the memory's owner is held until
+  // the batch ran and the result was delivered (the fleet keeps a copy of the input for replays,
+  // never the memory). Device memory is refused in a group step (FAILED_PRECONDITION, failing
+  // the step), and on a backend that computes in host memory (FAILED_PRECONDITION, like a bad
+  // spec). False when the step failed.
   virtual bool AddMatrixInMemory(ParsedSpec spec, MatrixMemory memory) = 0;
   // Bytes of matrix `index`'s block, in order (views of one chunk). False when the step failed.
   virtual bool AddData(int index, absl::Span<const absl::string_view> data) = 0;

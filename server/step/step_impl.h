@@ -134,10 +134,23 @@ class FleetStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int) override { return absl::OkStatus(); }
   void InputEnded() override;
+  // INVALID_ARGUMENT when a matrix's result slice overlaps an input slice of the step (its own is
+  // refused at ingress): the batch may write one matrix's result before it reads another's input,
+  // which would give the whole group results of inputs partly overwritten. Compares addresses in
+  // this process's mappings.
+  absl::Status CheckRegionOverlaps() const;
+  // Hands the matrices' shared-memory slices (MatrixMemory) to `step` (TrainerStep::input_at,
+  // output_at, regions) and keeps what Deliver needs of them (reader's thread, before Submit).
+  void TakeRegions(TrainerStep& step);
   void OnOutcome(std::shared_ptr<TrainerStep> step, StepOutcome outcome);
   void Deliver(const TrainerStep& step, std::shared_ptr<TrainerStep> owner, const StepOutcome& outcome);
 
   const GroupKey key_;
+  // Set by TakeRegions before Submit, read-only after: where each matrix's result is written in
+  // the trainer's region (null: in the step's outputs; empty: no result in a region), and the
+  // leases of every slice of the step.
+  std::vector<char*> result_at_;
+  std::shared_ptr<const void> regions_;
   absl::Mutex mu_;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;  // The fleet has the step (it aborts it itself on failure).
   uint64_t submission_ ABSL_GUARDED_BY(mu_) = 0;

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import typing
 
@@ -137,7 +138,8 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) ->
         time.sleep(0.05)
 
 
-def _launch_fleet(tmp_dir: pathlib.Path, binary: pathlib.Path, world: int, attempt: int, extra_args=()):
+def _launch_fleet(tmp_dir: pathlib.Path, binary: pathlib.Path, world: int, attempt: int, extra_args=(),
+                  rank_args=None):
     fleet_ports = [free_port() for _ in range(world)]
     coordinator = f"127.0.0.1:{fleet_ports[0]}"
     ranks = []
@@ -146,7 +148,7 @@ def _launch_fleet(tmp_dir: pathlib.Path, binary: pathlib.Path, world: int, attem
         address = f"127.0.0.1:{port}"
         args = [str(binary), "--listen", address, "--backend", "cpu", "--metrics-address", "", "--rank", str(r),
                 "--world", str(world), "--coordinator", coordinator, "--fleet-listen", f"127.0.0.1:{fleet_ports[r]}",
-                "--rendezvous-timeout", "60s", *extra_args]
+                "--rendezvous-timeout", "60s", *extra_args, *(rank_args(r) if rank_args else ())]
         ranks.append(ServerProcess(args, address, tmp_dir / f"fleet{attempt}-rank{r}-{port}.log"))
         if r == 0:
             # Start the other ranks once rank 0 listens: builds before c514312 made a rank that found the
@@ -155,16 +157,16 @@ def _launch_fleet(tmp_dir: pathlib.Path, binary: pathlib.Path, world: int, attem
     return ranks
 
 
-def start_fleet(tmp_dir: pathlib.Path, world: int, attempts: int = 3, extra_args=()):
-    """`world` server ranks on loopback forming one fleet (rank 0 coordinates), each with `extra_args`; returns
-    them by rank.
+def start_fleet(tmp_dir: pathlib.Path, world: int, attempts: int = 3, extra_args=(), rank_args=None):
+    """`world` server ranks on loopback forming one fleet (rank 0 coordinates), each with `extra_args` and, when
+    given, rank_args(rank) (arguments of its own, e.g. its --shm-socket); returns them by rank.
 
     Ports are picked free but may be taken by another process before a rank binds them, so a fleet that
     does not form (a rank exits, or no rank is ready in time) is torn down and started again on new ports."""
     binary = require_binary()
     failures = []
     for attempt in range(attempts):
-        ranks = _launch_fleet(tmp_dir, binary, world, attempt, extra_args)
+        ranks = _launch_fleet(tmp_dir, binary, world, attempt, extra_args, rank_args)
         deadline = time.monotonic() + 45
         try:
             for s in ranks:
@@ -185,6 +187,27 @@ def start_fleet(tmp_dir: pathlib.Path, world: int, attempts: int = 3, extra_args
             for s in reversed(ranks):
                 s.stop()
     raise RuntimeError("could not start a fleet:\n" + "\n".join(failures))
+
+
+def on_every_rank(world, rank_main):
+    """Runs rank_main(rank) for every trainer rank in its own thread; returns their results by rank, or raises
+    the first failure."""
+    results, failures = [None] * world, []
+
+    def run(rank):
+        try:
+            results[rank] = rank_main(rank)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if failures:
+        raise failures[0]
+    return results
 
 
 @pytest.fixture(scope="session")

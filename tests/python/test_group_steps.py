@@ -3,7 +3,6 @@ the assembled results of the exact algorithms equal Emerging-Optimizers' whole-m
 other bit for bit, TP_DISTRIBUTED agrees within fp32 tolerance, TP_BLOCKWISE is each block alone; a missing
 rank aborts the step with ABORTED naming it. Each group step is one run's (a run id drawn per step)."""
 
-import threading
 import uuid
 
 import grpc
@@ -12,34 +11,13 @@ import torch
 
 import orthoserve
 import oracle
-from conftest import start_fleet, start_server
+from conftest import on_every_rank, start_fleet, start_server
 
 SHAPE = (20, 14)
 
 
 def full_matrix(seed=0, shape=SHAPE):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
-def on_every_rank(world, rank_main):
-    """Runs rank_main(rank) for every trainer rank in its own thread; returns their results by rank, or raises
-    the first failure."""
-    results, failures = [None] * world, []
-
-    def run(rank):
-        try:
-            results[rank] = rank_main(rank)
-        except Exception as e:  # noqa: BLE001 - reported by the main thread
-            failures.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if failures:
-        raise failures[0]
-    return results
 
 
 def run_group(client, world, dim, algorithm, step, job="group-test", partition_dim=None, name="w", shape=SHAPE):

@@ -191,6 +191,9 @@ class Executor {
     std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
     PartialStep* partial = nullptr;  // A divided step's record; only the applier thread changes parts_.
     absl::Time start;                // When the step began here (its first part), for rendezvous times.
+    // Steps of `mine` whose shared-memory inputs changed while the step ran (OwnRegionInputs):
+    // not kept for replays.
+    std::vector<std::shared_ptr<TrainerStep>> changed;
   };
   struct PendingAbort {
     GroupKey key;
@@ -238,6 +241,11 @@ class Executor {
                                    const ClaimedStep& claimed, LogEntry& whole);
   // Forgets a divided step's record, if `claimed` has one.
   void EndPartial(const GroupKey& key, ClaimedStep& claimed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage 6, after the step ran: the inputs its trainer steps read in place from shared-memory
+  // regions become their own (TakeRegionInputs), before any copy or keep reads them and before
+  // their trainers are answered and may reuse the regions. Steps whose regions changed meanwhile
+  // go to `claimed.changed`.
+  static void OwnRegionInputs(const GroupKey& key, ClaimedStep& claimed);
   // Stage 6: CopyToNextMember for the step that ran; its error replaces `result`.
   std::vector<std::shared_ptr<TrainerStep>> CopyForReplay(const LogEntry& step_entry,
                                                           absl::StatusOr<BatchResult>& result,
@@ -255,9 +263,10 @@ class Executor {
   absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> CopyToNextMember(
       const LogEntry& entry, const BatchResult& result, const std::vector<std::shared_ptr<TrainerStep>>& here,
       Collective& collective);
-  // Keeps the steps of a group's batch that ran here (for a replay) and queues their notice.
-  void Keep(const LogEntry& entry, const std::vector<Waiting>& ran, const std::vector<std::shared_ptr<TrainerStep>>& cached)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps the steps of a group's batch that ran here (for a replay: the step's own, those a
+  // replay took from the cache, the copies of the previous member's) and queues their notice.
+  // The steps hold their inputs themselves (TakeRegionInputs).
+  void Keep(const LogEntry& entry, const std::vector<std::shared_ptr<TrainerStep>>& steps) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues the notices of what `batch` keeps here; the first carries the step's digests.
   void AdvertiseLocked(const CachedBatch& batch, const std::vector<std::shared_ptr<TrainerStep>>& steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -143,8 +143,7 @@ void Executor::AdvertiseLocked(const CachedBatch& batch, const std::vector<std::
   }
 }
 
-void Executor::Keep(const LogEntry& entry, const std::vector<Waiting>& ran,
-                    const std::vector<std::shared_ptr<TrainerStep>>& cached) {
+void Executor::Keep(const LogEntry& entry, const std::vector<std::shared_ptr<TrainerStep>>& steps) {
   const GroupKey& key = entry.key;
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
@@ -168,8 +167,6 @@ void Executor::Keep(const LogEntry& entry, const std::vector<Waiting>& ran,
   }
   batch.at = now;
   if (!entry.digests.empty()) batch.digests = entry.digests;
-  std::vector<std::shared_ptr<TrainerStep>> steps = cached;
-  for (const Waiting& w : ran) steps.push_back(w.step);
   for (const std::shared_ptr<TrainerStep>& s : steps) {
     auto same = std::find_if(batch.steps.begin(), batch.steps.end(), [&](const std::shared_ptr<TrainerStep>& k) {
       return k->trainer_rank == s->trainer_rank && k->submission == s->submission;
@@ -227,7 +224,7 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
       auto s = std::find_if(here.begin(), here.end(), [t](const auto& step) { return step->trainer_rank == t; });
       if (s == here.end()) return absl::InternalError(absl::StrCat("trainer rank ", t, "'s step is not on this rank"));
       for (size_t i = 0; i < plan.matrices.size(); ++i) {
-        const std::vector<char>& in = (*s)->inputs[i];
+        const absl::string_view in = (*s)->input(i);
         send.insert(send.end(), in.begin(), in.end());
       }
     }
@@ -268,6 +265,13 @@ absl::StatusOr<std::vector<std::shared_ptr<TrainerStep>>> Executor::CopyToNextMe
     }
     step->sent = SenderBlocks(specs, std::move(blocks));
     step->digest = StepDigest(digested);
+    if (static_cast<size_t>(t) < entry.digests.size() && entry.digests[t] != step->digest) {
+      // Not the blocks the batch ran with (a trainer changed its shared-memory inputs during the
+      // step): a replay from this copy would answer a retry with a result of other inputs.
+      LOG_WARNING("fleet") << "step " << entry.key.ToString() << ": the copy of trainer rank " << t
+                           << "'s inputs is not what the batch ran with; not kept for replays";
+      continue;
+    }
     copies.push_back(std::move(step));
   }
   return copies;
@@ -285,6 +289,7 @@ void Executor::ApplyStep(const LogEntry& entry) {
   LogEntry whole;
   const LogEntry& step_entry = WholeStep(entry, result, claimed, whole);
   EndPartial(entry.key, claimed);
+  if (result.ok()) OwnRegionInputs(entry.key, claimed);
   const std::vector<std::shared_ptr<TrainerStep>> copies = CopyForReplay(step_entry, result, claimed);
   const StepOutcome outcome = Outcome(entry, result, claimed, copies);
   Resolve(claimed.mine, outcome, claimed.start);
@@ -402,10 +407,15 @@ std::vector<LocalBlock> Executor::OwnBlocks(const LogEntry& entry, std::vector<W
     for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.sent.size(); ++i) {
       const MatrixPlan& m = entry.plan.matrices[i];
       const Block& block = m.blocks[s.trainer_rank].block;
-      s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
-                                   ElementSize(m.result_dtype));
-      local.push_back(
-          LocalBlock{static_cast<int>(i), s.trainer_rank, s.inputs[offset + i].data(), s.outputs[offset + i].data()});
+      // A block in the trainer's regions is read there and its result written there (this
+      // submission's slices: a retry's, when a replay runs it).
+      char* out = s.output_in_region(offset + i);
+      if (out == nullptr) {
+        s.outputs[offset + i].resize(static_cast<size_t>(std::max<int64_t>(block.numel(), 0)) *
+                                     ElementSize(m.result_dtype));
+        out = s.outputs[offset + i].data();
+      }
+      local.push_back(LocalBlock{static_cast<int>(i), s.trainer_rank, s.input(offset + i).data(), out});
     }
   }
   return local;
@@ -426,7 +436,7 @@ void Executor::AddReplayBlocks(const LogEntry& entry, const std::vector<std::sha
   for (const std::shared_ptr<TrainerStep>& s : cached) {
     for (size_t i = 0; i < entry.plan.matrices.size() && i < s->sent.size(); ++i) {
       local.push_back(
-          LocalBlock{static_cast<int>(i), s->trainer_rank, s->inputs[i].data(), scratch[next_scratch++].data()});
+          LocalBlock{static_cast<int>(i), s->trainer_rank, s->input(i).data(), scratch[next_scratch++].data()});
     }
   }
 }
@@ -477,6 +487,15 @@ const LogEntry& Executor::WholeStep(const LogEntry& entry, absl::StatusOr<BatchR
   return whole;
 }
 
+void Executor::OwnRegionInputs(const GroupKey& key, ClaimedStep& claimed) {
+  for (const Waiting& w : claimed.mine) {
+    if (TakeRegionInputs(*w.step)) continue;
+    LOG_WARNING("fleet") << "step " << key.ToString() << ": trainer rank " << w.step->trainer_rank
+                         << " changed its shared-memory inputs during the step; it is not kept for replays";
+    claimed.changed.push_back(w.step);
+  }
+}
+
 void Executor::EndPartial(const GroupKey& key, ClaimedStep& claimed) {
   if (claimed.partial == nullptr) return;
   absl::MutexLock lock(&mu_);
@@ -521,8 +540,13 @@ StepOutcome Executor::Outcome(const LogEntry& entry, absl::StatusOr<BatchResult>
     outcome.collective_time = result->collective_time;
     outcome.compute_time = result->compute_time;
     if (entry.plan.trainer_world > 1 && (!claimed.mine.empty() || !claimed.cached.empty() || !copies.empty())) {
-      claimed.cached.insert(claimed.cached.end(), copies.begin(), copies.end());
-      Keep(entry, claimed.mine, claimed.cached);
+      std::vector<std::shared_ptr<TrainerStep>> keep = claimed.cached;
+      keep.insert(keep.end(), copies.begin(), copies.end());
+      for (const Waiting& w : claimed.mine) {
+        const bool changed = std::find(claimed.changed.begin(), claimed.changed.end(), w.step) != claimed.changed.end();
+        if (!changed) keep.push_back(w.step);
+      }
+      Keep(entry, keep);
     }
   }
   return outcome;

@@ -10,7 +10,9 @@
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "common/fleet_change.h"
 #include "common/shape.h"
 #include "server/plan/matrix_plan.h"
@@ -71,6 +73,15 @@ struct SenderBlocks {
 // What one trainer rank sent for a step: its blocks of the step's specs (`sent`). `inputs[i]`
 // holds block i's bytes in spec(i).dtype (empty for an empty block or a matrix rejected before
 // its data arrived); `outputs[i]` is filled by the fleet with the result block in result_dtype.
+//
+// Blocks in the trainer's shared-memory regions (docs/shared_memory.md; host memory mapped in
+// this process, leased by the step layer): `input_at[i]` not null means block i's input is read
+// there in place (inputs[i] is empty), `output_at[i]` not null that its result is written there
+// (outputs[i] stays empty). Both are empty when no block is in a region. `regions` keeps them
+// valid. The executor reads them on its applier thread only, and lets them go when it keeps the
+// step for replays (TakeRegionInputs): a kept step holds its own copy of every input, and no
+// lease, so that UnregisterRegion never waits for the replay cache and a replay never writes
+// into the region of an attempt that is over.
 struct TrainerStep {
   GroupKey key;
   int trainer_rank = 0;
@@ -81,8 +92,30 @@ struct TrainerStep {
   SenderBlocks sent;
   std::vector<std::vector<char>> inputs;
   std::vector<std::vector<char>> outputs;
+  std::vector<const char*> input_at;
+  std::vector<char*> output_at;
+  std::shared_ptr<const void> regions;
   absl::Time submitted;
+
+  // Block i's input bytes, wherever they are.
+  absl::string_view input(size_t i) const {
+    if (i < input_at.size() && input_at[i] != nullptr) {
+      const int64_t n = sent.blocks[i].numel() * static_cast<int64_t>(ElementSize(sent.spec(i).dtype));
+      return absl::string_view(input_at[i], static_cast<size_t>(n > 0 ? n : 0));
+    }
+    return absl::string_view(inputs[i].data(), inputs[i].size());
+  }
+  // Where block i's result is written by the fleet: its region slice, or null (outputs[i]).
+  char* output_in_region(size_t i) const { return i < output_at.size() ? output_at[i] : nullptr; }
 };
+
+// Copies the inputs `step` still reads from shared-memory regions into step.inputs and lets the
+// regions go (input_at, output_at and regions cleared). True when the inputs are the bytes the
+// step was digested from (step.digest); false when the client changed a region since (its own
+// result is then of inconsistent input, as for a lone step), and such a step must not be kept for
+// replays: a replay from it would give a retry a result of other inputs than the original's.
+// A step with no block in a region is left as it is (true). Not thread-safe on `step`.
+bool TakeRegionInputs(TrainerStep& step);
 
 // The result of a step for one trainer rank. `status` not OK: the whole step failed (ABORTED
 // for a rendezvous timeout or another rank's failure, INVALID_ARGUMENT for specs that differ

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -23,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "client/cpp/group_client.h"
 #include "client/cpp/handover.h"
 #include "client/cpp/orthoctl/commands.h"
 #include "client/cpp/region.h"
@@ -391,6 +393,79 @@ TEST_F(ClientShmTest, ACallNamingARegionGoesToItsAddressOnly) {
   absl::StatusOr<std::vector<MatrixOutput>> down = (*client)->Orthogonalize({&other, 1});
   EXPECT_THAT(down, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not failed over")));
   EXPECT_THAT(down.status().message(), HasSubstr(nowhere));
+}
+
+// A group step through GroupClient (W = 2 trainer ranks on the one-rank server): rank 0's block
+// in a region made on the server's connection and its result written into the region, rank 1's
+// in bytes; both get the bits of the same step in bytes. The client is told of a second member
+// (fleet rank 0, where nothing listens) that routing would send trainer rank 0 to: the step that
+// names the region goes to the region's member instead.
+TEST_F(ClientShmTest, AGroupStepThroughARegionGoesToItsMemberWithTheBitsOfBytes) {
+  GroupClient::Options go;
+  go.client.address = server_->address;
+  go.client.timeout = absl::Seconds(30);
+  go.client.bearer_token = kAlice;
+  go.client.retry.deadline = absl::Seconds(20);
+  go.run_id = "client-shm-group";
+  v1::ServerInfo info;
+  info.set_fleet_world(2);
+  info.set_fleet_rank(1);
+  v1::FleetMember* gone = info.add_members();
+  gone->set_rank(0);
+  gone->set_address("127.0.0.1:1");
+  gone->set_ready(true);
+  v1::FleetMember* here = info.add_members();
+  here->set_rank(1);
+  here->set_address(server_->address);
+  here->set_ready(true);
+  absl::StatusOr<std::unique_ptr<GroupClient>> group = GroupClient::CreateFromInfo(go, info, nullptr);
+  ASSERT_OK(group);
+  ASSERT_EQ((*group)->FleetRankFor(0, 2), 0);  // Where routing alone would send trainer rank 0.
+  const TestMatrix m = MakeMatrix("g", {32, 24}, DType::kF32, 9);
+  const size_t half_bytes = m.bytes.size() / 2;
+  auto half = [&](int rank) {
+    MatrixInput in = Describe(m);
+    in.block = Block{16 * rank, 0, 16, 24};
+    in.data = m.bytes.data() + rank * half_bytes;
+    in.bytes = half_bytes;
+    return in;
+  };
+  auto run = [&](int64_t step, MatrixInput rank0, MatrixInput rank1) {
+    auto other = std::async(std::launch::async, [&] { return (*group)->Step("job", "grp", step, 1, 2, {&rank1, 1}); });
+    absl::StatusOr<std::vector<MatrixOutput>> first = (*group)->Step("job", "grp", step, 0, 2, {&rank0, 1});
+    return std::make_pair(std::move(first), other.get());
+  };
+  // The reference: both trainer ranks in bytes, through the server alone.
+  GroupClient::Options one = go;
+  one.run_id = "client-shm-group-bytes";
+  absl::StatusOr<std::unique_ptr<GroupClient>> bytes_group = GroupClient::Create(one);
+  ASSERT_OK(bytes_group);
+  MatrixInput plain0 = half(0), plain1 = half(1);
+  auto bytes1_call = std::async(std::launch::async,
+                                [&] { return (*bytes_group)->Step("job", "grp", 1, 1, 2, {&plain1, 1}); });
+  absl::StatusOr<std::vector<MatrixOutput>> bytes0 = (*bytes_group)->Step("job", "grp", 1, 0, 2, {&plain0, 1});
+  absl::StatusOr<std::vector<MatrixOutput>> bytes1 = bytes1_call.get();
+  ASSERT_OK(bytes0);
+  ASSERT_OK(bytes1);
+  ASSERT_OK((*bytes0)[0].status);
+
+  Client* member = (*group)->member_client(1);
+  ASSERT_NE(member, nullptr);
+  std::unique_ptr<Region> region = MakeRegion(*member, 64 << 10, "group");
+  ASSERT_NE(region, nullptr);
+  std::memcpy(region->data(), m.bytes.data(), half_bytes);
+  MatrixInput in = half(0);
+  in.data = nullptr;
+  in.bytes = 0;
+  in.input_region = region->Slice(0, static_cast<int64_t>(half_bytes));
+  in.result_region = region->Slice(4096, static_cast<int64_t>(half_bytes));
+  auto [got0, got1] = run(2, in, half(1));
+  ASSERT_OK(got0);
+  ASSERT_OK(got1);
+  ASSERT_OK((*got0)[0].status);
+  ASSERT_TRUE((*got0)[0].result_region.has_value());
+  EXPECT_EQ(RegionBytes(*region, *in.result_region), Bytes((*bytes0)[0]));
+  EXPECT_EQ(Bytes((*got1)[0]), Bytes((*bytes1)[0]));
 }
 
 TEST_F(ClientShmTest, InputsThatMixRegionsAndBytesAreRefusedBeforeSending) {

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -304,22 +306,120 @@ TEST_F(RegionDataTest, AStreamStepReadsAndWritesRegionsInPlace) {
   EXPECT_EQ(out.step_summary.matrices_failed(), 1);
 }
 
-// A group step (world > 1) does not take regions yet: the step fails with INVALID_ARGUMENT.
-TEST_F(RegionDataTest, AGroupStepNamingARegionIsRefused) {
+// Trainer rank `rank` of 2's half of `spec`'s rows (its block), with the slices `in` and `out`
+// when they name a region.
+v1::MatrixSpec HalfOf(v1::MatrixSpec spec, int rank, const v1::RegionSlice& in = {}, const v1::RegionSlice& out = {}) {
+  const int64_t rows = spec.shape(0) / 2;
+  spec.mutable_block()->set_row_offset(rank * rows);
+  spec.mutable_block()->set_col_offset(0);
+  spec.mutable_block()->set_rows(rows);
+  spec.mutable_block()->set_cols(spec.shape(1));
+  if (!in.region_id().empty()) *spec.mutable_input_region() = in;
+  if (!out.region_id().empty()) *spec.mutable_result_region() = out;
+  return spec;
+}
+
+// One trainer rank's stream of a group step of world 2 (job "job", group "g", run "run-a"):
+// `specs[i]` with `data[i]` (empty for a block in a region), as `token`'s tenant.
+StreamOutcome GroupRank(v1::Orthogonalizer::Stub& stub, grpc::ClientContext* context, int rank, int64_t step,
+                        int attempt, const std::vector<v1::MatrixSpec>& specs, const std::vector<std::string>& data) {
+  std::vector<v1::StreamRequest> messages = {HeaderMessage(static_cast<int>(specs.size()), rank, 2, "job", step)};
+  messages[0].mutable_header()->set_attempt(attempt);
+  for (size_t i = 0; i < specs.size(); ++i) AppendMatrix(messages, static_cast<int>(i), specs[i], data[i]);
+  messages.push_back(EndMessage());
+  return RunStream(stub, messages, context);
+}
+
+// A group step (W = 2 trainer ranks on this one-rank fleet) in which trainer rank 0 has matrix
+// a's input and result in its region and matrix b's result only, while rank 1 sends bytes: each
+// rank's results have the bits of the same step in bytes. A retry of rank 0, answered from the
+// fleet's kept inputs after rank 0 reused its result slices, writes into the other slice it names
+// and leaves the first attempt's alone; a retry naming none gets bytes.
+TEST_F(RegionDataTest, AGroupStepReadsAndWritesRegionBlocksWithTheBitsOfBytes) {
+  StartServer(/*regions=*/true);
+  NsOptions options;
+  options.precision = Precision::kHighest;
+  const v1::MatrixSpec a = Spec("a", {16, 8}, DType::kF32, options);
+  const v1::MatrixSpec b = Spec("b", {8, 12}, DType::kBF16, options);
+  const std::string a_in = Bytes(RandomMatrix(16, 8, 11), DType::kF32);
+  const std::string b_in = Bytes(RandomMatrix(8, 12, 12), DType::kBF16);
+  const size_t a_half = a_in.size() / 2, b_half = b_in.size() / 2;
+  auto half = [](const std::string& all, int rank) { return all.substr(rank * all.size() / 2, all.size() / 2); };
+  auto stub = StubFor(*server_);
+  auto bytes_step = [&](int rank, int64_t step) {
+    auto context = Context("secret-a");
+    return GroupRank(*stub, context.get(), rank, step, 0, {HalfOf(a, rank), HalfOf(b, rank)},
+                     {half(a_in, rank), half(b_in, rank)});
+  };
+  // The reference: step 1 in bytes.
+  auto ref1 = std::async(std::launch::async, [&] { return bytes_step(1, 1); });
+  StreamOutcome ref0 = bytes_step(0, 1);
+  StreamOutcome ref1_out = ref1.get();
+  ASSERT_TRUE(ref0.status.ok()) << ref0.status.error_message();
+  ASSERT_TRUE(ref1_out.status.ok()) << ref1_out.status.error_message();
+
+  // Step 2 with rank 0's blocks in its region: a's input at 0, a's result after it, b's result after that.
+  std::unique_ptr<ClientRegion> region = NewRegion("secret-a", 1 << 16);
+  std::memcpy(region->data, a_in.data(), a_half);
+  const int64_t a_bytes = static_cast<int64_t>(a_half), b_bytes = static_cast<int64_t>(b_half);
+  const v1::RegionSlice a_input = Slice(region->id, 0, a_bytes), a_result = Slice(region->id, 4096, a_bytes);
+  const v1::RegionSlice b_result = Slice(region->id, 8192, b_bytes);
+  auto rank1 = std::async(std::launch::async, [&] { return bytes_step(1, 2); });
+  auto context = Context("secret-a");
+  StreamOutcome out0 = GroupRank(*stub, context.get(), 0, 2, 0,
+                                 {HalfOf(a, 0, a_input, a_result), HalfOf(b, 0, {}, b_result)}, {"", half(b_in, 0)});
+  StreamOutcome out1 = rank1.get();
+  ASSERT_TRUE(out0.status.ok()) << out0.status.error_message();
+  ASSERT_TRUE(out1.status.ok()) << out1.status.error_message();
+  EXPECT_EQ(out0.results[0].result_region().offset(), 4096);
+  EXPECT_EQ(out0.results[1].result_region().offset(), 8192);
+  EXPECT_EQ(out0.data.count(0) ? out0.data[0].size() : 0u, 0u);  // No chunks for a result in a region.
+  EXPECT_EQ(std::string(region->data + 4096, a_half), ref0.data[0]);
+  EXPECT_EQ(std::string(region->data + 8192, b_half), ref0.data[1]);
+  EXPECT_EQ(out1.data[0], ref1_out.data[0]);
+  EXPECT_EQ(out1.data[1], ref1_out.data[1]);
+
+  // Rank 0 lost its answer and retries after reusing its result slices: into another slice for a,
+  // into bytes for b.
+  std::memset(region->data + 4096, 0x5a, a_half);
+  std::memset(region->data + 8192, 0x5a, b_half);
+  auto retry_context = Context("secret-a");
+  StreamOutcome retry = GroupRank(*stub, retry_context.get(), 0, 2, 1,
+                                  {HalfOf(a, 0, a_input, Slice(region->id, 12288, a_bytes)), HalfOf(b, 0)},
+                                  {"", half(b_in, 0)});
+  ASSERT_TRUE(retry.status.ok()) << retry.status.error_message();
+  EXPECT_EQ(std::string(region->data + 12288, a_half), ref0.data[0]);
+  EXPECT_EQ(retry.data[1], ref0.data[1]);
+  EXPECT_EQ(std::string(region->data + 4096, a_half), std::string(a_half, '\x5a'));  // The first attempt's: untouched.
+  EXPECT_EQ(std::string(region->data + 8192, b_half), std::string(b_half, '\x5a'));
+}
+
+// In a group step a bad slice fails the step with its code, as it fails a unary call: a slice out
+// of its region is OUT_OF_RANGE, another tenant's region NOT_FOUND.
+TEST_F(RegionDataTest, AGroupStepNamingABadSliceFailsWithItsCode) {
   StartServer(/*regions=*/true);
   std::unique_ptr<ClientRegion> region = NewRegion("secret-a", 1 << 16);
-  v1::MatrixSpec spec = Spec("g", {8, 8}, DType::kF32, NsOptions{});
-  spec.mutable_block()->set_rows(4);
-  spec.mutable_block()->set_cols(8);
-  *spec.mutable_input_region() = Slice(region->id, 0, 4 * 8 * 4);
-  std::vector<v1::StreamRequest> messages = {HeaderMessage(1, /*rank=*/0, /*world=*/2, "job")};
-  AppendMatrix(messages, 0, spec, "");
-  messages.push_back(EndMessage());
-  auto context = Context("secret-a");
+  const v1::MatrixSpec spec = Spec("g", {8, 8}, DType::kF32, NsOptions{});
   auto stub = StubFor(*server_);
-  StreamOutcome out = RunStream(*stub, messages, context.get());
-  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(out.status.error_message(), HasSubstr("group steps"));
+  struct Bad {
+    const char* token;
+    v1::RegionSlice in, out;
+    grpc::StatusCode code;
+  };
+  const Bad bad[] = {
+      {"secret-a", Slice(region->id, (1 << 16) - 64, 128), {}, grpc::StatusCode::OUT_OF_RANGE},
+      {"secret-a", {}, Slice(region->id, std::numeric_limits<int64_t>::max(), 128), grpc::StatusCode::OUT_OF_RANGE},
+      {"secret-m", Slice(region->id, 0, 128), {}, grpc::StatusCode::NOT_FOUND},
+      {"secret-m", {}, Slice(region->id, 0, 128), grpc::StatusCode::NOT_FOUND},
+  };
+  int64_t step = 10;
+  for (const Bad& b : bad) {
+    auto context = Context(b.token);
+    StreamOutcome out = GroupRank(*stub, context.get(), 0, ++step, 0, {HalfOf(spec, 0, b.in, b.out)},
+                                  {b.in.region_id().empty() ? std::string(128, '\0') : ""});
+    EXPECT_EQ(out.status.error_code(), b.code) << out.status.error_message();
+    EXPECT_THAT(out.status.error_message(), HasSubstr(b.in.region_id().empty() ? "result_region" : "input_region"));
+  }
 }
 
 }  // namespace

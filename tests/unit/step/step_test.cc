@@ -2,6 +2,7 @@
 // through a fake fleet (fake_step_fleet.h) into a recording sink — no gRPC server, no network.
 // Results are compared bit for bit with the same matrix computed directly (ComputeLoneMatrix,
 // what every path must end in); the engine's numerics are tests/unit/engine's.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -384,15 +385,139 @@ class GroupStepTest : public StepTest {
   ParsedSpec Half() { return TestSpec("w", 4, 6, Block{2, 0, 2, 6}); }
 };
 
-TEST_F(GroupStepTest, AMatrixInMemoryFailsTheGroupStep) {
+// Blocks in memory outside the step (a trainer's shared-memory slices) go to the fleet where
+// they are: the submitted step reads its input there (digested like bytes) and has its result
+// written there; a block in bytes beside them keeps its buffers. The sink gets the result where
+// it was written, and the memory's owner is let go once the step and the fleet are done.
+TEST_F(GroupStepTest, BlocksInMemoryGoToTheFleetInPlaceBesideBlocksInBytes) {
+  auto fleet = std::make_unique<FakeStepFleet>(0, 2, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  StepRequest request = Group();
+  request.num_matrices = 3;
+  std::shared_ptr<Step> step = Open(fleet.get(), request, sink);
+  ASSERT_NE(step, nullptr);
+  const std::vector<float> in_a = RandomMatrix(12, 31), in_b = RandomMatrix(12, 32), in_c = RandomMatrix(12, 33);
+  std::vector<float> out_a(12, -1.0f), out_c(12, -1.0f);
+  auto owner = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = owner;
+  const ParsedSpec a = TestSpec("a", 4, 6, Block{2, 0, 2, 6}), b = TestSpec("b", 4, 6, Block{2, 0, 2, 6}),
+                   c = TestSpec("c", 4, 6, Block{2, 0, 2, 6});
+  // a: input and result in memory; b: bytes; c: input as data, result in memory.
+  ASSERT_TRUE(step->AddMatrixInMemory(a, MatrixMemory{reinterpret_cast<const char*>(in_a.data()),
+                                                      reinterpret_cast<char*>(out_a.data()), owner}));
+  ASSERT_TRUE(step->AddMatrix(b, "b", {}));
+  ASSERT_TRUE(step->AddData(1, {Bytes(in_b)}));
+  ASSERT_TRUE(step->AddMatrixInMemory(c, MatrixMemory{nullptr, reinterpret_cast<char*>(out_c.data()), owner}));
+  ASSERT_TRUE(step->AddData(2, {Bytes(in_c)}));
+  owner.reset();
+  step->End();
+  ASSERT_THAT(fleet->submitted(), SizeIs(1));
+  FakeStepFleet::Submitted s = fleet->submitted()[0];
+  TrainerStep& t = *s.step;
+  ASSERT_THAT(t.input_at, SizeIs(3));
+  ASSERT_THAT(t.output_at, SizeIs(3));
+  EXPECT_EQ(t.input_at[0], reinterpret_cast<const char*>(in_a.data()));  // Not copied.
+  EXPECT_THAT(t.inputs[0], IsEmpty());
+  EXPECT_EQ(t.input_at[1], nullptr);
+  EXPECT_EQ(t.input_at[2], nullptr);
+  EXPECT_EQ(t.input(1), Bytes(in_b));
+  EXPECT_EQ(t.input(2), Bytes(in_c));
+  EXPECT_EQ(t.output_at[0], reinterpret_cast<char*>(out_a.data()));
+  EXPECT_EQ(t.output_at[1], nullptr);
+  EXPECT_EQ(t.output_at[2], reinterpret_cast<char*>(out_c.data()));
+  // The digest covers the block read in place as it covers bytes.
+  std::vector<DigestedBlock> digested;
+  for (const std::vector<float>* in : {&in_a, &in_b, &in_c}) {
+    StreamDigest bytes;
+    bytes.Update(Bytes(*in));
+    digested.push_back(DigestedBlock{Block{2, 0, 2, 6}, DType::kF32, bytes.Value()});
+  }
+  EXPECT_EQ(t.digest, StepDigest(digested));
+  EXPECT_FALSE(watch.expired());  // The fleet's step holds the memory until its batch ran.
+
+  // The batch ran: it wrote a's and c's results into the memory, b's into the step's outputs.
+  std::fill(out_a.begin(), out_a.end(), 1.5f);
+  std::fill(out_c.begin(), out_c.end(), 2.5f);
+  t.outputs = {{}, std::vector<char>(48, 'x'), {}};
+  StepOutcome outcome;
+  outcome.matrices = {absl::OkStatus(), absl::OkStatus(), absl::OkStatus()};
+  EXPECT_TRUE(TakeRegionInputs(t));  // As the fleet does before it keeps the step.
+  EXPECT_EQ(std::string(t.inputs[0].begin(), t.inputs[0].end()), std::string(Bytes(in_a)));
+  s.done(std::move(outcome));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  auto results = sink->results();
+  ASSERT_THAT(results, SizeIs(3));
+  EXPECT_EQ(results[0].data, std::string(Bytes(out_a)));
+  EXPECT_EQ(results[1].data, std::string(48, 'x'));
+  EXPECT_EQ(results[2].data, std::string(Bytes(out_c)));
+  s = FakeStepFleet::Submitted{};
+  step.reset();
+  fleet.reset();  // Its record of the submission (the fleet's step) goes too.
+  EXPECT_TRUE(watch.expired());  // Nobody holds the memory's owner any more.
+}
+
+// A result slice that overlaps another matrix's input slice fails the group step before the
+// fleet has it (the batch may write the one before it reads the other); slices side by side do not.
+TEST_F(GroupStepTest, AResultSliceOverlappingAnotherMatricesInputFailsTheStep) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap);
+    FakeStepFleet fleet(0, 2, backend_.get());
+    auto sink = std::make_shared<RecordingSink>();
+    StepRequest request = Group();
+    request.num_matrices = 2;
+    std::shared_ptr<Step> step = Open(&fleet, request, sink);
+    ASSERT_NE(step, nullptr);
+    // One "region": a's input at 0, b's input after it, b's result over a's input's second half or after both.
+    std::vector<float> region = RandomMatrix(48, 34);
+    const char* base = reinterpret_cast<const char*>(region.data());
+    char* b_result = reinterpret_cast<char*>(region.data()) + (overlap ? 6 : 24) * sizeof(float);
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 6, Block{2, 0, 2, 6}), MatrixMemory{base, nullptr, nullptr}));
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("b", 4, 6, Block{2, 0, 2, 6}),
+                                        MatrixMemory{base + 12 * sizeof(float), b_result, nullptr}));
+    step->End();
+    if (overlap) {
+      ASSERT_TRUE(sink->WaitFinished());
+      EXPECT_THAT(sink->end().status,
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps the input_region of matrix 0")));
+      EXPECT_THAT(fleet.submitted(), IsEmpty());
+      EXPECT_THAT(fleet.aborts(), SizeIs(1));  // The other ranks are told.
+    } else {
+      EXPECT_THAT(fleet.submitted(), SizeIs(1));
+      EXPECT_FALSE(sink->finished());
+    }
+  }
+}
+
+// Device memory (a CUDA IPC region) is not served in group steps: the step fails, and the other
+// ranks are told.
+TEST_F(GroupStepTest, DeviceMemoryFailsTheGroupStep) {
   FakeStepFleet fleet(0, 2, backend_.get());
   auto sink = std::make_shared<RecordingSink>();
   std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
   ASSERT_NE(step, nullptr);
   const std::vector<float> in = RandomMatrix(12, 25);
-  EXPECT_FALSE(step->AddMatrixInMemory(Half(), MatrixMemory{reinterpret_cast<const char*>(in.data()), nullptr, nullptr}));
+  MatrixMemory memory{reinterpret_cast<const char*>(in.data()), nullptr, nullptr};
+  memory.input_space = MemorySpace::kDevice;
+  EXPECT_FALSE(step->AddMatrixInMemory(Half(), memory));
   ASSERT_TRUE(sink->WaitFinished());
-  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group steps")));
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("group steps")));
+  EXPECT_THAT(fleet.submitted(), IsEmpty());
+  EXPECT_THAT(fleet.aborts(), SizeIs(1));
+}
+
+// A block whose input in memory holds NaN fails the group step like one in bytes.
+TEST_F(GroupStepTest, ANonFiniteValueInMemoryFailsTheGroupStep) {
+  FakeStepFleet fleet(0, 2, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Group(), sink);
+  ASSERT_NE(step, nullptr);
+  std::vector<float> in = RandomMatrix(12, 26);
+  in[4] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(
+      step->AddMatrixInMemory(Half(), MatrixMemory{reinterpret_cast<const char*>(in.data()), nullptr, nullptr}));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 4")));
   EXPECT_THAT(fleet.submitted(), IsEmpty());
 }
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 
@@ -116,6 +116,39 @@ class _Entry:
                 rows, cols = arrays.matrix_view(tuple(spec.shape), nd)
                 block = pb.Block(row_offset=0, col_offset=0, rows=rows, cols=cols)
         self.block = block
+
+
+class _Pins:
+    """The shared-memory region slices one call's arrays name (among `regions`, the client's open regions), and
+    the one server rank those regions pin the call to (`address`; None while no array is in a region)."""
+
+    def __init__(self, regions: Sequence["shm.Region"]):
+        self.regions = regions
+        self.address: Optional[str] = None
+
+    def input(self, array: Any, what: str) -> Optional[pb.RegionSlice]:
+        """The slice holding `array`, or None when no open region holds it."""
+        if not self.regions:
+            return None
+        region, piece = shm.find_slice(self.regions, array)
+        if region is None:
+            return None
+        if self.address is not None and region.address != self.address:
+            raise ValueError(f"orthoserve: {what} is in a region of {region.address}, but this call already "
+                             f"names a region of {self.address}; one call goes to one server rank")
+        self.address = region.address
+        return piece
+
+    def result(self, target: Any, what: str, shape: Tuple[int, ...], dtype: Any) -> pb.RegionSlice:
+        """The slice of `target`, an out array that must be of an open region and of the result's shape and
+        dtype (ValueError otherwise)."""
+        piece = self.input(target, what)
+        if piece is None:
+            raise ValueError(f"orthoserve: {what} is not an array of one of this client's open regions")
+        if tuple(target.shape) != tuple(shape) or target.dtype != dtype:
+            raise ValueError(f"orthoserve: {what} has shape {tuple(target.shape)} and dtype {target.dtype};"
+                             f" the result has shape {tuple(shape)} and dtype {dtype}")
+        return piece
 
 
 def _check_index(index: int, entries: Sequence[_Entry], seen: Any) -> None:
@@ -458,20 +491,7 @@ class Client:
             raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(options)} option sets")
         if out is not None and len(out) != len(matrices):
             raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(out)} out arrays")
-        with self._lock:
-            regions = [r for r in self._regions if r.id]
-        pinned: Optional[str] = None  # The server rank of the regions this call names.
-
-        def in_region(array: Any, what: str) -> Optional[pb.RegionSlice]:
-            nonlocal pinned
-            region, piece = shm.find_slice(regions, array)
-            if region is None:
-                return None
-            if pinned is not None and region.address != pinned:
-                raise ValueError(f"orthoserve: {what} is in a region of {region.address}, but this call already "
-                                 f"names a region of {pinned}; one call goes to one server rank")
-            pinned = region.address
-            return piece
+        pins = self._pins()
         if nd not in ND_MODES:
             raise ValueError(f"orthoserve: nd must be one of {ND_MODES}, got {nd!r}")
         if method not in ("stream", "unary"):
@@ -495,36 +515,41 @@ class Client:
             if batched:
                 spec.nd_layout = pb.ND_LAYOUT_BATCH
             payload = arrays.to_bytes(m)
-            if regions:
-                piece = in_region(m, f"matrix {i}")
-                if piece is not None:
-                    spec.input_region.CopyFrom(piece)
-                    payload = memoryview(b"")
             target = None if out is None else out[i]
-            if target is not None:
-                piece = in_region(target, f"out[{i}]")
-                if piece is None:
-                    raise ValueError(f"orthoserve: out[{i}] is not an array of one of this client's open regions")
-                if tuple(target.shape) != info.shape or target.dtype != m.dtype:
-                    raise ValueError(f"orthoserve: out[{i}] has shape {tuple(target.shape)} and dtype {target.dtype};"
-                                     f" the result has shape {info.shape} and dtype {m.dtype}")
-                spec.result_region.CopyFrom(piece)
+            self._name_regions(pins, spec, m, target, f"matrix {i}", f"out[{i}]", info.shape)
+            if spec.HasField("input_region"):
+                payload = memoryview(b"")
             entries.append(_Entry(spec, payload, info, info.shape, out=target))
             sent.append(i)
         if entries:
             if method == "unary":
                 done = self._lone_call("Orthogonalize", timeout,
-                                       lambda address, _, t: self._unary(address, entries, t), address=pinned,
+                                       lambda address, _, t: self._unary(address, entries, t), address=pins.address,
                                        policy=policy)
             else:
                 def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
                     header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
                     return self._stream(address, header, entries, t)
 
-                done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pinned, policy=policy)
+                done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pins.address, policy=policy)
             for i, r in zip(sent, done):
                 results[i] = r
         return results
+
+    def _pins(self) -> _Pins:
+        with self._lock:
+            return _Pins([r for r in self._regions if r.id])
+
+    @staticmethod
+    def _name_regions(pins: _Pins, spec: pb.MatrixSpec, data: Any, target: Any, what: str, out_what: str,
+                      shape: Tuple[int, ...]) -> None:
+        """Names in `spec` the region slice holding `data` (its input_region, when a region holds it) and that of
+        `target` (its result_region; an out array of `shape` and data's dtype, or None)."""
+        piece = pins.input(data, what)
+        if piece is not None:
+            spec.input_region.CopyFrom(piece)
+        if target is not None:
+            spec.result_region.CopyFrom(pins.result(target, out_what, shape, data.dtype))
 
     def _unary(self, address: str, entries: List[_Entry], timeout: Optional[float]) -> List[Any]:
         request = pb.OrthogonalizeRequest(
@@ -712,15 +737,26 @@ class Group:
         self._address = routing.preferred_address(info if info is not None else pb.ServerInfo(), self.rank,
                                                   self.world, self.client.addresses, avoid)
 
-    def step(self, step: int, shards: Sequence[layout.Shard], *, timeout: Optional[float] = None) -> List[Any]:
+    def step(self, step: int, shards: Sequence[layout.Shard], *, timeout: Optional[float] = None,
+             out: Optional[Sequence[Any]] = None) -> List[Any]:
         """Sends this rank's blocks for step `step`; returns this rank's result blocks, in order, each of the
         same type, dtype, shape and device as the shard's data. `timeout` bounds each attempt (default: the
         client's; an attempt that runs out of it is retried at another member). Raises OrthoserveError once the
-        client's retry policy gives up."""
+        client's retry policy gives up.
+
+        Shared memory (orthoserve.shm, Client.region), as for orthogonalize: a shard whose data is an array of a
+        region is read by the server in place; out (one entry per shard, None entries allowed) gives region arrays
+        of the block's shape and dtype that the server writes this rank's result blocks into, and which are
+        returned. A step with region arrays goes to their region's server rank only, on every attempt (its
+        retries are not routed to another member). Other ranks of the group may send bytes or use regions of
+        their own members."""
         if not shards:
             return []
+        if out is not None and len(out) != len(shards):
+            raise ValueError(f"orthoserve: {len(shards)} shards but {len(out)} out arrays")
+        pins = self.client._pins()
         entries = []
-        for s in shards:
+        for i, s in enumerate(shards):
             (r0, c0), (rows, cols) = s.offset, s.block
             spec = pb.MatrixSpec(name=s.name, shape=s.global_shape, dtype=s.info.wire_dtype,
                                  options=options_lib.ns_options(s.options),
@@ -731,16 +767,24 @@ class Group:
             if s.nd == "batch" and len(s.global_shape) >= 3:
                 spec.nd_layout = pb.ND_LAYOUT_BATCH
             shape = s.info.shape if len(s.info.shape) >= 2 else (0, cols)
-            entries.append(_Entry(spec, arrays.to_bytes(s.data), s.info, shape))
+            target = None if out is None else out[i]
+            payload = arrays.to_bytes(s.data)
+            self.client._name_regions(pins, spec, s.data, target, f"shard {s.name!r}", f"out[{i}]", s.info.shape)
+            if spec.HasField("input_region"):
+                payload = memoryview(b"")
+            entries.append(_Entry(spec, payload, s.info, shape, out=target))
         attempts = self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")
         failed = address = ""  # The member the previous attempt failed on; the current attempt's.
         while True:
             header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
                                    num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "")
             try:
-                if attempts.number > 0:
-                    self._reroute(attempts.timeout(), failed)
-                address = self.address
+                if pins.address is not None:
+                    address = pins.address  # Where its regions are: no other member can read them.
+                else:
+                    if attempts.number > 0:
+                        self._reroute(attempts.timeout(), failed)
+                    address = self.address
                 attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
                 results = self.client._stream(address, header, entries, attempts.timeout())
                 break

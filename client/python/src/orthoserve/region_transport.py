@@ -31,7 +31,9 @@ Why a region is never reused after a failed call: the server may still be runnin
 deadline, a lost connection) and write its results into the region later; they must not land in a later call's
 results. A new region is a new memfd, so such late writes go to memory nothing reads.
 
-Group steps (sharded DTensors, tp_group) always send bytes: the server refuses regions in group steps.
+Group steps (sharded DTensors, tp_group) still send bytes: the server takes regions in group steps and
+Group.step(..., out=...) names them, but this transport does not yet keep a region on each member a group step
+goes to (docs/shared_memory.md, "Group steps").
 """
 
 from __future__ import annotations
