@@ -3,12 +3,10 @@
 // waits for its batch only while its client is there: Cancel (the client went away, its
 // deadline passed, or the server's drain deadline cut the call) ends it at once, and the fleet
 // drops its copy later.
-#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/block_digest.h"
-#include "common/message_text.h"
 #include "server/step/step_impl.h"
 
 namespace orthoserve {
@@ -32,10 +30,6 @@ void FleetStep::Fail(absl::Status status) {
 }
 
 void FleetStep::InputEnded() {
-  if (absl::Status overlaps = CheckRegionOverlaps(); !overlaps.ok()) {
-    Fail(std::move(overlaps));
-    return;
-  }
   auto step = std::make_shared<TrainerStep>();
   step->key = key_;
   step->trainer_rank = request_.rank;
@@ -77,46 +71,6 @@ void FleetStep::InputEnded() {
     draining = cancel_draining_;
   }
   if (cancel) Cancel(draining);
-}
-
-absl::Status FleetStep::CheckRegionOverlaps() const {
-  struct Range {
-    const char* begin;
-    const char* end;
-    size_t index;
-    bool result;
-  };
-  std::vector<Range> ranges;
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const Matrix& m = matrices_[i];
-    if (m.memory.input != nullptr && m.spec.block_bytes > 0) {
-      ranges.push_back(Range{m.memory.input, m.memory.input + m.spec.block_bytes, i, false});
-    }
-    const int64_t result_bytes = m.spec.block.numel() * static_cast<int64_t>(ElementSize(m.spec.plan.result_dtype));
-    if (m.memory.result != nullptr && result_bytes > 0) {
-      ranges.push_back(Range{m.memory.result, m.memory.result + result_bytes, i, true});
-    }
-  }
-  if (ranges.size() < 2) return absl::OkStatus();
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  // Sorted by start: a range overlaps an earlier one of the other kind iff it starts before the
-  // furthest end among those.
-  const Range* furthest[2] = {nullptr, nullptr};  // Of inputs, of results.
-  for (const Range& r : ranges) {
-    const Range* other = furthest[r.result ? 0 : 1];
-    if (other != nullptr && r.begin < other->end) {
-      const Range& result = r.result ? r : *other;
-      const Range& input = r.result ? *other : r;
-      return absl::InvalidArgumentError(absl::StrCat(
-          MatrixLabel(static_cast<int>(result.index), matrices_[result.index].spec.plan.name),
-          " result_region overlaps the input_region of ",
-          MatrixLabel(static_cast<int>(input.index), matrices_[input.index].spec.plan.name),
-          " (the batch may write one matrix's result before it reads another's input)"));
-    }
-    const Range*& mine = furthest[r.result ? 1 : 0];
-    if (mine == nullptr || r.end > mine->end) mine = &r;
-  }
-  return absl::OkStatus();
 }
 
 void FleetStep::TakeRegions(TrainerStep& step) {

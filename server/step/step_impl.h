@@ -71,6 +71,14 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
  private:
   absl::Status TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape);
   absl::Status TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory);
+  // INVALID_ARGUMENT when a shared-memory slice of matrix `index` (`memory`) overlaps one of an
+  // earlier matrix of the step where either is a result: a step (lone, unary or group) may write
+  // one matrix's result before it reads another's input, or write two results into the same
+  // bytes, so the answer would not be the caller's. Inputs may overlap inputs (both only read); a
+  // matrix's own input and result are checked at ingress (region_slices.h). Compares addresses in
+  // this process's mappings: one memfd registered as two regions is the client's own aliasing,
+  // like writing a region while a step reads it.
+  absl::Status CheckSliceOverlaps(int index, const ParsedSpec& spec, const MatrixMemory& memory) const;
   // The previous matrix got all its bytes, and there is room for one more: its index.
   absl::StatusOr<int> NextIndex() const;
   absl::Status TakeData(int index, absl::Span<const absl::string_view> data);
@@ -134,11 +142,6 @@ class FleetStep final : public StepBase {
   absl::StatusOr<char*> Destination(Matrix& m) override;
   absl::Status Complete(int) override { return absl::OkStatus(); }
   void InputEnded() override;
-  // INVALID_ARGUMENT when a matrix's result slice overlaps an input slice of the step (its own is
-  // refused at ingress): the batch may write one matrix's result before it reads another's input,
-  // which would give the whole group results of inputs partly overwritten. Compares addresses in
-  // this process's mappings.
-  absl::Status CheckRegionOverlaps() const;
   // Hands the matrices' shared-memory slices (MatrixMemory) to `step` (TrainerStep::input_at,
   // output_at, regions) and keeps what Deliver needs of them (reader's thread, before Submit).
   void TakeRegions(TrainerStep& step);

@@ -366,6 +366,50 @@ TEST_F(StepTest, ANonFiniteValueInMemoryIsRefusedLikeOneInBytes) {
   EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 5")));
 }
 
+// A slice written by one matrix of a step that overlaps a slice of another (its input, or its
+// result) fails the step when the later one arrives: the step may compute them in any order, so
+// one of them would get a result that is not its own. Inputs over inputs are fine.
+TEST_F(StepTest, SlicesOfOneStepThatOverlapWhereOneIsWrittenFailTheStep) {
+  struct Case {
+    const char* name;
+    int b_input_at;   // Float offsets in one "region" of 64 floats; -1: none.
+    int b_result_at;
+    const char* error;  // Empty: the step is served.
+  };
+  // a: input at [0, 16), result at [16, 32); b is 4x4 too.
+  for (const Case& c : {Case{"b's result over a's input", -1, 8, "result_region overlaps the input_region of matrix 0"},
+                        Case{"b's input over a's result", 20, -1, "input_region overlaps the result_region of matrix 0"},
+                        Case{"b's result over a's result", -1, 31, "result_region overlaps the result_region of matrix 0"},
+                        Case{"b's input on a's input, result apart", 0, 32, ""},
+                        Case{"side by side", 32, 48, ""}}) {
+    SCOPED_TRACE(c.name);
+    FakeStepFleet fleet(0, 1, backend_.get());
+    auto sink = std::make_shared<RecordingSink>();
+    std::shared_ptr<Step> step = Open(&fleet, Lone(2), sink);
+    ASSERT_NE(step, nullptr);
+    std::vector<float> region = RandomMatrix(64, 31);
+    char* base = reinterpret_cast<char*>(region.data());
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 4), MatrixMemory{base, base + 16 * sizeof(float), nullptr}));
+    const std::vector<float> b_bytes = RandomMatrix(16, 32);
+    MatrixMemory b{c.b_input_at < 0 ? nullptr : base + c.b_input_at * sizeof(float),
+                   c.b_result_at < 0 ? nullptr : base + c.b_result_at * sizeof(float), nullptr};
+    const bool taken = step->AddMatrixInMemory(TestSpec("b", 4, 4), b);
+    if (*c.error != '\0') {
+      EXPECT_FALSE(taken);
+      ASSERT_TRUE(sink->WaitFinished());
+      EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.error)));
+      continue;
+    }
+    ASSERT_TRUE(taken);
+    if (c.b_input_at < 0) {
+      ASSERT_TRUE(step->AddData(1, {Bytes(b_bytes)}));
+    }
+    step->End();
+    ASSERT_TRUE(sink->WaitFinished());
+    EXPECT_OK(sink->end().status);
+  }
+}
+
 // A group step (W = 2, this is trainer rank 1) holding the bottom half of a 4x6 matrix.
 class GroupStepTest : public StepTest {
  protected:
@@ -457,8 +501,9 @@ TEST_F(GroupStepTest, BlocksInMemoryGoToTheFleetInPlaceBesideBlocksInBytes) {
   EXPECT_TRUE(watch.expired());  // Nobody holds the memory's owner any more.
 }
 
-// A result slice that overlaps another matrix's input slice fails the group step before the
-// fleet has it (the batch may write the one before it reads the other); slices side by side do not.
+// A result slice that overlaps another matrix's input slice fails the group step as it arrives,
+// before the fleet has it (the batch may write the one before it reads the other), and the other
+// ranks are told; slices side by side do not.
 TEST_F(GroupStepTest, AResultSliceOverlappingAnotherMatricesInputFailsTheStep) {
   for (bool overlap : {true, false}) {
     SCOPED_TRACE(overlap);
@@ -473,16 +518,18 @@ TEST_F(GroupStepTest, AResultSliceOverlappingAnotherMatricesInputFailsTheStep) {
     const char* base = reinterpret_cast<const char*>(region.data());
     char* b_result = reinterpret_cast<char*>(region.data()) + (overlap ? 6 : 24) * sizeof(float);
     ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 6, Block{2, 0, 2, 6}), MatrixMemory{base, nullptr, nullptr}));
-    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("b", 4, 6, Block{2, 0, 2, 6}),
-                                        MatrixMemory{base + 12 * sizeof(float), b_result, nullptr}));
-    step->End();
+    const bool taken = step->AddMatrixInMemory(TestSpec("b", 4, 6, Block{2, 0, 2, 6}),
+                                               MatrixMemory{base + 12 * sizeof(float), b_result, nullptr});
     if (overlap) {
+      EXPECT_FALSE(taken);
       ASSERT_TRUE(sink->WaitFinished());
       EXPECT_THAT(sink->end().status,
                   StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlaps the input_region of matrix 0")));
       EXPECT_THAT(fleet.submitted(), IsEmpty());
       EXPECT_THAT(fleet.aborts(), SizeIs(1));  // The other ranks are told.
     } else {
+      ASSERT_TRUE(taken);
+      step->End();
       EXPECT_THAT(fleet.submitted(), SizeIs(1));
       EXPECT_FALSE(sink->finished());
     }
