@@ -183,14 +183,7 @@ class CudaRegion:
         the memory let go of (the tensor reference). Closes the lifeline either way (when the unregister failed, the
         server drops the region on its own, and the tensor stays referenced). Idempotent."""
         try:
-            if self.id:
-                region_id, self.id = self.id, ""
-                try:
-                    self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
-                                                timeout=self._client._deadline(timeout),
-                                                metadata=self._client._metadata)
-                except grpc.RpcError as err:
-                    raise errors.error_from_rpc(err) from None
+            shm.unregister(self, timeout)
             self._keep = None
         finally:
             shm.close_lifeline(self)

@@ -113,6 +113,19 @@ def _close_lifelines_in_child() -> None:
 os.register_at_fork(after_in_child=_close_lifelines_in_child)
 
 
+def unregister(owner: Any, timeout: Optional[float]) -> None:
+    """Unregisters `owner`'s region (a Region or CudaRegion: its `id`, `_stub` and `_client`), once: the server
+    answers when no step uses it any more. Raises OrthoserveError (the server's code)."""
+    if not owner.id:
+        return
+    region_id, owner.id = owner.id, ""
+    try:
+        owner._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
+                                     timeout=owner._client._deadline(timeout), metadata=owner._client._metadata)
+    except grpc.RpcError as e:
+        raise errors.error_from_rpc(e) from None
+
+
 class Region:
     """A registered shared-memory region of `size` bytes on one server rank (`address`). Use Client.region()."""
 
@@ -244,14 +257,7 @@ class Region:
         it here. Arrays still referring to it keep the mapping alive until they are gone. Idempotent. When the
         unregister fails, the lifeline is closed all the same: the server then drops the region on its own."""
         try:
-            if self.id:
-                region_id, self.id = self.id, ""
-                try:
-                    self._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
-                                                timeout=self._client._deadline(timeout),
-                                                metadata=self._client._metadata)
-                except grpc.RpcError as e:
-                    raise errors.error_from_rpc(e) from None
+            unregister(self, timeout)
         finally:
             self._release_memory()
 
