@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import orthoserve
-from orthoserve import client as client_lib
+from orthoserve import client as client_lib, overdue
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from fake_server import Failure, FakeServer
 
@@ -73,6 +73,65 @@ def test_a_stalled_lone_attempt_times_out_and_goes_to_the_next_address(servers, 
         assert [h.attempt for h in b.headers] == [1]
     [line] = [r.getMessage() for r in caplog.records if r.name == "orthoserve"]
     assert a.address in line and "DEADLINE_EXCEEDED" in line and "attempt 0" in line
+
+
+class _Cancelled(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.CANCELLED
+
+    def details(self):
+        return "Locally cancelled by application!"
+
+    def trailing_metadata(self):
+        return ()
+
+
+class _SilentStream:
+    """A stream call whose deadline event never arrives: reading it blocks until it is cancelled."""
+
+    def __init__(self):
+        self.cancelled = threading.Event()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self.cancelled.wait(60):
+            raise AssertionError("the silent stream was never cancelled")
+        raise _Cancelled()
+
+    def cancel(self):
+        self.cancelled.set()
+        return True
+
+
+@pytest.mark.deadline(20)
+def test_a_stream_whose_deadline_never_arrives_is_cancelled_a_margin_past_it_and_retried(servers, monkeypatch):
+    a, b = servers(), servers()
+    silent = _SilentStream()
+
+    class Stub:  # a's stub, whose streams never end; its other methods are the real ones.
+        def __init__(self, real):
+            self._real = real
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+        def OrthogonalizeStream(self, requests, timeout=None, metadata=None):
+            return silent
+
+    monkeypatch.setattr(overdue, "OVERDUE_MARGIN", 0.3)
+    with orthoserve.Client([a.address, b.address], timeout=0.5, retry=policy(10.0)) as client:
+        real_stub = client._stub
+        monkeypatch.setattr(client, "_stub", lambda address: Stub(real_stub(address)) if address == a.address
+                            else real_stub(address))
+        start = time.monotonic()
+        [out] = client.orthogonalize([M], method="stream")
+        elapsed = time.monotonic() - start
+        assert np.array_equal(out, M) and client.retries == 1
+    assert silent.cancelled.is_set()
+    assert 0.8 <= elapsed < 5.0
+    assert b.servicer.calls.count("stream") == 1 and [h.attempt for h in b.headers] == [1]
 
 
 @pytest.mark.deadline(20)

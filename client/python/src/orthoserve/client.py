@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import grpc
 
-from orthoserve import arrays, errors, layout, options as options_lib, retry as retry_lib, routing, runs, shm
+from orthoserve import arrays, errors, layout, options as options_lib, overdue, retry as retry_lib, routing, runs, shm
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
@@ -620,35 +620,36 @@ class Client:
         filled: Dict[int, int] = {}
         summary = None
         call = self._stub(address).OrthogonalizeStream(requests(), timeout=timeout, metadata=self._metadata)
-        try:
-            for response in call:
-                kind = response.WhichOneof("kind")
-                if kind == "result":
-                    r = response.result
-                    _check_index(r.index, entries, results)
-                    results[r.index] = r
-                    if r.code == 0:
-                        # Checked before any of its bytes are taken: data of another matrix is never assembled.
-                        _check_result(entries[r.index], r.index, r)
-                        # A result in a region has no chunks: an empty buffer takes none.
-                        in_region = entries[r.index].out is not None
-                        buffers[r.index] = bytearray(0 if in_region else self._expected_bytes(entries[r.index], r))
-                        filled[r.index] = 0
-                elif kind == "chunk":
-                    c = response.chunk
-                    buf = buffers.get(c.index)
-                    if buf is None or filled[c.index] + len(c.data) > len(buf):
-                        raise errors.InternalError(grpc.StatusCode.INTERNAL,
-                                                   f"unexpected data chunk for matrix index {c.index}")
-                    buf[filled[c.index]:filled[c.index] + len(c.data)] = c.data
-                    filled[c.index] += len(c.data)
-                elif kind == "summary":
-                    summary = response.summary
-        except grpc.RpcError as e:
-            raise errors.error_from_rpc(e) from None
-        except errors.OrthoserveError:
-            call.cancel()  # The answer is refused (a wrong index, result or chunk): nothing more of it is read.
-            raise
+        with overdue.OverdueGuard(call, timeout, f"the stream to {address}") as guard:
+            try:
+                for response in call:
+                    kind = response.WhichOneof("kind")
+                    if kind == "result":
+                        r = response.result
+                        _check_index(r.index, entries, results)
+                        results[r.index] = r
+                        if r.code == 0:
+                            # Checked before any of its bytes are taken: data of another matrix is never assembled.
+                            _check_result(entries[r.index], r.index, r)
+                            # A result in a region has no chunks: an empty buffer takes none.
+                            in_region = entries[r.index].out is not None
+                            buffers[r.index] = bytearray(0 if in_region else self._expected_bytes(entries[r.index], r))
+                            filled[r.index] = 0
+                    elif kind == "chunk":
+                        c = response.chunk
+                        buf = buffers.get(c.index)
+                        if buf is None or filled[c.index] + len(c.data) > len(buf):
+                            raise errors.InternalError(grpc.StatusCode.INTERNAL,
+                                                       f"unexpected data chunk for matrix index {c.index}")
+                        buf[filled[c.index]:filled[c.index] + len(c.data)] = c.data
+                        filled[c.index] += len(c.data)
+                    elif kind == "summary":
+                        summary = response.summary
+            except grpc.RpcError as e:
+                raise guard.check(e) from None
+            except errors.OrthoserveError:
+                call.cancel()  # The answer is refused (a wrong index, result or chunk): nothing more of it is read.
+                raise
         if summary is None:
             raise errors.InternalError(grpc.StatusCode.INTERNAL, "the stream ended without a step summary")
         failed = [i for i in sorted(results) if results[i].code != 0]
