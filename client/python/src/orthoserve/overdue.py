@@ -4,8 +4,9 @@ gRPC enforces a call's deadline itself: the deadline's event ends the call, and 
 gets DEADLINE_EXCEEDED. Reading a stream's responses waits for such events with no timeout of its own, though, so a
 call whose events stop arriving (seen once in CI: a stream to a server stopped in the same process, read for over
 200 s past its 90 s deadline) would block its reader for ever. The guard cancels such a call OVERDUE_MARGIN after its
-deadline; its reader then ends at once, and the client reports DEADLINE_EXCEEDED (retried like the attempt's own
-timeout, at another member when there is one).
+deadline: gRPC then ends the operations its reader waits for (as it would at the deadline), and the client reports
+DEADLINE_EXCEEDED (retried like the attempt's own timeout, at another member when there is one). A gRPC whose
+completion thread itself no longer runs would not end them; nothing in the client can.
 """
 
 from __future__ import annotations
