@@ -86,46 +86,27 @@ absl::StatusOr<int> StepBase::NextIndex() const {
   return index;
 }
 
-namespace {
-
-// A slice of shared memory a matrix of the step names: its input, or its result.
-struct Slice {
-  const char* begin;
-  int64_t bytes;
-  bool result;
-};
-
-std::vector<Slice> SlicesOf(const ParsedSpec& spec, const MatrixMemory& memory) {
-  std::vector<Slice> slices;
-  if (memory.input != nullptr && spec.block_bytes > 0) slices.push_back(Slice{memory.input, spec.block_bytes, false});
+absl::Status StepBase::RecordSlices(int index, const ParsedSpec& spec, const MatrixMemory& memory) {
+  std::vector<Slice> mine;
+  if (memory.input != nullptr && spec.block_bytes > 0) {
+    mine.push_back(Slice{memory.input, spec.block_bytes, false, index});
+  }
   const int64_t result_bytes = spec.block.numel() * static_cast<int64_t>(ElementSize(spec.plan.result_dtype));
-  if (memory.result != nullptr && result_bytes > 0) slices.push_back(Slice{memory.result, result_bytes, true});
-  return slices;
-}
-
-bool Overlap(const Slice& a, const Slice& b) {
-  // Both lie inside mappings of this process, so the ends are valid pointers.
-  return a.begin < b.begin + b.bytes && b.begin < a.begin + a.bytes;
-}
-
-}  // namespace
-
-absl::Status StepBase::CheckSliceOverlaps(int index, const ParsedSpec& spec, const MatrixMemory& memory) const {
-  const std::vector<Slice> mine = SlicesOf(spec, memory);
-  if (mine.empty()) return absl::OkStatus();
-  for (size_t j = 0; j < matrices_.size(); ++j) {
-    const Matrix& other = matrices_[j];
-    if (other.memory.input == nullptr && other.memory.result == nullptr) continue;
-    for (const Slice& a : mine) {
-      for (const Slice& b : SlicesOf(other.spec, other.memory)) {
-        if (!(a.result || b.result) || !Overlap(a, b)) continue;
-        return absl::InvalidArgumentError(absl::StrCat(
-            MatrixLabel(index, spec.plan.name), " ", a.result ? "result_region" : "input_region", " overlaps the ",
-            b.result ? "result_region" : "input_region", " of ", MatrixLabel(static_cast<int>(j), other.spec.plan.name),
-            " (a step may write one matrix's result before it reads or writes another's slice)"));
-      }
+  if (memory.result != nullptr && result_bytes > 0) {
+    mine.push_back(Slice{memory.result, result_bytes, true, index});
+  }
+  for (const Slice& a : mine) {
+    for (const Slice& b : slices_) {
+      // Both lie inside mappings of this process, so the ends are valid pointers.
+      const bool overlap = a.begin < b.begin + b.bytes && b.begin < a.begin + a.bytes;
+      if (!overlap || !(a.result || b.result)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          MatrixLabel(index, spec.plan.name), " ", a.result ? "result_region" : "input_region", " overlaps the ",
+          b.result ? "result_region" : "input_region", " of ", MatrixLabel(b.index, matrices_[b.index].spec.plan.name),
+          " (a step may write one matrix's result before it reads or writes another's slice)"));
     }
   }
+  slices_.insert(slices_.end(), mine.begin(), mine.end());
   return absl::OkStatus();
 }
 
@@ -137,7 +118,7 @@ absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) 
                                                       " names a CUDA IPC region (GPU memory): those are served for "
                                                       "lone clients and unary calls only, not (yet) in group steps"));
   }
-  RETURN_IF_ERROR(CheckSliceOverlaps(index, spec, memory));
+  RETURN_IF_ERROR(RecordSlices(index, spec, memory));
   matrices_.emplace_back();
   current_ = index;
   Matrix& m = matrices_.back();

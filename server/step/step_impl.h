@@ -71,14 +71,15 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
  private:
   absl::Status TakeMatrix(absl::StatusOr<ParsedSpec> spec, absl::string_view name, std::vector<int64_t> shape);
   absl::Status TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory);
-  // INVALID_ARGUMENT when a shared-memory slice of matrix `index` (`memory`) overlaps one of an
-  // earlier matrix of the step where either is a result: a step (lone, unary or group) may write
-  // one matrix's result before it reads another's input, or write two results into the same
-  // bytes, so the answer would not be the caller's. Inputs may overlap inputs (both only read); a
-  // matrix's own input and result are checked at ingress (region_slices.h). Compares addresses in
-  // this process's mappings: one memfd registered as two regions is the client's own aliasing,
-  // like writing a region while a step reads it.
-  absl::Status CheckSliceOverlaps(int index, const ParsedSpec& spec, const MatrixMemory& memory) const;
+  // Records the shared-memory slices of matrix `index` (`memory`) in slices_; INVALID_ARGUMENT
+  // (recording nothing) when one overlaps a slice of an earlier matrix of the step where either is
+  // a result: a step (lone, unary or group) may write one matrix's result before it reads
+  // another's input, or write two results into the same bytes, so the answer would not be the
+  // caller's. Inputs may overlap inputs (both only read); a matrix's own input and result are
+  // checked at ingress (region_slices.h). Compares addresses in this process's mappings: one
+  // memfd registered as two regions is the client's own aliasing, like writing a region while a
+  // step reads it.
+  absl::Status RecordSlices(int index, const ParsedSpec& spec, const MatrixMemory& memory);
   // The previous matrix got all its bytes, and there is room for one more: its index.
   absl::StatusOr<int> NextIndex() const;
   absl::Status TakeData(int index, absl::Span<const absl::string_view> data);
@@ -90,6 +91,16 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   void MaybeFinishAndUnlock() ABSL_UNLOCK_FUNCTION(mu_);
 
   int current_ = -1;  // The matrix whose bytes are arriving (reader only).
+  // The shared-memory slices of the matrices taken so far (reader only), for RecordSlices: kept
+  // for the step's life, apart from the matrices' MatrixMemory, which a lone matrix's compute
+  // thread lets go of once it is computed.
+  struct Slice {
+    const char* begin;
+    int64_t bytes;
+    bool result;
+    int index;
+  };
+  std::vector<Slice> slices_;
   std::atomic<bool> finishing_{false};
   absl::Mutex mu_;
   int work_ ABSL_GUARDED_BY(mu_) = 0;

@@ -367,8 +367,9 @@ TEST_F(StepTest, ANonFiniteValueInMemoryIsRefusedLikeOneInBytes) {
 }
 
 // A slice written by one matrix of a step that overlaps a slice of another (its input, or its
-// result) fails the step when the later one arrives: the step may compute them in any order, so
-// one of them would get a result that is not its own. Inputs over inputs are fine.
+// result) fails the step when the later one arrives, even when the earlier one is computed
+// already: the step may compute them in any order, so one of them would get a result that is not
+// its own. Inputs over inputs are fine.
 TEST_F(StepTest, SlicesOfOneStepThatOverlapWhereOneIsWrittenFailTheStep) {
   struct Case {
     const char* name;
@@ -377,11 +378,11 @@ TEST_F(StepTest, SlicesOfOneStepThatOverlapWhereOneIsWrittenFailTheStep) {
     const char* error;  // Empty: the step is served.
   };
   // a: input at [0, 16), result at [16, 32); b is 4x4 too.
-  for (const Case& c : {Case{"b's result over a's input", -1, 8, "result_region overlaps the input_region of matrix 0"},
-                        Case{"b's input over a's result", 20, -1, "input_region overlaps the result_region of matrix 0"},
-                        Case{"b's result over a's result", -1, 31, "result_region overlaps the result_region of matrix 0"},
-                        Case{"b's input on a's input, result apart", 0, 32, ""},
-                        Case{"side by side", 32, 48, ""}}) {
+  for (const Case& c :
+       {Case{"b's result over a's input", -1, 8, "result_region overlaps the input_region of matrix 0"},
+        Case{"b's input over a's result", 20, -1, "input_region overlaps the result_region of matrix 0"},
+        Case{"b's result over a's result", -1, 31, "result_region overlaps the result_region of matrix 0"},
+        Case{"b's input on a's input, result apart", 0, 32, ""}, Case{"side by side", 32, 48, ""}}) {
     SCOPED_TRACE(c.name);
     FakeStepFleet fleet(0, 1, backend_.get());
     auto sink = std::make_shared<RecordingSink>();
@@ -390,6 +391,10 @@ TEST_F(StepTest, SlicesOfOneStepThatOverlapWhereOneIsWrittenFailTheStep) {
     std::vector<float> region = RandomMatrix(64, 31);
     char* base = reinterpret_cast<char*>(region.data());
     ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 4), MatrixMemory{base, base + 16 * sizeof(float), nullptr}));
+    // a is computed (and lets go of its leases) before b arrives: its slices still count.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (sink->results().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_THAT(sink->results(), SizeIs(1));
     const std::vector<float> b_bytes = RandomMatrix(16, 32);
     MatrixMemory b{c.b_input_at < 0 ? nullptr : base + c.b_input_at * sizeof(float),
                    c.b_result_at < 0 ? nullptr : base + c.b_result_at * sizeof(float), nullptr};
