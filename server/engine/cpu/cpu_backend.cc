@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/engine/cpu/elementwise_ns.h"
 #include "server/engine/cpu/ns_loop.h"
 #include "server/engine/cpu/working_matrix.h"
 
@@ -90,12 +91,9 @@ absl::Status CpuBackend::RunOne(const NsTask& task) {
   const int64_t rows = task.shape.rows;
   const int64_t cols = task.shape.cols;
   if (args.schedule.empty()) {
-    // With no steps the result is elementwise (normalize, round, scale): the orientation does not
-    // matter, and it is computed in two passes from `in` to `out` without a working matrix.
-    const int64_t count = rows * cols;
-    const float divisor = NormDivisor(SumOfSquaresOf(task.in_dtype, task.in, count), args.eps, args.eps_mode);
-    NormalizeScaleStore(task.in_dtype, task.in, count, divisor, args.precision == Precision::kMedium, args.scale,
-                        task.out_dtype, task.out);
+    // With no steps the result is elementwise: the orientation does not matter, and it is
+    // computed from `in` to `out` without a working matrix.
+    RunElementwiseNs(*pool_, task);
     return absl::OkStatus();
   }
   const bool transpose = args.transpose;

@@ -13,9 +13,11 @@ namespace orthoserve {
 namespace {
 
 constexpr int64_t kTile = 16;
-// Elements per block of the single-pass functions: a multiple of 4 (SumOfSquares' partial sums),
-// small enough that a block and its converted copy stay in the L1 cache.
+// Elements per block of the single-pass functions: a multiple of kSquareLanes (a converted block
+// continues its sum-of-squares block's lanes) that divides kSquaresBlock, small enough that a
+// block and its converted copy stay in the L1 cache.
 constexpr int64_t kBlock = 2048;
+static_assert(kBlock % kSquareLanes == 0 && kSquaresBlock % kBlock == 0);
 
 // dst (cols × rows) = srcᵀ for src rows × cols, in 16×16 tiles through a local buffer so that
 // reads and writes both use whole cache lines.
@@ -65,15 +67,30 @@ ORTHOSERVE_VECTOR_CLONES void NormalizeScaleF32(const float* __restrict in, int6
   });
 }
 
-// Adds x² to the four partial sums s[i % 4] (i counted from the block's start); the tail of a
-// block whose count is not a multiple of 4 goes to s[0]. Blocks of a multiple of 4 elements in
-// a row, and then one last block of any size, give the sums of one call over all of them.
-void AccumulateSquares(const float* x, int64_t count, double s[4]) {
+// Adds x[j]² to s[j % kSquareLanes] for the `count` elements at `x`, element j counted from the
+// start of its block (a call's first element is a block's element j0 with j0 % kSquareLanes == 0;
+// calls that continue a block pass counts that are multiples of kSquareLanes, except a block's
+// last). Sixteen independent sums: the additions vectorize and overlap instead of waiting on one
+// another. The squares of fp32 values are exact in double, so a fused multiply-add (AVX-512F)
+// gives the same bits as a multiply and an add.
+ORTHOSERVE_VECTOR_CLONES void AccumulateSquares(const float* __restrict x, int64_t count,
+                                                double* __restrict s) {
+  double t[kSquareLanes];
+  for (int k = 0; k < kSquareLanes; ++k) t[k] = s[k];
   int64_t i = 0;
-  for (; i + 4 <= count; i += 4) {
-    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (; i + kSquareLanes <= count; i += kSquareLanes) {
+    for (int k = 0; k < kSquareLanes; ++k) t[k] += static_cast<double>(x[i + k]) * x[i + k];
   }
-  for (; i < count; ++i) s[0] += static_cast<double>(x[i]) * x[i];
+  for (int k = 0; i + k < count; ++k) t[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (int k = 0; k < kSquareLanes; ++k) s[k] = t[k];
+}
+
+// The sum of a block's lanes, added pairwise (lane k with lane k + 8, then k + 4, ...).
+double AddLanes(double* s) {
+  for (int width = kSquareLanes / 2; width > 0; width /= 2) {
+    for (int k = 0; k < width; ++k) s[k] += s[k + width];
+  }
+  return s[0];
 }
 
 }  // namespace
@@ -109,24 +126,31 @@ void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, do
   if (!direct) ConvertFromF32(dtype, scaled, static_cast<size_t>(count), out);
 }
 
-double SumOfSquares(const float* x, int64_t count) {
-  // Four partial sums keep the loop from being one long dependency chain; the order is fixed.
-  double s[4] = {0, 0, 0, 0};
-  AccumulateSquares(x, count, s);
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
+double SumOfSquares(const float* x, int64_t count) { return SumOfSquaresOf(DType::kF32, x, count); }
 
-double SumOfSquaresOf(DType dtype, const void* in, int64_t count) {
-  if (IsF32Aligned(dtype, in)) return SumOfSquares(static_cast<const float*>(in), count);
+double BlockSumOfSquares(DType dtype, const void* in, int64_t count) {
+  double s[kSquareLanes] = {};
+  if (IsF32Aligned(dtype, in)) {
+    AccumulateSquares(static_cast<const float*>(in), count, s);
+    return AddLanes(s);
+  }
   const size_t elem = ElementSize(dtype);
   float block[kBlock];
-  double s[4] = {0, 0, 0, 0};
   for (int64_t i = 0; i < count; i += kBlock) {
     const int64_t n = std::min(kBlock, count - i);
     ConvertToF32(dtype, static_cast<const char*>(in) + i * elem, static_cast<size_t>(n), block);
     AccumulateSquares(block, n, s);
   }
-  return (s[0] + s[1]) + (s[2] + s[3]);
+  return AddLanes(s);
+}
+
+double SumOfSquaresOf(DType dtype, const void* in, int64_t count) {
+  const size_t elem = ElementSize(dtype);
+  double sum = 0;
+  for (int64_t i = 0; i < count; i += kSquaresBlock) {
+    sum += BlockSumOfSquares(dtype, static_cast<const char*>(in) + i * elem, std::min(kSquaresBlock, count - i));
+  }
+  return sum;
 }
 
 float NormDivisor(double sum_squares, double eps, EpsMode mode) {

@@ -21,12 +21,23 @@ void LoadWorking(DType dtype, const void* in, int64_t rows, int64_t cols, bool t
 void StoreWorking(const float* x, int64_t rows, int64_t cols, bool transpose, double scale, float* scratch, DType dtype,
                   void* out);
 
-// Σ x², accumulated in double (exact products, rounding only in the additions).
+// Σ x², accumulated in double (exact products, rounding only in the additions), in an order
+// fixed by `count` alone: the elements are cut into blocks of kSquaresBlock (the last one
+// shorter); within a block, element j is added to partial sum j % kSquareLanes, and the partial
+// sums are added pairwise (lane k + 8 to lane k, then k + 4, k + 2, k + 1); the blocks' sums are
+// then added in block order. Computing the blocks' sums on several threads (BlockSumOfSquares)
+// and adding them in order gives the same bits.
+inline constexpr int kSquareLanes = 16;
+inline constexpr int64_t kSquaresBlock = 16384;
 double SumOfSquares(const float* x, int64_t count);
 
 // SumOfSquares of `count` elements of `dtype` at `in` (unaligned allowed) widened to fp32, bit
 // for bit, without a widened copy: reads `in` once.
 double SumOfSquaresOf(DType dtype, const void* in, int64_t count);
+
+// The sum of one block of SumOfSquaresOf: `count` ≤ kSquaresBlock elements of `dtype` at `in`,
+// which is a block's start (element i · kSquaresBlock of the whole).
+double BlockSumOfSquares(DType dtype, const void* in, int64_t count);
 
 // The fp32 divisor of the normalization for a squared norm `sum_squares`: max(‖X‖_F, eps) for
 // kMax, ‖X‖_F + eps for kAdd, computed in double and rounded once to fp32.

@@ -1,8 +1,11 @@
 // CpuBackend's own contract: Create's checks, Info, per-task INVALID_ARGUMENT, the reductions a
-// sharded participant makes (even with no shards), and MEDIUM's bf16 results.
+// sharded participant makes (even with no shards), MEDIUM's bf16 results, and the bits of steps = 0
+// (one thread or several) and of the sum of squares' order.
 #include "server/engine/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -10,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/cpu/bf16_round.h"
+#include "server/engine/cpu/working_matrix.h"
 #include "server/engine/newton_schulz.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/util/status_matchers.h"
@@ -185,6 +189,91 @@ TEST(CpuBackendTest, NoStepsGivesTheBitsOfTheWorkingMatrixPath) {
     }
   }
   EXPECT_EQ(compared, 5 * 9 * 4);
+}
+
+TEST(CpuBackendTest, NoStepsOnSeveralThreadsGivesTheBitsOfOne) {
+  // Large matrices without steps are split over the backend's threads (the sum of squares by its
+  // blocks, the store by slices); the bits must be one thread's, and the working-matrix path's,
+  // for counts that are not a multiple of the block, unaligned buffers, mixed dtypes and in place.
+  struct Case {
+    int64_t rows, cols;
+    DType in_dtype, out_dtype;
+    size_t misalign;
+  };
+  const std::vector<Case> cases = {{1031, 1029, DType::kF32, DType::kF32, 0},
+                                   {2048, 1030, DType::kBF16, DType::kF32, 2},
+                                   {1500, 777, DType::kF32, DType::kF16, 0},
+                                   {4096, 300, DType::kF16, DType::kBF16, 0}};
+  for (const Case& c : cases) {
+    const std::vector<char> packed = Pack(RandomMatrix(c.rows, c.cols, 76), c.in_dtype);
+    const size_t out_bytes = packed.size() / ElementSize(c.in_dtype) * ElementSize(c.out_dtype);
+    std::vector<char> in(packed.size() + c.misalign);
+    std::memcpy(in.data() + c.misalign, packed.data(), packed.size());
+    NsKernelArgs args;
+    args.scale = 0.3;
+    const Matrix2d shape{c.rows, c.cols};
+    const std::string what = absl::StrCat(c.rows, "x", c.cols, " ", DTypeName(c.in_dtype), " -> ",
+                                          DTypeName(c.out_dtype));
+
+    std::vector<char> sharded_out(out_bytes);
+    NsShardedTask sharded{{NsShard{shape, c.in_dtype, in.data() + c.misalign, c.out_dtype, sharded_out.data()}},
+                          1, c.rows, &args};
+    CountingReducer lone;
+    ASSERT_OK(CpuBackendWithThreads(1).RunSharded(sharded, lone));
+    for (int threads : {1, 2, 3}) {
+      std::vector<char> out(out_bytes + c.misalign);
+      NsTask task{shape, c.in_dtype, in.data() + c.misalign, c.out_dtype, out.data() + c.misalign, &args};
+      const std::vector<absl::Status> run = CpuBackendWithThreads(threads).Run({task});
+      ASSERT_OK(run[0]);
+      EXPECT_EQ(std::vector<char>(out.begin() + c.misalign, out.end()), sharded_out)
+          << what << " on " << threads << " threads";
+      if (ElementSize(c.in_dtype) == ElementSize(c.out_dtype)) {
+        std::vector<char> in_place = in;
+        NsTask same{shape, c.in_dtype, in_place.data() + c.misalign, c.out_dtype, in_place.data() + c.misalign,
+                    &args};
+        const std::vector<absl::Status> ran = CpuBackendWithThreads(threads).Run({same});
+        ASSERT_OK(ran[0]);
+        EXPECT_EQ(std::vector<char>(in_place.begin() + c.misalign, in_place.end()), sharded_out)
+            << what << " in place on " << threads << " threads";
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, SumOfSquaresAddsInItsDocumentedOrder) {
+  // An independent writing of working_matrix.h's order: blocks of kSquaresBlock, sixteen lanes
+  // by position in the block, lanes added pairwise, blocks in order. Values of very different
+  // sizes make another order give other bits (checked below for one).
+  std::vector<float> x(3 * kSquaresBlock + 21);
+  uint32_t state = 12345;
+  for (float& v : x) {
+    state = state * 1664525u + 1013904223u;
+    v = std::ldexp(static_cast<float>(state >> 8) / (1 << 24) - 0.5f, static_cast<int>(state % 40) - 20);
+  }
+  for (int64_t count : {int64_t{1}, int64_t{15}, int64_t{17}, kSquaresBlock, kSquaresBlock + 1,
+                        static_cast<int64_t>(x.size())}) {
+    double total = 0;
+    for (int64_t start = 0; start < count; start += kSquaresBlock) {
+      double lanes[kSquareLanes] = {};
+      for (int64_t j = 0; j < std::min(kSquaresBlock, count - start); ++j) {
+        lanes[j % kSquareLanes] += static_cast<double>(x[start + j]) * x[start + j];
+      }
+      for (int width = kSquareLanes / 2; width > 0; width /= 2) {
+        for (int k = 0; k < width; ++k) lanes[k] += lanes[k + width];
+      }
+      total += lanes[0];
+    }
+    EXPECT_EQ(SumOfSquares(x.data(), count), total) << count << " elements";
+    const std::vector<char> bf16 = Pack(std::vector<double>(x.begin(), x.begin() + count), DType::kBF16);
+    const std::vector<double> seen = Unpack(bf16, DType::kBF16);
+    const std::vector<float> widened(seen.begin(), seen.end());
+    EXPECT_EQ(SumOfSquaresOf(DType::kBF16, bf16.data(), count), SumOfSquares(widened.data(), count))
+        << count << " bf16 elements";
+  }
+  double in_order = 0;
+  for (float v : x) in_order += static_cast<double>(v) * v;
+  EXPECT_NE(SumOfSquares(x.data(), static_cast<int64_t>(x.size())), in_order)
+      << "these values do not tell the orders apart";
 }
 
 TEST(CpuBackendTest, MediumResultsAreBf16ValuesAndHighestAreNot) {
