@@ -9,13 +9,15 @@
 #    allocated once (MatrixInput::result). The part runs once per client malloc setting in
 #    CLIENT_MALLOC: glibc's default, and "kept" (service_bench --keep-freed-memory, the call
 #    docs/operations.md offers trainers);
-#  - shm (same-host shared memory, docs/shared_memory.md; the server then runs with --shm-socket,
-#    which adds one thread that wakes once a second and leaves the other parts as they were):
+#  - shm (same-host shared memory, docs/shared_memory.md), against a second rank started with
+#    --shm-socket and --workers SHM_WORKERS (default 2: one compute thread per core of a 2-core
+#    machine; once the bytes no longer cross a socket, the computation is what is left to spread):
 #    (a) the transport part's steps = 0 step with its inputs read from and its results written to a
 #    registered memfd region vs the raw loopback TCP echo of the same bytes, alternately (the
-#    stream step into the caller's buffers, and the steps = 0 computation alone in process, beside
-#    them for reference); target ≥ 3× raw TCP throughput; (b) the overhead part's model matrices through a region vs the in-process
-#    engine, alternately; target ≤ 1.02×.
+#    stream step into the caller's buffers, and the steps = 0 computation alone in process on
+#    SHM_WORKERS threads, beside them for reference); target ≥ 3× raw TCP throughput; (b) the
+#    overhead part's model matrices through a region vs the in-process engine on SHM_WORKERS
+#    threads (service_bench --engine-workers), alternately; target ≤ 1.02×.
 # Writes bench/results/service.md (all of it: run PARTS=shm with OUT=elsewhere to keep the file).
 #
 # The transport part also records CPU time: the server rank's (from /proc, per step), and
@@ -28,7 +30,8 @@
 # Environment: ORTHOSERVE_BUILD_DIR (default build-bench/), PARTS (overhead,transport,shm), MODEL_SHAPES
 # (a GPT-2-small layer: 2304x768,768x768,3072x768,768x3072), LAYERS (4), STREAM_SHAPES (4096x1024),
 # STREAM_MATRICES (16), CLIENT_MALLOC (default,kept), REPS (5), WARMUP (1), PRECISION (medium),
-# PORT (47800; metrics and fleet ports at +100 and +50), OUT.
+# SHM_WORKERS (2), PORT (47800; metrics and fleet ports at +100 and +50; the shm rank's at PORT + 10
+# and the same offsets), OUT.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,6 +46,8 @@ reps=${REPS:-5}
 warmup=${WARMUP:-1}
 precision=${PRECISION:-medium}
 port=${PORT:-47800}
+shm_port=$((port + 10))
+shm_workers=${SHM_WORKERS:-2}
 out=${OUT:-$root/bench/results/service.md}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -59,15 +64,19 @@ model_matrices=$((n_shapes * layers))
 tmp=$(mktemp -d)
 cleanup() {
   "$root/deploy/local/fleet.sh" stop --dir "$tmp/fleet" || true
+  [ ! -d "$tmp/shm-fleet" ] || "$root/deploy/local/fleet.sh" stop --dir "$tmp/shm-fleet" || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 server_flags=(--blas-threads 1 --workers 1 --log-level warning)
-case ",$parts," in
-  *,shm,*) server_flags+=(--shm-socket "$tmp/shm.sock") ;;
-esac
 "$root/deploy/local/fleet.sh" start --world 1 --base-port "$port" --dir "$tmp/fleet" --bin "$build/bin" -- \
   "${server_flags[@]}"
+case ",$parts," in
+  *,shm,*)
+    "$root/deploy/local/fleet.sh" start --world 1 --base-port "$shm_port" --dir "$tmp/shm-fleet" --bin "$build/bin" \
+      -- --blas-threads 1 --workers "$shm_workers" --log-level warning --shm-socket "$tmp/shm.sock"
+    ;;
+esac
 
 tree="HEAD $(git -C "$root" log -1 --format=%h 2>/dev/null || echo unknown), orthoserve built $(date -u -r "$build/bin/orthoserve" '+%Y-%m-%d %H:%M') UTC"
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt")
@@ -90,8 +99,10 @@ for part in ${parts//,/ }; do
   for mode in $modes; do
     extra=()
     [ "$mode" = kept ] && extra=(--keep-freed-memory)
+    server="127.0.0.1:$port"
+    [ "$part" = shm ] && server="127.0.0.1:$shm_port" && extra+=(--engine-workers "$shm_workers")
     cpu_before=$(server_cpu)
-    "$build/bench/service/service_bench" --server "127.0.0.1:$port" --parts "$part" --model-shapes "$model_shapes" \
+    "$build/bench/service/service_bench" --server "$server" --parts "$part" --model-shapes "$model_shapes" \
       --model-matrices "$model_matrices" --stream-shapes "$stream_shapes" --stream-matrices "$stream_matrices" \
       --reps "$reps" --warmup "$warmup" --precision "$precision" "${extra[@]}" | tee -a "$tmp/runs.jsonl"
     if [ "$part" = transport ]; then
@@ -107,11 +118,11 @@ uptime_line=$(uptime)
 mkdir -p "$(dirname "$out")"
 python3 - "$tmp/runs.jsonl" "$out" "$start" "$load_before" "$load_after" "$uptime_line" "$model_shapes" \
   "$model_matrices" "$stream_shapes" "$stream_matrices" "$reps" "$warmup" "$precision" "$layers" "$tree" \
-  "$build_type" "$server_cpu_s" <<'PY'
+  "$build_type" "$server_cpu_s" "$shm_workers" <<'PY'
 import json, os, statistics, sys
 
 (runs_path, out, start, load_before, load_after, uptime_line, model_shapes, model_matrices, stream_shapes,
- stream_matrices, reps, warmup, precision, layers, tree, build_type, server_cpu_s) = sys.argv[1:]
+ stream_matrices, reps, warmup, precision, layers, tree, build_type, server_cpu_s, shm_workers) = sys.argv[1:]
 over, trans, identical = [], [], None
 shm_trans, shm_over, shm_identical = [], [], {}
 for line in open(runs_path):
@@ -216,7 +227,9 @@ if trans:
             transport(rows, mode, server_cpu.get(mode, "unknown"))
 if shm_trans or shm_over:
     L.append("## Same-host shared memory (`PARTS=shm`)\n")
-    L.append("The server runs with `--shm-socket`; service_bench registers memfd regions on it "
+    L.append(f"A second CPU rank, started with `--blas-threads 1 --workers {shm_workers} --shm-socket`, serves this "
+             f"part ({shm_workers} compute thread(s): with the bytes off the socket, the computation is what is left to "
+             "spread over the cores); service_bench registers memfd regions on it "
              "(`Client::CreateRegion`, docs/shared_memory.md), writes the inputs into them once, and names "
              "slices of them in each stream step for every input and every result "
              "(`MatrixInput::input_region`, `result_region`): the server reads the inputs and writes the results "
@@ -236,7 +249,8 @@ if shm_trans:
              "to an echo thread and back (as in the transport part); *region*: one `Client::Step` whose inputs and "
              "results are slices of one region; *server*: its StepSummary.server_seconds; *into*: the same step "
              "with bytes, results into the caller's buffers (for reference); *engine*: the steps = 0 computation "
-             "alone, `CpuBackend::Run` (one thread, like the server's one worker) in service_bench's process into "
+             f"alone, in service_bench's process on {shm_workers} thread(s) like the server's workers (`CpuBackend::Run`, "
+             "one-thread backends, each taking the next matrix), into "
              "result buffers allocated once, no transport at all. Throughput = bytes each way / wall "
              f"time. Region results are {'bitwise identical' if ok else 'NOT identical'} to the step's with bytes "
              "and the engine's.\n")
@@ -252,8 +266,9 @@ if shm_trans:
     pairs = ", ".join(f"{r['raw_s'] / r['shm_s']:.2f}" for r in shm_trans)
     L.append(f"\nRegion / raw throughput: **{rw / sh:.2f}×** (ratio of medians; per pair {pairs}). Target: ≥ 3×. "
              f"Of the region step's {sh:.3f} s the server computed for {ss:.3f} s (median); stream into the "
-             f"caller's buffers / raw: {rw / it:.2f}×. The computation alone takes {en:.3f} s (engine), so with no "
-             f"transport cost at all a region step on this server could reach {rw / en:.2f}× raw TCP.\n")
+             f"caller's buffers / raw: {rw / it:.2f}×. The computation alone takes {en:.3f} s (engine; the region "
+             f"step takes {sh / en:.2f}× that), so with no transport cost at all a region step on this server could "
+             f"reach {rw / en:.2f}× raw TCP.\n")
 if shm_over:
     e = med([r["engine_s"] for r in shm_over])
     w = med([r["shm_s"] for r in shm_over])
@@ -262,7 +277,8 @@ if shm_over:
     L.append("### (b) Model step through a region vs in-process engine\n")
     L.append(f"Work: the overhead part's {model_matrices} matrices ({model_shapes} cycled, {layers} layer(s)), fp32 in "
              f"and out, quintic, 5 steps, {precision.upper()}, {shm_over[0]['gflop']:.1f} GFLOP per step. *engine*: "
-             "`CpuBackend::Run` (one thread) in this process, into result buffers allocated once (as the region's "
+             f"`CpuBackend::Run` in this process on {shm_workers} thread(s) like the server's workers (one-thread "
+             "backends, each taking the next matrix), into result buffers allocated once (as the region's "
              "are); *region*: one `Client::Step` whose inputs and results are slices of one region. Results are "
              f"{'bitwise identical' if ok else 'NOT identical'} between engine and region.\n")
     L.append("| | engine s | region s | region server s | first result after s |")

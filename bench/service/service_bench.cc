@@ -112,30 +112,12 @@ absl::StatusOr<StepTiming> TimeStep(Client& client, const std::vector<MatrixInpu
   return t;
 }
 
-// The same work in process: one Backend::Run over every matrix (fp32 in and out).
-absl::StatusOr<double> TimeEngine(Backend& backend, const std::vector<MatrixInput>& inputs,
-                                  std::vector<std::vector<char>>* results) {
-  std::vector<NsKernelArgs> args;
-  args.reserve(inputs.size());
-  std::vector<NsTask> tasks;
-  results->assign(inputs.size(), {});
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Matrix2d shape{inputs[i].shape[0], inputs[i].shape[1]};
-    args.push_back(ResolveKernelArgs(inputs[i].options, shape, shape));
-    (*results)[i].resize(inputs[i].bytes);
-    tasks.push_back(NsTask{shape, DType::kF32, inputs[i].data, DType::kF32, (*results)[i].data(), &args.back()});
-  }
-  const absl::Time start = absl::Now();
-  std::vector<absl::Status> statuses = backend.Run(tasks);
-  const double s = absl::ToDoubleSeconds(absl::Now() - start);
-  for (const absl::Status& st : statuses) RETURN_IF_ERROR(st);
-  return s;
-}
-
-// TimeEngine into `results` as they are (allocated once by the caller, one per input, and reused):
-// the in-process reference of the shm part, whose region results also land in memory written
-// before (no fresh pages on either side).
-absl::StatusOr<double> TimeEngineInto(Backend& backend, const std::vector<MatrixInput>& inputs,
+// The same work in process (fp32 in and out) into `results` as they are: allocated once by the
+// caller, one per input, and reused (the in-process reference of the shm part, whose region
+// results also land in memory written before: no fresh pages on either side). One backend runs
+// every matrix in one Backend::Run; with several, each runs on a thread of its own and takes the
+// next matrix not taken yet, as a server's compute workers (--workers) do.
+absl::StatusOr<double> TimeEngineInto(const std::vector<Backend*>& backends, const std::vector<MatrixInput>& inputs,
                                       std::vector<std::vector<char>>* results) {
   if (results->size() != inputs.size()) results->assign(inputs.size(), {});
   std::vector<NsKernelArgs> args;
@@ -147,11 +129,42 @@ absl::StatusOr<double> TimeEngineInto(Backend& backend, const std::vector<Matrix
     (*results)[i].resize(inputs[i].bytes);
     tasks.push_back(NsTask{shape, DType::kF32, inputs[i].data, DType::kF32, (*results)[i].data(), &args.back()});
   }
+  std::vector<absl::Status> statuses(tasks.size());
+  std::atomic<size_t> next{0};
   const absl::Time start = absl::Now();
-  std::vector<absl::Status> statuses = backend.Run(tasks);
+  if (backends.size() == 1) {
+    statuses = backends[0]->Run(tasks);
+  } else {
+    auto work = [&](Backend* backend) {
+      for (size_t i = next++; i < tasks.size(); i = next++) statuses[i] = backend->Run({tasks[i]})[0];
+    };
+    std::vector<std::thread> threads;
+    for (size_t w = 1; w < backends.size(); ++w) threads.emplace_back(work, backends[w]);
+    work(backends[0]);
+    for (std::thread& t : threads) t.join();
+  }
   const double s = absl::ToDoubleSeconds(absl::Now() - start);
   for (const absl::Status& st : statuses) RETURN_IF_ERROR(st);
   return s;
+}
+
+// The same work in process: one Backend::Run over every matrix, into new result vectors (as a
+// stream step's MatrixOutput::data).
+absl::StatusOr<double> TimeEngine(Backend& backend, const std::vector<MatrixInput>& inputs,
+                                  std::vector<std::vector<char>>* results) {
+  results->assign(inputs.size(), {});
+  return TimeEngineInto({&backend}, inputs, results);
+}
+
+// `workers` one-thread CPU backends (`owned`) and their pointers, for TimeEngineInto.
+absl::StatusOr<std::vector<Backend*>> EngineWorkers(int workers, std::vector<std::unique_ptr<CpuBackend>>* owned) {
+  std::vector<Backend*> backends;
+  for (int w = 0; w < workers; ++w) {
+    ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(CpuBackend::Options{1}));
+    backends.push_back(backend.get());
+    owned->push_back(std::move(backend));
+  }
+  return backends;
 }
 
 // CPU seconds (user + system) this process has used, all threads.
@@ -289,6 +302,7 @@ struct Config {
   std::string precision = "medium";
   std::string parts = "overhead,transport";
   int model_matrices = 16, stream_matrices = 16, reps = 5, warmup = 1, timeout_s = 900, io_kib = 1024;
+  int engine_workers = 1;  // The shm part's in-process engine: the server's --workers (one-thread backends).
   bool keep_freed_memory = false;  // Call KeepFreedMemory() in this (the client's) process first.
 };
 
@@ -300,8 +314,8 @@ std::string LoadAverage1() {
 }
 
 absl::Status Run(const Config& config) {
-  if (config.reps < 1 || config.warmup < 0 || config.io_kib < 1) {
-    return absl::InvalidArgumentError("--reps and --io-kib must be >= 1, --warmup >= 0");
+  if (config.reps < 1 || config.warmup < 0 || config.io_kib < 1 || config.engine_workers < 1) {
+    return absl::InvalidArgumentError("--reps, --io-kib and --engine-workers must be >= 1, --warmup >= 0");
   }
   std::string client_malloc = "default";
   if (config.keep_freed_memory) {
@@ -413,13 +427,14 @@ absl::Status Run(const Config& config) {
     }
     const char* raw_data = reinterpret_cast<const char*>(storage[0].data());
     const size_t raw_size = storage[0].size() * sizeof(float);
-    // The steps = 0 computation alone, in this process on one thread: what the region step costs
-    // with no transport at all (the server computes with one worker, as run.sh starts it).
-    ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> zero_backend, CpuBackend::Create(CpuBackend::Options{1}));
+    // The steps = 0 computation alone, in this process on as many one-thread backends as the
+    // server has workers (--engine-workers): what the region step costs with no transport at all.
+    std::vector<std::unique_ptr<CpuBackend>> owned;
+    ASSIGN_OR_RETURN(const std::vector<Backend*> engine, EngineWorkers(config.engine_workers, &owned));
     bool identical = true;
     std::vector<std::vector<char>> engine_out;
     for (int it = 0; it < config.warmup + config.reps; ++it) {
-      ASSIGN_OR_RETURN(double engine_s, TimeEngineInto(*zero_backend, inputs, &engine_out));
+      ASSIGN_OR_RETURN(double engine_s, TimeEngineInto(engine, inputs, &engine_out));
       const double cpu0 = ProcessCpuSeconds();
       ASSIGN_OR_RETURN(double raw_s, TimeRawEcho(raw_data, raw_size, bytes, static_cast<size_t>(config.io_kib) << 10));
       const double cpu1 = ProcessCpuSeconds();
@@ -447,13 +462,12 @@ absl::Status Run(const Config& config) {
     std::vector<std::vector<float>> model_storage;
     std::vector<MatrixInput> model_inputs = MakeInputs(model, options, 1, &model_storage);
     ASSIGN_OR_RETURN(std::vector<MatrixInput> model_shm, InRegion(*client, model_inputs, "service_bench", &region));
-    ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(CpuBackend::Options{1}));
     double flops = 0;
     for (const Matrix2d& s : model) flops += NsFlops(s.rows, s.cols, options);
     bool model_identical = true;
     std::vector<std::vector<char>> model_out;
     for (int it = 0; it < config.warmup + config.reps; ++it) {
-      ASSIGN_OR_RETURN(double engine_s, TimeEngineInto(*backend, model_inputs, &model_out));
+      ASSIGN_OR_RETURN(double engine_s, TimeEngineInto(engine, model_inputs, &model_out));
       ASSIGN_OR_RETURN(StepTiming shm, TimeStep(*client, model_shm, nullptr));
       model_identical = model_identical && RegionResultsEqual(*region, model_shm, model_out);
       if (it < config.warmup) continue;
@@ -491,6 +505,10 @@ int Main(int argc, char** argv) {
   flags.AddInt("warmup", "N", "untimed pairs per part first (default 1)", &c.warmup);
   flags.AddInt("timeout", "S", "deadline of each step in seconds (default 900)", &c.timeout_s);
   flags.AddInt("io-kib", "N", "raw TCP send/recv size in KiB (default 1024)", &c.io_kib);
+  flags.AddInt("engine-workers", "N",
+               "shm part: the in-process engine runs the matrices on N one-thread backends at once, as a server "
+               "started with --workers N --blas-threads 1 (default 1)",
+               &c.engine_workers);
   flags.AddBool("keep-freed-memory",
                 "first tell this process's malloc to keep freed memory, as a trainer may (common/malloc_tuning.h)",
                 &c.keep_freed_memory);

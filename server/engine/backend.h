@@ -130,6 +130,14 @@ class Backend {
   // the reducer returns.
   virtual absl::Status RunSharded(const NsShardedTask& task, SumReducer& reducer) = 0;
 
+  // Whether Run fails every task whose input holds a NaN or Inf, and RunSharded every task whose
+  // shards (on any participant) do, with INVALID_ARGUMENT before writing the task's `out`, at no
+  // cost to finite inputs: a caller that has not looked at an input may then leave the check to
+  // the backend (server/step does, for a lone client's input read in place from a shared-memory
+  // region) and look for the element only when the task failed. False by default: such a
+  // backend computes whatever NaN and Inf give.
+  virtual bool FailsNonFiniteInput() const { return false; }
+
   // Bytes of device memory tasks use now (free blocks a pool keeps cached are not counted), for
   // the orthoserve_device_memory_bytes{kind="used"} gauge. Backends without device memory of
   // their own (cpu) keep the default, 0. Thread-safe.

@@ -36,6 +36,11 @@ void BlockReceiver::TakeInPlace(const char* data) {
   scanned_ = whole;
 }
 
+void BlockReceiver::TakeUnscanned() {
+  TakeScanned(-1);
+  scan_deferred_ = true;
+}
+
 void BlockReceiver::TakeScanned(int64_t first_non_finite) {
   first_non_finite_ = first_non_finite;
   received_ = size_;

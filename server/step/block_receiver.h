@@ -1,7 +1,8 @@
 // Receives one matrix block's bytes, chunk after chunk, into its final buffer (one copy, no
 // zero fill) and looks for NaN and Inf — and, for a group step, digests them (block_digest.h) —
 // while the bytes are still in the cache: the server's only pass over an input before compute
-// (docs/architecture.md). Not thread-safe; one per matrix.
+// (docs/architecture.md); a lone client's block read in place from a shared-memory region may
+// leave that check to the computation (TakeUnscanned). Not thread-safe; one per matrix.
 #pragma once
 
 #include <cstdint>
@@ -34,11 +35,19 @@ class BlockReceiver {
   // Nothing is digested. Requires received() == 0.
   void TakeScanned(int64_t first_non_finite);
 
+  // Takes the whole block where it is (a shared-memory region) without looking at it: the
+  // computation checks it instead (Backend::FailsNonFiniteInput), in the pass it makes anyway,
+  // and scan_deferred() tells whoever reads its verdict to look for the element when it failed.
+  // first_non_finite() stays -1. Nothing is digested. Requires received() == 0.
+  void TakeUnscanned();
+
   int64_t size() const { return size_; }
   int64_t received() const { return received_; }
   bool complete() const { return received_ == size_; }
   // The index of the first NaN or Inf among the whole elements received so far, or -1.
   int64_t first_non_finite() const { return first_non_finite_; }
+  // The block was taken by TakeUnscanned: first_non_finite() says nothing.
+  bool scan_deferred() const { return scan_deferred_; }
   // The StreamDigest of the bytes received so far; 0 when not digesting.
   uint64_t digest() const { return digest_ == nullptr ? 0 : digest_->Value(); }
 
@@ -49,6 +58,7 @@ class BlockReceiver {
   int64_t received_ = 0;
   int64_t scanned_ = 0;  // Elements looked at.
   int64_t first_non_finite_ = -1;
+  bool scan_deferred_ = false;
   std::unique_ptr<StreamDigest> digest_;  // Null: not digesting.
 };
 

@@ -129,6 +129,12 @@ void LoneStep::Compute(int index, Matrix& m, absl::Time queued) {
                                out_space)
                  .status;
   }
+  if (!status.ok() && m.receiver.scan_deferred()) {
+    // The backend looked for NaN and Inf as it computed (BlockReceiver::TakeUnscanned); whether
+    // one is why it failed, and where, is found now, and answered as the scan on arrival would.
+    const int64_t bad = FindNonFinite(m.spec.plan.dtype, in, static_cast<size_t>(m.spec.block.numel()));
+    if (bad >= 0) status = NonFiniteData(index, m, bad);
+  }
   m.input.reset();               // The input is no longer needed,
   m.memory = MatrixMemory{};     // nor the regions' leases (a result in one keeps them through `owner`).
   if (!status.ok()) owner.reset();

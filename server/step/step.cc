@@ -150,7 +150,13 @@ absl::Status StepBase::TakeMatrixInMemory(ParsedSpec spec, MatrixMemory memory) 
   // A group step's blocks are digested, in a region as in bytes (a retry must carry the same ones).
   if (m.memory.input != nullptr) {
     m.receiver = BlockReceiver(m.spec.plan.dtype, nullptr, m.spec.block_bytes, /*digest=*/!lone());
-    m.receiver.TakeInPlace(m.memory.input);
+    if (lone() && !request_.all_or_nothing && s_.backend->FailsNonFiniteInput()) {
+      // Read once, by the computation, which fails on a NaN or Inf (LoneStep::Compute then finds
+      // the element): a pass over the block here would be a third one for steps = 0.
+      m.receiver.TakeUnscanned();
+    } else {
+      m.receiver.TakeInPlace(m.memory.input);
+    }
     return Completed(index);
   }
   ASSIGN_OR_RETURN(char* dst, Destination(m));
@@ -201,13 +207,14 @@ absl::Status StepBase::TakeData(int index, absl::Span<const absl::string_view> d
 absl::Status StepBase::Completed(int index) {
   Matrix& m = matrices_[index];
   const int64_t bad = m.receiver.first_non_finite();
-  if (bad >= 0) {
-    return Reject(index, absl::InvalidArgumentError(absl::StrCat(MatrixLabel(index, m.spec.plan.name),
-                                                                 " data holds a non-finite value (NaN or Inf) at "
-                                                                 "element ",
-                                                                 bad, " of its block")));
-  }
+  if (bad >= 0) return Reject(index, NonFiniteData(index, m, bad));
   return Complete(index);
+}
+
+absl::Status StepBase::NonFiniteData(int index, const Matrix& m, int64_t element) {
+  return absl::InvalidArgumentError(absl::StrCat(MatrixLabel(index, m.spec.plan.name),
+                                                 " data holds a non-finite value (NaN or Inf) at element ", element,
+                                                 " of its block"));
 }
 
 absl::Status StepBase::CheckWhole() const {

@@ -49,6 +49,10 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   // Every matrix arrived whole (End, after the checks).
   virtual void InputEnded() = 0;
 
+  // The answer for matrix `index` (`m`) whose block holds a NaN or Inf at `element`
+  // (INVALID_ARGUMENT). Callable from any thread.
+  static absl::Status NonFiniteData(int index, const Matrix& m, int64_t element);
+
   // Work in progress that must end before the step may finish (compute jobs of a lone step).
   void BeginWork();
   void EndWork();

@@ -93,8 +93,7 @@ absl::Status CpuBackend::RunOne(const NsTask& task) {
   if (args.schedule.empty()) {
     // With no steps the result is elementwise: the orientation does not matter, and it is
     // computed from `in` to `out` without a working matrix.
-    RunElementwiseNs(*pool_, task);
-    return absl::OkStatus();
+    return RunElementwiseNs(*pool_, task);
   }
   const bool transpose = args.transpose;
   const int64_t gram = transpose ? cols : rows;

@@ -49,8 +49,8 @@ class CpuBackend final : public Backend {
   BackendInfo Info() const override;
 
   // Tasks run one after another, each with `threads` threads per product. Per-task codes:
-  // INVALID_ARGUMENT (null args/in/out, a non-positive shape), RESOURCE_EXHAUSTED (buffers that
-  // cannot be allocated).
+  // INVALID_ARGUMENT (null args/in/out, a non-positive shape, a NaN or Inf in the input),
+  // RESOURCE_EXHAUSTED (buffers that cannot be allocated).
   std::vector<absl::Status> Run(absl::Span<const NsTask> tasks) override;
 
   // INVALID_ARGUMENT for null args, partition_dim not 0 or 1, gram_size <= 0, a shard with null
@@ -59,6 +59,10 @@ class CpuBackend final : public Backend {
   // distributed layer validates specs identically on every rank). Otherwise the reducer's
   // error, or RESOURCE_EXHAUSTED.
   absl::Status RunSharded(const NsShardedTask& task, SumReducer& reducer) override;
+
+  // True: the sum of squares of docs/numerics.md §2 is finite exactly when every element is, and
+  // a task stops when it is not (ns_loop.h CheckSumOfSquares).
+  bool FailsNonFiniteInput() const override { return true; }
 
  private:
   explicit CpuBackend(const Options& options);

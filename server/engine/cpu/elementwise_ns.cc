@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/status.h"
+#include "server/engine/cpu/ns_loop.h"
 #include "server/engine/cpu/working_matrix.h"
 
 namespace orthoserve {
@@ -29,7 +31,7 @@ bool SlicesIndependent(const NsTask& task, int64_t count) {
 
 }  // namespace
 
-void RunElementwiseNs(ParallelFor& pool, const NsTask& task) {
+absl::Status RunElementwiseNs(ParallelFor& pool, const NsTask& task) {
   const NsKernelArgs& args = *task.args;
   const int64_t count = task.shape.rows * task.shape.cols;
   const size_t in_elem = ElementSize(task.in_dtype);
@@ -56,6 +58,7 @@ void RunElementwiseNs(ParallelFor& pool, const NsTask& task) {
     });
     for (double s : sums) sum_squares += s;  // SumOfSquaresOf's order: block by block from 0.
   }
+  RETURN_IF_ERROR(CheckSumOfSquares(sum_squares));
   const float divisor = NormDivisor(sum_squares, args.eps, args.eps_mode);
   const bool round_bf16 = args.precision == Precision::kMedium;
 
@@ -65,9 +68,10 @@ void RunElementwiseNs(ParallelFor& pool, const NsTask& task) {
   };
   if (parts == 1 || !SlicesIndependent(task, count)) {
     store(0, count);
-    return;
+    return absl::OkStatus();
   }
   pool.Run(parts, [&](int64_t p) { store(element(first(p)), element(first(p + 1))); });
+  return absl::OkStatus();
 }
 
 }  // namespace orthoserve

@@ -1,6 +1,7 @@
 // NS with no steps, which is elementwise (normalize, round, scale), on the CPU backend's threads.
 #pragma once
 
+#include "absl/status/status.h"
 #include "server/engine/backend.h"
 #include "server/engine/cpu/parallel_for.h"
 
@@ -13,7 +14,8 @@ namespace orthoserve {
 // store by disjoint slices, so the bits are those of one thread for any pool size. `task` has
 // been checked (host buffers, positive shape, non-null args); `in` and `out` either do not
 // overlap or are the same bytes in the same dtype size (else the store runs on one thread, in
-// order).
-void RunElementwiseNs(ParallelFor& pool, const NsTask& task);
+// order). INVALID_ARGUMENT, with nothing written, when the input holds a NaN or Inf
+// (CheckSumOfSquares).
+absl::Status RunElementwiseNs(ParallelFor& pool, const NsTask& task);
 
 }  // namespace orthoserve

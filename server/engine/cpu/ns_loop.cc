@@ -2,6 +2,7 @@
 #include "server/engine/cpu/ns_loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <new>
 #include <utility>
 
@@ -39,6 +40,11 @@ absl::Status Gram(ParallelFor& pool, int64_t gram, std::vector<WorkingShard>& sh
 
 }  // namespace
 
+absl::Status CheckSumOfSquares(double sum_squares) {
+  if (std::isfinite(sum_squares)) return absl::OkStatus();
+  return absl::InvalidArgumentError("the input holds a non-finite value (NaN or Inf)");
+}
+
 absl::Status RunNsLoop(ParallelFor& pool, const NsKernelArgs& args, int64_t gram, std::vector<WorkingShard>& shards,
                        SumReducer* reducer) {
   const bool medium = args.precision == Precision::kMedium;
@@ -46,6 +52,7 @@ absl::Status RunNsLoop(ParallelFor& pool, const NsKernelArgs& args, int64_t gram
   double sum_squares = 0;
   for (const WorkingShard& s : shards) sum_squares += SumOfSquares(s.x.data(), gram * s.n);
   if (reducer != nullptr) RETURN_IF_ERROR(reducer->AllReduceSum(absl::MakeSpan(&sum_squares, 1)));
+  RETURN_IF_ERROR(CheckSumOfSquares(sum_squares));
   const float divisor = NormDivisor(sum_squares, args.eps, args.eps_mode);
   for (WorkingShard& s : shards) NormalizeInPlace(s.x.data(), gram * s.n, divisor, medium);
   if (args.schedule.empty()) return absl::OkStatus();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <cstring>
 #include <vector>
@@ -110,6 +111,69 @@ TEST(CpuBackendTest, ParticipantWithoutShardsJoinsEveryReductionWithZeros) {
   EXPECT_EQ(reducer.double_sizes, std::vector<size_t>({1}));
   EXPECT_EQ(reducer.float_sizes, std::vector<size_t>(5, 49));
   EXPECT_EQ(reducer.nonzero, 0);
+}
+
+TEST(CpuBackendTest, NonFiniteInputFailsTheTaskBeforeItWritesAnything) {
+  // FailsNonFiniteInput: the sum of squares is finite exactly when every element is, so a NaN
+  // or Inf anywhere fails the task — with steps or without, on one thread or several, in any
+  // dtype — and its `out` keeps what it held.
+  EXPECT_TRUE(CpuBackendWithThreads(1).FailsNonFiniteInput());
+  struct Case {
+    int64_t rows, cols;
+    int steps;
+    DType dtype;
+    int64_t at;
+    double value;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Case> cases = {{8, 12, 5, DType::kF32, 0, nan},          {12, 8, 5, DType::kBF16, 95, -inf},
+                                   {7, 9, 0, DType::kF16, 40, inf},          {1024, 1030, 0, DType::kF32, 1000000, nan},
+                                   {1024, 1030, 0, DType::kBF16, 17, -inf}};
+  for (const Case& c : cases) {
+    for (int threads : {1, 2}) {
+      std::vector<double> g = RandomMatrix(c.rows, c.cols, 77);
+      g[c.at] = c.value;
+      const std::vector<char> in = Pack(g, c.dtype);
+      std::vector<char> out(in.size(), '\x5a');
+      NsKernelArgs args;
+      args.schedule = std::vector<CoefficientTriple>(c.steps, {3.0, -3.0, 1.0});
+      NsTask task{{c.rows, c.cols}, c.dtype, in.data(), c.dtype, out.data(), &args};
+      const std::vector<absl::Status> run = CpuBackendWithThreads(threads).Run({task});
+      EXPECT_THAT(run[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite value (NaN or Inf)")))
+          << c.rows << "x" << c.cols << " steps " << c.steps << " on " << threads << " threads";
+      EXPECT_EQ(out, std::vector<char>(in.size(), '\x5a')) << "written although it failed";
+    }
+  }
+}
+
+TEST(CpuBackendTest, NonFiniteInputOnAnyParticipantStopsEveryOneAfterTheFirstReduction) {
+  NsKernelArgs args;
+  args.schedule = std::vector<CoefficientTriple>(5, {3.0, -3.0, 1.0});
+  // This participant's shard holds an Inf.
+  std::vector<float> in(8, 1.0f), out(8, 7.0f);
+  in[3] = std::numeric_limits<float>::infinity();
+  NsShardedTask task{{NsShard{{2, 4}, DType::kF32, in.data(), DType::kF32, out.data()}}, 1, 2, &args};
+  CountingReducer counting;
+  EXPECT_THAT(CpuBackendWithThreads(1).RunSharded(task, counting),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite")));
+  EXPECT_EQ(counting.double_sizes, std::vector<size_t>({1}));
+  EXPECT_THAT(counting.float_sizes, ::testing::IsEmpty());
+  EXPECT_EQ(out, std::vector<float>(8, 7.0f));
+  // Another participant's shard does: the reduced sum tells this one, whose shard is finite.
+  class NanFromElsewhere : public CountingReducer {
+   public:
+    absl::Status AllReduceSum(absl::Span<double> values) override {
+      for (double& v : values) v += std::numeric_limits<double>::quiet_NaN();
+      return CountingReducer::AllReduceSum(values);
+    }
+    using CountingReducer::AllReduceSum;
+  } elsewhere;
+  std::fill(in.begin(), in.end(), 1.0f);
+  EXPECT_THAT(CpuBackendWithThreads(1).RunSharded(task, elsewhere),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite")));
+  EXPECT_THAT(elsewhere.float_sizes, ::testing::IsEmpty());
+  EXPECT_EQ(out, std::vector<float>(8, 7.0f));
 }
 
 TEST(CpuBackendTest, ReducerErrorsAbortTheTask) {

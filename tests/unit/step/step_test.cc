@@ -366,6 +366,49 @@ TEST_F(StepTest, ANonFiniteValueInMemoryIsRefusedLikeOneInBytes) {
   EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 5")));
 }
 
+// In a stream step (not all or nothing) on a backend that fails non-finite input (the CPU
+// backend), a block in memory is not scanned on arrival: the computation's own pass finds a NaN or
+// Inf, and the step then answers it in-band with the element, as the scan on arrival would, with
+// nothing written to its result slice; finite blocks are computed without a scan of their own.
+TEST_F(StepTest, ANonFiniteValueInMemoryOfAStreamIsFoundByTheComputationAndAnsweredInBand) {
+  ASSERT_TRUE(backend_->FailsNonFiniteInput());
+  FakeStepFleet fleet(0, 1, backend_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<Step> step = Open(&fleet, Lone(3), sink);
+  ASSERT_NE(step, nullptr);
+  ParsedSpec a = TestSpec("a", 4, 6), b = TestSpec("b", 6, 8), c = TestSpec("c", 8, 4);
+  b.plan.options.steps = 0;  // The elementwise path.
+  std::vector<float> in_a = RandomMatrix(24, 31), in_b = RandomMatrix(48, 32);
+  const std::vector<float> in_c = RandomMatrix(32, 33);
+  in_a[7] = std::numeric_limits<float>::quiet_NaN();
+  in_b[30] = -std::numeric_limits<float>::infinity();
+  std::vector<float> out_a(24, -1.0f), out_b(48, -1.0f), out_c(32, -1.0f);
+  const int64_t scanned = NonFiniteScannedElements();
+  ASSERT_TRUE(step->AddMatrixInMemory(a, MatrixMemory{reinterpret_cast<const char*>(in_a.data()),
+                                                      reinterpret_cast<char*>(out_a.data()), nullptr}));
+  ASSERT_TRUE(step->AddMatrixInMemory(b, MatrixMemory{reinterpret_cast<const char*>(in_b.data()),
+                                                      reinterpret_cast<char*>(out_b.data()), nullptr}));
+  ASSERT_TRUE(step->AddMatrixInMemory(c, MatrixMemory{reinterpret_cast<const char*>(in_c.data()),
+                                                      reinterpret_cast<char*>(out_c.data()), nullptr}));
+  step->End();
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_OK(sink->end().status);
+  auto results = sink->results();
+  ASSERT_THAT(results, SizeIs(3));
+  EXPECT_THAT(results[0].status,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix 0 (\"a\") data holds a non-finite value "
+                                                                     "(NaN or Inf) at element 7 of its block")));
+  EXPECT_THAT(results[1].status,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matrix 1 (\"b\") data holds a non-finite value "
+                                                                     "(NaN or Inf) at element 30 of its block")));
+  EXPECT_EQ(out_a, std::vector<float>(24, -1.0f));
+  EXPECT_EQ(out_b, std::vector<float>(48, -1.0f));
+  EXPECT_OK(results[2].status);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out_c.data()), 32 * sizeof(float)), Expected(c, in_c));
+  // Only the two failed blocks were scanned, after their computation failed.
+  EXPECT_EQ(NonFiniteScannedElements() - scanned, 24 + 48);
+}
+
 // A slice written by one matrix of a step that overlaps a slice of another (its input, or its
 // result) fails the step when the later one arrives, even when the earlier one is computed
 // already: the step may compute them in any order, so one of them would get a result that is not
