@@ -157,12 +157,12 @@ def _fallback_rank(rank, world, addresses, run):
     retry = orthoserve.RetryPolicy(deadline=60, max_backoff=0.5)
     with orthoserve.Client(addresses, timeout=30, retry=retry) as client:
         expected, _ = _train(client, mesh, layouts, f"off-{run}", shm=False)
-        sent = []  # (step, attempt, through a region) of every group-step stream of this rank.
+        sent = []  # (step, attempt, through a region, member) of every group-step stream of this rank.
         stream = client._stream
 
         def lossy_stream(address, header, entries, timeout):
             in_region = any(e.spec.HasField("input_region") for e in entries)
-            sent.append((header.step, header.attempt, in_region))
+            sent.append((header.step, header.attempt, in_region, address))
             results = stream(address, header, entries, timeout)
             if rank == 2 and header.step == 1 and in_region:
                 # The step ran, but its answer does not arrive (as when a member dies after the batch): a
@@ -176,8 +176,9 @@ def _fallback_rank(rank, world, addresses, run):
         def before_step(step, opt):
             transport = opt.region_transport
             if step == 2 and rank == 2:
-                # After the failure: the step went as bytes (attempt 1), and its region is gone.
-                assert [s for s in sent if s[0] == 1] == [(1, 0, True), (1, 1, False)], sent
+                # After the failure: the step went as bytes, as attempt 1, to the other member; its region is gone.
+                assert [s for s in sent if s[0] == 1] == [(1, 0, True, addresses[1]), (1, 1, False, addresses[0])], \
+                    sent
                 assert opt.transport == "bytes" and "UNAVAILABLE" in transport.reason, transport
                 assert "attempt 1" in transport.reason and not seen["region"].id
                 assert transport.group_regions == {}
@@ -206,7 +207,7 @@ def _fallback_rank(rank, world, addresses, run):
         assert (transport.shm_calls, transport.bytes_calls) == ((STEPS - 1, 1) if rank == 2 else (STEPS, 0))
         # The attempts of each step are numbered 0, 1, ... whichever way each went.
         for step in range(STEPS):
-            numbers = [attempt for s, attempt, _ in sent if s == step]
+            numbers = [attempt for s, attempt, _, _ in sent if s == step]
             assert numbers == list(range(len(numbers))), sent
 
 
