@@ -268,7 +268,8 @@ class RegionTransport:
             results = self._group_through(group, step, shards, placed, region, attempts)
         except errors.OrthoserveError as e:
             self._abandon(region)
-            if not attempts.back_off(e):  # The group's step failed on every rank: bytes would fail it too.
+            # Not retried (a final code, or no retry left): the step failed on every rank of the group, as bytes.
+            if not attempts.back_off(e):
                 raise attempts.give_up(e) from None
             why = self._failure(region, e, "a group step", f"it was sent again as bytes (attempt {attempts.number}),"
                                                            " and the next step registers a new region")
@@ -338,14 +339,14 @@ class RegionTransport:
     def _group_region(self, client: "Client", address: str, needed: int, timeout: Optional[float],
                       required: bool) -> "shm.Region":
         """The region for a group step of `needed` bytes to member `address`: the one on that member when it is
-        large enough and not known to be dropped by the member (a NOT_FOUND would fail the step on every rank),
-        else a new one there; see _register."""
+        large enough, else a new one there; see _register. Group regions their member dropped are let go first
+        (a NOT_FOUND would fail the step on every rank; and a member that left keeps none of our memory)."""
+        for member, region in self.group_regions.items():
+            if region.dropped():
+                logger.info("orthoserve: %s: the member %s dropped the region of its group steps (it restarted or "
+                            "left, or the region was unregistered)", self.what, member)
+                self._abandon(region)
         region = self._current(address, client)
-        if region is not None and region.dropped():
-            logger.info("orthoserve: %s: the member %s dropped the region of its group steps (it restarted, or the "
-                        "region was unregistered); registering a new one", self.what, address)
-            self._abandon(region)
-            region = None
         if region is not None and region.size >= needed:
             return region
         return self._register(address, region, client, address, needed, timeout, required)
