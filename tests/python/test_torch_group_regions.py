@@ -5,10 +5,10 @@ against a two-member fleet of real servers, each with its own --shm-socket.
 - Through regions (shm auto) every rank's updates are bit for bit those of the same steps sent as bytes (shm off),
   with one region per member a rank's group steps go to (ranks 1 and 2 of a 2 x 2 mesh use both members), reused
   from step to step; newton_schulz(tp_group=...) likewise.
-- A group step whose attempt through its region fails (here: its answer lost after the step ran) is sent again as
-  bytes with the next attempt number, re-routed to the other member, and answered there by a replay of the step that
-  ran, with the right bits; the next step registers a new region. A region the member dropped between two steps
-  is found before the step names it and replaced.
+- A group step whose attempt through its region fails (here: its answer lost after the step ran) is sent again with
+  the next attempt number, re-routed to the other member — as bytes (auto), or through a new region there (True) —
+  and answered there by a replay of the step that ran, with the right bits; the next step registers a new region.
+  A region the member dropped between two steps is found before the step names it and replaced.
 - shm off sends bytes; auto without --shm-socket sends bytes and says why; shm=True raises FailedPreconditionError
   and changes nothing.
 """
@@ -141,7 +141,7 @@ def _bits_rank(rank, world, addresses, run):
         assert torch.equal(results["on"], results["off"])
 
 
-def _fallback_rank(rank, world, addresses, run):
+def _fallback_rank(rank, world, addresses, run, mode):
     _setup()
     import grpc
     from torch.distributed.device_mesh import init_device_mesh
@@ -164,7 +164,7 @@ def _fallback_rank(rank, world, addresses, run):
             in_region = any(e.spec.HasField("input_region") for e in entries)
             sent.append((header.step, header.attempt, in_region, address))
             results = stream(address, header, entries, timeout)
-            if rank == 2 and header.step == 1 and in_region:
+            if rank == 2 and (header.step, header.attempt) == (1, 0) and in_region:
                 # The step ran, but its answer does not arrive (as when a member dies after the batch): a
                 # retryable failure of the attempt through the region. Its results were written into the region.
                 raise orthoserve.UnavailableError(grpc.StatusCode.UNAVAILABLE, "injected: the answer was lost")
@@ -176,12 +176,16 @@ def _fallback_rank(rank, world, addresses, run):
         def before_step(step, opt):
             transport = opt.region_transport
             if step == 2 and rank == 2:
-                # After the failure: the step went as bytes, as attempt 1, to the other member; its region is gone.
-                assert [s for s in sent if s[0] == 1] == [(1, 0, True, addresses[1]), (1, 1, False, addresses[0])], \
-                    sent
-                assert opt.transport == "bytes" and "UNAVAILABLE" in transport.reason, transport
-                assert "attempt 1" in transport.reason and not seen["region"].id
-                assert transport.group_regions == {}
+                # After the failure the step went, as attempt 1, to the other member: as bytes (auto), or through a
+                # new region there (True). The failed attempt's region is gone.
+                assert [s for s in sent if s[0] == 1] == [(1, 0, True, addresses[1]),
+                                                          (1, 1, mode is True, addresses[0])], sent
+                assert not seen["region"].id and addresses[1] not in transport.group_regions
+                if mode == "auto":
+                    assert opt.transport == "bytes" and "UNAVAILABLE" in transport.reason, transport
+                    assert "attempt 1" in transport.reason and transport.group_regions == {}
+                else:
+                    assert opt.transport == "shm" and set(transport.group_regions) == {addresses[0]}
             if step == 2 and rank == 3:
                 # The member drops this rank's region (as a restarted member would not know it): found before step
                 # 2 names it, and replaced.
@@ -196,7 +200,7 @@ def _fallback_rank(rank, world, addresses, run):
             if step == 1:
                 seen["region"] = transport.group_regions[addresses[rank // 2]]
 
-        got, opt = _train(client, mesh, layouts, f"shm-{run}", shm="auto", before_step=before_step)
+        got, opt = _train(client, mesh, layouts, f"shm-{run}", shm=mode, before_step=before_step)
         transport = opt.region_transport
         for step in range(STEPS):
             _assert_same(got[step], expected[step], f"rank {rank} step {step}")
@@ -204,7 +208,8 @@ def _fallback_rank(rank, world, addresses, run):
         assert opt.transport == "shm", transport
         region = transport.group_regions[addresses[rank // 2]]
         assert (region.id != seen["region"].id) == (rank in (2, 3)), (rank, region, seen)
-        assert (transport.shm_calls, transport.bytes_calls) == ((STEPS - 1, 1) if rank == 2 else (STEPS, 0))
+        auto_fell_back = rank == 2 and mode == "auto"
+        assert (transport.shm_calls, transport.bytes_calls) == ((STEPS - 1, 1) if auto_fell_back else (STEPS, 0))
         # The attempts of each step are numbered 0, 1, ... whichever way each went.
         for step in range(STEPS):
             numbers = [attempt for s, attempt, _, _ in sent if s == step]
@@ -251,8 +256,10 @@ def test_muon_group_steps_through_regions_have_the_bits_of_bytes(shm_fleet):
 
 
 @pytest.mark.deadline(300)
-def test_a_failed_attempt_through_a_region_is_retried_as_bytes_with_the_next_attempt_number(shm_fleet):
-    run_ranks(4, _fallback_rank, [s.address for s in shm_fleet], uuid.uuid4().hex, timeout=10)
+@pytest.mark.parametrize("mode", ["auto", True])
+def test_a_failed_attempt_through_a_region_is_retried_with_the_next_attempt_number(shm_fleet, mode):
+    """auto: the retry goes as bytes; True: through a new region on the member it is re-routed to."""
+    run_ranks(4, _fallback_rank, [s.address for s in shm_fleet], uuid.uuid4().hex, mode, timeout=10)
 
 
 @pytest.mark.deadline(240)
