@@ -221,6 +221,16 @@ def fleet2(tmp_path_factory):
         s.stop()
 
 
+@pytest.fixture(scope="module")
+def shm_fleet(tmp_path_factory):
+    """A two-rank CPU fleet whose ranks take shared-memory regions (each its own --shm-socket), for one test module."""
+    d = tmp_path_factory.mktemp("shm-fleet")
+    ranks = start_fleet(d, 2, rank_args=lambda r: ["--shm-socket", str(d / f"shm-{r}.sock")])
+    yield ranks
+    for s in reversed(ranks):  # rank 0 (the coordinator) last
+        s.stop()
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """A one-rank CPU server (S = 1) for the whole session."""

@@ -10,19 +10,10 @@ import numpy as np
 import pytest
 
 import orthoserve
-from conftest import on_every_rank, start_fleet
+from conftest import on_every_rank
 
 WORLD = 4
 SHAPES = [((24, 16), np.float32), ((16, 12), np.float16)]
-
-
-@pytest.fixture(scope="module")
-def shm_fleet(tmp_path_factory):
-    d = tmp_path_factory.mktemp("group-shm")
-    ranks = start_fleet(d, 2, rank_args=lambda r: ["--shm-socket", str(d / f"shm-{r}.sock")])
-    yield ranks
-    for s in reversed(ranks):  # rank 0 (the coordinator) last
-        s.stop()
 
 
 @pytest.mark.deadline(240)

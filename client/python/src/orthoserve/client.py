@@ -753,6 +753,20 @@ class Group:
         their own members."""
         if not shards:
             return []
+        entries, pins = self._entries(shards, out)
+        return self._attempts_of(step, shards, entries, pins, self._new_attempts(step, timeout))
+
+    # The parts of step(), which orthoserve.region_transport also puts together in its own way: it sends a step's
+    # first attempt through a region and, when that fails, its further attempts as bytes, all numbered by one
+    # Attempts (StepHeader.attempt keeps increasing across the switch; see that module).
+
+    def _new_attempts(self, step: int, timeout: Optional[float]) -> retry_lib.Attempts:
+        """The attempts of one step: its attempt numbers, timeouts, waits and retry deadline."""
+        return self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")
+
+    def _entries(self, shards: Sequence[layout.Shard], out: Optional[Sequence[Any]]) -> Tuple[List[_Entry], _Pins]:
+        """The entries of `shards` (with the region slices their data and `out` name) and the member those regions
+        pin the step to (pins.address; None when no array is in a region)."""
         if out is not None and len(out) != len(shards):
             raise ValueError(f"orthoserve: {len(shards)} shards but {len(out)} out arrays")
         pins = self.client._pins()
@@ -774,23 +788,37 @@ class Group:
             if spec.HasField("input_region"):
                 payload = memoryview(b"")
             entries.append(_Entry(spec, payload, s.info, shape, out=target))
-        attempts = self.client._attempts(timeout, f"step {step} of group {self.job}/{self.name}")
-        failed = address = ""  # The member the previous attempt failed on; the current attempt's.
+        return entries, pins
+
+    def _member(self, attempts: retry_lib.Attempts, failed: str) -> str:
+        """The member the current attempt goes to when no region pins it: this rank's member, and for a retry
+        (attempts.number > 0) the one the re-read membership routes it to, passing over `failed`, the member the
+        previous attempt failed on, while there is another."""
+        if attempts.number > 0:
+            self._reroute(attempts.timeout(), failed)
+        return self.address
+
+    def _send(self, step: int, shards: Sequence[layout.Shard], entries: List[_Entry], address: str,
+              attempts: retry_lib.Attempts) -> List[Any]:
+        """One attempt of step `step` to `address`, numbered attempts.number and bounded by attempts.timeout();
+        returns the result blocks. Raises OrthoserveError."""
+        header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
+                               num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "")
+        attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
+        results = self.client._stream(address, header, entries, attempts.timeout())
+        return [r.reshape(s.info.shape) if len(s.info.shape) < 2 else r for r, s in zip(results, shards)]
+
+    def _attempts_of(self, step: int, shards: Sequence[layout.Shard], entries: List[_Entry], pins: _Pins,
+                     attempts: retry_lib.Attempts, failed: str = "") -> List[Any]:
+        """Step `step`'s attempts from attempts.number on, until one answers or the policy gives up (raising
+        OrthoserveError): to the pinned member, else to this rank's member, re-routed after a failure (`failed`:
+        the member an earlier attempt made elsewhere failed on)."""
         while True:
-            header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
-                                   num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "")
+            address = failed  # Where this attempt went, once known.
             try:
-                if pins.address is not None:
-                    address = pins.address  # Where its regions are: no other member can read them.
-                else:
-                    if attempts.number > 0:
-                        self._reroute(attempts.timeout(), failed)
-                    address = self.address
-                attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
-                results = self.client._stream(address, header, entries, attempts.timeout())
-                break
+                address = pins.address if pins.address is not None else self._member(attempts, failed)
+                return self._send(step, shards, entries, address, attempts)
             except errors.OrthoserveError as e:
                 if not attempts.back_off(e):
                     raise attempts.give_up(e) from None
                 failed = address
-        return [r.reshape(s.info.shape) if len(s.info.shape) < 2 else r for r, s in zip(results, shards)]

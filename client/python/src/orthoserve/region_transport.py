@@ -1,39 +1,57 @@
-"""How orthoserve.torch sends a lone call's matrices: through a shared-memory region when the server is on this host
-and takes regions, else as bytes (issue #28; regions: orthoserve.shm, docs/shared_memory.md).
+"""How orthoserve.torch sends its matrices: through shared-memory regions when the server rank a call goes to is on
+this host and takes regions, else as bytes (issue #28; regions: orthoserve.shm, docs/shared_memory.md). Both lone
+calls (whole tensors) and group steps (this trainer rank's blocks of sharded matrices: Muon's sharded DTensors,
+newton_schulz's tp_group).
 
     transport = RegionTransport("auto")
-    [u] = transport.orthogonalize_batch(client, [g], [opts])    # through a region, or bytes
-    transport.transport, transport.reason                       # "shm" or "bytes", and why bytes
+    [u] = transport.orthogonalize_batch(client, [g], [opts])    # a lone call: through a region, or bytes
+    [b] = transport.group_step(group, step, [shard])            # a group step: likewise, on the group's member
+    transport.transport, transport.reason                       # how the last of them went ("shm", "bytes"); why bytes
 
 Modes (`shm=` of orthoserve.torch's Muon and RemoteNewtonSchulz; $ORTHOSERVE_SHM for newton_schulz and as their
 default):
   "auto" (default): a region when the server rank the call goes to has a handover socket (ServerInfo.shm_socket),
     that socket exists on this host, and the handover and registration succeed; otherwise bytes, logged once on the
-    "orthoserve" logger (INFO) with the reason, which `reason` keeps. A call through the region that fails in any
-    way is sent again as bytes (the client's retries and fail-over apply to that), and the region is dropped: the
-    next call registers a new one on the rank lone calls then go to.
+    "orthoserve" logger (INFO) with the reason, which `reason` keeps. A lone call through the region that fails in
+    any way is sent again as bytes (the client's retries and fail-over apply to that), and the region is dropped:
+    the next call registers a new one on the rank lone calls then go to. A group step: see "Group steps" below.
   "on" (True): always a region; when there can be none, an error saying why (FailedPreconditionError: no socket
     of that rank on this host; the server's refusal; ResourceExhaustedError: no memfd here). A call that fails
     through the region is retried under the client's RetryPolicy through a new region, on another rank when
-    there is one (a region the rank forgot, NOT_FOUND, is replaced on that rank at once).
+    there is one (a lone call's region the rank forgot, NOT_FOUND, is replaced on that rank at once).
   "off" (False): bytes.
 
-One region per transport (per Muon, per RemoteNewtonSchulz, per client for newton_schulz), sized for the call's
-inputs and results (rounded up to 1 MiB) and reused by the next calls; a call that needs more registers a larger one
-and unregisters the old. Every page is touched here when the region is made (Region.touch), so all of its memory is
-charged to this process's memory cgroup (the trainer's container), none to the server's. Each matrix is copied into
-the region (one memcpy, or the device-to-host copy the bytes path makes too), the server reads it and writes its
-result there in place, and the result is copied out into a new tensor of the input's dtype and device: the region is
-overwritten by the next call, the returned tensors are not. Results are bit for bit those of the bytes path (the
-same computation on the same rank).
+Regions: one for lone calls (on the rank they go to) and one for each member that group steps go to (Group.address:
+the groups of one trainer rank may be routed to different members), per transport (per Muon, per RemoteNewtonSchulz,
+per client for newton_schulz). Each is sized for a call's inputs and results (rounded up to 1 MiB) and reused by the
+next calls; a call that needs more registers a larger one and unregisters the old. Every page is touched here when
+the region is made (Region.touch), so all of its memory is charged to this process's memory cgroup (the trainer's
+container), none to the server's. Each matrix (block) is copied into the region (one memcpy, or the device-to-host
+copy the bytes path makes too), the server reads it and writes its result there in place, and the result is copied
+out into a new tensor of the input's dtype and device: the region is overwritten by the next call, the returned
+tensors are not. Results are bit for bit those of the bytes path (the same computation on the same rank).
 
 Why a region is never reused after a failed call: the server may still be running that call's step (a client-side
 deadline, a lost connection) and write its results into the region later; they must not land in a later call's
 results. A new region is a new memfd, so such late writes go to memory nothing reads.
 
-Group steps (sharded DTensors, tp_group) still send bytes: the server takes regions in group steps and
-Group.step(..., out=...) names them, but this transport does not yet keep a region on each member a group step
-goes to (docs/shared_memory.md, "Group steps").
+Group steps. A group step must be the same step on every attempt: the fleet digests each rank's blocks, answers a
+retry (StepHeader.attempt > 0) of a step that ran from the other ranks' kept inputs only when its blocks are the first
+attempt's, and takes a report whose attempt number is not above the one it holds for that rank as a duplicate rank,
+which fails the step on every rank (docs/architecture.md, "Replays"). So all attempts of one step are numbered by one
+Attempts sequence (Group._new_attempts, with one retry deadline), whichever way each goes. The first goes through the
+region on the member the rank is routed to (and is pinned there). When it fails in a way the client retries
+(UNAVAILABLE, a fleet change, the attempt's own timeout), the region is dropped and
+  auto sends the same blocks as bytes in the next attempts of that sequence (Group._attempts_of: attempt 1, 2, ...,
+    re-routed away from the member that failed, as every bytes retry is): a retry the fleet replaces the region
+    attempt's report with, or answers by a replay, like any other retry;
+  on sends attempt 1, 2, ... each through a new region on the member the re-read membership routes the rank to.
+A failure the client does not retry is the step's failure on every rank of the group (the server fails the whole
+group step, and the other ranks get ABORTED), so resending this rank's blocks could only wait for ranks that never
+come: it is raised, as it is for bytes, the region dropped, and the next step registers a new one. That includes
+NOT_FOUND, a region the member no longer has; because it costs the whole group its step, a group step's region is
+first checked without a call (Region.dropped: the member ends a region's lifeline when it drops it, at once when the
+member's process goes) and replaced when gone. (A lone call through a forgotten region fails alone, and is sent again.)
 """
 
 from __future__ import annotations
@@ -44,14 +62,14 @@ import stat
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
-from orthoserve import errors, shm
+from orthoserve import errors, layout, shm
 
 if TYPE_CHECKING:
-    from orthoserve.client import Client
+    from orthoserve.client import Client, Group
 
 __all__ = ["RegionTransport", "shm_mode", "ENV_SHM", "MODES"]
 
@@ -64,6 +82,7 @@ _RECHECK_SECONDS = 60.0
 # The longest an abandoned region's UnregisterRegion may take (it waits for the server's steps that use it). The
 # region is dropped here whatever the answer.
 _UNREGISTER_TIMEOUT = 2.0
+_LONE = ""  # The key of the lone calls' region among a transport's regions (a group step's: its member's address).
 
 logger = logging.getLogger("orthoserve")
 
@@ -107,15 +126,17 @@ class _Unavailable(Exception):
 
 
 class RegionTransport:
-    """Sends lone calls through a shared-memory region when it can (see the module's docstring). Thread-safe: one
-    call uses the region at a time; in auto mode a call that finds it busy sends bytes.
+    """Sends lone calls and group steps through shared-memory regions when it can (see the module's docstring).
+    Thread-safe: one lone call uses the lone region at a time, and one group step the group regions; in auto mode
+    a call that finds them busy sends bytes.
 
     Attributes:
       mode: "auto", "on" or "off".
-      transport: how the last call went: "shm", "bytes", or None before the first call.
-      reason: why the last call went as bytes ("" when it went through the region).
-      shm_calls, bytes_calls: calls made each way.
-      region: the region in use (an orthoserve.shm.Region), or None.
+      transport: how the last call (lone call or group step) went: "shm", "bytes", or None before the first.
+      reason: why the last call went as bytes ("" when it went through a region).
+      shm_calls, bytes_calls: calls (lone calls and group steps) made each way.
+      region: the lone calls' region (an orthoserve.shm.Region), or None.
+      group_regions: the group steps' regions by member address (a copy).
     """
 
     def __init__(self, shm: Any = "auto", what: str = "orthoserve.torch"):
@@ -125,40 +146,62 @@ class RegionTransport:
         self.reason = ""
         self.shm_calls = 0
         self.bytes_calls = 0
-        self.region: Optional["shm.Region"] = None
-        self._client: Optional["Client"] = None
-        self._lock = threading.Lock()  # Held by the call using the region.
-        self._state_lock = threading.Lock()  # Guards the attributes above.
-        self._target = ""  # The rank the last new region was asked of.
+        self._lock = threading.Lock()  # Held by the lone call using the lone region.
+        self._group_lock = threading.Lock()  # Held by the group step using the group regions.
+        self._state_lock = threading.Lock()  # Guards the attributes above and _regions.
+        self._target = ""  # The rank the last new lone region was asked of.
         self._refused: Dict[str, Tuple[float, str]] = {}  # Address -> (when, why) it had no region for us.
         self._logged: Optional[Tuple[str, str]] = None  # The last (transport, reason) logged.
-        # The region in use, for the finalizer, which unregisters it when the transport goes (or at exit).
-        self._held: List[Optional["shm.Region"]] = [None]
-        weakref.finalize(self, RegionTransport._drop, self._held)
+        # The regions in use (_LONE: the lone calls'; a member's address: its group steps'). The finalizer
+        # unregisters them when the transport goes (or at exit).
+        self._regions: Dict[str, "shm.Region"] = {}
+        weakref.finalize(self, RegionTransport._drop, self._regions)
 
-    # -- the call --------------------------------------------------------------------------------------------
+    @property
+    def region(self) -> Optional["shm.Region"]:
+        with self._state_lock:
+            return self._regions.get(_LONE)
+
+    @property
+    def group_regions(self) -> Dict[str, "shm.Region"]:
+        with self._state_lock:
+            return {k: r for k, r in self._regions.items() if k != _LONE}
+
+    def _by_mode(self, lock: threading.Lock, tensors: Sequence[Any], send_bytes: Callable[..., List[Any]],
+                 auto: Callable[..., List[Any]], required: Callable[..., List[Any]]) -> List[Any]:
+        """A call of `tensors` by the mode: send_bytes(why, quiet=False) for bytes, else auto(placed, needed) or
+        required(placed, needed) (their layout in a region, _layout) holding `lock`."""
+        if self.mode == "off":
+            return send_bytes("shm is off")
+        if not lock.acquire(blocking=self.mode == "on"):
+            return send_bytes("another call of this transport was using its region", quiet=True)
+        try:
+            placed, needed = _layout(tensors)
+            if needed == 0 and self.mode == "on":
+                raise ValueError(f"orthoserve: {self.what}: shm=True, but no matrix of this call can be staged in a "
+                                 "region (empty, or not a torch tensor)")
+            if needed == 0:
+                return send_bytes("no matrix of this call can be staged")
+            return (required if self.mode == "on" else auto)(placed, needed)
+        finally:
+            lock.release()
+
+    # -- lone calls ------------------------------------------------------------------------------------------
 
     def orthogonalize_batch(self, client: "Client", tensors: Sequence[Any], options: Sequence[Dict[str, Any]], *,
                             timeout: Optional[float] = None, nd: str = "flatten") -> List[Any]:
         """Client.orthogonalize_batch(tensors, options, timeout=, nd=) of a lone call, through a region or as
         bytes by the mode. Results are new tensors like the inputs. Raises OrthoserveError as that call does, and
         in mode "on" FailedPreconditionError when no region can be had."""
-        if self.mode == "off":
-            return self._bytes(client, tensors, options, timeout, nd, "shm is off")
-        if not self._lock.acquire(blocking=self.mode == "on"):
-            return self._bytes(client, tensors, options, timeout, nd,
-                               "another call of this transport was using the region", quiet=True)
-        try:
-            if self.mode == "on":
-                return self._required(client, tensors, options, timeout, nd)
-            return self._auto(client, tensors, options, timeout, nd)
-        finally:
-            self._lock.release()
+        def send_bytes(why: str, quiet: bool = False) -> List[Any]:
+            return self._bytes(client, tensors, options, timeout, nd, why, quiet)
 
-    def _auto(self, client, tensors, options, timeout, nd) -> List[Any]:
-        placed, needed = _layout(tensors)
-        if needed == 0:
-            return self._bytes(client, tensors, options, timeout, nd, "no matrix of this call can be staged")
+        return self._by_mode(self._lock, tensors, send_bytes,
+                             lambda placed, needed: self._auto(client, tensors, options, placed, needed, timeout, nd),
+                             lambda placed, needed: self._required(client, tensors, options, placed, needed, timeout,
+                                                                   nd))
+
+    def _auto(self, client, tensors, options, placed, needed, timeout, nd) -> List[Any]:
         try:
             region = self._region_for(client, needed, timeout, avoid=None, required=False)
         except _Unavailable as e:
@@ -166,19 +209,14 @@ class RegionTransport:
         try:
             results = self._through(client, region, tensors, options, placed, timeout, nd, retry=False)
         except errors.OrthoserveError as e:
-            why = (f"a call through the region on {region.address} failed ({e.code.name}: {e.message}); it was sent "
-                   "again as bytes, and the next call registers a new region")
             self._abandon(region)
-            logger.warning("orthoserve: %s: %s", self.what, why)
+            why = self._failure(region, e, "a call", "it was sent again as bytes, and the next call registers a new "
+                                                     "region")
             return self._bytes(client, tensors, options, timeout, nd, why)
         self._done("shm", "")
         return results
 
-    def _required(self, client, tensors, options, timeout, nd) -> List[Any]:
-        placed, needed = _layout(tensors)
-        if needed == 0:
-            raise ValueError(f"orthoserve: {self.what}: shm=True, but no matrix of this call can be staged in a "
-                             "region (empty, or not a torch tensor)")
+    def _required(self, client, tensors, options, placed, needed, timeout, nd) -> List[Any]:
         attempts = client._attempts(timeout, f"{self.what} through a shared-memory region")
         avoid: Optional[str] = None
         renewed = False  # A region the server no longer knew was replaced once in this call.
@@ -201,23 +239,123 @@ class RegionTransport:
                 if not attempts.back_off(e):
                     raise attempts.give_up(e) from None
 
-    # -- the region ------------------------------------------------------------------------------------------
+    # -- group steps -----------------------------------------------------------------------------------------
+
+    def group_step(self, group: "Group", step: int, shards: Sequence[layout.Shard], *,
+                   timeout: Optional[float] = None) -> List[Any]:
+        """group.step(step, shards, timeout=) of this trainer rank, through a region on the member the step goes
+        to or as bytes by the mode; every attempt is numbered by one Attempts sequence (the module's "Group steps").
+        Results are new tensors like the shards' data. Raises OrthoserveError as Group.step does, and in mode "on"
+        FailedPreconditionError when no region can be had."""
+        if not shards:
+            return []
+        attempts = group._new_attempts(step, timeout)
+
+        def send_bytes(why: str, quiet: bool = False) -> List[Any]:
+            return self._group_bytes(group, step, shards, attempts, "", why, quiet)
+
+        return self._by_mode(self._group_lock, [s.data for s in shards], send_bytes,
+                             lambda placed, needed: self._group_auto(group, step, shards, placed, needed, attempts),
+                             lambda placed, needed: self._group_required(group, step, shards, placed, needed,
+                                                                         attempts))
+
+    def _group_auto(self, group, step, shards, placed, needed, attempts) -> List[Any]:
+        try:
+            region = self._group_region(group.client, group.address, needed, attempts.timeout(), required=False)
+        except _Unavailable as e:
+            return self._group_bytes(group, step, shards, attempts, "", str(e))
+        try:
+            results = self._group_through(group, step, shards, placed, region, attempts)
+        except errors.OrthoserveError as e:
+            self._abandon(region)
+            # Not retried (a final code, or no retry left): the step failed on every rank of the group, as bytes.
+            if not attempts.back_off(e):
+                raise attempts.give_up(e) from None
+            why = self._failure(region, e, "a group step", f"it was sent again as bytes (attempt {attempts.number}),"
+                                                           " and the next step registers a new region")
+            return self._group_bytes(group, step, shards, attempts, region.address, why)
+        self._done("shm", "")
+        return results
+
+    def _group_required(self, group, step, shards, placed, needed, attempts) -> List[Any]:
+        failed = ""  # The member the previous attempt failed on.
+        while True:
+            address, region = failed, None
+            try:
+                address = group._member(attempts, failed)
+                region = self._group_region(group.client, address, needed, attempts.timeout(), required=True)
+                results = self._group_through(group, step, shards, placed, region, attempts)
+                self._done("shm", "")
+                return results
+            except errors.OrthoserveError as e:
+                if region is not None:
+                    self._abandon(region)
+                # Only retryable failures are retried, through a new region on the member the retry is routed to.
+                if not attempts.back_off(e):
+                    raise attempts.give_up(e) from None
+                failed = address
+
+    def _group_through(self, group, step, shards, placed, region, attempts) -> List[Any]:
+        """One attempt of the step (numbered attempts.number) with each placed block copied into `region` and its
+        result written there, pinned to the region's member; returns new tensors (blocks not placed go as bytes in
+        the same attempt)."""
+        data = [s.data for s in shards]
+        inputs, outs = _stage(region, data, placed)
+        staged = [_with_data(s, x) for s, x in zip(shards, inputs)]
+        entries, _ = group._entries(staged, outs)
+        got = group._send(step, staged, entries, region.address, attempts)
+        return self._copied_out(data, outs, got)
+
+    def _group_bytes(self, group, step, shards, attempts, failed: str, why: str, quiet: bool = False) -> List[Any]:
+        """The step as bytes, in the attempts of `attempts` from its current number on (after a failed attempt
+        through a region: re-routed away from `failed`, its member)."""
+        entries, pins = group._entries(shards, None)
+        results = group._attempts_of(step, shards, entries, pins, attempts, failed)
+        self._count_bytes(why, quiet)
+        return results
+
+    # -- the regions -----------------------------------------------------------------------------------------
+
+    def _current(self, key: str, client: "Client") -> Optional["shm.Region"]:
+        """The region kept under `key` when it is this client's and still registered (else it is dropped)."""
+        with self._state_lock:
+            region = self._regions.get(key)
+        if region is not None and (region._client is not client or not region.id):
+            self._abandon(region)
+            return None
+        return region
 
     def _region_for(self, client: "Client", needed: int, timeout: Optional[float], avoid: Optional[str],
                     required: bool) -> "shm.Region":
-        """The region to use for a call of `needed` bytes: the current one when it is this client's and large
-        enough, else a new one on the rank lone calls go to (not `avoid` while there is another). Auto mode
-        (required False): _Unavailable saying why there is none. Mode on: FailedPreconditionError when the rank
-        has no socket here, or the error that setting it up raised."""
-        with self._state_lock:
-            region = self.region
-        if region is not None and (self._client is not client or not region.id):
-            self._abandon(region)
-            region = None
+        """The region for a lone call of `needed` bytes: the current one when it is this client's and large
+        enough, else a new one on the rank lone calls go to (not `avoid` while there is another); see _register."""
+        region = self._current(_LONE, client)
         if region is not None and region.size >= needed:
             return region
         targets = client._lone_targets()
         address = self._target = next((a for a in targets if a != avoid), targets[0])
+        return self._register(_LONE, region, client, address, needed, timeout, required)
+
+    def _group_region(self, client: "Client", address: str, needed: int, timeout: Optional[float],
+                      required: bool) -> "shm.Region":
+        """The region for a group step of `needed` bytes to member `address`: the one on that member when it is
+        large enough, else a new one there; see _register. Group regions their member dropped are let go first
+        (a NOT_FOUND would fail the step on every rank; and a member that left keeps none of our memory)."""
+        for member, region in self.group_regions.items():
+            if region.dropped():
+                logger.info("orthoserve: %s: the member %s dropped the region of its group steps (it restarted or "
+                            "left, or the region was unregistered)", self.what, member)
+                self._abandon(region)
+        region = self._current(address, client)
+        if region is not None and region.size >= needed:
+            return region
+        return self._register(address, region, client, address, needed, timeout, required)
+
+    def _register(self, key: str, old: Optional["shm.Region"], client: "Client", address: str, needed: int,
+                  timeout: Optional[float], required: bool) -> "shm.Region":
+        """A new region of at least `needed` bytes on `address`, kept under `key` in place of `old` (outgrown, or
+        None). Auto mode (required False): _Unavailable saying why there is none. Mode on: FailedPreconditionError
+        when the rank has no socket here, or the error that setting it up raised."""
         if not required:
             refused = self._refused.get(address)
             if refused is not None and time.monotonic() - refused[0] < _RECHECK_SECONDS:
@@ -242,63 +380,61 @@ class RegionTransport:
                     f"a shared-memory region of {size} bytes could not be made here: {e}") from None
             new.touch()  # Charged to this process's memory cgroup, results included (see Region.touch).
         except errors.OrthoserveError as e:
-            if region is not None:
-                self._abandon(region)
+            if old is not None:
+                self._abandon(old)
             if required:
                 raise
             why = e.message if isinstance(e, errors.FailedPreconditionError) else \
                 f"a region of {size} bytes on {address} could not be set up ({e.code.name}: {e.message})"
             self._refused[address] = (time.monotonic(), why)
             raise _Unavailable(why) from None
-        if region is not None:
-            self._abandon(region)  # Outgrown.
+        if old is not None:
+            self._abandon(old)  # Outgrown.
         with self._state_lock:
-            self.region = new
-            self._client = client
-            self._held[0] = new
+            self._regions[key] = new
         self._refused.pop(address, None)
-        logger.info("orthoserve: %s: matrices go through a shared-memory region of %d bytes on %s", self.what,
-                    size, address)
+        logger.info("orthoserve: %s: %s go through a shared-memory region of %d bytes on %s", self.what,
+                    "matrices" if key == _LONE else "group steps' blocks", size, address)
         return new
 
     def _abandon(self, region: "shm.Region") -> None:
         """Stops using `region` and unregisters it (bounded; errors ignored: the memory is released here anyway)."""
         with self._state_lock:
-            if self.region is region:
-                self.region = None
-                self._held[0] = None
+            for key in [k for k, r in self._regions.items() if r is region]:
+                del self._regions[key]
         _close_quietly(region)
 
+    def _failure(self, region: "shm.Region", error: errors.OrthoserveError, call: str, then: str) -> str:
+        """Says (a warning) that `call` through `region` failed with `error`, and `then` what follows: the reason
+        of the bytes that follow."""
+        why = f"{call} through the region on {region.address} failed ({error.code.name}: {error.message}); {then}"
+        logger.warning("orthoserve: %s: %s", self.what, why)
+        return why
+
     def close(self) -> None:
-        """Unregisters the region, if any. The transport stays usable (a later call registers a new one)."""
+        """Unregisters the regions, if any. The transport stays usable (a later call registers new ones)."""
         with self._state_lock:
-            region = self.region
-        if region is not None:
+            regions = list(self._regions.values())
+        for region in regions:
             self._abandon(region)
 
     @staticmethod
-    def _drop(held: List[Optional["shm.Region"]]) -> None:
-        if held and held[0] is not None:
-            _close_quietly(held[0])
+    def _drop(regions: Dict[str, "shm.Region"]) -> None:
+        for region in list(regions.values()):
+            _close_quietly(region)
 
     # -- the two ways ----------------------------------------------------------------------------------------
 
     def _through(self, client, region, tensors, options, placed, timeout, nd, retry) -> List[Any]:
         """One call (attempts: `retry`) with each placed tensor copied into the region and its result written
         there; returns new tensors (inputs not placed go as bytes in the same call)."""
-        inputs: List[Any] = []
-        outs: List[Any] = []
-        for t, place in zip(tensors, placed):
-            if place is None:
-                inputs.append(t)
-                outs.append(None)
-                continue
-            at_in, at_out = place
-            staged = region.tensor(tuple(t.shape), t.dtype, offset=at_in)
-            staged.copy_(t.detach())
-            inputs.append(staged)
-            outs.append(region.tensor(tuple(t.shape), t.dtype, offset=at_out))
+        inputs, outs = _stage(region, tensors, placed)
         got = client.orthogonalize_batch(inputs, options, timeout=timeout, nd=nd, out=outs, retry=retry)
+        return self._copied_out(tensors, outs, got)
+
+    def _copied_out(self, tensors: Sequence[Any], outs: Sequence[Any], got: Sequence[Any]) -> List[Any]:
+        """The results `got` of a call through a region, those in the region (`outs`) copied into new tensors of
+        their input's device; counts the call."""
         results = []
         for t, o, r in zip(tensors, outs, got):
             if o is None:
@@ -313,11 +449,14 @@ class RegionTransport:
 
     def _bytes(self, client, tensors, options, timeout, nd, why: str, quiet: bool = False) -> List[Any]:
         results = client.orthogonalize_batch(list(tensors), list(options), timeout=timeout, nd=nd)
+        self._count_bytes(why, quiet)
+        return results
+
+    def _count_bytes(self, why: str, quiet: bool) -> None:
         with self._state_lock:
             self.bytes_calls += 1
         if not quiet:
             self._done("bytes", why)
-        return results
 
     def _done(self, transport: str, reason: str) -> None:
         with self._state_lock:
@@ -329,7 +468,34 @@ class RegionTransport:
 
     def __repr__(self) -> str:
         return (f"RegionTransport(mode={self.mode!r}, transport={self.transport!r}, reason={self.reason!r}, "
-                f"region={self.region!r})")
+                f"region={self.region!r}, group_regions={self.group_regions!r})")
+
+
+def _stage(region: "shm.Region", tensors: Sequence[Any], placed: Sequence[Optional[Tuple[int, int]]]
+           ) -> Tuple[List[Any], List[Any]]:
+    """The inputs of a call through `region` (each placed tensor copied into it; the others as they are) and its
+    out tensors (a region tensor for each placed one's result, None for the others)."""
+    inputs: List[Any] = []
+    outs: List[Any] = []
+    for t, place in zip(tensors, placed):
+        if place is None:
+            inputs.append(t)
+            outs.append(None)
+            continue
+        at_in, at_out = place
+        staged = region.tensor(tuple(t.shape), t.dtype, offset=at_in)
+        staged.copy_(t.detach())
+        inputs.append(staged)
+        outs.append(region.tensor(tuple(t.shape), t.dtype, offset=at_out))
+    return inputs, outs
+
+
+def _with_data(shard: layout.Shard, data: Any) -> layout.Shard:
+    """`shard` with `data` (the same values, e.g. in a region) in place of its own."""
+    if data is shard.data:
+        return shard
+    return layout.Shard(shard.name, shard.global_shape, shard.offset, data, algorithm=shard.algorithm,
+                        partition_dim=shard.partition_dim, nd=shard.nd, **shard.options)
 
 
 def _layout(tensors: Sequence[Any]) -> Tuple[List[Optional[Tuple[int, int]]], int]:

@@ -19,13 +19,14 @@ that use it) and unmaps.
 Each region keeps the connection it was handed over on open (its lifeline) until `close`: when this process dies
 without closing its regions (SIGKILL, OOM), the kernel closes the connection and the server drops them. A child this
 process forks does not hold its parent's lifelines (they are closed in the child at the fork): the parent's regions go
-with the parent.
+with the parent. The server ends the lifeline when it drops a region: `dropped()` looks, without a call.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import select
 import socket
 import sys
 import threading
@@ -251,6 +252,22 @@ class Region:
             self._base[::mmap.PAGESIZE] = 0
 
     # -- life ------------------------------------------------------------------------------------------------
+
+    def dropped(self) -> bool:
+        """Whether the region is known to be gone, without a call: closed here, or its lifeline ended. The server
+        ends the lifeline when it drops the region (at once when its process goes, as on a restart; within about a
+        second of an UnregisterRegion made elsewhere). False does not promise that the server still has it."""
+        lifeline = self._lifeline
+        if not self.id or lifeline is None:
+            return True
+        poller = select.poll()
+        try:
+            poller.register(lifeline, select.POLLIN | select.POLLPRI)
+            # The server sends nothing on a lifeline: anything to read is its end (or a protocol breach, on which
+            # the server drops the region too); a hang-up or an error are reported without asking.
+            return bool(poller.poll(0))
+        except (OSError, ValueError):  # Closed meanwhile (close() in another thread).
+            return True
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Unregisters the region (the server answers once no step uses it any more), closes its lifeline and unmaps

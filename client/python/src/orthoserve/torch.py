@@ -12,9 +12,10 @@ and extra scale), p -= lr·update — which is also torch.optim.Muon's step (dec
 by adjust_lr_fn instead of a scale factor). The orthogonalization of every parameter of a step is one remote
 request (whole tensors in one stream; DTensor shards as one group step per shard group).
 
-Same host: whole tensors go through a shared-memory region when the server rank is on this host and takes regions
-(orthoserve.region_transport: `shm="auto"` by default, True to require it, False for bytes; $ORTHOSERVE_SHM sets the
-default, and is the only switch of newton_schulz). Results are bit for bit the same; group steps always send bytes.
+Same host: whole tensors, and this rank's blocks of group steps (sharded DTensors, tp_group), go through shared-memory
+regions when the server rank they go to is on this host and takes regions (orthoserve.region_transport: `shm="auto"`
+by default, True to require it, False for bytes; $ORTHOSERVE_SHM sets the default, and is the only switch of
+newton_schulz). Results are bit for bit the same.
 
 Group steps carry a run id (StepHeader.run_id; orthoserve.runs): Muon's `run_id=`, else $ORTHOSERVE_RUN_ID, else
 $TORCHELASTIC_RUN_ID (torchrun), else a random id agreed over the default torch.distributed process group — a
@@ -111,7 +112,8 @@ def _client_or_default(client: Optional[Client]) -> Client:
     return client if client is not None else get_default_client()
 
 
-# The transports of newton_schulz, one per client (its region is reused by the calls that go through that client).
+# The transports of newton_schulz, one per client (its regions are reused by the calls that go through that client,
+# with and without tp_group).
 _transports: "weakref.WeakKeyDictionary[Client, RegionTransport]" = weakref.WeakKeyDictionary()
 
 
@@ -196,7 +198,8 @@ def _newton_schulz_tp(x: torch.Tensor, opts: Dict[str, Any], partition_dim: int,
     client = get_default_client()
     shard = layout.Shard("x", global_shape, offset, x, algorithm="tp_distributed", partition_dim=partition_dim,
                          **opts)
-    [out] = client.group(job, state.name, rank, world, run_id=state.run_id).step(step, [shard])
+    group = client.group(job, state.name, rank, world, run_id=state.run_id)
+    [out] = region_transport(client).group_step(group, step, [shard])
     return out
 
 
@@ -223,7 +226,8 @@ def newton_schulz(x: torch.Tensor, steps: int, coefficient_type: str = "quintic"
             The group's key is agreed on first use (a broadcast from group rank 0); each call is the group's next
             step. Its run id (StepHeader.run_id): $ORTHOSERVE_RUN_ID, else $TORCHELASTIC_RUN_ID, else one agreed over
             the default process group before (orthoserve.runs.agree_run_id, Muon's constructor), else the group's
-            key. A 3-D x with tp_group must hold one matrix (B = 1).
+            key. A 3-D x with tp_group must hold one matrix (B = 1). The block goes through a shared-memory region
+            on the member this rank streams to as other calls do ($ORTHOSERVE_SHM; region_transport()).
         use_syrk: accepted (EO's Triton SYRK kernel choice); the server picks its own kernels, so the numbers are
             the same either way. As EO's, with 3-D input under "medium" precision it raises TypeError.
 
@@ -563,12 +567,13 @@ class Muon(torch.optim.Optimizer):
         orthogonalize the whole (non-DTensor-sharded) parameters locally (orthoserve.local_ns) with a warning,
         instead of raising. Off by default. Sharded DTensor group steps have no local fallback: their error
         propagates.
-      shm: "auto" (default; None: $ORTHOSERVE_SHM, else "auto"), True or False: whether the whole parameters'
-        updates go through a shared-memory region when the server rank is on this host and takes regions
-        (orthoserve.region_transport; auto falls back to bytes, logged at INFO, and True raises
-        FailedPreconditionError instead). The region is sized for the step and reused by the next ones. Results are
-        bit for bit those of bytes. `transport` says how the last step went ("shm" or "bytes"), `region_transport`
-        more. Sharded DTensor group steps always send bytes.
+      shm: "auto" (default; None: $ORTHOSERVE_SHM, else "auto"), True or False: whether the updates go through
+        shared-memory regions when the server rank they go to is on this host and takes regions: the whole
+        parameters' through one region, this rank's blocks of sharded DTensors through one region on each member
+        its group steps go to (orthoserve.region_transport; auto falls back to bytes, logged at INFO, and True
+        raises FailedPreconditionError instead). Each region is sized for the step and reused by the next ones.
+        Results are bit for bit those of bytes. `transport` says how the step's last call (its last group step,
+        when it has any) went ("shm" or "bytes"), `region_transport` more.
     Unknown arguments raise TypeError; bad values ValueError (torch's messages where torch checks the same).
     Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest), also for adjust_lr_fn). DTensor
     parameters are sent as group steps of their mesh's shard group, each rank only its local shard; plain tensors
@@ -639,8 +644,8 @@ class Muon(torch.optim.Optimizer):
 
     @property
     def transport(self) -> Optional[str]:
-        """How the last step's whole parameters went: "shm" (a shared-memory region), "bytes", or None before the
-        first step (region_transport.reason says why bytes)."""
+        """How the last step's last call went (its whole parameters, or its last group step when it has any): "shm"
+        (a shared-memory region), "bytes", or None before the first step (region_transport.reason says why bytes)."""
         return self.region_transport.transport
 
     @property
@@ -823,7 +828,8 @@ class Muon(torch.optim.Optimizer):
         type, dtype, shape as the update).
 
         Plain tensors (and DTensors that are not sharded) go whole in one stream; sharded DTensors go as one
-        group step per shard group, each with this rank's local block."""
+        group step per shard group, each with this rank's local block; either through shared-memory regions by
+        `shm` (region_transport)."""
         results: List[Optional[torch.Tensor]] = [None] * len(params)
         whole: List[int] = []
         groups: Dict[Tuple[str, int, int], List[int]] = {}
@@ -858,7 +864,7 @@ class Muon(torch.optim.Optimizer):
                 local = updates[i].to_local() if is_dtensor(updates[i]) else updates[i]
                 shards.append(dtensor_shard(self._names.get(id(p), f"p{i}"), p, data=local, **kwargs))
             group = client.group(job, name, rank, world, run_id=run_id)
-            out = group.step(self._remote_steps, shards, timeout=self.timeout)
+            out = self.region_transport.group_step(group, self._remote_steps, shards, timeout=self.timeout)
             for i, o in zip(indices, out):
                 results[i] = self._like(updates[i], o)
         return results  # type: ignore[return-value]
