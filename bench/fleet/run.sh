@@ -32,14 +32,10 @@ isolate=${ISOLATE:-1}
 out=${OUT:-$root/bench/results/fleet.md}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=OFF >/dev/null
-fi
+# shellcheck source=bench/build.sh
+source "$root/bench/build.sh"
+bench_build "$build" fleet_bench orthoserve orthoctl fleet_bench
 build=$(cd "$build" && pwd)  # Absolute: the ISOLATE wrapper and its orthoctl link below refer to it.
-if ! cmake --build "$build" --target orthoserve orthoctl fleet_bench -- -j2 >"$build/fleet_bench.build.log" 2>&1; then
-  cat "$build/fleet_bench.build.log" >&2
-  exit 1
-fi
 
 tmp=$(mktemp -d)
 fleet1="$tmp/fleet1"

@@ -26,14 +26,10 @@ before=${BEFORE:-}
 before_label=${BEFORE_LABEL:-the fixes}
 out=${OUT:-$root/bench/results/plan_scale.md}
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=OFF >/dev/null
-fi
+# shellcheck source=bench/build.sh
+source "$root/bench/build.sh"
+bench_build "$build" plan_scale_bench plan_scale_bench
 bench="$build/bench/plan/plan_scale_bench"
-if ! cmake --build "$build" --target plan_scale_bench -- -j2 >"$build/plan_scale_bench.build.log" 2>&1; then
-  cat "$build/plan_scale_bench.build.log" >&2
-  exit 1
-fi
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt")
 
 tmp=$(mktemp -d)

@@ -51,13 +51,9 @@ shm_workers=${SHM_WORKERS:-2}
 out=${OUT:-$root/bench/results/service.md}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=OFF >/dev/null
-fi
-if ! cmake --build "$build" --target orthoserve orthoctl service_bench -- -j2 >"$build/service_bench.build.log" 2>&1; then
-  cat "$build/service_bench.build.log" >&2
-  exit 1
-fi
+# shellcheck source=bench/build.sh
+source "$root/bench/build.sh"
+bench_build "$build" service_bench orthoserve orthoctl service_bench
 
 n_shapes=$(echo "$model_shapes" | tr ',' '\n' | grep -c .)
 model_matrices=$((n_shapes * layers))

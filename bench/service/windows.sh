@@ -30,13 +30,9 @@ port=${PORT:-48200}
 out=${OUT:-$root/bench/results/windows.md}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DORTHOSERVE_WITH_CUDA=OFF >/dev/null
-fi
-if ! cmake --build "$build" --target orthoserve orthoctl service_bench -- -j2 >"$build/windows.build.log" 2>&1; then
-  cat "$build/windows.build.log" >&2
-  exit 1
-fi
+# shellcheck source=bench/build.sh
+source "$root/bench/build.sh"
+bench_build "$build" windows orthoserve orthoctl service_bench
 
 tmp=$(mktemp -d)
 policies=(fixed bdp)
