@@ -34,6 +34,7 @@ ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   report.submission = step.submission;
   report.digest = step.digest;
   report.sent = step.sent;  // The shared specs, and this rank's blocks.
+  report.region_spans = step.region_spans;
   return report;
 }
 
