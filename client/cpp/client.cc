@@ -13,9 +13,11 @@
 #include "client/cpp/chunking.h"
 #include "proto/convert/grpc_status.h"
 #include "client/cpp/health.h"
+#include "client/cpp/run_id.h"
 #include "client/cpp/step_call.h"
 #include "client/cpp/step_codec.h"
 #include "client/cpp/step_protocol.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -352,8 +354,11 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::Orthogonalize(absl::Span<const
   }
   Attempts attempts(this, "Orthogonalize", pinned);
   while (true) {
+    // A fresh call id per attempt that names slices: a failed one is fenced under its own id.
+    if (pinned.has_value()) request.set_call_id(NewCallId());
     absl::StatusOr<std::vector<MatrixOutput>> outputs =
         OrthogonalizeAttempt(attempts.target(), request, inputs, attempts.Timeout());
+    if (!outputs.ok() && pinned.has_value()) outputs = Fenced(attempts.target(), request.call_id(), outputs.status());
     if (outputs.ok()) {
       attempts.Answered();
       return outputs;
@@ -507,6 +512,53 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(size_t target, con
                                                               absl::Span<const MatrixInput> inputs,
                                                               const ResultCallback& on_result,
                                                               std::vector<bool>* delivered) {
+  const bool names_regions = std::any_of(inputs.begin(), inputs.end(), [](const MatrixInput& input) {
+    return input.input_region.has_value() || input.result_region.has_value();
+  });
+  if (!names_regions) return StreamAttempt(target, step, attempt, timeout, inputs, on_result, delivered, "");
+  const std::string call_id = NewCallId();
+  absl::StatusOr<std::vector<MatrixOutput>> outputs =
+      StreamAttempt(target, step, attempt, timeout, inputs, on_result, delivered, call_id);
+  if (outputs.ok()) return outputs;
+  return Fenced(target, call_id, outputs.status());
+}
+
+absl::Status Client::Fenced(size_t target, const std::string& call_id, const absl::Status& failed) {
+  const absl::Time deadline = absl::Now() + options_.fence_timeout;
+  absl::Status fence;
+  int tries = 0;
+  for (absl::Duration pause = absl::Milliseconds(50);; pause = std::min(2 * pause, absl::Seconds(2))) {
+    ++tries;
+    Redial(target);
+    grpc::ClientContext context;
+    PrepareContext(&context, std::max(std::min(options_.timeout, deadline - absl::Now()), absl::Milliseconds(1)));
+    v1::FenceCallRequest request;
+    request.set_call_id(call_id);
+    v1::FenceCallResponse response;
+    const grpc::Status status =
+        v1::SharedMemory::NewStub(targets_[target].channel)->FenceCall(&context, request, &response);
+    fence = FromCallStatus(status, context.GetServerTrailingMetadata());
+    if (fence.ok()) return failed;  // The server holds none of its slices: the failure is all there is.
+    const bool again =
+        fence.code() == absl::StatusCode::kUnavailable || fence.code() == absl::StatusCode::kDeadlineExceeded;
+    if (!again || absl::Now() + pause >= deadline) break;
+    LOG_WARNING("client") << "fencing a failed call that named shared-memory slices on " << targets_[target].address
+                          << ": " << fence << "; trying again";
+    absl::SleepFor(pause);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      failed.message(), " [", absl::StatusCodeToString(failed.code()),
+      "]; and its shared-memory slices may still be written by the server at ", targets_[target].address,
+      ": fencing the call (FenceCall) failed after ", tries, " tries: ", fence.ToString(),
+      ". Do not reuse the slices this call named (use another region, or wait and fence again)"));
+}
+
+absl::StatusOr<std::vector<MatrixOutput>> Client::StreamAttempt(size_t target, const StepOptions& step, int attempt,
+                                                                absl::Duration timeout,
+                                                                absl::Span<const MatrixInput> inputs,
+                                                                const ResultCallback& on_result,
+                                                                std::vector<bool>* delivered,
+                                                                const std::string& call_id) {
   Redial(target);
   RETURN_IF_ERROR(EnsureLimits(target, timeout));
   const size_t chunk = ChunkBytesFor(target);
@@ -516,7 +568,7 @@ absl::StatusOr<std::vector<MatrixOutput>> Client::StepAttempt(size_t target, con
   // The stream's messages are written and read as raw bytes (step_codec.h), so that matrix data is
   // not copied into and out of protobuf messages; gRPC's callback threads write them (StepCall)
   // while this thread reassembles the results and runs on_result.
-  StepCall call(&context, std::make_unique<StepRequests>(step, attempt, inputs, chunk), send_buffers_.get());
+  StepCall call(&context, std::make_unique<StepRequests>(step, attempt, inputs, chunk, call_id), send_buffers_.get());
   call.Start(targets_[target].channel);
 
   StepResultAssembler assembler(inputs);

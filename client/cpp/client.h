@@ -58,6 +58,10 @@ struct ClientOptions {
   std::string tls_server_name;                // Overrides the name checked in the server cert.
   std::string bearer_token;                   // Sent as "authorization: Bearer <token>" when set.
   RetryOptions retry;                         // Retries of Step, Orthogonalize and GetServerInfo.
+  // How long an attempt that named shared-memory slices and failed waits, at most, for the server
+  // to let go of them (SharedMemory.FenceCall, retried while the server is unreachable) before it
+  // is reported as FAILED_PRECONDITION: its slices may still be written (see "Fences" below).
+  absl::Duration fence_timeout = absl::Seconds(120);
 };
 
 // The addresses a client made with `options` connects to: `addresses`, or `address` when that is
@@ -86,6 +90,16 @@ using ResultCallback = std::function<void(const MatrixOutput&)>;
 // when it fails with a code that would otherwise have failed over, its message says so. All the
 // regions one call names must be on one address, one of this client's (INVALID_ARGUMENT
 // otherwise, before anything is sent).
+//
+// Fences. A region slice belongs to the call that names it until the call has ended for the
+// server too (docs/shared_memory.md, "Fences"): each attempt that names slices carries a fresh call
+// id, and when it fails (any error, its deadline included) the client fences it
+// (SharedMemory.FenceCall) before it retries or returns: the attempt's error comes back only once
+// the server will never again read or write its slices, so the caller may reuse them at once. This
+// can take as long as the matrix the server was computing for it. When the fence cannot be made
+// within `fence_timeout` (the server unreachable, or a server without FenceCall), the call fails
+// with FAILED_PRECONDITION saying its slices may still be written (never retried): do not reuse
+// those slices (use a new region, or wait and call again).
 //
 // Thread-safe: any number of calls may run at once on one Client.
 class Client {
@@ -203,6 +217,15 @@ class Client {
   absl::StatusOr<std::vector<MatrixOutput>> OrthogonalizeAttempt(size_t target, const v1::OrthogonalizeRequest& request,
                                                                  absl::Span<const MatrixInput> inputs,
                                                                  absl::Duration timeout);
+  absl::StatusOr<std::vector<MatrixOutput>> StreamAttempt(size_t target, const StepOptions& step, int attempt,
+                                                          absl::Duration timeout, absl::Span<const MatrixInput> inputs,
+                                                          const ResultCallback& on_result, std::vector<bool>* delivered,
+                                                          const std::string& call_id);
+  // `failed` (not OK), the outcome of the attempt at `target` whose call id `call_id` named region
+  // slices, once the server holds none of them (FenceCall, retried while UNAVAILABLE or
+  // DEADLINE_EXCEEDED, for up to fence_timeout); FAILED_PRECONDITION naming both failures when the
+  // fence cannot be made.
+  absl::Status Fenced(size_t target, const std::string& call_id, const absl::Status& failed);
 
   const ClientOptions options_;
   const std::shared_ptr<RetryEnvironment> retry_environment_;

@@ -1,5 +1,6 @@
 // The run id of a trainer process's group steps (StepHeader.run_id): the ranks of one run share
-// it, and no other run has it, so that the fleet never puts two runs' blocks into one step.
+// it, and no other run has it, so that the fleet never puts two runs' blocks into one step; and
+// the call ids of calls that name shared-memory slices.
 #pragma once
 
 #include <string>
@@ -13,5 +14,11 @@ namespace orthoserve::client {
 // GroupClient::Options::run_id); otherwise their steps never meet and end in a rendezvous timeout.
 // Thread-safe; the same value for the life of the process.
 const std::string& DefaultRunId();
+
+// A fresh random call id (32 hex digits, 128 bits) for StepHeader.call_id /
+// OrthogonalizeRequest.call_id: a call that names shared-memory slices carries one so that, when it
+// fails, the client can fence it (SharedMemory.FenceCall) before the slices are used again.
+// Thread-safe.
+std::string NewCallId();
 
 }  // namespace orthoserve::client

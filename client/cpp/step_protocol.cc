@@ -34,7 +34,7 @@ absl::Status WriteStep(const StepOptions& step, int attempt, absl::Span<const Ma
 }
 
 StepRequests::StepRequests(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs,
-                           size_t chunk_bytes)
+                           size_t chunk_bytes, const std::string& call_id)
     : inputs_(inputs), chunk_bytes_(chunk_bytes) {
   v1::StepHeader* header = request_.mutable_header();
   header->set_job(step.job);
@@ -45,6 +45,7 @@ StepRequests::StepRequests(const StepOptions& step, int attempt, absl::Span<cons
   header->set_num_matrices(static_cast<int>(inputs.size()));
   header->set_attempt(attempt);
   if (step.world > 1) header->set_run_id(step.run_id.empty() ? DefaultRunId() : step.run_id);
+  header->set_call_id(call_id);
 }
 
 std::optional<StepRequests::Request> StepRequests::Next() {

@@ -33,7 +33,9 @@ class StepRequests {
     bool last = false;  // The StepEnd: no message follows.
   };
 
-  StepRequests(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes);
+  // `call_id`: StepHeader.call_id (empty: none; run_id.h's NewCallId for a call naming regions).
+  StepRequests(const StepOptions& step, int attempt, absl::Span<const MatrixInput> inputs, size_t chunk_bytes,
+               const std::string& call_id = "");
   StepRequests(const StepRequests&) = delete;
   StepRequests& operator=(const StepRequests&) = delete;
 

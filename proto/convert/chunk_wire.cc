@@ -65,14 +65,22 @@ bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* stream, int fie
   return in.ReadTag() == 0 && in.ConsumedEntireMessage();
 }
 
-bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std::vector<MatrixInPlace>* matrices) {
-  // orthoserve.v1.OrthogonalizeRequest.matrices and orthoserve.v1.Matrix's fields.
+bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std::vector<MatrixInPlace>* matrices,
+                         std::string* call_id) {
+  // orthoserve.v1.OrthogonalizeRequest's matrices and call_id, and orthoserve.v1.Matrix's fields.
   constexpr uint32_t kMatrixTag = LengthDelimitedTag(1);
+  constexpr uint32_t kCallIdTag = LengthDelimitedTag(2);
   constexpr uint32_t kSpecTag = LengthDelimitedTag(1);
   constexpr uint32_t kMatrixDataTag = LengthDelimitedTag(2);
   CodedInputStream in(stream);
   matrices->clear();
+  if (call_id != nullptr) call_id->clear();
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (tag == kCallIdTag && call_id != nullptr) {
+      uint32_t n;
+      if (!in.ReadVarint32(&n) || !in.ReadString(call_id, static_cast<int>(n))) return false;
+      continue;
+    }
     if (tag != kMatrixTag) {
       if (!WireFormatLite::SkipField(&in, tag)) return false;
       continue;

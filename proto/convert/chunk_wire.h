@@ -35,10 +35,12 @@ struct MatrixInPlace {
   int64_t data_bytes = 0;
 };
 
-// Reads an OrthogonalizeRequest (repeated Matrix matrices = 1; Matrix: spec = 1, data = 2) from
-// `in`, the data bytes as views valid while `in`'s buffers are. As protobuf: several spec fields
-// merge, the last data field counts, unknown fields are skipped. False for malformed bytes.
-bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* in, std::vector<MatrixInPlace>* matrices);
+// Reads an OrthogonalizeRequest (repeated Matrix matrices = 1, string call_id = 2; Matrix: spec =
+// 1, data = 2) from `in`, the data bytes as views valid while `in`'s buffers are, and its call_id
+// into `call_id` (may be null: skipped). As protobuf: several spec fields merge, the last data and
+// call_id fields count, unknown fields are skipped. False for malformed bytes.
+bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* in, std::vector<MatrixInPlace>* matrices,
+                         std::string* call_id = nullptr);
 
 size_t WriteChunkPrefix(int field, int index, size_t data_bytes, uint8_t* out);
 

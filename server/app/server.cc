@@ -299,7 +299,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     if (opener != nullptr) o.service.shm_cuda_device = opener->device_uuid();
   }
   server->shm_service_ = std::make_unique<SharedMemoryService>(server->shm_registry_.get(), server->auth_.get(),
-                                                               server->metrics_.get(), o.shm.unregister_timeout);
+                                                               server->metrics_.get(), o.shm.unregister_timeout,
+                                                               o.service.max_name_bytes);
 
   // The public port is bound before the fleet forms so that its real port can be advertised.
   grpc::EnableDefaultHealthCheckService(true);

@@ -149,6 +149,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                           .Help("Matrices whose input or result (direction: input, result) was a shared-memory "
                                 "region's slice, read or written in place.")
                           .Register(r);
+  m->shm_fences_ = &prometheus::BuildCounter()
+                        .Name("orthoserve_shm_fences_total")
+                        .Help("FenceCall answers by code: a client waited until the server held none of a failed "
+                              "call's region slices (OK), or the wait ran out (DEADLINE_EXCEEDED).")
+                        .Register(r);
+  m->shm_fence_wait_ = &prometheus::BuildHistogram()
+                            .Name("orthoserve_shm_fence_wait_seconds")
+                            .Help("How long a FenceCall waited for its call's region slices to be let go of.")
+                            .Register(r)
+                            .Add({}, kLatencyBuckets);
   m->rendezvous_timeouts_ = &prometheus::BuildCounter()
                                  .Name("orthoserve_rendezvous_timeouts_total")
                                  .Help("Group steps whose trainer ranks did not all arrive in time.")
@@ -305,6 +315,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   for (const char* outcome : kShmHandoverOutcomes) m->shm_handovers_->Add({{"outcome", outcome}});
   for (const char* cause : kShmDropCauses) m->shm_regions_dropped_->Add({{"cause", cause}});
   for (const char* direction : {"input", "result"}) m->shm_matrices_->Add({{"direction", direction}});
+  m->shm_fences_->Add({{"code", "OK"}});
   m->device_memory_->Add({{"kind", "used"}});
   m->device_memory_->Add({{"kind", "budget"}});
   for (const char* direction : {"h2d", "d2h", "d2d"}) {
@@ -386,6 +397,11 @@ void Metrics::ShmRegionDropped(absl::string_view cause) {
 
 void Metrics::ShmMatrix(absl::string_view direction) {
   shm_matrices_->Add({{"direction", std::string(direction)}}).Increment();
+}
+
+void Metrics::ShmFence(absl::string_view code, absl::Duration waited) {
+  shm_fences_->Add({{"code", std::string(code)}}).Increment();
+  shm_fence_wait_->Observe(absl::ToDoubleSeconds(waited));
 }
 
 void Metrics::RendezvousTimeout() { rendezvous_timeouts_->Increment(); }

@@ -183,6 +183,9 @@ class Metrics {
   // A matrix whose input or result (`direction`: "input", "result") is a region's slice, read or
   // written in place (orthoserve_shm_matrices_total{direction}).
   void ShmMatrix(absl::string_view direction);
+  // A FenceCall answered with `code` (absl::StatusCodeToString) after waiting `waited` for the
+  // call's slices (orthoserve_shm_fences_total{code}, orthoserve_shm_fence_wait_seconds).
+  void ShmFence(absl::string_view code, absl::Duration waited);
 
   prometheus::Gauge& inflight_requests() { return *inflight_requests_; }
   prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
@@ -250,6 +253,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* shm_handovers_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_regions_dropped_ = nullptr;
   prometheus::Family<prometheus::Counter>* shm_matrices_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shm_fences_ = nullptr;
+  prometheus::Histogram* shm_fence_wait_ = nullptr;
   prometheus::Counter* rendezvous_timeouts_ = nullptr;
   prometheus::Gauge* inflight_requests_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;

@@ -18,13 +18,14 @@ struct Leases {
   RegionLease result;
 };
 
-absl::StatusOr<RegionLease> Lease(const RegionRegistry& registry, absl::string_view tenant, const std::string& what,
-                                  const char* field, const v1::RegionSlice& slice, int64_t expected, DType dtype) {
+absl::StatusOr<RegionLease> Lease(const RegionRegistry& registry, absl::string_view tenant, absl::string_view call_id,
+                                  const std::string& what, const char* field, const v1::RegionSlice& slice,
+                                  int64_t expected, DType dtype) {
   if (slice.size() != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " ", field, ".size = ", slice.size(), "; it must be ", expected, " bytes"));
   }
-  absl::StatusOr<RegionLease> lease = registry.Use(tenant, slice.region_id(), slice.offset(), slice.size());
+  absl::StatusOr<RegionLease> lease = registry.Use(tenant, slice.region_id(), slice.offset(), slice.size(), call_id);
   if (!lease.ok()) return Annotate(lease.status(), absl::StrCat(what, " ", field));
   // The engine reads and writes elements through typed pointers: a misaligned element is undefined
   // behaviour (vectorized code may assume the alignment; on a GPU a misaligned load is a sticky
@@ -45,8 +46,9 @@ int64_t ResultBytes(const ParsedSpec& parsed) {
   return parsed.block.numel() * static_cast<int64_t>(ElementSize(parsed.plan.result_dtype));
 }
 
-absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::string_view tenant, int index,
-                                          const v1::MatrixSpec& spec, const ParsedSpec& parsed, Metrics* metrics) {
+absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::string_view tenant,
+                                          absl::string_view call_id, int index, const v1::MatrixSpec& spec,
+                                          const ParsedSpec& parsed, Metrics* metrics) {
   const std::string what = MatrixLabel(index, spec.name());
   if (registry == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -67,15 +69,17 @@ absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::
   auto leases = std::make_shared<Leases>();
   MatrixMemory memory;
   if (spec.has_input_region()) {
-    ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, what, "input_region", spec.input_region(),
+    ASSIGN_OR_RETURN(leases->input, Lease(*registry, tenant, call_id, what, "input_region", spec.input_region(),
                                           parsed.block_bytes, parsed.plan.dtype));
     memory.input = leases->input.data();
+    memory.input_span = leases->input.span();
     memory.input_space = leases->input.on_device() ? MemorySpace::kDevice : MemorySpace::kHost;
   }
   if (spec.has_result_region()) {
-    ASSIGN_OR_RETURN(leases->result, Lease(*registry, tenant, what, "result_region", spec.result_region(),
+    ASSIGN_OR_RETURN(leases->result, Lease(*registry, tenant, call_id, what, "result_region", spec.result_region(),
                                            ResultBytes(parsed), parsed.plan.result_dtype));
     memory.result = leases->result.data();
+    memory.result_span = leases->result.span();
     memory.result_space = leases->result.on_device() ? MemorySpace::kDevice : MemorySpace::kHost;
   }
   memory.owner = std::move(leases);

@@ -22,13 +22,16 @@ inline bool NamesRegion(const v1::MatrixSpec& spec) { return spec.has_input_regi
 int64_t ResultBytes(const ParsedSpec& parsed);
 
 // Leases the slices `spec` names (matrix `index`, parsed as `parsed`) from `tenant`'s regions in
-// `registry`; a slice of a CUDA IPC region is device memory (MatrixMemory::*_space kDevice).
-// Errors, each naming the matrix and the field: FAILED_PRECONDITION when `registry` is null
-// (regions off); INVALID_ARGUMENT when a slice's size is not the block's (input) or the
-// result's byte count, or when the two slices overlap; NOT_FOUND when the tenant has no such
-// region; OUT_OF_RANGE when a slice is not inside its region. Counts the matrix in `metrics`
-// (may be null) when it succeeds.
-absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::string_view tenant, int index,
-                                          const v1::MatrixSpec& spec, const ParsedSpec& parsed, Metrics* metrics);
+// `registry`, for the call `call_id` of the tenant (its client's id, held until the leases go,
+// so that FenceCall can wait for them; empty: a call that cannot be fenced); a slice of a CUDA
+// IPC region is device memory (MatrixMemory::*_space kDevice). Errors, each naming the matrix
+// and the field: FAILED_PRECONDITION when `registry` is null (regions off) or the call was
+// fenced; INVALID_ARGUMENT when a slice's size is not the block's (input) or the result's byte
+// count, or when the two slices overlap; NOT_FOUND when the tenant has no such region;
+// OUT_OF_RANGE when a slice is not inside its region. Counts the matrix in `metrics` (may be
+// null) when it succeeds.
+absl::StatusOr<MatrixMemory> LeaseRegions(const RegionRegistry* registry, absl::string_view tenant,
+                                          absl::string_view call_id, int index, const v1::MatrixSpec& spec,
+                                          const ParsedSpec& parsed, Metrics* metrics);
 
 }  // namespace orthoserve

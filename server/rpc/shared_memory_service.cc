@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/message_text.h"
@@ -24,8 +25,12 @@ void ToProto(const RegionInfo& info, v1::Region* region) {
 }  // namespace
 
 SharedMemoryService::SharedMemoryService(RegionRegistry* registry, const TokenAuth* auth, Metrics* metrics,
-                                         absl::Duration unregister_timeout)
-    : registry_(registry), auth_(auth), metrics_(metrics), unregister_timeout_(unregister_timeout) {}
+                                         absl::Duration unregister_timeout, int max_name_bytes)
+    : registry_(registry),
+      auth_(auth),
+      metrics_(metrics),
+      unregister_timeout_(unregister_timeout),
+      max_name_bytes_(max_name_bytes) {}
 
 absl::StatusOr<std::string> SharedMemoryService::Tenant(const grpc::ServerContext& context) const {
   if (registry_ == nullptr) {
@@ -75,6 +80,29 @@ grpc::Status SharedMemoryService::UnregisterRegion(grpc::ServerContext* context,
   absl::Status status = registry_->Unregister(*tenant, request->region_id(), deadline);
   // The region left the registry unless it was not found (even when the wait ran out).
   if (status.code() != absl::StatusCode::kNotFound) UpdateMetrics();
+  return ToGrpcStatus(status);
+}
+
+grpc::Status SharedMemoryService::FenceCall(grpc::ServerContext* context, const v1::FenceCallRequest* request,
+                                            v1::FenceCallResponse*) {
+  // A server without regions holds no call's slices: every call is fenced already.
+  absl::StatusOr<std::string> tenant = registry_ == nullptr ? auth_->Authenticate(*context) : Tenant(*context);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  if (registry_ == nullptr) return grpc::Status::OK;
+  if (request->call_id().size() > static_cast<size_t>(max_name_bytes_)) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("call_id has ", request->call_id().size(),
+                                                                " bytes; at most ", max_name_bytes_,
+                                                                " are accepted (--max-name-bytes)")));
+  }
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = std::min(absl::FromChrono(context->deadline()), start + unregister_timeout_);
+  absl::Status status = registry_->FenceCall(*tenant, request->call_id(), deadline);
+  const absl::Duration waited = absl::Now() - start;
+  if (waited > absl::Milliseconds(100) || !status.ok()) {
+    LOG_INFO("shm") << "tenant " << BoundedText(*tenant) << " fenced call " << BoundedText(request->call_id()) << " after "
+                    << absl::FormatDuration(waited) << ": " << status;
+  }
+  if (metrics_ != nullptr) metrics_->ShmFence(absl::StatusCodeToString(status.code()), waited);
   return ToGrpcStatus(status);
 }
 

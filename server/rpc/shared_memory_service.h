@@ -15,11 +15,11 @@ namespace orthoserve {
 class SharedMemoryService final : public v1::SharedMemory::Service {
  public:
   // `registry` null: regions are off (no --shm-socket), and every call is FAILED_PRECONDITION.
-  // An unregister waits for the steps using the region until the call's deadline or
-  // `unregister_timeout`, whichever comes first. None of the pointers is owned; all outlive the
+  // An unregister (or a fence) waits for the steps using the region (the call) until the call's
+  // deadline or `unregister_timeout`, whichever comes first. None of the pointers is owned; all outlive the
   // service.
   SharedMemoryService(RegionRegistry* registry, const TokenAuth* auth, Metrics* metrics,
-                      absl::Duration unregister_timeout);
+                      absl::Duration unregister_timeout, int max_name_bytes);
 
   grpc::Status RegisterRegion(grpc::ServerContext* context, const v1::RegisterRegionRequest* request,
                               v1::Region* response) override;
@@ -27,6 +27,10 @@ class SharedMemoryService final : public v1::SharedMemory::Service {
                            v1::ListRegionsResponse* response) override;
   grpc::Status UnregisterRegion(grpc::ServerContext* context, const v1::UnregisterRegionRequest* request,
                                 v1::UnregisterRegionResponse* response) override;
+  // Waits, up to the call's deadline or `unregister_timeout`, until the caller's call holds no
+  // slice (RegionRegistry::FenceCall).
+  grpc::Status FenceCall(grpc::ServerContext* context, const v1::FenceCallRequest* request,
+                         v1::FenceCallResponse* response) override;
 
   // Sets the region gauges of `metrics` (may be null) to `registry`'s totals. Thread-safe.
   static void PublishTotals(const RegionRegistry& registry, Metrics* metrics);
@@ -40,6 +44,7 @@ class SharedMemoryService final : public v1::SharedMemory::Service {
   const TokenAuth* const auth_;
   Metrics* const metrics_;
   const absl::Duration unregister_timeout_;
+  const int max_name_bytes_;  // Of a call id (--max-name-bytes).
 };
 
 }  // namespace orthoserve

@@ -116,6 +116,7 @@ bool StreamCall::OnHeader() {
   }
   if (request->attempt > 0) s_.metrics->StepRetried(kMethod);
   world_ = request->world;
+  call_id_ = header.call_id();
   result_chunk_bytes_ = ResultChunkBytes(header.result_chunk_bytes(), s_.options.chunk_bytes);
   VLOG("rpc", 1) << "stream step rank " << request->rank << "/" << request->world << " " << request->num_matrices
                  << " matrices";
@@ -160,7 +161,7 @@ bool StreamCall::OnSpec(const v1::MatrixSpec& spec) {
   // a bad spec. Bytes in a region are the client's: they are not admitted.
   MatrixMemory memory;
   if (parsed.ok() && NamesRegion(spec)) {
-    absl::StatusOr<MatrixMemory> leased = LeaseRegions(s_.regions, tenant_, index, spec, *parsed, s_.metrics);
+    absl::StatusOr<MatrixMemory> leased = LeaseRegions(s_.regions, tenant_, call_id_, index, spec, *parsed, s_.metrics);
     if (leased.ok()) {
       memory = *std::move(leased);
     } else {

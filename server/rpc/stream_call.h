@@ -91,6 +91,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   StreamRequestView request_;
   std::string tenant_;
   int world_ = 1;
+  std::string call_id_;  // StepHeader.call_id: the slices this call leases are held under it.
   int specs_ = 0;
   int64_t result_chunk_bytes_ = kDefaultResultChunkBytes;
   Admission::Ticket stream_slot_;

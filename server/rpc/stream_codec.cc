@@ -59,6 +59,7 @@ absl::Status CheckHeaderLimits(const v1::StepHeader& header, const ServiceOption
   RETURN_IF_ERROR(CheckNameLength("job", header.job(), options.max_name_bytes));
   RETURN_IF_ERROR(CheckNameLength("group", header.group(), options.max_name_bytes));
   RETURN_IF_ERROR(CheckNameLength("run_id", header.run_id(), options.max_name_bytes));
+  RETURN_IF_ERROR(CheckNameLength("call_id", header.call_id(), options.max_name_bytes));
   return absl::OkStatus();
 }
 

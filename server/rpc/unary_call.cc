@@ -156,9 +156,14 @@ absl::Status UnaryCall::Run() {
   {
     // The data bytes are viewed where gRPC received them, not copied (request_bytes_ keeps them).
     grpc::ProtoBufferReader reader(&request_bytes_);
-    if (!reader.status().ok() || !ReadMatricesInPlace(&reader, &request_)) {
+    if (!reader.status().ok() || !ReadMatricesInPlace(&reader, &request_, &call_id_)) {
       return absl::InvalidArgumentError("the request is not an OrthogonalizeRequest");
     }
+  }
+  if (call_id_.size() > static_cast<size_t>(s_.options.max_name_bytes)) {
+    s_.metrics->IntegrityRefused("limit");
+    return absl::InvalidArgumentError(absl::StrCat("the request's call_id has ", call_id_.size(), " bytes; at most ",
+                                                   s_.options.max_name_bytes, " are accepted (--max-name-bytes)"));
   }
   const int n = static_cast<int>(request_.size());
   if (n == 0) return absl::InvalidArgumentError("the request holds no matrices");
@@ -202,7 +207,7 @@ absl::Status UnaryCall::Run() {
         return absl::InvalidArgumentError(
             absl::StrCat(what, " carries data and names an input_region; send one or the other"));
       }
-      ASSIGN_OR_RETURN(memory, LeaseRegions(s_.regions, tenant_, i, spec, p, s_.metrics));
+      ASSIGN_OR_RETURN(memory, LeaseRegions(s_.regions, tenant_, call_id_, i, spec, p, s_.metrics));
       if (spec.has_result_region()) {
         result_regions_.resize(static_cast<size_t>(n));
         result_regions_[static_cast<size_t>(i)] = spec.result_region();

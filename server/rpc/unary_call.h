@@ -80,6 +80,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor,
   StepServices services_;
   grpc::ByteBuffer request_bytes_;          // The request as received, until the step has it.
   std::vector<MatrixInPlace> request_;       // Its matrices, the data viewed in request_bytes_.
+  std::string call_id_;                      // Its call_id: the slices it leases are held under it.
   grpc::ByteBuffer response_bytes_;
   // Where matrix i's result was written, when its spec named a result_region (set by Run before
   // the step opens; empty when no matrix named one).

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/shm/memory_id.h"
 
 namespace orthoserve {
 namespace {
@@ -66,7 +67,8 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(int fd, int64_t 
   }
   void* data = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) return absl::InternalError(Errno("mmap of the memfd"));
-  return std::unique_ptr<MappedRegion>(new MappedRegion(closer.Release(), static_cast<char*>(data), size));
+  return std::unique_ptr<MappedRegion>(
+      new MappedRegion(closer.Release(), static_cast<char*>(data), size, FileMemoryId(st)));
 }
 
 MappedRegion::~MappedRegion() {

@@ -30,13 +30,16 @@ class MappedRegion final : public RegionMemory {
 
   char* data() const override { return data_; }
   int64_t size() const override { return size_; }
+  // The memfd's device and inode on this host's boot: the same in every process that maps it.
+  MemoryId memory_id() const override { return id_; }
 
  private:
-  MappedRegion(int fd, char* data, int64_t size) : fd_(fd), data_(data), size_(size) {}
+  MappedRegion(int fd, char* data, int64_t size, MemoryId id) : fd_(fd), data_(data), size_(size), id_(id) {}
 
   const int fd_;
   char* const data_;
   const int64_t size_;
+  const MemoryId id_;
 };
 
 }  // namespace orthoserve

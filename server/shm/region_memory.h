@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/shared_span.h"
+
 namespace orthoserve {
 
 // Owns the memory: destroying it unmaps (munmap) or closes (cudaIpcCloseMemHandle) it, which the
@@ -18,6 +20,9 @@ class RegionMemory {
   // Empty: host memory this process reads and writes. Otherwise the UUID of the CUDA device that
   // holds the memory ("GPU-..."): only that device's backend may touch it, never host code.
   virtual std::string cuda_device() const { return ""; }
+  // Which memory this is, as every process on this host names it (offset 0 is data()); the
+  // default names memory only this process can: its address here.
+  virtual MemoryId memory_id() const;
 };
 
 }  // namespace orthoserve

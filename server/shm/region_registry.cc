@@ -15,22 +15,33 @@ namespace orthoserve {
 // outlives the registry's entry while a step still uses it.
 struct RegionLease::Entry {
   Entry(std::unique_ptr<RegionMemory> map, PeerIdentity peer, uint64_t lifeline)
-      : map(std::move(map)), peer(peer), lifeline(lifeline), cuda_device(this->map->cuda_device()) {}
+      : map(std::move(map)),
+        peer(peer),
+        lifeline(lifeline),
+        cuda_device(this->map->cuda_device()),
+        memory(this->map->memory_id()) {}
 
   const std::unique_ptr<RegionMemory> map;
   const PeerIdentity peer;
   const uint64_t lifeline;  // The connection it was staged through.
   const std::string cuda_device;  // Empty: host memory.
+  const MemoryId memory;          // Its memory, as every process on the host names it.
   std::string name;  // Set once, by Claim, before the entry is shared with any lease.
   mutable absl::Mutex mu;
   int64_t users ABSL_GUARDED_BY(mu) = 0;
 };
 
 RegionLease::RegionLease(RegionLease&& other) noexcept
-    : entry_(std::move(other.entry_)), data_(other.data_), size_(other.size_), on_device_(other.on_device_) {
+    : entry_(std::move(other.entry_)),
+      data_(other.data_),
+      size_(other.size_),
+      on_device_(other.on_device_),
+      span_(other.span_),
+      call_(std::move(other.call_)) {
   other.data_ = nullptr;
   other.size_ = 0;
   other.on_device_ = false;
+  other.span_ = SharedSpan{};
 }
 
 RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
@@ -40,9 +51,12 @@ RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
     data_ = other.data_;
     size_ = other.size_;
     on_device_ = other.on_device_;
+    span_ = other.span_;
+    call_ = std::move(other.call_);
     other.data_ = nullptr;
     other.size_ = 0;
     other.on_device_ = false;
+    other.span_ = SharedSpan{};
   }
   return *this;
 }
@@ -59,6 +73,8 @@ void RegionLease::Release() {
   data_ = nullptr;
   size_ = 0;
   on_device_ = false;
+  span_ = SharedSpan{};
+  call_.Release();  // Last: a fence of the call answers only once this use has ended.
 }
 
 absl::StatusOr<std::string> RegionRegistry::Stage(std::unique_ptr<RegionMemory> region, PeerIdentity peer,
@@ -128,7 +144,9 @@ std::vector<RegionInfo> RegionRegistry::List(absl::string_view tenant) const {
 }
 
 absl::StatusOr<RegionLease> RegionRegistry::Use(absl::string_view tenant, absl::string_view id, int64_t offset,
-                                                int64_t size) const {
+                                                int64_t size, absl::string_view call) const {
+  // The call first: a fenced call's late message takes nothing, whatever it names.
+  ASSIGN_OR_RETURN(CallFences::Hold hold, fences_.Take(tenant, call));
   std::shared_ptr<RegionLease::Entry> entry;
   {
     absl::MutexLock lock(&mu_);
@@ -151,7 +169,8 @@ absl::StatusOr<RegionLease> RegionRegistry::Use(absl::string_view tenant, absl::
   }
   char* data = entry->map->data() + offset;
   const bool on_device = !entry->cuda_device.empty();
-  return RegionLease(std::move(entry), data, size, on_device);
+  const SharedSpan span{entry->memory, offset, size};
+  return RegionLease(std::move(entry), data, size, on_device, span, std::move(hold));
 }
 
 absl::Status RegionRegistry::Unregister(absl::string_view tenant, absl::string_view id, absl::Time deadline) {

@@ -28,6 +28,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/shared_span.h"
+#include "server/shm/call_fences.h"
 #include "server/shm/region_memory.h"
 
 namespace orthoserve {
@@ -50,7 +52,8 @@ struct RegionInfo {
 };
 
 // One use of a slice of a region: the memory stays mapped, and UnregisterRegion waits, until
-// the lease is destroyed (or moved from). Movable, not copyable; may be released on any thread.
+// the lease is destroyed (or moved from); a lease taken for a call (Use's `call`) holds that call
+// unfenced until then too (call_fences.h). Movable, not copyable; may be released on any thread.
 class RegionLease {
  public:
   RegionLease() = default;
@@ -62,19 +65,25 @@ class RegionLease {
   int64_t size() const { return size_; }
   // The slice is GPU memory (a CUDA IPC region) that only the backend may touch, not host code.
   bool on_device() const { return on_device_; }
+  // The slice as every process on this host names it (its memory's id and its offset there), for
+  // the overlap checks of a step (common/shared_span.h).
+  const SharedSpan& span() const { return span_; }
   // Ends the use now (as the destructor would).
   void Release();
 
  private:
   friend class RegionRegistry;
   struct Entry;
-  RegionLease(std::shared_ptr<Entry> entry, char* data, int64_t size, bool on_device)
-      : entry_(std::move(entry)), data_(data), size_(size), on_device_(on_device) {}
+  RegionLease(std::shared_ptr<Entry> entry, char* data, int64_t size, bool on_device, SharedSpan span,
+              CallFences::Hold call)
+      : entry_(std::move(entry)), data_(data), size_(size), on_device_(on_device), span_(span), call_(std::move(call)) {}
 
   std::shared_ptr<Entry> entry_;
   char* data_ = nullptr;
   int64_t size_ = 0;
   bool on_device_ = false;
+  SharedSpan span_;
+  CallFences::Hold call_;  // Released after the entry: the call holds nothing once the use ended.
 };
 
 class RegionRegistry {
@@ -86,9 +95,10 @@ class RegionRegistry {
     absl::Duration ticket_timeout = absl::Seconds(10);             // How long a staged region waits.
     int max_name_bytes = 1024;                                     // Bytes of a region's label.
     std::function<absl::Time()> now = [] { return absl::Now(); };  // The clock (tests inject one).
+    CallFences::Options fences;                                    // Fenced call ids (call_fences.h).
   };
 
-  explicit RegionRegistry(Options options) : options_(std::move(options)) {}
+  explicit RegionRegistry(Options options) : options_(std::move(options)), fences_(options_.fences) {}
   RegionRegistry(const RegionRegistry&) = delete;
   RegionRegistry& operator=(const RegionRegistry&) = delete;
 
@@ -112,11 +122,21 @@ class RegionRegistry {
   // The regions of `tenant`, ordered by id; nothing of any other tenant.
   std::vector<RegionInfo> List(absl::string_view tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A lease on bytes [offset, offset + size) of region `id` of `tenant`. NOT_FOUND when the tenant
-  // has no region `id`; OUT_OF_RANGE when the slice is not inside the region (checked without
-  // overflow: offset and size are each compared with what is left).
-  absl::StatusOr<RegionLease> Use(absl::string_view tenant, absl::string_view id, int64_t offset, int64_t size) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // A lease on bytes [offset, offset + size) of region `id` of `tenant`, for the call `call` of
+  // `tenant` (its client's call id; empty: a call without one, which cannot be fenced).
+  // FAILED_PRECONDITION when that call was fenced (FenceCall); NOT_FOUND when the tenant has no
+  // region `id`; OUT_OF_RANGE when the slice is not inside the region (checked without overflow:
+  // offset and size are each compared with what is left).
+  absl::StatusOr<RegionLease> Use(absl::string_view tenant, absl::string_view id, int64_t offset, int64_t size,
+                                  absl::string_view call = {}) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Fences call `call` of `tenant`: no lease can be taken for it any more, and the answer comes
+  // once none is held (CallFences::Fence: OK, DEADLINE_EXCEEDED at `deadline`, INVALID_ARGUMENT
+  // for an empty id). From an OK on, the server reads and writes none of the call's slices.
+  absl::Status FenceCall(absl::string_view tenant, absl::string_view call, absl::Time deadline) const {
+    return fences_.Fence(tenant, call, deadline);
+  }
+  const CallFences& fences() const { return fences_; }
 
   // Removes region `id` of `tenant` at once (new uses are NOT_FOUND), then waits until no lease
   // on it is held, or until `deadline`; when it returns OK the memory has been unmapped (or the
@@ -180,6 +200,7 @@ class RegionRegistry {
   static RegionInfo InfoOf(const std::string& id, const RegionLease::Entry& entry);
 
   const Options options_;
+  mutable CallFences fences_;  // Thread-safe on its own; mutable: leases are taken by the const Use.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Staged> staged_ ABSL_GUARDED_BY(mu_);  // ticket -> memory
   absl::flat_hash_map<std::string, TenantRegions> tenants_ ABSL_GUARDED_BY(mu_);

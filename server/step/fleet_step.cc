@@ -91,6 +91,7 @@ void FleetStep::TakeRegions(TrainerStep& step) {
   // hold the leases: either may end first (a cancel, a batch still running).
   regions_ = std::make_shared<const std::vector<std::shared_ptr<const void>>>(std::move(leases));
   step.regions = regions_;
+  step.region_spans = slices();  // The coordinator checks them against the other trainer ranks'.
 }
 
 void FleetStep::Cancel(bool draining) {

@@ -87,22 +87,15 @@ absl::StatusOr<int> StepBase::NextIndex() const {
 }
 
 absl::Status StepBase::RecordSlices(int index, const ParsedSpec& spec, const MatrixMemory& memory) {
-  std::vector<Slice> mine;
-  if (memory.input != nullptr && spec.block_bytes > 0) {
-    mine.push_back(Slice{memory.input, spec.block_bytes, false, index});
-  }
-  const int64_t result_bytes = spec.block.numel() * static_cast<int64_t>(ElementSize(spec.plan.result_dtype));
-  if (memory.result != nullptr && result_bytes > 0) {
-    mine.push_back(Slice{memory.result, result_bytes, true, index});
-  }
-  for (const Slice& a : mine) {
-    for (const Slice& b : slices_) {
-      // Both lie inside mappings of this process, so the ends are valid pointers.
-      const bool overlap = a.begin < b.begin + b.bytes && b.begin < a.begin + a.bytes;
-      if (!overlap || !(a.result || b.result)) continue;
+  std::vector<SpanUse> mine;
+  if (memory.input != nullptr) mine.push_back(SpanUse{memory.input_span, false, request_.rank, index});
+  if (memory.result != nullptr) mine.push_back(SpanUse{memory.result_span, true, request_.rank, index});
+  for (const SpanUse& a : mine) {
+    for (const SpanUse& b : slices_) {
+      if (!(a.writes || b.writes) || !a.span.Overlaps(b.span)) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          MatrixLabel(index, spec.plan.name), " ", a.result ? "result_region" : "input_region", " overlaps the ",
-          b.result ? "result_region" : "input_region", " of ", MatrixLabel(b.index, matrices_[b.index].spec.plan.name),
+          MatrixLabel(index, spec.plan.name), " ", a.writes ? "result_region" : "input_region", " overlaps the ",
+          b.writes ? "result_region" : "input_region", " of ", MatrixLabel(b.matrix, matrices_[b.matrix].spec.plan.name),
           " (a step may write one matrix's result before it reads or writes another's slice)"));
     }
   }

@@ -31,6 +31,7 @@
 #include "common/buffer_pool.h"
 #include "common/fair_pool.h"
 #include "common/fleet_change.h"
+#include "common/shared_span.h"
 #include "server/plan/matrix_plan.h"
 #include "server/engine/backend.h"
 #include "server/fleet/logic/step_fleet.h"
@@ -89,6 +90,11 @@ struct MatrixMemory {
   std::shared_ptr<const void> owner;
   MemorySpace input_space = MemorySpace::kHost;   // Where `input` is.
   MemorySpace result_space = MemorySpace::kHost;  // Where `result` is.
+  // The slices as every process on this host names them (RegionLease::span): the overlap checks
+  // compare these, not addresses, so that one memfd registered twice, or on two server processes,
+  // is seen to be one memory. Empty (unknown memory) where there is no slice.
+  SharedSpan input_span{};
+  SharedSpan result_span{};
 };
 
 // How a step ended. `status` OK: every matrix's result was handed to the sink before. Otherwise

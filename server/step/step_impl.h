@@ -60,6 +60,8 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   // decides; later ones are ignored. A failure before the input ended stops the input.
   void FinishWhenIdle(StepEnd end);
   bool finishing() const { return finishing_.load(); }
+  // The step's shared-memory slices so far (reader's thread), as RecordSlices recorded them.
+  const std::vector<SpanUse>& slices() const { return slices_; }
 
   const StepServices s_;
   const StepRequest request_;
@@ -80,9 +82,9 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   // a result: a step (lone, unary or group) may write one matrix's result before it reads
   // another's input, or write two results into the same bytes, so the answer would not be the
   // caller's. Inputs may overlap inputs (both only read); a matrix's own input and result are
-  // checked at ingress (region_slices.h). Compares addresses in this process's mappings: one
-  // memfd registered as two regions is the client's own aliasing, like writing a region while a
-  // step reads it.
+  // checked at ingress (region_slices.h). Compares the slices' SharedSpans, so that one memfd
+  // registered as two regions (or on two servers) is one memory. A group step's slices are also
+  // checked against the other trainer ranks' by the coordinator (TrainerStep::region_spans).
   absl::Status RecordSlices(int index, const ParsedSpec& spec, const MatrixMemory& memory);
   // The previous matrix got all its bytes, and there is room for one more: its index.
   absl::StatusOr<int> NextIndex() const;
@@ -98,13 +100,7 @@ class StepBase : public Step, public std::enable_shared_from_this<StepBase> {
   // The shared-memory slices of the matrices taken so far (reader only), for RecordSlices: kept
   // for the step's life, apart from the matrices' MatrixMemory, which a lone matrix's compute
   // thread lets go of once it is computed.
-  struct Slice {
-    const char* begin;
-    int64_t bytes;
-    bool result;
-    int index;
-  };
-  std::vector<Slice> slices_;
+  std::vector<SpanUse> slices_;
   std::atomic<bool> finishing_{false};
   absl::Mutex mu_;
   int work_ ABSL_GUARDED_BY(mu_) = 0;

@@ -74,3 +74,29 @@ def test_region_arrays_of_two_members_in_one_step_are_refused(shm_fleet):
                 group.step(1, [orthoserve.Shard("a", (8, 8), (0, 0), a), orthoserve.Shard("b", (8, 8), (0, 0), b)])
             with pytest.raises(ValueError, match="not an array of one of this client's open regions"):
                 group.step(1, [orthoserve.Shard("a", (8, 8), (0, 0), a)], out=[np.zeros((4, 8), np.float32)])
+
+
+@pytest.mark.deadline(120)
+def test_two_ranks_naming_one_result_slice_are_both_refused_and_nothing_is_written(shm_fleet):
+    # Trainer ranks 0 and 1 of one step name the same region array as `out` (one client, one region): the fleet
+    # refuses the step on both ranks before it runs, so the array keeps what the caller put there (an answer that
+    # held the other rank's block would be a wrong answer with no error).
+    addresses = [s.address for s in shm_fleet]
+    rng = np.random.default_rng(38)
+    full = rng.standard_normal((8, 8)).astype(np.float32)
+    run_id = uuid.uuid4().hex
+    with orthoserve.Client(addresses, timeout=30, retry=False) as client:
+        with client.region(1 << 16, address=addresses[0]) as region:
+            shared_out = region.array((4, 8), np.float32)
+            shared_out[...] = -7.0
+
+            def rank_main(rank):
+                group = client.group("shm-job", "one-out", rank, 2, run_id=run_id)
+                shard = orthoserve.Shard("w", (8, 8), (4 * rank, 0), np.ascontiguousarray(full[4 * rank:4 * rank + 4]))
+                with pytest.raises(orthoserve.InvalidArgumentError, match="overlaps") as caught:
+                    group.step(1, [shard], out=[shared_out])
+                return str(caught.value)
+
+            messages = on_every_rank(2, rank_main)
+            assert all("trainer rank" in m for m in messages), messages
+            assert np.all(shared_out == -7.0), "a refused step wrote into the shared out array"

@@ -5,6 +5,7 @@ bytes; another tenant cannot use a region; a server without --shm-socket refuses
 misaligned are refused. orthoserve.torch's automatic use of regions: test_shm_transport.py."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -244,3 +245,27 @@ def test_the_server_refuses_bf16_slices_out_of_range_or_misaligned(shm_server):
                 with pytest.raises(grpc.RpcError) as err:
                     call(offset, size)
                 assert err.value.code() == code, (offset, size, err.value.details())
+
+
+@pytest.mark.deadline(180)
+@pytest.mark.parametrize("method", ["unary", "stream"])
+def test_an_abandoned_calls_late_result_never_lands_in_the_next_calls_out(shm_server, method):
+    # A call whose out array is in a region runs past its deadline (1536^2, 12 iterations: seconds of compute, a
+    # 0.3 s timeout, no retries). The caller then makes its next call into the same array. Unfenced, the abandoned
+    # computation landed there afterwards, over the next call's OK result; the client fences the failed attempt
+    # (orthoserve.fences) before it raises, so the array holds the next call's result for good.
+    rng = np.random.default_rng(38)
+    big = rng.standard_normal((1536, 1536)).astype(np.float32)
+    small = rng.standard_normal((1536, 1536)).astype(np.float32)
+    with orthoserve.Client(shm_server.address, token="secret-a", timeout=60) as client:
+        expected = client.orthogonalize(small, method=method, steps=1)
+        with client.region(4 * big.nbytes, name="reused-out") as region:
+            g = region.array(big.shape, big.dtype)
+            g[...] = big
+            out = region.array(big.shape, big.dtype)
+            with pytest.raises(orthoserve.DeadlineExceededError):
+                client.orthogonalize_batch([g], [{"steps": 12}], out=[out], method=method, timeout=0.3, retry=False)
+            got = client.orthogonalize(small, out=out, method=method, steps=1)
+            assert got is out and out.tobytes() == expected.tobytes()
+            time.sleep(6.0)  # Longer than the abandoned computation takes here (about 2.5 s).
+            assert out.tobytes() == expected.tobytes(), "the abandoned call's result landed in the next call's out"

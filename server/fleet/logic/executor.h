@@ -41,6 +41,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -189,7 +190,9 @@ class Executor {
     std::shared_ptr<Collective> collective;            // The formed generation's, as it was.
     bool usable = false;                               // Formed, in the generation the entry was planned in.
     std::vector<std::shared_ptr<TrainerStep>> cached;  // A replay's trainer steps kept here.
-    PartialStep* partial = nullptr;  // A divided step's record; only the applier thread changes parts_.
+    // A divided step's record, taken out of parts_ while its part runs (OpenPartLocked) and put back
+    // after a part before the last (AddPart): the applier owns it, so nothing frees it under it.
+    std::optional<PartialStep> partial;
     absl::Time start;                // When the step began here (its first part), for rendezvous times.
     // Steps of `mine` whose shared-memory inputs changed while the step ran (OwnRegionInputs):
     // not kept for replays.
@@ -238,9 +241,9 @@ class Executor {
   // Stage 5, after a divided step's last part: the whole step's entry (in `whole`) and results
   // (in `result`), or why this rank cannot give them; otherwise `entry` itself.
   static const LogEntry& WholeStep(const LogEntry& entry, absl::StatusOr<BatchResult>& result,
-                                   const ClaimedStep& claimed, LogEntry& whole);
-  // Forgets a divided step's record, if `claimed` has one.
-  void EndPartial(const GroupKey& key, ClaimedStep& claimed) ABSL_LOCKS_EXCLUDED(mu_);
+                                   ClaimedStep& claimed, LogEntry& whole);
+  // Drops a divided step's record, if `claimed` has one (it is out of parts_ while claimed).
+  static void EndPartial(ClaimedStep& claimed);
   // Stage 6, after the step ran: the inputs its trainer steps read in place from shared-memory
   // regions become their own (TakeRegionInputs), before any copy or keep reads them and before
   // their trainers are answered and may reuse the regions. Steps whose regions changed meanwhile
@@ -341,11 +344,11 @@ class Executor {
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);  // Submitted while not formed; not reported yet.
   // By group (step 0): its last batch's steps here.
   absl::flat_hash_map<GroupKey, CachedBatch> cache_ ABSL_GUARDED_BY(mu_);
-  // Divided steps between their parts. The map and each record's `steps` (which waiting() reads)
-  // change under mu_, by the applier thread only, so that thread reads a record's other fields
-  // through a pointer without the lock (ClaimedStep::partial, in ApplyStep's stages); cleared
-  // with each generation (its parts cannot run in the next one) and at a reset, failing their
-  // steps.
+  // Divided steps between their parts: a record is here only while no part of its step runs (the
+  // applier takes it out into ClaimedStep::partial for each part and puts it back after a part
+  // before the last). Cleared with each generation (its parts cannot run in the next one), at a
+  // reset and at Shutdown, failing their steps; a record out in a running part is not here then,
+  // and the applier fails its steps when it would put it back after Shutdown.
   absl::flat_hash_map<GroupKey, PartialStep> parts_ ABSL_GUARDED_BY(mu_);
   std::vector<ReadyReport> advertise_ ABSL_GUARDED_BY(mu_);  // Reports of steps kept since the last read.
   uint64_t next_submission_ ABSL_GUARDED_BY(mu_);

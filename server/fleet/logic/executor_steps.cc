@@ -34,6 +34,7 @@ ReadyReport Executor::ReportOf(const TrainerStep& step) const {
   report.submission = step.submission;
   report.digest = step.digest;
   report.sent = step.sent;  // The shared specs, and this rank's blocks.
+  report.region_spans = step.region_spans;
   return report;
 }
 
@@ -285,10 +286,10 @@ void Executor::ApplyStep(const LogEntry& entry) {
   std::vector<std::vector<char>> scratch;  // A replay's results computed again, dropped.
   AddReplayBlocks(entry, claimed.cached, scratch, local);
   absl::StatusOr<BatchResult> result = RunBatch(entry, local, *claimed.collective);
-  if (result.ok() && claimed.partial != nullptr && AddPart(entry, *result, claimed)) return;
+  if (result.ok() && claimed.partial.has_value() && AddPart(entry, *result, claimed)) return;
   LogEntry whole;
   const LogEntry& step_entry = WholeStep(entry, result, claimed, whole);
-  EndPartial(entry.key, claimed);
+  EndPartial(claimed);
   if (result.ok()) OwnRegionInputs(entry.key, claimed);
   const std::vector<std::shared_ptr<TrainerStep>> copies = CopyForReplay(step_entry, result, claimed);
   const StepOutcome outcome = Outcome(entry, result, claimed, copies);
@@ -305,7 +306,7 @@ Executor::ClaimedStep Executor::ClaimStep(const LogEntry& entry) {
     claimed.usable = FormedLocked() && entry.generation == generation_;
     claimed.cached = CachedStepsLocked(entry);
   }
-  claimed.start = claimed.partial != nullptr ? claimed.partial->start : absl::Now();
+  claimed.start = claimed.partial.has_value() ? claimed.partial->start : absl::Now();
   return claimed;
 }
 
@@ -340,21 +341,21 @@ void Executor::OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) {
   // A divided step's steps wait in its parts_ record between its parts (after its first part,
   // they are taken from there, not from waiting_); a first part starts a new record, a failure
   // entry ends it.
-  if (entry.status.ok() && divided) {
-    if (entry.part_offset == 0) parts_.erase(entry.key);
-    auto [p, inserted] = parts_.try_emplace(entry.key);
-    claimed.partial = &p->second;
-    if (inserted) {
-      claimed.partial->start = absl::Now();
-      // A rank that lost its record (or joined mid-way) cannot complete the step's results.
-      claimed.partial->complete = entry.part_offset == 0;
-    }
-  }
   auto p = parts_.find(entry.key);
   if (p != parts_.end()) {
-    for (Waiting& w : p->second.steps) claimed.mine.push_back(std::move(w));
+    // A first part over an old record starts the step's parts anew: the old record's steps were
+    // superseded by the retries this run was planned from.
+    const bool anew = entry.status.ok() && divided && entry.part_offset == 0;
+    for (Waiting& w : p->second.steps) (anew ? claimed.stale : claimed.mine).push_back(std::move(w));
     p->second.steps.clear();
-    if (claimed.partial == nullptr) parts_.erase(p);
+    if (entry.status.ok() && divided && entry.part_offset > 0) claimed.partial = std::move(p->second);
+    parts_.erase(p);
+  }
+  if (entry.status.ok() && divided && !claimed.partial.has_value()) {
+    claimed.partial.emplace();
+    claimed.partial->start = absl::Now();
+    // A rank that lost its record (or joined mid-way) cannot complete the step's results.
+    claimed.partial->complete = entry.part_offset == 0;
   }
 }
 
@@ -386,7 +387,7 @@ bool Executor::ResolveUnrunnable(const LogEntry& entry, ClaimedStep& claimed) {
   if (!claimed.usable) {
     // Planned for a generation this rank does not hold (it changed, or its group broke):
     // nobody can run it with the others.
-    EndPartial(entry.key, claimed);
+    EndPartial(claimed);
     if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted("fleet_change");
     Resolve(claimed.mine,
             Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
@@ -453,7 +454,7 @@ absl::StatusOr<BatchResult> Executor::RunBatch(const LogEntry& entry, const std:
 }
 
 bool Executor::AddPart(const LogEntry& entry, const BatchResult& result, ClaimedStep& claimed) {
-  PartialStep* partial = claimed.partial;
+  PartialStep* partial = &*claimed.partial;
   partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
   partial->plan.trainer_world = entry.plan.trainer_world;
   partial->plan.fleet_world = entry.plan.fleet_world;
@@ -462,16 +463,28 @@ bool Executor::AddPart(const LogEntry& entry, const BatchResult& result, Claimed
   partial->result.collective_time += result.collective_time;
   partial->result.compute_time += result.compute_time;
   if (!entry.more_parts) return false;
-  // A part before the last: its results wait in the steps' outputs for the rest.
-  absl::MutexLock lock(&mu_);
+  // A part before the last: its results wait in the steps' outputs for the rest, and the record
+  // goes back to parts_ — unless the executor is stopping, whose Shutdown could not fail steps
+  // that were out here.
   partial->steps = std::move(claimed.mine);
+  absl::flat_hash_map<GroupKey, std::vector<Waiting>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      parts_[entry.key] = *std::move(claimed.partial);
+      claimed.partial.reset();
+      return true;
+    }
+    left[entry.key] = std::move(partial->steps);
+  }
+  FailAll(left, "the server is shutting down");
   return true;
 }
 
 const LogEntry& Executor::WholeStep(const LogEntry& entry, absl::StatusOr<BatchResult>& result,
-                                    const ClaimedStep& claimed, LogEntry& whole) {
-  PartialStep* partial = claimed.partial;
-  if (!result.ok() || partial == nullptr) return entry;
+                                    ClaimedStep& claimed, LogEntry& whole) {
+  if (!result.ok() || !claimed.partial.has_value()) return entry;
+  PartialStep* partial = &*claimed.partial;
   if (!partial->complete) {
     result = absl::InternalError(absl::StrCat("this rank did not run every part of the step (",
                                               partial->plan.matrices.size(), " matrices from offset ",
@@ -496,11 +509,8 @@ void Executor::OwnRegionInputs(const GroupKey& key, ClaimedStep& claimed) {
   }
 }
 
-void Executor::EndPartial(const GroupKey& key, ClaimedStep& claimed) {
-  if (claimed.partial == nullptr) return;
-  absl::MutexLock lock(&mu_);
-  parts_.erase(key);
-  claimed.partial = nullptr;
+void Executor::EndPartial(ClaimedStep& claimed) {
+  claimed.partial.reset();  // Out of parts_ since it was claimed: nothing there to remove.
 }
 
 std::vector<std::shared_ptr<TrainerStep>> Executor::CopyForReplay(const LogEntry& step_entry,

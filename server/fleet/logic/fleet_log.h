@@ -47,6 +47,9 @@ struct ReadyReport {
   // (LogEntry::digests); empty otherwise.
   std::vector<uint64_t> step_digests;
   SenderBlocks sent;  // The trainer rank's blocks of the step's (shared) specs.
+  // The trainer rank's shared-memory slices (TrainerStep::region_spans), checked against the
+  // other ranks' before the batch is planned.
+  std::vector<SpanUse> region_spans;
 };
 
 // Why the coordinator failed a group step before it ran (LogEntry::failure; the `reason` label of

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/fleet_change.h"
+#include "common/shared_span.h"
 #include "common/shape.h"
 #include "server/plan/matrix_plan.h"
 
@@ -95,6 +96,11 @@ struct TrainerStep {
   std::vector<const char*> input_at;
   std::vector<char*> output_at;
   std::shared_ptr<const void> regions;
+  // The slices of this trainer rank's blocks as every process on the host names them (who: the
+  // trainer rank; matrix: the index), reported to the coordinator, which fails the step when a
+  // result slice of one rank overlaps any slice of another (Rendezvous, before anything is
+  // written). Empty when no block is in a region.
+  std::vector<SpanUse> region_spans;
   absl::Time submitted;
 
   // Block i's input bytes, wherever they are.

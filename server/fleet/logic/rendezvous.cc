@@ -1,6 +1,7 @@
 #include "server/fleet/logic/rendezvous.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,8 @@
 #include "common/fleet_change.h"
 #include "common/logging.h"
 #include "common/message_text.h"
+#include "common/shared_span.h"
+#include "common/status.h"
 #include "server/distributed/batch.h"
 
 namespace orthoserve {
@@ -447,6 +450,22 @@ Rendezvous::Held Rendezvous::Hold(ReadyReport report, SharedSpecs& shared) {
   return Held{std::move(report)};
 }
 
+absl::Status Rendezvous::CheckRegionOverlaps(const std::string& step, const Pending& p) {
+  std::vector<SpanUse> uses;
+  for (int r = 0; r < p.trainer_world; ++r) {
+    const std::vector<SpanUse>& spans = p.report(r)->report.region_spans;
+    uses.insert(uses.end(), spans.begin(), spans.end());
+  }
+  const std::optional<std::pair<size_t, size_t>> overlap = FirstWriteOverlap(uses);
+  if (!overlap.has_value()) return absl::OkStatus();
+  const SpanUse& a = uses[overlap->first];
+  const SpanUse& b = uses[overlap->second];
+  return absl::InvalidArgumentError(absl::StrCat(
+      "step ", step, ": ", SpanUseText(a), " overlaps ", SpanUseText(b),
+      " in shared memory; a result slice may overlap no other slice of the step, of any trainer rank (nothing was "
+      "written)"));
+}
+
 absl::StatusOr<LogEntry> Rendezvous::BuildBatch(const GroupKey& key, const Pending& p, const Generation& generation,
                                                 const std::vector<double>& costs) const {
   const Held& first = *p.report(0);
@@ -469,6 +488,7 @@ absl::StatusOr<LogEntry> Rendezvous::BuildBatch(const GroupKey& key, const Pendi
       }
     }
   }
+  RETURN_IF_ERROR(CheckRegionOverlaps(step, p));
   // Placements name collective ranks: positions in the generation's member list. Every report
   // here comes from a current member (others were withdrawn when it dropped out).
   std::vector<int> position(options_.fleet_world, -1);

@@ -153,6 +153,9 @@ class Rendezvous {
   // `p` is complete: decides so.
   static void Completed(const GroupKey& key, const Pending& p, StepDecisions& out);
   // Complete step `p`'s batch (see Take).
+  // INVALID_ARGUMENT naming both slices when a result slice of one report overlaps any slice of
+  // another (or of the same) report in shared memory (ReadyReport::region_spans).
+  static absl::Status CheckRegionOverlaps(const std::string& step, const Pending& p);
   absl::StatusOr<LogEntry> BuildBatch(const GroupKey& key, const Pending& p, const Generation& generation,
                                       const std::vector<double>& costs) const;
   // "r1, r2, ..." of the trainer ranks `p` still waits for (the first few, and how many more).

@@ -54,6 +54,16 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report, const std::
     p.add_blocks(b.rows);
     p.add_blocks(b.cols);
   }
+  for (const SpanUse& use : report.region_spans) {
+    fleet::v1::RegionSpan* span = p.add_region_spans();
+    span->set_matrix(use.matrix);
+    span->set_result(use.writes);
+    span->set_host(use.span.memory.host);
+    span->set_device(use.span.memory.device);
+    span->set_inode(use.span.memory.inode);
+    span->set_offset(use.span.offset);
+    span->set_bytes(use.span.bytes);
+  }
   return p;
 }
 
@@ -86,6 +96,23 @@ absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p
     blocks[i] = Block{p.blocks(j), p.blocks(j + 1), p.blocks(j + 2), p.blocks(j + 3)};
   }
   report.sent = SenderBlocks(std::move(specs), std::move(blocks));
+  // At most two slices per matrix (its input and its result), each of a matrix of the step.
+  if (static_cast<size_t>(p.region_spans_size()) > 2 * report.sent.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the report carries ", p.region_spans_size(),
+                                                   " region slices for ", report.sent.size(), " matrices"));
+  }
+  report.region_spans.reserve(static_cast<size_t>(p.region_spans_size()));
+  for (const fleet::v1::RegionSpan& span : p.region_spans()) {
+    if (span.matrix() < 0 || static_cast<size_t>(span.matrix()) >= report.sent.size() || span.offset() < 0 ||
+        span.bytes() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the report carries a region slice of matrix ", span.matrix(),
+                                                     " at offset ", span.offset(), " of ", span.bytes(),
+                                                     " bytes; the step has ", report.sent.size(), " matrices"));
+    }
+    report.region_spans.push_back(SpanUse{
+        SharedSpan{MemoryId{span.host(), span.device(), span.inode()}, span.offset(), span.bytes()}, span.result(),
+        report.trainer_rank, span.matrix()});
+  }
   return report;
 }
 

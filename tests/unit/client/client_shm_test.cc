@@ -42,6 +42,7 @@ namespace {
 using ::orthoserve::testing::ServerProcess;
 using ::orthoserve::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::_;
 
 constexpr char kAlice[] = "shm-token-alice";
 constexpr char kBob[] = "shm-token-bob";
@@ -319,6 +320,58 @@ TEST_P(ClientShmMethodTest, UnregisteredOrAnotherTenantsRegionIsNotFound) {
   EXPECT_OK(region->Unregister());  // Once is enough; again is a no-op.
 }
 
+// An attempt whose deadline passes while the server computes its matrix into a result slice is
+// fenced before its error comes back, so the abandoned computation never lands in the slice
+// after the caller reused it: the next call's result, written into the same bytes by the other
+// compute worker, stays as that call left it (issue #38: before fences, the abandoned matrix
+// overwrote it about two seconds later, with no error anywhere).
+TEST_P(ClientShmMethodTest, AnAbandonedCallsLateResultNeverLandsInTheNextCallsSlice) {
+  ClientOptions o;
+  o.address = server_->address;
+  o.bearer_token = kAlice;
+  o.timeout = absl::Milliseconds(300);
+  o.retry.enabled = false;  // One attempt: its DEADLINE_EXCEEDED is the caller's.
+  absl::StatusOr<std::unique_ptr<Client>> impatient = Client::Create(o);
+  ASSERT_OK(impatient);
+  std::unique_ptr<Client> client = Connect(kAlice);
+  const TestMatrix slow = MakeMatrix("slow", {1536, 1536}, DType::kF32, 11);  // Seconds of compute at 12 steps.
+  const TestMatrix next = MakeMatrix("next", {1536, 1536}, DType::kF32, 12);
+  const int64_t size = static_cast<int64_t>(slow.bytes.size());
+  std::unique_ptr<Region> region = MakeRegion(*client, 3 * size, "late");
+  ASSERT_NE(region, nullptr);
+  std::memcpy(region->data(), slow.bytes.data(), slow.bytes.size());
+  std::memcpy(region->data() + size, next.bytes.data(), next.bytes.size());
+  const RegionSlice out = region->Slice(2 * size, size);
+
+  MatrixInput first = Describe(slow);
+  first.options.steps = 12;
+  first.input_region = region->Slice(0, size);
+  first.result_region = out;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<MatrixOutput>> abandoned = Call(**impatient, GetParam(), {&first, 1});
+  ASSERT_THAT(abandoned.status(), StatusIs(absl::StatusCode::kDeadlineExceeded, _)) << "computed within 300 ms?";
+  const absl::Duration fenced_after = absl::Now() - start;
+
+  // The caller reuses the slice at once, for a quick matrix that the server's second worker would
+  // compute while the first one still ran.
+  MatrixInput second = Describe(next);
+  second.options.steps = 1;
+  MatrixInput second_bytes = WithBytes(next);
+  second_bytes.options.steps = 1;
+  absl::StatusOr<std::vector<MatrixOutput>> expected = Call(*client, GetParam(), {&second_bytes, 1});
+  ASSERT_OK(expected);
+  second.input_region = region->Slice(size, size);
+  second.result_region = out;
+  absl::StatusOr<std::vector<MatrixOutput>> got = Call(*client, GetParam(), {&second, 1});
+  ASSERT_OK(got);
+  ASSERT_OK((*got)[0].status);
+  EXPECT_EQ(RegionBytes(*region, out), Bytes((*expected)[0]));
+  // Long after the abandoned matrix can have finished, the slice still holds the second result.
+  absl::SleepFor(std::max(absl::ZeroDuration(), start + fenced_after + absl::Seconds(2) - absl::Now()));
+  EXPECT_EQ(RegionBytes(*region, out), Bytes((*expected)[0]));
+  EXPECT_GT(fenced_after, absl::Milliseconds(300)) << "the error came back before the server let go of the slice";
+}
+
 INSTANTIATE_TEST_SUITE_P(Methods, ClientShmMethodTest, ::testing::Values(Method::kUnary, Method::kStream),
                          [](const ::testing::TestParamInfo<Method>& info) {
                            return info.param == Method::kUnary ? std::string("Unary") : std::string("Stream");
@@ -361,6 +414,7 @@ TEST_F(ClientShmTest, ACallNamingARegionGoesToItsAddressOnly) {
   o.bearer_token = kAlice;
   o.retry.max_attempts = 2;
   o.retry.initial_backoff = absl::Milliseconds(10);
+  o.fence_timeout = absl::Seconds(1);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o);
   ASSERT_OK(client);
   RegionOptions on_server;
@@ -389,10 +443,12 @@ TEST_F(ClientShmTest, ACallNamingARegionGoesToItsAddressOnly) {
   EXPECT_THAT((*client)->Step(StepOptions{}, mixed),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one call goes to one server rank")));
 
-  // A call pinned to an address that does not answer fails there, saying it was not failed over.
+  // A call pinned to an address that does not answer fails there (it is not failed over to the
+  // server that answers), and as its failed attempt cannot be fenced there either, it is not
+  // retried and says that its slices may still be written (fences, docs/shared_memory.md).
   absl::StatusOr<std::vector<MatrixOutput>> down = (*client)->Orthogonalize({&other, 1});
-  EXPECT_THAT(down, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not failed over")));
-  EXPECT_THAT(down.status().message(), HasSubstr(nowhere));
+  EXPECT_THAT(down, StatusIs(absl::StatusCode::kFailedPrecondition,
+                             HasSubstr(absl::StrCat("may still be written by the server at ", nowhere))));
 }
 
 // A group step through GroupClient (W = 2 trainer ranks on the one-rank server): rank 0's block

@@ -295,6 +295,54 @@ TEST(CoordinatorTest, SpecListsAreComparedWithRankZerosInRankOrderAndThePlanIsRa
   EXPECT_EQ(ignored.plan.matrices[1].partition_dim, 0);
 }
 
+TEST(CoordinatorTest, AResultSliceOverlappingAnotherRanksSliceFailsTheStepOnEveryRankBeforeItRuns) {
+  auto c = Coordinator::Create(TestOptions(2));
+  ASSERT_OK(c);
+  const std::vector<Member> members = {M(0, 10), M(1, 11)};
+  for (const Member& m : members) ASSERT_OK((*c)->Join(m).status());
+  WaitGeneration(**c, 1, members);
+  const MemoryId memfd{7, 1, 42};
+  // Trainer rank r's block in shared memory: its input at `in` and its result at `out` (bytes of
+  // one memfd, which the two ranks may stream to different members).
+  auto report = [&](const GroupKey& key, int r, int64_t in, int64_t out) {
+    ReadyReport rep = Report(**c, key, r, 2, members[r], 200 + r);
+    rep.region_spans = {SpanUse{SharedSpan{memfd, in, 32}, false, r, 0}, SpanUse{SharedSpan{memfd, out, 32}, true, r, 0}};
+    return rep;
+  };
+  auto run = [&](const GroupKey& key, int64_t in0, int64_t out0, int64_t in1, int64_t out1) {
+    EXPECT_OK((*c)->Report(report(key, 0, in0, out0)));
+    EXPECT_OK((*c)->Report(report(key, 1, in1, out1)));
+    std::vector<LogEntry> entries = EntriesFor(ReadAll(**c, members[0], 0), key);
+    EXPECT_EQ(entries.size(), 1u);
+    return entries.empty() ? LogEntry{} : entries[0];
+  };
+  // Disjoint slices: the step runs.
+  ASSERT_OK(run(GroupKey{"t", "j", "g", 1, "run"}, 0, 32, 64, 96).status);
+  // Inputs may be shared (both only read).
+  ASSERT_OK(run(GroupKey{"t", "j", "g", 2, "run"}, 0, 32, 0, 96).status);
+  // Both ranks name one result slice: the step fails, for every rank, as a batch never appended.
+  LogEntry same = run(GroupKey{"t", "j", "g", 3, "run"}, 0, 64, 32, 64);
+  EXPECT_THAT(same.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                    AllOf(HasSubstr("step t/j/g@3: trainer rank 0's result slice of matrix 0"),
+                                          HasSubstr("overlaps trainer rank 1's result slice of matrix 0"),
+                                          HasSubstr("nothing was written"))));
+  EXPECT_EQ(same.failure, kStepFailureInvalid);
+  EXPECT_TRUE(same.plan.matrices.empty());
+  // Rank 1's result overlaps rank 0's input by one element.
+  LogEntry into_input = run(GroupKey{"t", "j", "g", 4, "run"}, 0, 128, 64, 28);
+  EXPECT_THAT(into_input.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("trainer rank 0's input slice"),
+                                                HasSubstr("trainer rank 1's result slice"))));
+  // The same bytes in another memory overlap nothing.
+  ReadyReport other = report(GroupKey{"t", "j", "g", 5, "run"}, 1, 64, 32);
+  for (SpanUse& use : other.region_spans) use.span.memory.inode = 43;
+  EXPECT_OK((*c)->Report(report(GroupKey{"t", "j", "g", 5, "run"}, 0, 0, 32)));
+  EXPECT_OK((*c)->Report(std::move(other)));
+  std::vector<LogEntry> entries = EntriesFor(ReadAll(**c, members[0], 0), GroupKey{"t", "j", "g", 5, "run"});
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_OK(entries[0].status);
+}
+
 TEST(CoordinatorTest, ARetryReplacesItsRankWhileTheSameAttemptIsADuplicate) {
   auto c = Coordinator::Create(TestOptions(2));
   ASSERT_OK(c);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <future>
 #include <random>
+#include <thread>
 
 #include "common/fleet_change.h"
 #include "absl/synchronization/mutex.h"
@@ -281,16 +282,17 @@ TEST(ExecutorTest, ARankRunningTwoTrainersLeavesCopiesSoItsDeathCanBeReplayed) {
   ExpectReplayed(h.rank(1), MakeStep(key, 0, 4, full, /*attempt=*/1), first);
 }
 
-// Trainer rank `r` of `world`'s row blocks of the matrices `fulls`, one per algorithm, as one
-// step (matrix i named "w<i>").
+// Trainer rank `r` of `world`'s row blocks of the matrices `fulls` (each rows x cols), one per
+// algorithm, as one step (matrix i named "w<i>").
 std::shared_ptr<TrainerStep> MultiStep(const GroupKey& key, int r, int world, const std::vector<std::vector<float>>& fulls,
-                                       const std::vector<Algorithm>& algorithms, int attempt = 0) {
+                                       const std::vector<Algorithm>& algorithms, int attempt = 0, int rows = kRows,
+                                       int cols = kCols) {
   std::shared_ptr<TrainerStep> step;
   SpecList specs;
   std::vector<Block> blocks;
   for (size_t i = 0; i < fulls.size(); ++i) {
     std::shared_ptr<TrainerStep> one =
-        testing::RowBlockStep(key, r, world, kRows, kCols, fulls[i], Highest(), algorithms[i], attempt);
+        testing::RowBlockStep(key, r, world, rows, cols, fulls[i], Highest(), algorithms[i], attempt);
     specs.push_back(one->sent.spec(0));
     specs.back().name = absl::StrCat("w", i);
     blocks.push_back(one->sent.blocks[0]);
@@ -453,6 +455,57 @@ TEST(ExecutorTest, AMemberLostBetweenPartsFailsTheStepRetryablyAndTheRetrySuccee
     }
     EXPECT_EQ(got, Reference(h.backend(), fulls[i])) << "matrix " << i;
   }
+}
+
+// A graceful shutdown (Executor::Shutdown, as at SIGTERM) while a part of a divided step runs:
+// the part's record is the applier's while it runs, so the shutdown frees nothing under it, and
+// the step's trainer ranks get UNAVAILABLE at once instead of waiting forever (the shutdown used
+// to clear the record that the running part then wrote its results and steps into: a
+// use-after-free, and steps nobody resolved). One member, three 1536 x 1536 matrices, so three parts
+// of about a second each here; the shutdown comes while the second runs.
+TEST(ExecutorTest, AShutdownWhileADividedStepsPartRunsFailsItsStepsRetryably) {
+  constexpr int kN = 1536;
+  FleetHarness h(1, /*batch_window=*/1, /*part_time=*/absl::Nanoseconds(1));
+  std::thread stopper;
+  h.OnAppliedByZero([&h, &stopper](int applied) {
+    // After the first part, before the second is appended (pacing): the second runs when this
+    // returns, and is well inside its computation 300 ms later.
+    if (applied == 1) {
+      stopper = std::thread([&h] {
+        absl::SleepFor(absl::Milliseconds(300));
+        h.rank(0).Shutdown();
+      });
+    }
+  });
+  h.StartAll();
+  ASSERT_TRUE(h.WaitPaced({0}));
+  std::vector<std::vector<float>> fulls;
+  for (int i = 0; i < 3; ++i) {
+    std::mt19937 gen(60 + i);
+    std::normal_distribution<float> dist;
+    fulls.emplace_back(kN * kN);
+    for (float& v : fulls.back()) v = dist(gen);
+  }
+  const std::vector<Algorithm> algorithms(3, Algorithm::kAuto);
+  const GroupKey key{"t", "j", "g", 1, "run"};
+  std::vector<std::future<StepOutcome>> futures;
+  for (int r = 0; r < 2; ++r) {
+    auto promise = std::make_shared<std::promise<StepOutcome>>();
+    futures.push_back(promise->get_future());
+    h.rank(0).Submit(MultiStep(key, r, 2, fulls, algorithms, 0, kN, kN),
+                     [promise](StepOutcome o) { promise->set_value(std::move(o)); });
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(futures[r].wait_for(std::chrono::seconds(20)), std::future_status::ready) << "trainer rank " << r;
+    StepOutcome o = futures[r].get();
+    EXPECT_THAT(o.status, StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("shutting down")))
+        << "trainer rank " << r;
+  }
+  stopper.join();
+  // The second part ran through the shutdown (it is applied once its steps were failed).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (h.steps_applied_on_0() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(h.steps_applied_on_0(), 2) << "the shutdown did not come while the second part ran";
 }
 
 TEST(ExecutorTest, AReplayTakesEachKeptStepFromOneHolder) {

@@ -74,7 +74,8 @@ class CudaRegionRpcTest : public ::testing::Test {
     auto metrics = Metrics::Create(mo);
     ASSERT_OK(metrics.status());
     metrics_ = *std::move(metrics);
-    service_ = std::make_unique<SharedMemoryService>(&registry_, auth_.get(), metrics_.get(), absl::Seconds(5));
+    service_ = std::make_unique<SharedMemoryService>(&registry_, auth_.get(), metrics_.get(), absl::Seconds(5),
+                                                     /*max_name_bytes=*/1024);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -161,7 +162,7 @@ TEST_F(CudaRegionRpcTest, SlicesOfACudaRegionAreLeasedAsDeviceMemoryOfTheirTenan
   absl::StatusOr<ParsedSpec> parsed = ParseMatrixSpec(spec, 0, SpecLimits{}, /*whole_if_unset=*/true);
   ASSERT_OK(parsed.status());
 
-  absl::StatusOr<MatrixMemory> memory = LeaseRegions(&registry_, "alice", 0, spec, *parsed, metrics_.get());
+  absl::StatusOr<MatrixMemory> memory = LeaseRegions(&registry_, "alice", "", 0, spec, *parsed, metrics_.get());
   ASSERT_OK(memory.status());
   EXPECT_EQ(memory->input_space, MemorySpace::kDevice);
   EXPECT_EQ(memory->result_space, MemorySpace::kDevice);
@@ -169,11 +170,11 @@ TEST_F(CudaRegionRpcTest, SlicesOfACudaRegionAreLeasedAsDeviceMemoryOfTheirTenan
   ASSERT_EQ(registry_.List("alice").size(), 1u);
   EXPECT_EQ(registry_.List("alice")[0].users, 2);  // Both slices are leased.
 
-  EXPECT_THAT(LeaseRegions(&registry_, "mallory", 0, spec, *parsed, nullptr).status(),
+  EXPECT_THAT(LeaseRegions(&registry_, "mallory", "", 0, spec, *parsed, nullptr).status(),
               orthoserve::testing::StatusIs(absl::StatusCode::kNotFound, HasSubstr("input_region")));
   v1::MatrixSpec outside = spec;
   outside.mutable_result_region()->set_offset((1 << 16) - 8);
-  EXPECT_THAT(LeaseRegions(&registry_, "alice", 0, outside, *parsed, nullptr).status(),
+  EXPECT_THAT(LeaseRegions(&registry_, "alice", "", 0, outside, *parsed, nullptr).status(),
               orthoserve::testing::StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("result_region")));
   memory->owner.reset();
   EXPECT_EQ(registry_.List("alice")[0].users, 0);

@@ -25,6 +25,7 @@ namespace {
 
 using ::orthoserve::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::_;
 
 constexpr int64_t kSize = 1 << 16;
 
@@ -254,6 +255,54 @@ TEST(RegionRegistryTest, UnregisterGivesUpAtItsDeadlineAndTheMemoryStaysForTheSt
   EXPECT_EQ(lease->data()[kSize - 1], 3);
   RegionLease moved = *std::move(lease);
   EXPECT_EQ(moved.size(), kSize);
+}
+
+TEST(RegionRegistryTest, ALeaseHoldsItsCallUntilReleasedAndAFencedCallLeasesNothing) {
+  RegionRegistry registry({});
+  const RegionInfo r = Register(registry, "alice");
+  absl::StatusOr<RegionLease> lease = registry.Use("alice", r.id, 0, 64, "call-1");
+  ASSERT_OK(lease.status());
+  EXPECT_EQ(registry.fences().holds("alice", "call-1"), 1);
+  RegionLease moved = *std::move(lease);  // Moving a lease moves its hold.
+  EXPECT_EQ(registry.fences().holds("alice", "call-1"), 1);
+  EXPECT_THAT(registry.FenceCall("alice", "call-1", absl::Now() + absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, _));
+  // A late message of the fenced call takes nothing, whatever it names (a good slice included).
+  EXPECT_THAT(registry.Use("alice", r.id, 64, 64, "call-1"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("fenced")));
+  EXPECT_OK(registry.Use("alice", r.id, 64, 64, "call-2").status());
+  moved.Release();
+  EXPECT_OK(registry.FenceCall("alice", "call-1", absl::Now() + absl::Seconds(5)));
+  EXPECT_EQ(registry.List("alice")[0].users, 0);
+}
+
+TEST(RegionRegistryTest, OneMemfdRegisteredTwiceIsOneMemoryAndTwoMemfdsAreTwo) {
+  RegionRegistry registry({});
+  OwnedFd fd = MakeMemfd(kSize);
+  const int copy = dup(fd.get());
+  auto stage = [&](int raw) {
+    absl::StatusOr<std::string> ticket = registry.Stage(MapOrDie(OwnedFd(raw)), PeerIdentity{}, NextLifeline());
+    EXPECT_OK(ticket.status());
+    absl::StatusOr<RegionInfo> info = registry.Claim("alice", ticket.value_or(""), "twice");
+    EXPECT_OK(info.status());
+    return info.value_or(RegionInfo{});
+  };
+  const RegionInfo a = stage(fd.release());
+  const RegionInfo b = stage(copy);
+  const RegionInfo other = Register(registry, "alice");
+  absl::StatusOr<RegionLease> in_a = registry.Use("alice", a.id, 4096, 128);
+  absl::StatusOr<RegionLease> in_b = registry.Use("alice", b.id, 4096 + 64, 128);
+  absl::StatusOr<RegionLease> in_other = registry.Use("alice", other.id, 4096, 128);
+  ASSERT_OK(in_a.status());
+  ASSERT_OK(in_b.status());
+  ASSERT_OK(in_other.status());
+  EXPECT_NE(in_a->data(), in_b->data() - 64);  // Two mappings of one memfd: the addresses differ,
+  EXPECT_TRUE(in_a->span().memory.known());
+  EXPECT_EQ(in_a->span().memory, in_b->span().memory);  // but the memory is one,
+  EXPECT_TRUE(in_a->span().Overlaps(in_b->span()));
+  EXPECT_EQ(in_a->span().offset, 4096);
+  EXPECT_NE(in_a->span().memory, in_other->span().memory);  // and another memfd's is not.
+  EXPECT_FALSE(in_a->span().Overlaps(in_other->span()));
 }
 
 }  // namespace

@@ -25,6 +25,16 @@
 namespace orthoserve {
 namespace {
 
+// Slices of one test "region" that starts at `base`, named as the region code names them
+// (RegionLease::span): the overlap checks compare these names, not addresses.
+MatrixMemory InRegion(const char* base, const char* input, char* result, int64_t input_bytes, int64_t result_bytes) {
+  constexpr MemoryId kRegion{1, 2, 3};
+  MatrixMemory m{input, result, nullptr};
+  if (input != nullptr) m.input_span = SharedSpan{kRegion, input - base, input_bytes};
+  if (result != nullptr) m.result_span = SharedSpan{kRegion, result - base, result_bytes};
+  return m;
+}
+
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
@@ -433,14 +443,15 @@ TEST_F(StepTest, SlicesOfOneStepThatOverlapWhereOneIsWrittenFailTheStep) {
     ASSERT_NE(step, nullptr);
     std::vector<float> region = RandomMatrix(64, 31);
     char* base = reinterpret_cast<char*>(region.data());
-    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 4), MatrixMemory{base, base + 16 * sizeof(float), nullptr}));
+    constexpr int64_t k16 = 16 * sizeof(float);
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 4), InRegion(base, base, base + k16, k16, k16)));
     // a is computed (and lets go of its leases) before b arrives: its slices still count.
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     while (sink->results().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
     ASSERT_THAT(sink->results(), SizeIs(1));
     const std::vector<float> b_bytes = RandomMatrix(16, 32);
-    MatrixMemory b{c.b_input_at < 0 ? nullptr : base + c.b_input_at * sizeof(float),
-                   c.b_result_at < 0 ? nullptr : base + c.b_result_at * sizeof(float), nullptr};
+    const MatrixMemory b = InRegion(base, c.b_input_at < 0 ? nullptr : base + c.b_input_at * sizeof(float),
+                                    c.b_result_at < 0 ? nullptr : base + c.b_result_at * sizeof(float), k16, k16);
     const bool taken = step->AddMatrixInMemory(TestSpec("b", 4, 4), b);
     if (*c.error != '\0') {
       EXPECT_FALSE(taken);
@@ -565,9 +576,10 @@ TEST_F(GroupStepTest, AResultSliceOverlappingAnotherMatricesInputFailsTheStep) {
     std::vector<float> region = RandomMatrix(48, 34);
     const char* base = reinterpret_cast<const char*>(region.data());
     char* b_result = reinterpret_cast<char*>(region.data()) + (overlap ? 6 : 24) * sizeof(float);
-    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 6, Block{2, 0, 2, 6}), MatrixMemory{base, nullptr, nullptr}));
+    constexpr int64_t k12 = 12 * sizeof(float);
+    ASSERT_TRUE(step->AddMatrixInMemory(TestSpec("a", 4, 6, Block{2, 0, 2, 6}), InRegion(base, base, nullptr, k12, 0)));
     const bool taken = step->AddMatrixInMemory(TestSpec("b", 4, 6, Block{2, 0, 2, 6}),
-                                               MatrixMemory{base + 12 * sizeof(float), b_result, nullptr});
+                                               InRegion(base, base + k12, b_result, k12, k12));
     if (overlap) {
       EXPECT_FALSE(taken);
       ASSERT_TRUE(sink->WaitFinished());

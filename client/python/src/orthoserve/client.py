@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import grpc
 
-from orthoserve import arrays, errors, layout, options as options_lib, overdue, retry as retry_lib, routing, runs, shm
+from orthoserve import arrays, errors, fences, layout, options as options_lib, overdue, retry as retry_lib, routing, runs, shm
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
@@ -212,6 +212,9 @@ class Client:
         DEFAULT_KEEPALIVE_TIMEOUT; see there); keepalive_time None sends no keepalive pings.
       retry: an orthoserve.RetryPolicy; None or True for the default policy, False to make every call a single
         attempt.
+      fence_timeout: how long, in seconds, the client tries to fence a failed attempt that named shared-memory slices
+        before it reports the failure or retries (orthoserve.fences; DEFAULT_FENCE_TIMEOUT, 120 s). When the fence
+        cannot be made in that time the call fails with FailedPreconditionError: its slices may still be written.
 
     Attributes:
       retries: how many retries this client's calls have made (each one also logged as a warning on the
@@ -221,7 +224,8 @@ class Client:
     def __init__(self, address_or_addresses: Union[str, Sequence[str]], *, tls: Any = None,
                  token: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT, retry: Any = None,
                  keepalive_time: Optional[float] = DEFAULT_KEEPALIVE_TIME,
-                 keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT):
+                 keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT,
+                 fence_timeout: float = fences.DEFAULT_FENCE_TIMEOUT):
         if isinstance(address_or_addresses, str):
             addresses = [address_or_addresses]
         else:
@@ -234,10 +238,13 @@ class Client:
             raise ValueError(f"orthoserve: keepalive_time must be > 0 seconds or None, got {keepalive_time}")
         if not keepalive_timeout > 0:
             raise ValueError(f"orthoserve: keepalive_timeout must be > 0 seconds, got {keepalive_timeout}")
+        if not fence_timeout > 0:
+            raise ValueError(f"orthoserve: fence_timeout must be > 0 seconds, got {fence_timeout}")
         self.addresses = addresses
         self.timeout = timeout
         self.keepalive_time = keepalive_time
         self.keepalive_timeout = keepalive_timeout
+        self.fence_timeout = float(fence_timeout)
         self.retry = retry_lib.policy_of(retry)
         self.retries = 0
         self._credentials = _credentials(tls)
@@ -385,6 +392,19 @@ class Client:
                     self._lone_address = target
             return result
 
+    def _fenced(self, address: str, specs: Sequence[pb.MatrixSpec], attempt: Callable[[str], T]) -> T:
+        """Runs attempt(call_id) — one attempt to `address` — with a fresh call id when `specs` name region slices
+        ("" when they name none), and fences it when it fails (orthoserve.fences): the error raised is the attempt's
+        once the server holds none of its slices, else a final FailedPreconditionError."""
+        call_id = fences.new_call_id() if fences.names_slices(specs) else ""
+        try:
+            return attempt(call_id)
+        except errors.OrthoserveError as e:
+            if not call_id:
+                raise
+            raise fences.fence(self._channel(address), self._metadata, address, call_id, e,
+                               fence_timeout=self.fence_timeout, attempt_timeout=self.timeout) from None
+
     # -- server info ---------------------------------------------------------------------------------------
 
     def _info_once(self, address: str, timeout: Optional[float]) -> pb.ServerInfo:
@@ -522,14 +542,19 @@ class Client:
             entries.append(_Entry(spec, payload, info, info.shape, out=target))
             sent.append(i)
         if entries:
+            specs = [e.spec for e in entries]
             if method == "unary":
-                done = self._lone_call("Orthogonalize", timeout,
-                                       lambda address, _, t: self._unary(address, entries, t), address=pins.address,
-                                       policy=policy)
+                def unary(address: str, _: int, t: Optional[float]) -> List[Any]:
+                    return self._fenced(address, specs, lambda call_id: self._unary(address, entries, t, call_id))
+
+                done = self._lone_call("Orthogonalize", timeout, unary, address=pins.address, policy=policy)
             else:
                 def stream(address: str, attempt: int, t: Optional[float]) -> List[Any]:
-                    header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt)
-                    return self._stream(address, header, entries, t)
+                    def send(call_id: str) -> List[Any]:
+                        header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt, call_id=call_id)
+                        return self._stream(address, header, entries, t)
+
+                    return self._fenced(address, specs, send)
 
                 done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pins.address, policy=policy)
             for i, r in zip(sent, done):
@@ -551,9 +576,9 @@ class Client:
         if target is not None:
             spec.result_region.CopyFrom(pins.result(target, out_what, shape, data.dtype))
 
-    def _unary(self, address: str, entries: List[_Entry], timeout: Optional[float]) -> List[Any]:
+    def _unary(self, address: str, entries: List[_Entry], timeout: Optional[float], call_id: str = "") -> List[Any]:
         request = pb.OrthogonalizeRequest(
-            matrices=[pb.Matrix(spec=e.spec, data=bytes(e.payload)) for e in entries])
+            matrices=[pb.Matrix(spec=e.spec, data=bytes(e.payload)) for e in entries], call_id=call_id)
         try:
             response = self._stub(address).Orthogonalize(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -802,10 +827,16 @@ class Group:
               attempts: retry_lib.Attempts) -> List[Any]:
         """One attempt of step `step` to `address`, numbered attempts.number and bounded by attempts.timeout();
         returns the result blocks. Raises OrthoserveError."""
-        header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
-                               num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "")
         attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
-        results = self.client._stream(address, header, entries, attempts.timeout())
+        timeout = attempts.timeout()
+
+        def send(call_id: str) -> List[Any]:
+            header = pb.StepHeader(job=self.job, group=self.name, step=int(step), rank=self.rank, world=self.world,
+                                   num_matrices=len(entries), attempt=attempts.number, run_id=self.run_id or "",
+                                   call_id=call_id)
+            return self.client._stream(address, header, entries, timeout)
+
+        results = self.client._fenced(address, [e.spec for e in entries], send)
         return [r.reshape(s.info.shape) if len(s.info.shape) < 2 else r for r, s in zip(results, shards)]
 
     def _attempts_of(self, step: int, shards: Sequence[layout.Shard], entries: List[_Entry], pins: _Pins,
