@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     fleet->store_ = fleet->served_store_;
     fleet->log_ = std::make_unique<LocalLogSource>(fleet->coordinator_.get());
   } else {
-    auto channel = MakeFleetChannel(options.coordinator, fleet->tls_.get(), /*rank=*/0);
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     MakeFleetChannel(options.coordinator, fleet->tls_.get(), /*rank=*/0));
     fleet->store_ = std::make_shared<GrpcStore>(channel);
     fleet->log_ = std::make_unique<RemoteLogSource>(channel);
   }
@@ -464,6 +465,10 @@ std::shared_ptr<const LoneTarget> Fleet::PickLoneRank(double cost) {
     Executor::View view = executor_->view();
     if (view.member && view.formed) members = std::move(view.members);
   }
+  // Members come from the coordinator's log: a rank outside this fleet is never a target.
+  members.erase(std::remove_if(members.begin(), members.end(),
+                               [this](const Member& m) { return m.rank < 0 || m.rank >= options_.world; }),
+                members.end());
   return lone_.Pick(members, cost);
 }
 
