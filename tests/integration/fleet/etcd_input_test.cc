@@ -125,14 +125,7 @@ class ElectedTlsFleet {
   }
   // Waits until every rank reports a formed generation of all members.
   bool WaitWhole(absl::Duration timeout) const {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      bool whole = true;
-      for (int r = 0; r < kFleet && whole; ++r) whole = testing::WholeFleet(Info(r), kFleet);
-      if (whole) return true;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
+    return testing::WaitWholeFleet([this](int r) { return Info(r); }, kFleet, timeout);
   }
   // orthoserve_integrity_refusals_total{cause="etcd_value"} on rank r (-1: not scraped).
   double EtcdValueRefusals(int r) const { return testing::IntegrityRefusals(base_ + 100 + r, "etcd_value"); }

@@ -142,14 +142,7 @@ class MtlsFleet {
   }
   // Waits until every rank reports a formed generation of all S members.
   bool WaitWhole(absl::Duration timeout) const {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      bool whole = true;
-      for (int r = 0; r < kFleet && whole; ++r) whole = testing::WholeFleet(Info(r), kFleet);
-      if (whole) return true;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
+    return testing::WaitWholeFleet([this](int r) { return Info(r); }, kFleet, timeout);
   }
 
   // orthoserve_integrity_refusals_total{cause="not_a_member"} on rank r (-1: not scraped).
