@@ -4,12 +4,17 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "etcd/etcdserverpb/rpc.grpc.pb.h"
 #include "server/etcd/kv_convert.h"
 
 namespace orthoserve::etcd {
+
+absl::Status MalformedAnswer(absl::string_view what, absl::string_view answered) {
+  return absl::InternalError(absl::StrCat(what, ": etcd answered ", answered, ", which no etcd server sends"));
+}
 
 std::string PrefixRangeEnd(const std::string& prefix) {
   std::string end = prefix;
@@ -38,6 +43,9 @@ absl::StatusOr<std::optional<KeyValue>> EtcdClient::Get(const std::string& key) 
                                 return etcdserverpb::KV::NewStub(channel)->Range(&context, request, &response);
                               }));
   if (response.kvs_size() == 0) return std::optional<KeyValue>();
+  if (response.kvs_size() > 1 || response.kvs(0).key() != key) {
+    return MalformedAnswer(absl::StrCat("etcd get ", key), "another key or more than one");
+  }
   return std::optional<KeyValue>(FromProto(response.kvs(0)));
 }
 
@@ -54,7 +62,12 @@ absl::StatusOr<RangeResult> EtcdClient::GetPrefix(const std::string& prefix) {
   RangeResult result;
   result.revision = response.header().revision();
   result.kvs.reserve(response.kvs_size());
-  for (const mvccpb::KeyValue& kv : response.kvs()) result.kvs.push_back(FromProto(kv));
+  for (const mvccpb::KeyValue& kv : response.kvs()) {
+    if (!absl::StartsWith(kv.key(), prefix)) {
+      return MalformedAnswer(absl::StrCat("etcd get prefix ", prefix), "a key outside the prefix");
+    }
+    result.kvs.push_back(FromProto(kv));
+  }
   return result;
 }
 
@@ -151,7 +164,25 @@ absl::StatusOr<Lease> EtcdClient::GrantLease(absl::Duration ttl) {
   if (!response.error().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("etcd lease grant: ", response.error()));
   }
+  if (response.id() == 0 || response.ttl() < 1) {
+    return MalformedAnswer("etcd lease grant", absl::StrCat("lease ", response.id(), " with TTL ", response.ttl()));
+  }
   return Lease{response.id(), response.ttl()};
+}
+
+absl::StatusOr<absl::Duration> EtcdClient::LeaseTimeToLive(int64_t lease_id) {
+  etcdserverpb::LeaseTimeToLiveRequest request;
+  request.set_id(lease_id);
+  etcdserverpb::LeaseTimeToLiveResponse response;
+  const std::string what = absl::StrCat("etcd lease time-to-live ", lease_id);
+  RETURN_IF_ERROR(pool_->Call(what, EndpointPool::Retry::kRepeatable, CallDeadline(),
+                              [&](const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context) {
+                                return etcdserverpb::Lease::NewStub(channel)->LeaseTimeToLive(&context, request,
+                                                                                              &response);
+                              }));
+  // etcd 3.4 answers an unknown lease with TTL -1 (older releases with NOT_FOUND, passed on as is).
+  if (response.ttl() < 0) return absl::NotFoundError(absl::StrCat(what, ": etcd holds no such lease"));
+  return absl::Seconds(response.ttl());
 }
 
 absl::Status EtcdClient::RevokeLease(int64_t lease_id) {

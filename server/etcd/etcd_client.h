@@ -9,7 +9,8 @@
 // that is unreachable or has no raft leader, and otherwise return UNAVAILABLE with "may or may
 // not have been applied" (read the key to learn which). Errors are etcd's gRPC codes as an
 // absl::Status, the message prefixed with the operation and the endpoint; UNAVAILABLE when no
-// endpoint answers. Thread-safe: any number of threads may call at once.
+// endpoint answers; INTERNAL for an answer no etcd sends (MalformedAnswer). Thread-safe: any
+// number of threads may call at once.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/etcd/endpoint_pool.h"
 #include "server/etcd/etcd_options.h"
@@ -30,6 +32,11 @@ class TxnResponse;
 }  // namespace etcdserverpb
 
 namespace orthoserve::etcd {
+
+// INTERNAL "<what>: etcd answered <answered>, ...": an answer that breaks the API's contract (a
+// key other than the one asked for, a lease without an id, a leader key without a revision).
+// Nothing of such an answer is used.
+absl::Status MalformedAnswer(absl::string_view what, absl::string_view answered);
 
 // The first key after every key that starts with `prefix` (etcd's range end for a prefix);
 // "\0" (all keys) when `prefix` is empty or all 0xff bytes.
@@ -77,6 +84,10 @@ class EtcdClient {
   // Revokes `lease_id`: its keys are deleted at once. NOT_FOUND when no such lease exists
   // (also when a retry on another endpoint finds it already revoked by the first attempt).
   absl::Status RevokeLease(int64_t lease_id);
+  // The time `lease_id` has left (whole seconds, rounded down; 0 when under a second). NOT_FOUND
+  // when etcd holds no such lease: it expired or was revoked (its keys are deleted, or are
+  // being deleted).
+  absl::StatusOr<absl::Duration> LeaseTimeToLive(int64_t lease_id);
 
   // --- Leader election (etcd's Election service, v3electionpb) ---
 

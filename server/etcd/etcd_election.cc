@@ -37,6 +37,11 @@ absl::Status MapElectionError(const absl::Status& status) {
   return status;
 }
 
+// Whether `key` is a candidate's key of election `name` ("<name>/<lease id in hex>").
+bool InElection(const std::string& name, const std::string& key) {
+  return key.size() > name.size() + 1 && absl::StartsWith(key, name) && key[name.size()] == '/';
+}
+
 v3electionpb::LeaderKey ToProto(const LeaderKey& leader) {
   v3electionpb::LeaderKey out;
   out.set_name(leader.name);
@@ -65,6 +70,10 @@ absl::StatusOr<LeaderKey> EtcdClient::Campaign(const std::string& name, int64_t 
   leader.key = response.leader().key();
   leader.revision = response.leader().rev();
   leader.lease = response.leader().lease();
+  if (!InElection(name, leader.key) || leader.revision <= 0) {
+    return MalformedAnswer(absl::StrCat("etcd campaign ", name),
+                           absl::StrCat("a leader key outside the election, or of revision ", leader.revision));
+  }
   return leader;
 }
 
@@ -78,6 +87,10 @@ absl::StatusOr<KeyValue> EtcdClient::Leader(const std::string& name) {
                     return v3electionpb::Election::NewStub(channel)->Leader(&context, request, &response);
                   })));
   if (!response.has_kv()) return absl::NotFoundError(absl::StrCat("etcd leader ", name, ": none"));
+  if (!InElection(name, response.kv().key()) || response.kv().create_revision() <= 0) {
+    return MalformedAnswer(absl::StrCat("etcd leader ", name),
+                           absl::StrCat("a key outside the election, or of revision ", response.kv().create_revision()));
+  }
   return FromProto(response.kv());
 }
 

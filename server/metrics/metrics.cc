@@ -92,7 +92,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                                       "run's ranks were gathering; counted by the coordinator), digest_mismatch (a "
                                       "retry whose blocks differ from the kept attempt; coordinator), not_a_member (a "
                                       "fleet-port call from a peer that is not a fleet member, or not the rank it "
-                                      "claims), limit (a request over a metadata limit).")
+                                      "claims), limit (a request over a metadata limit), etcd_value (a value read "
+                                      "from etcd that no rank of this fleet would write: a leader or liveness key "
+                                      "refused).")
                                 .Register(r);
   for (const char* cause : kIntegrityRefusalCauses) m->integrity_refusals_->Add({{"cause", cause}});
   m->device_memory_ = &prometheus::BuildGauge()

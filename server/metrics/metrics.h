@@ -51,8 +51,12 @@ inline constexpr const char* kStepAbortReasons[] = {"timeout",      "cancelled",
 //  - not_a_member: a fleet-port call from a peer whose certificate names no fleet member, or not
 //    the rank it claims (the rank that served the call);
 //  - limit: a request over a metadata limit (names, dims, matrices, world, pending steps, log
-//    entry size; the rank that refused it).
-inline constexpr const char* kIntegrityRefusalCauses[] = {"run_mismatch", "digest_mismatch", "not_a_member", "limit"};
+//    entry size; the rank that refused it);
+//  - etcd_value: a value read from etcd that no rank of this fleet would write — a leader key
+//    naming a rank outside --world, without a lease or not "<rank> <host:port>", a malformed
+//    liveness key (each value once, on every rank that reads it).
+inline constexpr const char* kIntegrityRefusalCauses[] = {"run_mismatch", "digest_mismatch", "not_a_member", "limit",
+                                                          "etcd_value"};
 
 // How tenants appear in the per-tenant families' `tenant` label (--tenant-labels). Tenant names
 // can be customers' names, so they are shown only when asked for:

@@ -407,6 +407,9 @@ std::vector<LocalBlock> Executor::OwnBlocks(const LogEntry& entry, std::vector<W
     if (offset == 0) s.outputs.assign(s.sent.size(), {});
     for (size_t i = 0; i < entry.plan.matrices.size() && offset + i < s.sent.size(); ++i) {
       const MatrixPlan& m = entry.plan.matrices[i];
+      // A later part of another trainer world (a coordinator's error) has no block for this
+      // rank: AddPart marks the step incomplete, and it fails.
+      if (static_cast<size_t>(s.trainer_rank) >= m.blocks.size()) break;
       const Block& block = m.blocks[s.trainer_rank].block;
       // A block in the trainer's regions is read there and its result written there (this
       // submission's slices: a retry's, when a replay runs it).
@@ -455,7 +458,9 @@ absl::StatusOr<BatchResult> Executor::RunBatch(const LogEntry& entry, const std:
 
 bool Executor::AddPart(const LogEntry& entry, const BatchResult& result, ClaimedStep& claimed) {
   PartialStep* partial = &*claimed.partial;
-  partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size();
+  // Parts of one step share its trainer world (the whole step's placements are indexed by it).
+  partial->complete = partial->complete && static_cast<size_t>(entry.part_offset) == partial->plan.matrices.size() &&
+                      (partial->plan.matrices.empty() || partial->plan.trainer_world == entry.plan.trainer_world);
   partial->plan.trainer_world = entry.plan.trainer_world;
   partial->plan.fleet_world = entry.plan.fleet_world;
   partial->plan.matrices.insert(partial->plan.matrices.end(), entry.plan.matrices.begin(), entry.plan.matrices.end());

@@ -82,6 +82,14 @@ absl::StatusOr<FleetMemberNames> FleetMemberNames::Create(absl::string_view patt
   return names;
 }
 
+absl::StatusOr<std::string> FleetMemberNames::NameOf(int rank) const {
+  if (rank < 0 || rank >= world()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fleet rank ", rank, " has no member name: it is outside this fleet of ", world(), " ranks"));
+  }
+  return names_[rank];
+}
+
 std::vector<int> FleetMemberNames::RanksNamed(const CertificateNames& names) const {
   std::vector<int> ranks;
   for (const std::string& san : names.dns) {

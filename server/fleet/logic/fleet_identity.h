@@ -50,8 +50,9 @@ class FleetMemberNames {
   // Whether each rank has a name of its own (the pattern has "{rank}").
   bool per_rank() const { return per_rank_; }
   const std::string& pattern() const { return pattern_; }
-  // Rank r's member name; 0 <= r < world().
-  const std::string& NameOf(int rank) const { return names_[rank]; }
+  // Rank r's member name. INVALID_ARGUMENT for a rank outside [0, world()) (a rank read from
+  // etcd or from another rank's message may be anything).
+  absl::StatusOr<std::string> NameOf(int rank) const;
 
   // The ranks `names` names, ascending and without repeats; empty when it names no member.
   std::vector<int> RanksNamed(const CertificateNames& names) const;

@@ -5,34 +5,31 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "server/fleet/logic/address.h"
 
 namespace orthoserve {
-
-std::string LeaderValue(int rank, const std::string& address) { return absl::StrCat(rank, " ", address); }
-
-absl::StatusOr<LeaderInfo> ParseLeaderValue(const std::string& value, int64_t term) {
-  std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(' ', 1));
-  LeaderInfo info;
-  info.term = term;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &info.rank) || info.rank < 0 || parts[1].empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the fleet's leader key holds \"", value.substr(0, 200),
-                                                   "\", not \"<rank> <fleet address>\""));
-  }
-  info.address = parts[1];
-  return info;
-}
 
 absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Start(Options options) {
   if (options.prefix.empty() || options.prefix.back() == '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("the fleet's etcd prefix \"", options.prefix, "\" must be non-empty and not end with /"));
   }
-  if (options.address.empty()) return absl::InvalidArgumentError("EtcdLeadership needs this rank's fleet address");
+  if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EtcdLeadership: rank ", options.rank, " is outside a fleet of ", options.world, " ranks"));
+  }
+  if (absl::Status address = CheckHostPort(options.address); !address.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("EtcdLeadership: this rank's fleet address \"", options.address,
+                                                   "\" is one no rank would follow: ", address.message()));
+  }
+  if (options.on_listed && options.incarnation == 0) {
+    return absl::InvalidArgumentError("EtcdLeadership: a liveness key needs a non-zero incarnation");
+  }
   if (options.ttl < absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat("the fleet's etcd lease TTL ", absl::FormatDuration(options.ttl),
                                                    " is under etcd's minimum of 1 s"));
@@ -168,26 +165,74 @@ void EtcdLeadership::LeaseLost(const absl::Status& status) {
   check_now_ = true;  // Wakes the monitor.
 }
 
+absl::Status EtcdLeadership::Judge(const etcd::KeyValue& kv, absl::StatusOr<LeaderInfo>* verdict) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!judged_key_.empty() && judged_key_ == kv.key && judged_revision_ == kv.mod_revision) {
+      *verdict = judged_;
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<LeaderInfo> v = ParseLeaderKey(kv, options_.world);
+  if (v.ok()) {
+    // etcd deletes a lease's keys with it; a key seen after its lease ended is on its way out.
+    absl::StatusOr<absl::Duration> left = client_->LeaseTimeToLive(kv.lease);
+    if (absl::IsNotFound(left.status())) {
+      v = absl::FailedPreconditionError(
+          absl::StrCat("the fleet's leader key ", kv.key, " is on lease ", kv.lease, ", which etcd no longer holds"));
+    } else if (!left.ok()) {
+      return left.status();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  judged_key_ = kv.key;
+  judged_revision_ = kv.mod_revision;
+  judged_ = v;
+  *verdict = std::move(v);
+  return absl::OkStatus();
+}
+
+bool EtcdLeadership::RefuseLeaderLocked(const etcd::KeyValue& kv, const absl::Status& why) {
+  leader_refusals_.Retain({kv.key});
+  const EtcdRefusals::Seen seen = leader_refusals_.Refuse(kv, absl::Now());
+  if (seen != EtcdRefusals::Seen::kQuiet) {
+    LOG_WARNING("fleet") << "etcd names a fleet coordinator this rank cannot use (term " << kv.create_revision
+                         << (seen == EtcdRefusals::Seen::kAgain ? ", still" : "") << "): " << why.message()
+                         << ". No rank coordinates until etcd names another leader; the candidates wait behind this "
+                            "key, and one that no rank of this fleet wrote stays until it is deleted (etcdctl del "
+                         << absl::CHexEscape(kv.key) << ")";
+  }
+  return seen == EtcdRefusals::Seen::kNew;
+}
+
 void EtcdLeadership::Check() {
   absl::StatusOr<etcd::KeyValue> kv = client_->Leader(election_);
   if (!kv.ok() && !absl::IsNotFound(kv.status())) {
     Reached(kv.status());
     return;
   }
+  absl::StatusOr<LeaderInfo> verdict = absl::NotFoundError("etcd names no leader");
+  if (kv.ok()) {
+    if (absl::Status judged = Judge(*kv, &verdict); !judged.ok()) {
+      Reached(judged);
+      return;
+    }
+  }
   Reached(absl::OkStatus());
   absl::MutexLock callbacks(&callback_mu_);
   std::optional<LeaderInfo> changed;
   bool restart_keeper = false;
+  bool refused = false;
   {
     absl::MutexLock lock(&mu_);
     if (kv.ok()) {
-      absl::StatusOr<LeaderInfo> info = ParseLeaderValue(kv->value, kv->create_revision);
-      if (!info.ok()) {
-        LOG_WARNING("fleet") << info.status();
-      } else if (info->term > leader_.term) {
-        leader_ = *info;
-        leader_key_ = kv->key;
-        changed = *info;
+      if (kv->create_revision >= leader_.term) leader_key_ = kv->key;
+      if (!verdict.ok()) refused = RefuseLeaderLocked(*kv, verdict.status());
+      // An unusable leader key is no leader: nobody coordinates in its term.
+      const LeaderInfo named = verdict.ok() ? *verdict : LeaderInfo{kv->create_revision, -1, ""};
+      if (named.term > leader_.term) {
+        leader_ = named;
+        changed = named;
       }
       if (leading_.has_value() && deposed_.ok()) {
         if (kv->key != leading_->key) {
@@ -202,6 +247,7 @@ void EtcdLeadership::Check() {
       deposed_ = absl::FailedPreconditionError("etcd names no fleet coordinator: this rank's leader key is gone");
     }
   }
+  if (refused && options_.on_refused) options_.on_refused("leader");
   if (restart_keeper) {
     std::unique_ptr<etcd::LeaseKeeper> old;
     etcd::LeaseKeeper::Options k;
@@ -280,7 +326,7 @@ void EtcdLeadership::KeepListed() {
     absl::StatusOr<etcd::Lease> lease = client_->GrantLease(options_.ttl);
     if (!lease.ok()) return;  // The next check tries again.
     absl::StatusOr<int64_t> put = client_->Put(members + std::to_string(options_.rank),
-                                               absl::StrCat(options_.incarnation, " ", options_.address), lease->id);
+                                               MemberValue(options_.incarnation, options_.address), lease->id);
     etcd::LeaseKeeper::Options k;
     k.lease_id = lease->id;
     k.ttl = absl::Seconds(lease->ttl_seconds);
@@ -300,21 +346,39 @@ void EtcdLeadership::KeepListed() {
   }
   absl::StatusOr<etcd::RangeResult> listed = client_->GetPrefix(members);
   if (!listed.ok()) return;
-  absl::flat_hash_map<int, uint64_t> ranks;
-  for (const etcd::KeyValue& kv : listed->kvs) {
-    int rank;
-    uint64_t incarnation;
-    std::vector<std::string> parts = absl::StrSplit(kv.value, absl::MaxSplits(' ', 1));
-    if (!absl::SimpleAtoi(kv.key.substr(members.size()), &rank) || parts.empty() ||
-        !absl::SimpleAtoi(parts[0], &incarnation)) {
-      LOG_WARNING("fleet") << "etcd key " << kv.key << " is not a fleet liveness key (\"" << kv.value.substr(0, 100)
-                           << "\"); ignored";
-      continue;
-    }
-    ranks[rank] = incarnation;
-  }
+  const absl::flat_hash_map<int, uint64_t> ranks = ListedRanks(listed->kvs);
   absl::MutexLock callbacks(&callback_mu_);
   options_.on_listed(ranks);
+}
+
+absl::flat_hash_map<int, uint64_t> EtcdLeadership::ListedRanks(const std::vector<etcd::KeyValue>& kvs) {
+  // Refusals logged per listing, at most; the rest are summed up in one line.
+  constexpr int kLogged = 4;
+  const std::string members = options_.prefix + "/members/";
+  const absl::Time now = absl::Now();
+  absl::flat_hash_map<int, uint64_t> ranks;
+  absl::flat_hash_set<std::string> present;
+  int logged = 0, unlogged = 0;
+  for (const etcd::KeyValue& kv : kvs) {
+    absl::StatusOr<ListedMember> member = ParseMemberKey(kv, members, options_.world);
+    if (member.ok()) {
+      ranks[member->rank] = member->incarnation;
+      continue;
+    }
+    present.insert(kv.key);
+    const EtcdRefusals::Seen seen = member_refusals_.Refuse(kv, now);
+    if (seen == EtcdRefusals::Seen::kNew && options_.on_refused) options_.on_refused("member");
+    if (seen == EtcdRefusals::Seen::kQuiet) continue;
+    if (logged++ < kLogged) {
+      LOG_WARNING("fleet") << member.status().message() << "; it lists no rank"
+                           << (seen == EtcdRefusals::Seen::kAgain ? " (still there)" : "");
+    } else {
+      ++unlogged;
+    }
+  }
+  if (unlogged > 0) LOG_WARNING("fleet") << "and " << unlogged << " more etcd keys that list no rank";
+  member_refusals_.Retain(present);
+  return ranks;
 }
 
 absl::Status EtcdLeadership::HoldLeadership() {

@@ -13,6 +13,14 @@
 // each new leader, this rank included. This rank's leadership starts with `on_elected` and ends
 // with `on_deposed`: when etcd says its lease is gone or another key leads, or on Resign/Stop.
 //
+// What etcd holds is input (etcd_values.h): the key etcd names leader is used only when its value
+// names a rank of this fleet (`world`) and a HOST:PORT, and it is on a lease etcd still holds
+// (asked once per key and revision). Otherwise no rank coordinates in its term: `on_leader` gets
+// rank -1, the key is logged (when first seen, then once a minute while it leads) and counted
+// (`on_refused`), and nobody is elected until it is gone (etcd's candidates wait behind it) —
+// a key without a lease stays until someone deletes it. Liveness keys that fail their checks
+// list nobody, likewise logged and counted.
+//
 // Liveness keys. With `on_listed` set, every rank also keeps "<prefix>/members/<rank>" =
 // "<incarnation> <address>" on a lease of its own (the same TTL, kept alive by its own keeper, so
 // campaigns and resignations never touch it), and a thread of its own reads the keys of all
@@ -39,6 +47,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -49,29 +58,18 @@
 #include "server/etcd/etcd_client.h"
 #include "server/etcd/lease_keeper.h"
 #include "server/etcd/watcher.h"
+#include "server/fleet/wire/etcd_values.h"
 
 namespace orthoserve {
-
-// The coordinator etcd names: its term (the leader key's create revision), fleet rank and fleet
-// address.
-struct LeaderInfo {
-  int64_t term = 0;
-  int rank = -1;
-  std::string address;
-  bool operator==(const LeaderInfo& o) const { return term == o.term && rank == o.rank && address == o.address; }
-};
-
-// "<rank> <address>", the value a rank campaigns with, and its parse (INVALID_ARGUMENT).
-std::string LeaderValue(int rank, const std::string& address);
-absl::StatusOr<LeaderInfo> ParseLeaderValue(const std::string& value, int64_t term);
 
 class EtcdLeadership {
  public:
   struct Options {
     etcd::EtcdOptions etcd;
     std::string prefix;      // The fleet's keys in etcd ("/orthoserve/<fleet>"); the election is prefix + "/coordinator".
-    int rank = 0;            // This rank,
-    std::string address;     // and the fleet address where it serves the fleet service when elected.
+    int world = 0;           // The fleet's size (--world): ranks read from etcd must be below it. Required.
+    int rank = 0;            // This rank (below `world`),
+    std::string address;     // and the fleet address (HOST:PORT) where it serves the fleet service when elected.
     absl::Duration ttl = absl::Seconds(5);                    // The lease's TTL: a dead leader is replaced within it.
     absl::Duration check_interval = absl::ZeroDuration();     // Between checks; zero: ttl / 3.
     // One Campaign call's deadline (then it is made again); zero: the TTL. It bounds Stop, which
@@ -79,14 +77,18 @@ class EtcdLeadership {
     absl::Duration campaign_window = absl::ZeroDuration();
     std::function<void(int64_t term)> on_elected;                              // Required.
     std::function<void(int64_t term, const absl::Status& reason)> on_deposed;  // Required.
-    std::function<void(const LeaderInfo& leader)> on_leader;                   // Required.
-    uint64_t incarnation = 0;  // This process's fleet incarnation, for its liveness key.
+    // Each new leader, or rank -1 for a term whose leader key this rank cannot use. Required.
+    std::function<void(const LeaderInfo& leader)> on_leader;
+    uint64_t incarnation = 0;  // This process's fleet incarnation, for its liveness key (non-zero with on_listed).
     // Called after each check that read the liveness keys, with the ranks listed (rank ->
     // incarnation); optional (no liveness keys without it).
     std::function<void(const absl::flat_hash_map<int, uint64_t>& listed)> on_listed;
     // Called when etcd stops answering (with the error and since when) and when it answers
     // again (OK); optional (metrics).
     std::function<void(const absl::Status& status, absl::Time since)> on_reachability;
+    // Called once for each value read from etcd that this rank refuses (`what`: "leader" or
+    // "member"), however long it stays; optional (metrics).
+    std::function<void(absl::string_view what)> on_refused;
   };
 
   // Connects (lazily), reads the current leader (calling on_leader when there is one) and starts
@@ -100,7 +102,7 @@ class EtcdLeadership {
   // Resign, then stops following and joins the threads.
   void Stop();
 
-  // The leader last seen (term 0: none seen yet).
+  // The leader last seen (term 0: none seen yet; rank -1: an unusable leader key).
   LeaderInfo leader() const;
   // The term this rank leads (0: none).
   int64_t leading_term() const;
@@ -117,6 +119,15 @@ class EtcdLeadership {
   void MonitorLoop();
   // Reads the leader from etcd and acts on it (on_leader; deposes this rank when another leads).
   void Check();
+  // The verdict on leader key `kv` (ParseLeaderKey, then whether etcd still holds its lease),
+  // remembered for the key at its mod revision. Returns the error of an etcd call that left it
+  // undecided (`verdict` untouched).
+  absl::Status Judge(const etcd::KeyValue& kv, absl::StatusOr<LeaderInfo>* verdict) ABSL_LOCKS_EXCLUDED(mu_);
+  // Logs the refusal of leader key `kv` (when new, then once a minute); true when it is new.
+  bool RefuseLeaderLocked(const etcd::KeyValue& kv, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ranks etcd's liveness keys list (rank -> incarnation), the others logged and counted
+  // (lister thread).
+  absl::flat_hash_map<int, uint64_t> ListedRanks(const std::vector<etcd::KeyValue>& kvs);
   // Waits until the current leadership ends (resigned: CANCELLED; deposed: why).
   absl::Status HoldLeadership() ABSL_LOCKS_EXCLUDED(mu_);
   // The lease keeper's report of a lost lease.
@@ -150,10 +161,17 @@ class EtcdLeadership {
   // The liveness key's lease and keeper (lister thread, and Stop after it ended).
   int64_t member_lease_ = 0;
   std::unique_ptr<etcd::LeaseKeeper> member_keeper_;
+  EtcdRefusals member_refusals_{absl::Minutes(1)};  // Liveness keys refused (lister thread).
   std::optional<etcd::LeaderKey> leading_ ABSL_GUARDED_BY(mu_);  // This rank's leadership.
   absl::Status deposed_ ABSL_GUARDED_BY(mu_);                    // Why it ended, when it ended.
   LeaderInfo leader_ ABSL_GUARDED_BY(mu_);
+  // The key etcd names leader, usable or not: the watcher wakes a check when it changes.
   std::string leader_key_ ABSL_GUARDED_BY(mu_);
+  // Judge's last verdict, on this key at this mod revision.
+  std::string judged_key_ ABSL_GUARDED_BY(mu_);
+  int64_t judged_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::StatusOr<LeaderInfo> judged_ ABSL_GUARDED_BY(mu_);
+  EtcdRefusals leader_refusals_ ABSL_GUARDED_BY(mu_){absl::Minutes(1)};
   absl::Status etcd_status_ ABSL_GUARDED_BY(mu_);
   absl::Time unreachable_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // Since when etcd has answered (start, or its first answer after an outage): listings are

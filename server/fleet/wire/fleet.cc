@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(const Options& options) {
     fleet->store_ = fleet->served_store_;
     fleet->log_ = std::make_unique<LocalLogSource>(fleet->coordinator_.get());
   } else {
-    auto channel = MakeFleetChannel(options.coordinator, fleet->tls_.get(), /*rank=*/0);
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     MakeFleetChannel(options.coordinator, fleet->tls_.get(), /*rank=*/0));
     fleet->store_ = std::make_shared<GrpcStore>(channel);
     fleet->log_ = std::make_unique<RemoteLogSource>(channel);
   }
@@ -181,6 +182,7 @@ absl::Status Fleet::StartElection(uint64_t incarnation) {
   EtcdLeadership::Options l;
   l.etcd = e.etcd;
   l.prefix = e.prefix;
+  l.world = options_.world;
   l.rank = options_.rank;
   l.address = FleetAddress();
   l.ttl = e.ttl > absl::ZeroDuration() ? e.ttl : std::max(absl::Seconds(1), options_.peer_timeout / 2);
@@ -201,6 +203,7 @@ absl::Status Fleet::StartElection(uint64_t incarnation) {
     l.on_reachability = [metrics](const absl::Status& status, absl::Time since) {
       metrics->fleet_etcd_unreachable_since().Set(status.ok() ? 0.0 : absl::ToDoubleSeconds(since - absl::UnixEpoch()));
     };
+    l.on_refused = [metrics](absl::string_view) { metrics->IntegrityRefused("etcd_value"); };
   }
   ASSIGN_OR_RETURN(leadership_, EtcdLeadership::Start(std::move(l)));
   return absl::OkStatus();
@@ -258,8 +261,13 @@ void Fleet::LeaderIs(const LeaderInfo& leader) {
     }
   }
   if (Metrics* metrics = options_.metrics; metrics != nullptr) metrics->fleet_coordinator_term().Set(leader.term);
-  LOG_INFO("fleet") << "etcd names rank " << leader.rank << " at " << leader.address
-                    << " the fleet coordinator (term " << leader.term << ")";
+  if (leader.rank < 0) {
+    // EtcdLeadership has said why (its log): no rank coordinates in this term.
+    LOG_INFO("fleet") << "no rank coordinates the fleet in etcd term " << leader.term;
+  } else {
+    LOG_INFO("fleet") << "etcd names rank " << leader.rank << " at " << leader.address
+                      << " the fleet coordinator (term " << leader.term << ")";
+  }
   link_->Follow(leader.term, leader.rank, leader.address, local);
   executor_->CoordinatorMoved();
 }
@@ -464,6 +472,10 @@ std::shared_ptr<const LoneTarget> Fleet::PickLoneRank(double cost) {
     Executor::View view = executor_->view();
     if (view.member && view.formed) members = std::move(view.members);
   }
+  // Members come from the coordinator's log: a rank outside this fleet is never a target.
+  members.erase(std::remove_if(members.begin(), members.end(),
+                               [this](const Member& m) { return m.rank < 0 || m.rank >= options_.world; }),
+                members.end());
   return lone_.Pick(members, cost);
 }
 

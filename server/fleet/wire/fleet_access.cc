@@ -45,9 +45,9 @@ absl::Status FleetAccess::RequireRank(const grpc::ServerContextBase& context, ab
   const FleetMemberNames& members = tls_->names();
   if (members.Names(names, rank)) return absl::OkStatus();
   const std::vector<int> named = members.RanksNamed(names);
-  const std::string claimed = rank >= 0 && rank < members.world()
-                                  ? absl::StrCat("rank ", rank, " (\"", members.NameOf(rank), "\")")
-                                  : absl::StrCat("rank ", rank, ", which is out of range");
+  const absl::StatusOr<std::string> name = members.NameOf(rank);
+  const std::string claimed = name.ok() ? absl::StrCat("rank ", rank, " (\"", *name, "\")")
+                                        : absl::StrCat("rank ", rank, ", which is out of range");
   return Refuse(call, absl::StrCat("the caller claims fleet ", claimed, " but its certificate names ",
                                    DescribeRanks(named), " (", DescribeCertificateNames(names), ")"));
 }

@@ -6,10 +6,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/convert/grpc_status.h"
+#include "server/fleet/wire/entry_checks.h"
 #include "server/fleet/wire/fleet_codec.h"
 
 namespace orthoserve {
@@ -46,12 +48,13 @@ absl::Status FleetError(absl::string_view what, const grpc::Status& status) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address, const FleetTls* tls, int rank) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeFleetChannel(const std::string& address, const FleetTls* tls,
+                                                                int rank) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kFleetMessageBytes);
   args.SetMaxSendMessageSize(kFleetMessageBytes);
   if (tls == nullptr) return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  tls->ExpectServerRank(rank, args);
+  RETURN_IF_ERROR(tls->ExpectServerRank(rank, args));
   return grpc::CreateCustomChannel(address, tls->ChannelCredentials(), args);
 }
 
@@ -254,6 +257,11 @@ absl::StatusOr<std::vector<LogEntry>> RemoteLogSource::Read(const ReaderState& r
     fleet::v1::LogEntry p;
     if (!p.ParseFromString(bytes)) return absl::InternalError("ReadLog: a log entry from the coordinator does not parse");
     ASSIGN_OR_RETURN(LogEntry entry, LogEntryFromProto(p));
+    if (absl::Status shape = CheckBatchShape(entry); !shape.ok()) {
+      LOG_WARNING("fleet") << "log entry " << entry.index << " from the fleet coordinator: " << shape.message()
+                           << "; its step fails";
+      entry = UnusableBatch(entry, shape);
+    }
     entries.push_back(std::move(entry));
   }
   return entries;

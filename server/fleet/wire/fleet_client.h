@@ -20,9 +20,11 @@ namespace orthoserve {
 // `tls` it speaks mutual TLS, presenting this rank's certificate, and its handshake fails unless
 // the server's certificate carries rank `rank`'s member name; without, it is plaintext (the fleet
 // port then trusts anyone who reaches it, and the deployment's network policy is its only fence).
-// `tls` is not owned and must outlive the call only.
-std::shared_ptr<grpc::Channel> MakeFleetChannel(const std::string& address, const FleetTls* tls = nullptr,
-                                                int rank = 0);
+// `tls` is not owned and must outlive the call only. INVALID_ARGUMENT (with `tls`) for a rank
+// that has no member name, outside [0, world): a rank read from etcd or from another rank's
+// message may be anything.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeFleetChannel(const std::string& address,
+                                                                const FleetTls* tls = nullptr, int rank = 0);
 
 class GrpcStore final : public Store {
  public:

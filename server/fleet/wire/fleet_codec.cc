@@ -68,6 +68,10 @@ fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report, const std::
 }
 
 absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& p, SpecListCache* cache) {
+  if (p.trainer_world() > kMaxFleetTrainerWorld) {
+    return absl::InvalidArgumentError(absl::StrCat("the report's trainer world ", p.trainer_world(),
+                                                   " is over the fleet's limit of ", kMaxFleetTrainerWorld));
+  }
   ReadyReport report;
   report.key = GroupKeyFromProto(p.key());
   report.trainer_rank = p.trainer_rank();

@@ -21,6 +21,10 @@ inline constexpr int kFleetMessageBytes = 256 << 20;
 // The largest log entry the coordinator appends: one entry always fits in a ReadLog response,
 // with room for the response's framing.
 inline constexpr size_t kMaxFleetEntryBytes = static_cast<size_t>(kFleetMessageBytes) - (1 << 20);
+// The largest trainer world a report or log entry may carry: --max-group-world's bound
+// (kMaxGroupWorld, server/rpc/service_state.h; tests/unit/fleet/wire_bounds_test.cc holds them
+// equal). A coordinator sizes what it keeps for a step's replays by it.
+inline constexpr int kMaxFleetTrainerWorld = 1 << 16;
 // The store key under which a coordinator's fleet service answers its protocol (FleetService::StoreGet).
 inline constexpr char kFleetProtocolKey[] = "fleet/protocol";
 
@@ -36,8 +40,8 @@ std::string SpecListToBytes(const SpecList& specs);
 // `spec_list`: SpecListToBytes(*report.sent.specs) when the caller has it; null: encoded here.
 fleet::v1::ReadyReport ReadyReportToProto(const ReadyReport& report, const std::string* spec_list = nullptr);
 // INVALID_ARGUMENT naming the matrix when a plan does not decode (MatrixPlanFromProto: a corrupt
-// message, or a rank of another version), or when the blocks are not 4 numbers per matrix.
-// Blocks are taken as they are. With `cache`, a list decoded before from identical bytes is
+// message, or a rank of another version), when the blocks are not 4 numbers per matrix, or when
+// the trainer world is over kMaxFleetTrainerWorld. Blocks are taken as they are. With `cache`, a list decoded before from identical bytes is
 // shared (SpecListCache); without, the list is decoded.
 absl::StatusOr<ReadyReport> ReadyReportFromProto(const fleet::v1::ReadyReport& proto, SpecListCache* cache = nullptr);
 

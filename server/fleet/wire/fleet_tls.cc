@@ -64,8 +64,10 @@ std::shared_ptr<grpc::ChannelCredentials> FleetTls::ChannelCredentials() const {
   return WatchedChannelCredentials(files_);
 }
 
-void FleetTls::ExpectServerRank(int rank, grpc::ChannelArguments& args) const {
-  args.SetSslTargetNameOverride(names_.NameOf(rank));
+absl::Status FleetTls::ExpectServerRank(int rank, grpc::ChannelArguments& args) const {
+  ASSIGN_OR_RETURN(const std::string name, names_.NameOf(rank));
+  args.SetSslTargetNameOverride(name);
+  return absl::OkStatus();
 }
 
 CertificateNames PeerCertificateNames(const grpc::AuthContext& auth) {

@@ -58,8 +58,9 @@ class FleetTls {
   // A channel's: the fleet CA as roots and this rank's certificate as the client's.
   std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() const;
   // Makes a channel built with `args` check that the server carries fleet rank `rank`'s member
-  // name (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG); 0 <= rank < world.
-  void ExpectServerRank(int rank, grpc::ChannelArguments& args) const;
+  // name (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG). INVALID_ARGUMENT for a rank outside [0, world)
+  // (`args` untouched).
+  absl::Status ExpectServerRank(int rank, grpc::ChannelArguments& args) const;
 
  private:
   FleetTls(std::shared_ptr<grpc::experimental::CertificateProviderInterface> files, FleetMemberNames names)

@@ -33,7 +33,9 @@ class LeaderLink {
 
   // The coordinator of `term` is fleet rank `rank` at fleet address `address`, or `local` (this
   // process's seat for that term) when non-null. Ignored unless `term` is above the term in
-  // force (or equal to it, to switch a remote target to this process's own seat).
+  // force (or equal to it, to switch a remote target to this process's own seat). Rank -1 (or a
+  // rank the fleet TLS has no member name for): no rank coordinates in `term`, and every call
+  // is UNAVAILABLE until a later term.
   void Follow(int64_t term, int rank, const std::string& address, std::shared_ptr<const CoordinatorSeat> local);
 
   // The term in force (0: none yet).
@@ -44,6 +46,8 @@ class LeaderLink {
 
  private:
   struct Target;
+  // UNAVAILABLE for a term without a coordinator (Target::none), else OK.
+  static absl::Status Usable(const Target& target);
   class FollowingLog;
   class FollowingStore;
 

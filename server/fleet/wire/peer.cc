@@ -80,11 +80,15 @@ grpc::ServerUnaryReactor* PeerService::Compute(grpc::CallbackServerContext* cont
   return reactor;
 }
 
-fleet::v1::Peer::Stub& PeerClient::StubFor(const std::string& target, int rank) {
+absl::StatusOr<fleet::v1::Peer::Stub*> PeerClient::StubFor(const std::string& target, int rank) {
+  const std::string key = absl::StrCat(rank, "@", target);
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<fleet::v1::Peer::Stub>& stub = stubs_[absl::StrCat(rank, "@", target)];
-  if (stub == nullptr) stub = fleet::v1::Peer::NewStub(MakeFleetChannel(target, tls_, rank));
-  return *stub;
+  auto it = stubs_.find(key);
+  if (it != stubs_.end()) return it->second.get();
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, MakeFleetChannel(target, tls_, rank));
+  std::unique_ptr<fleet::v1::Peer::Stub>& stub = stubs_[key];
+  stub = fleet::v1::Peer::NewStub(channel);
+  return stub.get();
 }
 
 struct PeerClient::Call {
@@ -101,7 +105,11 @@ void PeerClient::Compute(const std::string& target, int rank, const PeerMatrix& 
   call->request.set_job(matrix.job);
   *call->request.mutable_plan() = MatrixPlanToProto(matrix.plan);
   call->request.set_data(std::string(matrix.data));
-  fleet::v1::Peer::Stub& stub = StubFor(target, rank);
+  absl::StatusOr<fleet::v1::Peer::Stub*> stub = StubFor(target, rank);
+  if (!stub.ok()) {
+    done(stub.status());
+    return;
+  }
   bool gone;
   {
     absl::MutexLock lock(&flights_->mu);
@@ -112,7 +120,7 @@ void PeerClient::Compute(const std::string& target, int rank, const PeerMatrix& 
     done(absl::UnavailableError(absl::StrCat("fleet rank ", rank, " left the fleet's generation")));
     return;
   }
-  stub.async()->Compute(&call->context, &call->request, &call->response,
+  (*stub)->async()->Compute(&call->context, &call->request, &call->response,
                         [flights = flights_, rank, call, done = std::move(done)](grpc::Status status) {
                           {
                             absl::MutexLock lock(&flights->mu);

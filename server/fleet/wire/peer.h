@@ -64,7 +64,8 @@ class PeerClient {
   // `matrix.data` is copied before this returns. The request carries the plan and the data, not
   // the block: the member computes the whole matrix, and fails the call with INVALID_ARGUMENT
   // when `matrix.block` is not all of it (the data's size does not match).
-  // While fleet rank `rank` is gone (see Generation), `done` gets UNAVAILABLE at once.
+  // While fleet rank `rank` is gone (see Generation), `done` gets UNAVAILABLE at once; with
+  // fleet TLS, a rank outside the fleet (it has no member name) gets INVALID_ARGUMENT at once.
   void Compute(const std::string& target, int rank, const PeerMatrix& matrix,
                std::function<void(absl::StatusOr<PeerResult>)> done);
 
@@ -90,12 +91,14 @@ class PeerClient {
     absl::flat_hash_set<int> members ABSL_GUARDED_BY(mu);  // Ranks of the last generation seen.
     absl::flat_hash_set<int> gone ABSL_GUARDED_BY(mu);     // Ranks a non-graceful generation left out.
   };
-  fleet::v1::Peer::Stub& StubFor(const std::string& target, int rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stub for fleet rank `rank` at `target`; MakeFleetChannel's error for a rank without a
+  // member name.
+  absl::StatusOr<fleet::v1::Peer::Stub*> StubFor(const std::string& target, int rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration deadline_;
   const FleetTls* const tls_;
   absl::Mutex mu_;
-  // By "RANK@HOST:PORT". A stub, once made, is never removed or replaced: StubFor's reference
+  // By "RANK@HOST:PORT". A stub, once made, is never removed or replaced: StubFor's pointer
   // to it outlives the lock.
   absl::flat_hash_map<std::string, std::unique_ptr<fleet::v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<Flights> flights_ = std::make_shared<Flights>();

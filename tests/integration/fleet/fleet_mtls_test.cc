@@ -37,8 +37,8 @@
 #include "server/fleet/wire/fleet_tls.h"
 #include "server/fleet/wire/plan_codec.h"
 #include "tests/integration/binaries/subprocess.h"
+#include "tests/integration/fleet/fleet_info_util.h"
 #include "tests/integration/fleet/fleet_test_util.h"
-#include "tests/util/http_get.h"
 #include "tests/util/status_matchers.h"
 
 namespace orthoserve {
@@ -142,30 +142,11 @@ class MtlsFleet {
   }
   // Waits until every rank reports a formed generation of all S members.
   bool WaitWhole(absl::Duration timeout) const {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      bool whole = true;
-      for (int r = 0; r < kFleet && whole; ++r) {
-        absl::StatusOr<v1::ServerInfo> info = Info(r);
-        int ready = 0;
-        if (info.ok()) {
-          for (const v1::FleetMember& m : info->members()) ready += m.ready() ? 1 : 0;
-        }
-        whole = info.ok() && info->ready() && ready == kFleet;
-      }
-      if (whole) return true;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
+    return testing::WaitWholeFleet([this](int r) { return Info(r); }, kFleet, timeout);
   }
 
   // orthoserve_integrity_refusals_total{cause="not_a_member"} on rank r (-1: not scraped).
-  double NotAMember(int r) const {
-    const std::string scrape = testing::HttpExchange(MetricsPort(r), "GET /metrics HTTP/1.1");
-    const std::string series = "orthoserve_integrity_refusals_total{cause=\"not_a_member\"} ";
-    const size_t at = scrape.find(series);
-    return at == std::string::npos ? -1 : std::atof(scrape.c_str() + at + series.size());
-  }
+  double NotAMember(int r) const { return testing::IntegrityRefusals(MetricsPort(r), "not_a_member"); }
 
  private:
   static inline int instances_ = 0;
@@ -399,8 +380,8 @@ TEST_F(FleetMtlsTest, OutsidersCannotJoinAbortUseTheStoreOrComputeOnAPeer) {
   FleetTlsOptions nobody_files{fleet_.Cert("nobody.crt"), fleet_.Cert("nobody.key"), fleet_.Cert("ca.crt")};
   absl::StatusOr<std::shared_ptr<const FleetTls>> nobody = FleetTls::Load(nobody_files, kFleet);
   ASSERT_OK(nobody);
-  const Attack named_nobody = AttackOver(MakeFleetChannel(fleet_.FleetAddress(0), nobody->get(), 0),
-                                         MakeFleetChannel(fleet_.FleetAddress(1), nobody->get(), 1), live);
+  const Attack named_nobody = AttackOver(MakeFleetChannel(fleet_.FleetAddress(0), nobody->get(), 0).value(),
+                                         MakeFleetChannel(fleet_.FleetAddress(1), nobody->get(), 1).value(), live);
   EXPECT_THAT(named_nobody.join,
               StatusIs(absl::StatusCode::kPermissionDenied,
                        HasSubstr("Join refused: the caller claims fleet rank 1 (\"orthoserve-rank-1\") but its "
@@ -415,7 +396,7 @@ TEST_F(FleetMtlsTest, OutsidersCannotJoinAbortUseTheStoreOrComputeOnAPeer) {
   absl::StatusOr<std::shared_ptr<const FleetTls>> rank2 = FleetTls::Load(rank2_files, kFleet);
   ASSERT_OK(rank2);
   {
-    auto stub = fleet::v1::Fleet::NewStub(MakeFleetChannel(fleet_.FleetAddress(0), rank2->get(), 0));
+    auto stub = fleet::v1::Fleet::NewStub(MakeFleetChannel(fleet_.FleetAddress(0), rank2->get(), 0).value());
     grpc::ClientContext context;
     fleet::v1::AbortRequest request;
     *request.mutable_key() = GroupKeyToProto(live);

@@ -56,6 +56,21 @@ TEST_F(EtcdLeaseTest, KeysStayWhileKeptAndVanishAfterTheKeeperStops) {
   EXPECT_GE(absl::Now() - stopped, absl::Seconds(lease->ttl_seconds) / 2);
 }
 
+// What a rank asks of a leader key's lease: the time it has left, NOT_FOUND once it is gone
+// (whatever the key says).
+TEST_F(EtcdLeaseTest, TimeToLiveIsWhatTheLeaseHasLeftAndNotFoundOnceItIsGone) {
+  absl::StatusOr<etcd::Lease> lease = client_->GrantLease(absl::Seconds(30));
+  ASSERT_OK(lease);
+  absl::StatusOr<absl::Duration> left = client_->LeaseTimeToLive(lease->id);
+  ASSERT_OK(left);
+  EXPECT_GT(*left, absl::Seconds(25));
+  EXPECT_LE(*left, absl::Seconds(30));
+  ASSERT_OK(client_->RevokeLease(lease->id));
+  EXPECT_THAT(client_->LeaseTimeToLive(lease->id),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("etcd holds no such lease")));
+  EXPECT_THAT(client_->LeaseTimeToLive(0x7eadbeef), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no such lease")));
+}
+
 TEST_F(EtcdLeaseTest, KeeperReportsLossWhenTheLeaseIsRevoked) {
   absl::StatusOr<etcd::Lease> lease = client_->GrantLease(absl::Seconds(3));
   ASSERT_OK(lease);

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,7 @@ struct Candidate {
   std::vector<int64_t> deposed;
   LeaderInfo leader;
   absl::flat_hash_map<int, uint64_t> listed;  // The last on_listed.
+  std::map<std::string, int> refused;          // on_refused's calls, by what.
   std::unique_ptr<EtcdLeadership> leadership;
 };
 
@@ -44,6 +46,7 @@ std::unique_ptr<Candidate> Start(const std::string& endpoints, const std::string
   o.etcd.dial_timeout = absl::Seconds(1);
   o.etcd.call_timeout = kTtl;
   o.prefix = prefix;
+  o.world = 3;
   o.rank = rank;
   o.address = absl::StrCat("127.0.0.1:", 7000 + rank);
   o.ttl = kTtl;
@@ -66,6 +69,10 @@ std::unique_ptr<Candidate> Start(const std::string& endpoints, const std::string
   o.on_listed = [raw](const absl::flat_hash_map<int, uint64_t>& listed) {
     absl::MutexLock lock(&raw->mu);
     raw->listed = listed;
+  };
+  o.on_refused = [raw](absl::string_view what) {
+    absl::MutexLock lock(&raw->mu);
+    ++raw->refused[std::string(what)];
   };
   absl::StatusOr<std::unique_ptr<EtcdLeadership>> l = EtcdLeadership::Start(o);
   EXPECT_TRUE(l.ok()) << l.status();
@@ -254,6 +261,101 @@ TEST_F(EtcdLeadershipTest, NothingChangesWhileEtcdDoesNotAnswer) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_TRUE(reachable);
+}
+
+// etcd content is input: keys that no rank of this fleet wrote, put before the ranks start (so
+// that etcd names them leader), and liveness keys of no rank.
+class EtcdContentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> cluster = testing::EtcdCluster::Start(1);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    etcd::EtcdOptions options;
+    options.endpoints = cluster_->endpoints();
+    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
+    ASSERT_OK(client);
+    client_ = std::move(*client);
+  }
+  void StartCandidates() {
+    for (int r = 0; r < 3; ++r) {
+      owned_.push_back(Start(cluster_->endpoints(), "/test/fleet", r));
+      ASSERT_NE(owned_.back(), nullptr);
+      candidates_.push_back(owned_.back().get());
+    }
+  }
+  // Puts `value` under the election prefix, on a long lease (lease = true) or on none.
+  void PutLeaderKey(const std::string& value, bool lease) {
+    int64_t id = 0;
+    if (lease) {
+      absl::StatusOr<etcd::Lease> granted = client_->GrantLease(absl::Seconds(120));
+      ASSERT_OK(granted);
+      id = granted->id;
+    }
+    ASSERT_OK(client_->Put(kBadKey, value, id));
+  }
+  // While the bad key leads: no candidate is elected, each follows "nobody" (rank -1) in its
+  // term, and each counts the key once; then it is deleted and one leads within the TTL.
+  void ExpectNobodyLeadsUntilTheKeyIsDeleted() {
+    absl::SleepFor(2 * kTtl);
+    for (Candidate* c : candidates_) {
+      absl::MutexLock lock(&c->mu);
+      EXPECT_EQ(c->elected, 0) << "rank " << c->rank << " leads behind a key that etcd names leader";
+      EXPECT_GT(c->leader.term, 0) << "rank " << c->rank;
+      EXPECT_EQ(c->leader.rank, -1) << "rank " << c->rank;
+      EXPECT_EQ(c->refused["leader"], 1) << "rank " << c->rank;
+    }
+    const absl::Time removed = absl::Now();
+    ASSERT_OK(client_->Delete(kBadKey));
+    ASSERT_GE(WaitOneLeader(candidates_, kTtl + absl::Seconds(1)), 0) << "no leader after the key was deleted";
+    EXPECT_LT(absl::Now() - removed, kTtl + absl::Seconds(1));
+  }
+
+  static constexpr char kBadKey[] = "/test/fleet/coordinator/0";
+  std::unique_ptr<testing::EtcdCluster> cluster_;
+  std::unique_ptr<etcd::EtcdClient> client_;
+  std::vector<std::unique_ptr<Candidate>> owned_;
+  std::vector<Candidate*> candidates_;
+};
+
+TEST_F(EtcdContentTest, ALeaderKeyNamingARankOutsideTheWorldIsNoLeader) {
+  PutLeaderKey("2147483647 127.0.0.1:7000", /*lease=*/true);
+  StartCandidates();
+  ExpectNobodyLeadsUntilTheKeyIsDeleted();
+}
+
+TEST_F(EtcdContentTest, ALeaderKeyWithoutALeaseIsNoLeader) {
+  PutLeaderKey("0 127.0.0.1:7000", /*lease=*/false);  // A rank's own value, but on no lease.
+  StartCandidates();
+  ExpectNobodyLeadsUntilTheKeyIsDeleted();
+}
+
+TEST_F(EtcdContentTest, ALeaderKeyWithAnUnusableAddressIsNoLeader) {
+  PutLeaderKey("1 unix:/tmp/not-a-rank", /*lease=*/true);
+  StartCandidates();
+  ExpectNobodyLeadsUntilTheKeyIsDeleted();
+}
+
+TEST_F(EtcdContentTest, LivenessKeysOfNoRankListNobody) {
+  absl::StatusOr<etcd::Lease> lease = client_->GrantLease(absl::Seconds(120));
+  ASSERT_OK(lease);
+  for (const char* rank : {"3", "2147483647", "-1", "01", "x", "1/x"}) {
+    ASSERT_OK(client_->Put(absl::StrCat("/test/fleet/members/", rank), "7 127.0.0.1:7000", lease->id));
+  }
+  ASSERT_OK(client_->Put("/test/fleet/members/4", "garbage", lease->id));
+  StartCandidates();
+  const absl::flat_hash_map<int, uint64_t> all = {{0, 100}, {1, 101}, {2, 102}};
+  ASSERT_TRUE(WaitListed(*candidates_[0], [&](const auto& listed) { return listed == all; }, 2 * kTtl + absl::Seconds(2)));
+  // Each refused value is counted once however often it is read; a lease-less key is refused
+  // too (it would list its rank after the rank is gone).
+  absl::SleepFor(kTtl);
+  {
+    absl::MutexLock lock(&candidates_[0]->mu);
+    EXPECT_EQ(candidates_[0]->refused["member"], 7);
+  }
+  ASSERT_OK(client_->Put("/test/fleet/members/2", "102 127.0.0.1:7002"));  // Rank 2's key, lease dropped.
+  ASSERT_TRUE(WaitListed(*candidates_[0], [&](const auto& listed) { return !listed.contains(2); }, 2 * kTtl));
+  ASSERT_GE(WaitOneLeader(candidates_, absl::Seconds(10)), 0) << "the ranks elect a leader all the same";
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 namespace orthoserve {
 namespace {
 
+using ::orthoserve::testing::IsOkAndHolds;
 using ::orthoserve::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -29,8 +30,14 @@ FleetMemberNames Names(absl::string_view pattern, int world) {
 TEST(FleetIdentityTest, EachRankHasItsOwnNameAndACertificateNamesOnlyTheRanksItCarries) {
   const FleetMemberNames names = Names(kDefaultFleetMemberName, 4);
   EXPECT_TRUE(names.per_rank());
-  EXPECT_EQ(names.NameOf(0), "orthoserve-rank-0");
-  EXPECT_EQ(names.NameOf(3), "orthoserve-rank-3");
+  EXPECT_THAT(names.NameOf(0), IsOkAndHolds("orthoserve-rank-0"));
+  EXPECT_THAT(names.NameOf(3), IsOkAndHolds("orthoserve-rank-3"));
+  // A rank from etcd or from another rank's message may be anything: never an index unchecked.
+  for (int rank : {-1, 4, 2147483647, -2147483647 - 1}) {
+    EXPECT_THAT(names.NameOf(rank), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("outside this fleet of 4 ranks")))
+        << rank;
+  }
   EXPECT_THAT(names.RanksNamed(Dns({"orthoserve-rank-2"})), ElementsAre(2));
   EXPECT_TRUE(names.Names(Dns({"orthoserve-rank-2"}), 2));
   EXPECT_FALSE(names.Names(Dns({"orthoserve-rank-2"}), 1));
@@ -71,7 +78,8 @@ TEST(FleetIdentityTest, AWildcardCoversExactlyOneLeftmostLabel) {
 TEST(FleetIdentityTest, APatternWithoutRankIsOneNameForEveryRank) {
   const FleetMemberNames names = Names("orthoserve-fleet.ml.svc", 3);
   EXPECT_FALSE(names.per_rank());
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(names.NameOf(r), "orthoserve-fleet.ml.svc");
+  for (int r = 0; r < 3; ++r) EXPECT_THAT(names.NameOf(r), IsOkAndHolds("orthoserve-fleet.ml.svc"));
+  EXPECT_THAT(names.NameOf(3), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no member name")));
   // Any certificate that carries the fleet-wide name may claim any rank.
   EXPECT_THAT(names.RanksNamed(Dns({"orthoserve-fleet.ml.svc"})), ElementsAre(0, 1, 2));
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(names.Names(Dns({"orthoserve-fleet.ml.svc"}), r));

@@ -318,7 +318,7 @@ Served Serve(grpc::Service* service) {
   builder.RegisterService(service);
   s.server = builder.BuildAndStart();
   EXPECT_GT(port, 0);
-  s.log = std::make_unique<RemoteLogSource>(MakeFleetChannel(absl::StrCat("127.0.0.1:", port)));
+  s.log = std::make_unique<RemoteLogSource>(MakeFleetChannel(absl::StrCat("127.0.0.1:", port)).value());
   return s;
 }
 

@@ -145,9 +145,11 @@ Served Serve(grpc::Service* service, const FleetTls& tls) {
   return s;
 }
 
-// One StoreGet over `channel`: the call's status (handshake failures are UNAVAILABLE).
-absl::Status Get(const std::shared_ptr<grpc::Channel>& channel) {
-  auto stub = fleet::v1::Fleet::NewStub(channel);
+// One StoreGet over `channel`: the call's status (handshake failures are UNAVAILABLE), or the
+// error of a channel that could not be made.
+absl::Status Get(const absl::StatusOr<std::shared_ptr<grpc::Channel>>& channel) {
+  if (!channel.ok()) return channel.status();
+  auto stub = fleet::v1::Fleet::NewStub(*channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   fleet::v1::StoreGetRequest request;
@@ -223,6 +225,16 @@ TEST_F(FleetTlsTest, AChannelReachesOnlyTheRankItDials) {
                 StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
     EXPECT_THAT(Get(MakeFleetChannel(served.address, client.get(), 1)),
                 StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+    // A rank outside the fleet (read from etcd or from a message: it may be anything) has no
+    // member name to expect: no channel, and no crash.
+    for (int rank : {-1, kWorld, 2147483647}) {
+      EXPECT_THAT(Get(MakeFleetChannel(served.address, client.get(), rank)),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside this fleet")))
+          << rank;
+      grpc::ChannelArguments args;
+      EXPECT_THAT(client->ExpectServerRank(rank, args),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has no member name")));
+    }
   }
   {
     // A wildcard certificate is every member under it (gRPC's host check covers one label).
@@ -297,7 +309,7 @@ TEST_F(FleetTlsTest, RenewedCertificatesAreTakenByNewConnectionsBothWays) {
   };
   const auto new_channel = [&] {
     grpc::ChannelArguments args;
-    client_tls->ExpectServerRank(0, args);
+    EXPECT_OK(client_tls->ExpectServerRank(0, args));
     args.SetInt("grpc.use_local_subchannel_pool", 1);  // A connection of its own.
     return grpc::CreateCustomChannel(served.address, client_tls->ChannelCredentials(), args);
   };
@@ -379,7 +391,7 @@ class FleetAccessTest : public FleetTlsTest {
   // A stub that presents certificate `name`.
   std::unique_ptr<fleet::v1::Fleet::Stub> As(const std::string& name) {
     clients_.push_back(Load(Files(name)));
-    return fleet::v1::Fleet::NewStub(MakeFleetChannel(served_.address, clients_.back().get(), 0));
+    return fleet::v1::Fleet::NewStub(MakeFleetChannel(served_.address, clients_.back().get(), 0).value());
   }
   absl::Status Join(fleet::v1::Fleet::Stub& stub, int rank) {
     grpc::ClientContext context;

@@ -80,6 +80,23 @@ TEST(LeaderLinkTest, AMemberFollowsOneTermAtATime) {
   EXPECT_THAT(link.store()->Get("term5/key", absl::Milliseconds(20)), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
 }
 
+// A term whose leader key no rank can use (EtcdLeadership's rank -1): nobody coordinates in it.
+// Every call is UNAVAILABLE (retried by the caller) until a later term names a coordinator.
+TEST(LeaderLinkTest, ATermWithoutACoordinatorReachesNobodyUntilTheNext) {
+  LeaderLink link(nullptr);
+  link.Follow(5, 0, "127.0.0.1:6000", Seat(5));
+  link.Follow(6, -1, "", nullptr);
+  EXPECT_EQ(link.term(), 6);
+  EXPECT_THAT(link.log().Join(Me()), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no fleet coordinator in etcd term 6")));
+  EXPECT_THAT(link.log().Read(Reader(6), 0, absl::Milliseconds(1)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no fleet coordinator")));
+  EXPECT_THAT(link.store()->Add("k", 1), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no fleet coordinator")));
+  link.Follow(8, 2, "127.0.0.1:6002", Seat(8));
+  absl::StatusOr<LogSource::Joined> joined = link.log().Join(Me());
+  ASSERT_OK(joined);
+  EXPECT_EQ(joined->epoch, 8u);
+}
+
 TEST(LeaderLinkTest, ACoordinatorAnsweringForAnotherEpochIsRefused) {
   LeaderLink link(nullptr);
   link.Follow(8, 0, "127.0.0.1:6000", Seat(9));  // etcd names term 8; this coordinator is term 9's.

@@ -47,7 +47,7 @@ class PeerTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
     target_ = "127.0.0.1:" + std::to_string(port);
-    stub_ = fleet::v1::Peer::NewStub(MakeFleetChannel(target_));
+    stub_ = fleet::v1::Peer::NewStub(MakeFleetChannel(target_).value());
   }
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown();

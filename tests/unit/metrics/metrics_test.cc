@@ -379,7 +379,7 @@ TEST(MetricsTest, IntegrityRefusalsStartWithEveryCauseItsHelpNames) {
   std::vector<MetricFamily> f = m->Collect();
   const std::set<std::string> expected(std::begin(kIntegrityRefusalCauses), std::end(kIntegrityRefusalCauses));
   EXPECT_EQ(LabelValues(f, "orthoserve_integrity_refusals_total", "cause"),
-            (std::set<std::string>{"run_mismatch", "digest_mismatch", "not_a_member", "limit"}));
+            (std::set<std::string>{"run_mismatch", "digest_mismatch", "not_a_member", "limit", "etcd_value"}));
   const std::string help = Find(f, "orthoserve_integrity_refusals_total")->help;
   for (const std::string& cause : expected) EXPECT_THAT(help, HasSubstr(cause + " (")) << cause;
   m->IntegrityRefused("run_mismatch");
