@@ -25,6 +25,8 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 # where services can start) neither serves nor disturbs them. This script leaves that service
 # as the package set it up. iproute2 (`ip`) and util-linux (`unshare`, `setpriv`) are for the
 # partial-partition test, which makes a network namespace of its own (skipped where it cannot).
+# The Go packages (golang-*, protoc-gen-go-grpc) build examples/go, a trainer generated from the
+# proto alone, which the test command runs (tests/integration: go_example_test).
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
@@ -34,6 +36,8 @@ APT_PACKAGES=(
   etcd-server iproute2 util-linux
   python3 python3-venv python3-dev python3-numpy
   ccache
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+  protoc-gen-go-grpc
 )
 
 if [[ "${ORTHOSERVE_SKIP_APT:-0}" != 1 ]]; then
