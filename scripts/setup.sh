@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Installs everything orthoserve needs on Debian 12 and builds it into build/.
+# Installs everything orthoserve needs on Debian 12 and builds what the server needs into build/:
+# the server (build/bin/orthoserve), orthoctl and the Python client (.venv). The tests, the
+# benchmarks and the GPU test programs are built by scripts/test.sh (README: the second command),
+# which builds everything.
 #
-#   ./scripts/setup.sh            # apt packages, Python venv (.venv), configure + build
+#   ./scripts/setup.sh            # apt packages, Python venv (.venv), configure + build the server
 #
-# Environment: ORTHOSERVE_BUILD_DIR (default build), ORTHOSERVE_WITH_CUDA (AUTO|ON|OFF,
-# default AUTO), ORTHOSERVE_SKIP_APT=1 to skip the package step, ORTHOSERVE_SKIP_VENV=1 to skip
-# the Python environment, ORTHOSERVE_JOBS (default: number of cores).
+# Environment: ORTHOSERVE_BUILD_DIR (default build), ORTHOSERVE_WITH_CUDA (AUTO|ON|OFF; default,
+# when the build directory is configured the first time: AUTO on a machine with an NVIDIA GPU,
+# OFF without one, so that a CPU machine's first build compiles no CUDA; scripts/test.sh turns it
+# to AUTO, so CUDA code still compiles and links in every test run), ORTHOSERVE_SKIP_APT=1 to skip
+# the package step, ORTHOSERVE_SKIP_VENV=1 to skip the Python environment, ORTHOSERVE_JOBS
+# (default: number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +25,8 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 # where services can start) neither serves nor disturbs them. This script leaves that service
 # as the package set it up. iproute2 (`ip`) and util-linux (`unshare`, `setpriv`) are for the
 # partial-partition test, which makes a network namespace of its own (skipped where it cannot).
+# The Go packages (golang-*, protoc-gen-go-grpc) build examples/go, a trainer generated from the
+# proto alone, which the test command runs (tests/integration: go_example_test).
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
@@ -27,6 +35,9 @@ APT_PACKAGES=(
   prometheus yamllint openssl
   etcd-server iproute2 util-linux
   python3 python3-venv python3-dev python3-numpy
+  ccache
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+  protoc-gen-go-grpc
 )
 
 if [[ "${ORTHOSERVE_SKIP_APT:-0}" != 1 ]]; then
@@ -47,6 +58,16 @@ if [[ "${ORTHOSERVE_SKIP_VENV:-0}" != 1 && -x scripts/setup_python.sh ]]; then
   scripts/setup_python.sh
 fi
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DORTHOSERVE_WITH_CUDA="${ORTHOSERVE_WITH_CUDA:-AUTO}"
-cmake --build "$build_dir" -j "$jobs"
+# CUDA: as asked, else as the build directory has it, else by whether this machine has a GPU.
+cuda=()
+if [[ -n "${ORTHOSERVE_WITH_CUDA:-}" ]]; then
+  cuda=(-DORTHOSERVE_WITH_CUDA="$ORTHOSERVE_WITH_CUDA")
+elif [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    cuda=(-DORTHOSERVE_WITH_CUDA=AUTO)
+  else
+    cuda=(-DORTHOSERVE_WITH_CUDA=OFF)
+  fi
+fi
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cuda[@]}"
+cmake --build "$build_dir" -j "$jobs" --target orthoserve orthoctl
