@@ -68,7 +68,7 @@ def test_a_tensors_memory_is_computed_in_place_on_a_cuda_server(tmp_path):
                 spec = pb.MatrixSpec(name="w", shape=[rows, cols], dtype=pb.DTYPE_FP32)
                 spec.input_region.CopyFrom(region.slice_of(g))
                 spec.result_region.CopyFrom(region.slice_of(u))
-                stub = pb_grpc.OrthogonalizerStub(client._channel(s.address))
+                stub = pb_grpc.OrthogonalizerStub(client.channels.channel(s.address))
                 in_region = stub.Orthogonalize(pb.OrthogonalizeRequest(matrices=[pb.Matrix(spec=spec)]), timeout=60)
                 assert in_region.results[0].code == 0, in_region.results[0].message
                 assert in_region.results[0].data == b""

@@ -36,6 +36,7 @@ def _tp_rank(rank, world, address):
 
     import orthoserve
     import orthoserve.torch as ot
+    from orthoserve.torch import tp_groups
 
     ot.set_default_client(orthoserve.Client(address, timeout=120))
     torch.set_float32_matmul_precision("highest")
@@ -54,7 +55,7 @@ def _tp_rank(rank, world, address):
             whole = eo_newton_schulz(x, steps, coefficient_type, transpose=transpose).chunk(world, dim=dim)[rank]
             _check(ours, theirs, what=(shape, transpose, steps))
             _check(ours, whole, what=(shape, transpose, steps, "whole"))
-    state = ot._tp_groups[everyone]
+    state = tp_groups._tp_groups[everyone]
     assert state.calls == 2 * len(cases)
     names = [None] * world
     dist.all_gather_object(names, state.name)
@@ -83,7 +84,7 @@ def _tp_rank(rank, world, address):
     ours = ot.newton_schulz(local, 5, transpose=True, tp_group=pair)
     _check(ours, eo_newton_schulz(local, 5, transpose=True, tp_group=pair), what="pair")
     _check(ours, eo_newton_schulz(x, 5, transpose=True).chunk(2, dim=0)[pair.rank()], what="pair whole")
-    dist.all_gather_object(names, ot._tp_groups[pair].name)
+    dist.all_gather_object(names, tp_groups._tp_groups[pair].name)
     assert names[0] == names[1] and names[2] == names[3] and names[0] != names[2]
     assert names[0].startswith("newton_schulz/tp2/")
 
@@ -115,14 +116,14 @@ def _tp_rank(rank, world, address):
                 kw = dict(steps=5, coefficient_type="quintic", tp_group=everyone, partition_dim=partition_dim,
                           tp_mode=tp_mode)
                 theirs = muon_utils.newton_schulz_tp(local, **kw)
-                calls = ot._tp_groups[everyone].calls
+                calls = tp_groups._tp_groups[everyone].calls
                 muon_utils.newton_schulz = ot.newton_schulz
                 try:
                     ours = muon_utils.newton_schulz_tp(local, **kw)
                 finally:
                     muon_utils.newton_schulz = eo_newton_schulz
                 _check(ours, theirs, what=(shape, partition_dim, tp_mode))
-                assert ot._tp_groups[everyone].calls == calls + (tp_mode == "distributed")
+                assert tp_groups._tp_groups[everyone].calls == calls + (tp_mode == "distributed")
     ot.set_default_client(None)
 
 

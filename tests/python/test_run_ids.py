@@ -106,7 +106,8 @@ print("ok")
 
 
 def test_muon_default_job_is_one_per_run(no_run_env, fake):
-    from orthoserve.torch import Muon, _default_job
+    from orthoserve.torch import Muon
+    from orthoserve.torch.muon import _default_job
 
     env = no_run_env
     p = torch.nn.Parameter(torch.ones(3, 4))
@@ -140,6 +141,7 @@ def _agreement_rank(rank, world, launch, out_dir):
 
     import orthoserve.torch as ot
     from orthoserve import runs
+    from orthoserve.torch import tp_groups
 
     assert runs.agreed_run_id() is None
     p = torch.nn.Parameter(torch.ones(4, 4))
@@ -155,7 +157,7 @@ def _agreement_rank(rank, world, launch, out_dir):
     del os.environ[runs.ENV_RUN_ID], os.environ[runs.ENV_TORCHELASTIC_RUN_ID]
     assert runs.resolve_run_id() == agreed
     # newton_schulz(tp_group=...) takes the agreed id too.
-    state = ot._tp_state(dist.group.WORLD, torch.device("cpu"))
+    state = tp_groups._tp_state(dist.group.WORLD, torch.device("cpu"))
     ids = [None] * world
     dist.all_gather_object(ids, (agreed, state.run_id))
     if rank == 0:

@@ -72,19 +72,20 @@ def test_regions_belong_to_their_tenant(shm_server):
 
         with pytest.raises(grpc.RpcError) as err:
             stub.Orthogonalize(pb.OrthogonalizeRequest(matrices=[pb.Matrix(spec=spec)]), timeout=10,
-                               metadata=mallory._metadata)
+                               metadata=mallory.channels.metadata)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
-        shm_stub = pb_grpc.SharedMemoryStub(mallory._channel(shm_server.address))
-        assert list(shm_stub.ListRegions(pb.ListRegionsRequest(), timeout=10, metadata=mallory._metadata).regions) == []
-        mine = shm_stub.ListRegions(pb.ListRegionsRequest(), timeout=10, metadata=alice._metadata).regions
+        shm_stub = pb_grpc.SharedMemoryStub(mallory.channels.channel(shm_server.address))
+        assert list(shm_stub.ListRegions(pb.ListRegionsRequest(), timeout=10,
+                                         metadata=mallory.channels.metadata).regions) == []
+        mine = shm_stub.ListRegions(pb.ListRegionsRequest(), timeout=10, metadata=alice.channels.metadata).regions
         assert [r.region_id for r in mine] == [region.id]
         region.close()
         # After the owner unregistered it, the owner cannot use it either.
         with pytest.raises(grpc.RpcError) as err:
             stub.Orthogonalize(pb.OrthogonalizeRequest(matrices=[pb.Matrix(spec=spec)]), timeout=10,
-                               metadata=alice._metadata)
+                               metadata=alice.channels.metadata)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -234,7 +235,7 @@ def test_the_server_refuses_bf16_slices_out_of_range_or_misaligned(shm_server):
                 spec = pb.MatrixSpec(name="x", shape=[8, 8], dtype=pb.DTYPE_BF16,
                                      input_region=pb.RegionSlice(region_id=region.id, offset=offset, size=size))
                 stub.Orthogonalize(pb.OrthogonalizeRequest(matrices=[pb.Matrix(spec=spec)]), timeout=10,
-                                   metadata=client._metadata)
+                                   metadata=client.channels.metadata)
 
             region.tensor((8, 8), torch.bfloat16).copy_(torch.eye(8))
             call(0, 128)  # In range: accepted.

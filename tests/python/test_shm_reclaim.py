@@ -38,8 +38,9 @@ sys.stdin.read()
 
 
 def _list(client, address):
-    stub = pb_grpc.SharedMemoryStub(client._channel(address))
-    return [r.region_id for r in stub.ListRegions(pb.ListRegionsRequest(), timeout=10, metadata=client._metadata).regions]
+    stub = pb_grpc.SharedMemoryStub(client.channels.channel(address))
+    return [r.region_id for r in stub.ListRegions(pb.ListRegionsRequest(), timeout=10,
+                                                  metadata=client.channels.metadata).regions]
 
 
 def _metric(port, series):

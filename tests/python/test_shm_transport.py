@@ -77,8 +77,9 @@ def reference(address, steps, **muon_kwargs):
 
 
 def regions_of(client, address):
-    stub = pb_grpc.SharedMemoryStub(client._channel(address))
-    return list(stub.ListRegions(pb.ListRegionsRequest(), timeout=10, metadata=client._metadata).regions)
+    stub = pb_grpc.SharedMemoryStub(client.channels.channel(address))
+    return list(stub.ListRegions(pb.ListRegionsRequest(), timeout=10,
+                                 metadata=client.channels.metadata).regions)
 
 
 @pytest.mark.deadline(180)
@@ -256,8 +257,9 @@ def test_a_region_the_server_forgot_is_replaced(shm_server, mode):
         old = opt.region_transport.region
         # The server drops it (as a restarted server at the same address would not know it); the client's object
         # still names it.
-        stub = pb_grpc.SharedMemoryStub(client._channel(shm_server.address))
-        stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=old.id), timeout=10, metadata=client._metadata)
+        stub = pb_grpc.SharedMemoryStub(client.channels.channel(shm_server.address))
+        stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=old.id), timeout=10,
+                              metadata=client.channels.metadata)
         muon_step(opt, params, 1)
         if mode == "auto":
             assert opt.transport == "bytes" and "NOT_FOUND" in opt.region_transport.reason

@@ -43,7 +43,7 @@ def test_defaults():
     assert c.timeout == orthoserve.DEFAULT_TIMEOUT == 90.0
     assert c.retry.deadline == 120.0
     # A call without a timeout of its own gets the client's on its first attempt.
-    assert c._attempts(None, "call").timeout() == 90.0
+    assert c.new_attempts(None, "call").timeout() == 90.0
     opts = dict(c._channel_options())
     assert (opts["grpc.keepalive_time_ms"], opts["grpc.keepalive_timeout_ms"], opts["grpc.http2.ping_timeout_ms"]) == (
         10_000, 5_000, 5_000)

@@ -190,9 +190,9 @@ def _fallback_rank(rank, world, addresses, run, mode):
                 # The member drops this rank's region (as a restarted member would not know it): found before step
                 # 2 names it, and replaced.
                 region = transport.group_regions[addresses[1]]
-                stub = pb_grpc.SharedMemoryStub(client._channel(region.address))
+                stub = pb_grpc.SharedMemoryStub(client.channels.channel(region.address))
                 stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region.id), timeout=10,
-                                      metadata=client._metadata)
+                                      metadata=client.channels.metadata)
                 deadline = time.monotonic() + 10
                 while not region.dropped() and time.monotonic() < deadline:  # The member ends its lifeline.
                     time.sleep(0.05)

@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import ctypes
 import socket
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import grpc
 
 from orthoserve import errors, shm
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
-from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from orthoserve.client import Client
 
 __all__ = ["CudaRegion", "Export", "export", "device_uuid", "format_message", "hand_over", "HANDLE_BYTES",
            "ALIGNMENT"]
@@ -122,7 +118,7 @@ def hand_over(path: str, message: bytes, timeout: float = _HANDOVER_TIMEOUT) -> 
 class CudaRegion:
     """Device memory [ptr, ptr + size) registered as a region on the server rank at `address`; see the module."""
 
-    def __init__(self, client: "Client", address: str, ptr: int, size: int, name: str = "",
+    def __init__(self, client: shm.RegionHost, address: str, ptr: int, size: int, name: str = "",
                  timeout: Optional[float] = None, keep: Any = None):
         if size <= 0:
             raise ValueError(f"orthoserve: a region needs at least one byte, got size={size}")
@@ -144,22 +140,20 @@ class CudaRegion:
         ticket, lifeline = hand_over(info.shm_socket, format_message(e.device_uuid, self._start - e.base,
                                                                      self._end - self._start, e.handle))
         shm.hold_lifeline(self, lifeline)
-        self._client = client
+        self.client = client  # The client it is registered with (its calls go through client.channels).
         self._keep = keep
         self.address = address
         self.name = name
         self.device = e.device_uuid
-        self._stub = pb_grpc.SharedMemoryStub(client._channel(address))
+        self.id = ""
         try:
-            region = self._stub.RegisterRegion(pb.RegisterRegionRequest(ticket=ticket, name=name),
-                                               timeout=client._deadline(timeout), metadata=client._metadata)
-        except grpc.RpcError as err:
+            self._stub, self.id = shm.register(client.channels, address, ticket, name, timeout)
+        except errors.OrthoserveError:
             shm.close_lifeline(self)
-            raise errors.error_from_rpc(err) from None
-        self.id = region.region_id
+            raise
 
     @classmethod
-    def of_tensor(cls, client: "Client", address: str, tensor: Any, name: str = "",
+    def of_tensor(cls, client: shm.RegionHost, address: str, tensor: Any, name: str = "",
                   timeout: Optional[float] = None) -> "CudaRegion":
         """A region over a contiguous CUDA tensor's bytes (torch, or anything with data_ptr/numel/element_size),
         which it keeps referenced until close()."""
@@ -183,7 +177,9 @@ class CudaRegion:
         the memory let go of (the tensor reference). Closes the lifeline either way (when the unregister failed, the
         server drops the region on its own, and the tensor stays referenced). Idempotent."""
         try:
-            shm.unregister(self, timeout)
+            region_id, self.id = self.id, ""  # Once.
+            if region_id:
+                shm.unregister(self._stub, self.client.channels, region_id, timeout)
             self._keep = None
         finally:
             shm.close_lifeline(self)

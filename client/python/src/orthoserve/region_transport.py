@@ -39,10 +39,10 @@ Group steps. A group step must be the same step on every attempt: the fleet dige
 retry (StepHeader.attempt > 0) of a step that ran from the other ranks' kept inputs only when its blocks are the first
 attempt's, and takes a report whose attempt number is not above the one it holds for that rank as a duplicate rank,
 which fails the step on every rank (docs/architecture.md, "Replays"). So all attempts of one step are numbered by one
-Attempts sequence (Group._new_attempts, with one retry deadline), whichever way each goes. The first goes through the
+Attempts sequence (Group.new_attempts, with one retry deadline), whichever way each goes. The first goes through the
 region on the member the rank is routed to (and is pinned there). When it fails in a way the client retries
 (UNAVAILABLE, a fleet change, the attempt's own timeout), the region is dropped and
-  auto sends the same blocks as bytes in the next attempts of that sequence (Group._attempts_of: attempt 1, 2, ...,
+  auto sends the same blocks as bytes in the next attempts of that sequence (Group.send_attempts: attempt 1, 2, ...,
     re-routed away from the member that failed, as every bytes retry is): a retry the fleet replaces the region
     attempt's report with, or answers by a replay, like any other retry;
   on sends attempt 1, 2, ... each through a new region on the member the re-read membership routes the rank to.
@@ -217,7 +217,7 @@ class RegionTransport:
         return results
 
     def _required(self, client, tensors, options, placed, needed, timeout, nd) -> List[Any]:
-        attempts = client._attempts(timeout, f"{self.what} through a shared-memory region")
+        attempts = client.new_attempts(timeout, f"{self.what} through a shared-memory region")
         avoid: Optional[str] = None
         renewed = False  # A region the server no longer knew was replaced once in this call.
         while True:
@@ -249,7 +249,7 @@ class RegionTransport:
         FailedPreconditionError when no region can be had."""
         if not shards:
             return []
-        attempts = group._new_attempts(step, timeout)
+        attempts = group.new_attempts(step, timeout)
 
         def send_bytes(why: str, quiet: bool = False) -> List[Any]:
             return self._group_bytes(group, step, shards, attempts, "", why, quiet)
@@ -282,7 +282,7 @@ class RegionTransport:
         while True:
             address, region = failed, None
             try:
-                address = group._member(attempts, failed)
+                address = group.route(attempts, failed)
                 region = self._group_region(group.client, address, needed, attempts.timeout(), required=True)
                 results = self._group_through(group, step, shards, placed, region, attempts)
                 self._done("shm", "")
@@ -302,15 +302,13 @@ class RegionTransport:
         data = [s.data for s in shards]
         inputs, outs = _stage(region, data, placed)
         staged = [_with_data(s, x) for s, x in zip(shards, inputs)]
-        entries, _ = group._entries(staged, outs)
-        got = group._send(step, staged, entries, region.address, attempts)
+        got = group.send(step, staged, region.address, attempts, out=outs)
         return self._copied_out(data, outs, got)
 
     def _group_bytes(self, group, step, shards, attempts, failed: str, why: str, quiet: bool = False) -> List[Any]:
         """The step as bytes, in the attempts of `attempts` from its current number on (after a failed attempt
         through a region: re-routed away from `failed`, its member)."""
-        entries, pins = group._entries(shards, None)
-        results = group._attempts_of(step, shards, entries, pins, attempts, failed)
+        results = group.send_attempts(step, shards, attempts, failed)
         self._count_bytes(why, quiet)
         return results
 
@@ -320,7 +318,7 @@ class RegionTransport:
         """The region kept under `key` when it is this client's and still registered (else it is dropped)."""
         with self._state_lock:
             region = self._regions.get(key)
-        if region is not None and (region._client is not client or not region.id):
+        if region is not None and (region.client is not client or not region.id):
             self._abandon(region)
             return None
         return region
@@ -332,7 +330,7 @@ class RegionTransport:
         region = self._current(_LONE, client)
         if region is not None and region.size >= needed:
             return region
-        targets = client._lone_targets()
+        targets = client.lone_targets()
         address = self._target = next((a for a in targets if a != avoid), targets[0])
         return self._register(_LONE, region, client, address, needed, timeout, required)
 
@@ -362,7 +360,7 @@ class RegionTransport:
                 raise _Unavailable(refused[1])
         size = (needed + _ROUND - 1) // _ROUND * _ROUND
         try:
-            info = client._info_once(address, timeout)  # One call: a rank that is down costs no retries here.
+            info = client.info_once(address, timeout)  # One call: a rank that is down costs no retries here.
             if not info.shm_socket:
                 raise errors.FailedPreconditionError(
                     grpc.StatusCode.FAILED_PRECONDITION,

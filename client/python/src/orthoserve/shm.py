@@ -20,6 +20,11 @@ Each region keeps the connection it was handed over on open (its lifeline) until
 without closing its regions (SIGKILL, OOM), the kernel closes the connection and the server drops them. A child this
 process forks does not hold its parent's lifelines (they are closed in the child at the fork): the parent's regions go
 with the parent. The server ends the lifeline when it drops a region: `dropped()` looks, without a call.
+
+A region calls the server through the client it is registered with, seen as a RegionHost: the client's `info` (the
+server's handover socket) and its `channels` (orthoserve.channels: the SharedMemory stub of an address, the deadline
+and metadata of a call). This module imports nothing of orthoserve.client; orthoserve.cuda_ipc uses its hand-over,
+lifeline and registration for CUDA memory.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import socket
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Protocol, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -39,11 +44,10 @@ import numpy as np
 from orthoserve import errors
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
+from orthoserve.channels import Channels
 
-if TYPE_CHECKING:
-    from orthoserve.client import Client
-
-__all__ = ["Region", "ALIGNMENT"]
+__all__ = ["Region", "RegionHost", "ALIGNMENT", "hand_over", "hold_lifeline", "close_lifeline", "register",
+           "unregister", "find_slice"]
 
 ALIGNMENT = 64  # Bytes: every array `Region.array` hands out starts at a multiple of this offset.
 _HANDOVER_TIMEOUT = 10.0  # Seconds for the socket's answer.
@@ -87,12 +91,23 @@ def hand_over(path: str, send: Callable[[socket.socket], None], what: str,
         raise
 
 
+class RegionHost(Protocol):
+    """What a region needs of the client it is registered with (an orthoserve.Client is one)."""
+
+    channels: Channels
+
+    def info(self, address: Optional[str] = None, *, refresh: bool = False,
+             timeout: Optional[float] = None) -> pb.ServerInfo:
+        """GetServerInfo of `address` (ServerInfo.shm_socket: the server's handover socket)."""
+
+
 # Regions whose lifeline is open in this process: a forked child closes its copies (os.register_at_fork below).
 _with_lifelines: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def hold_lifeline(owner: Any, lifeline: socket.socket) -> None:
-    """Records that `owner` (a Region or CudaRegion, with a `_lifeline` attribute) holds `lifeline`."""
+    """Records that `owner` (a Region or CudaRegion) holds `lifeline`; it is kept in the owner's `_lifeline`, which
+    only this function and close_lifeline touch."""
     owner._lifeline = lifeline
     _with_lifelines.add(owner)
 
@@ -114,15 +129,25 @@ def _close_lifelines_in_child() -> None:
 os.register_at_fork(after_in_child=_close_lifelines_in_child)
 
 
-def unregister(owner: Any, timeout: Optional[float]) -> None:
-    """Unregisters `owner`'s region (a Region or CudaRegion: its `id`, `_stub` and `_client`), once: the server
-    answers when no step uses it any more. Raises OrthoserveError (the server's code)."""
-    if not owner.id:
-        return
-    region_id, owner.id = owner.id, ""
+def register(channels: Channels, address: str, ticket: str, name: str,
+             timeout: Optional[float]) -> Tuple[pb_grpc.SharedMemoryStub, str]:
+    """Registers the region handed over for `ticket` on `address` under `name`; returns the SharedMemory stub it was
+    registered through and the region's id. Raises OrthoserveError (the server's code)."""
+    stub = channels.shared_memory(address)
     try:
-        owner._stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id),
-                                     timeout=owner._client._deadline(timeout), metadata=owner._client._metadata)
+        region = stub.RegisterRegion(pb.RegisterRegionRequest(ticket=ticket, name=name),
+                                     timeout=channels.deadline(timeout), metadata=channels.metadata)
+    except grpc.RpcError as e:
+        raise errors.error_from_rpc(e) from None
+    return stub, region.region_id
+
+
+def unregister(stub: pb_grpc.SharedMemoryStub, channels: Channels, region_id: str, timeout: Optional[float]) -> None:
+    """Unregisters region `region_id` through `stub` (register's): the server answers when no step uses it any more.
+    Raises OrthoserveError (the server's code)."""
+    try:
+        stub.UnregisterRegion(pb.UnregisterRegionRequest(region_id=region_id), timeout=channels.deadline(timeout),
+                              metadata=channels.metadata)
     except grpc.RpcError as e:
         raise errors.error_from_rpc(e) from None
 
@@ -130,7 +155,7 @@ def unregister(owner: Any, timeout: Optional[float]) -> None:
 class Region:
     """A registered shared-memory region of `size` bytes on one server rank (`address`). Use Client.region()."""
 
-    def __init__(self, client: "Client", address: str, size: int, name: str = "",
+    def __init__(self, client: RegionHost, address: str, size: int, name: str = "",
                  timeout: Optional[float] = None):
         if size <= 0:
             raise ValueError(f"orthoserve: a region needs at least one byte, got size={size}")
@@ -139,7 +164,7 @@ class Region:
             raise errors.FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"the server at {address} does not take shared-memory regions (start it with --shm-socket)")
-        self._client = client
+        self.client = client  # The client it is registered with (its calls go through client.channels).
         self.address = address
         self.size = size
         self.name = name
@@ -159,14 +184,7 @@ class Region:
             fd = self._fd
             ticket, lifeline = hand_over(info.shm_socket, lambda s: socket.send_fds(s, [b"M"], [fd]), "the memfd")
             hold_lifeline(self, lifeline)
-            stub = pb_grpc.SharedMemoryStub(client._channel(address))
-            try:
-                region = stub.RegisterRegion(pb.RegisterRegionRequest(ticket=ticket, name=name),
-                                             timeout=client._deadline(timeout), metadata=client._metadata)
-            except grpc.RpcError as e:
-                raise errors.error_from_rpc(e) from None
-            self.id = region.region_id
-            self._stub = stub
+            self._stub, self.id = register(client.channels, address, ticket, name, timeout)
         except BaseException:
             self._release_memory()
             raise
@@ -274,7 +292,9 @@ class Region:
         it here. Arrays still referring to it keep the mapping alive until they are gone. Idempotent. When the
         unregister fails, the lifeline is closed all the same: the server then drops the region on its own."""
         try:
-            unregister(self, timeout)
+            region_id, self.id = self.id, ""  # Once.
+            if region_id:
+                unregister(self._stub, self.client.channels, region_id, timeout)
         finally:
             self._release_memory()
 

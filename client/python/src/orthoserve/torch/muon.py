@@ -1,0 +1,295 @@
+"""Muon with the orthogonalization done by an orthoserve fleet (the class docstring): the optimizer's arithmetic step
+for step as Emerging-Optimizers 0.3.0's and torch.optim.Muon's (orthoserve.torch's docstring), its settings checked by
+orthoserve.torch.muon_settings, and every step's updates orthogonalized in one remote request by
+orthoserve.torch.updates."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from orthoserve import runs
+from orthoserve.client import Client
+from orthoserve.region_transport import RegionTransport
+from orthoserve.torch import muon_settings as settings_lib
+from orthoserve.torch.updates import orthogonalize_updates
+
+__all__ = ["Muon"]
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Any = _Unset()
+
+
+# Muon's default job: "muon-<run id>", or a digest of a run id too long to be read in a job name.
+_MAX_READABLE_RUN_ID = 64
+
+
+def _default_job(run_id: str) -> str:
+    """Muon's job for run `run_id` when none is given: one per run."""
+    if len(run_id.encode()) <= _MAX_READABLE_RUN_ID:
+        return f"muon-{run_id}"
+    return f"muon-{hashlib.sha256(run_id.encode()).hexdigest()[:32]}"
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon with the orthogonalization done by an orthoserve fleet; takes Emerging-Optimizers' and torch.optim.Muon's
+    arguments, so that either can be replaced by it in a training script.
+
+    Emerging-Optimizers 0.3.0 (`emerging_optimizers.orthogonalized_optimizers.Muon`) arguments and defaults:
+      lr 3e-4, momentum 0.95, weight_decay 0.01 (positional in this order after params, as EO's), nesterov False,
+      weight_decay_method "decoupled" | "independent" | "l2", fp32_matmul_prec "medium" | "high" | "highest" (the
+      server's precision), coefficient_type (simple, quintic, polar_express, aol, cans, deepseekv4, cubic5,
+      custom), num_ns_steps 5, scale_mode "spectral" | "shape_scaling" | "unit_rms_norm" | "none",
+      extra_scale_factor 1.0, use_syrk (accepted; the server picks its own kernels, the numbers do not change).
+    torch.optim.Muon (torch 2.15) arguments and defaults (pass them by keyword: torch's positional order after lr
+      differs from EO's): lr 1e-3, weight_decay 0.1 (decoupled: p *= 1 - lr·wd), momentum 0.95, nesterov True,
+      ns_coefficients (3.4445, -4.775, 2.0315) — one (a, b, c) used at every step, or a list of triples (cycled) —
+      eps 1e-7 (x / max(‖x‖, eps)), ns_steps 5, adjust_lr_fn None (= "original": lr·√max(1, rows/cols)) |
+      "match_rms_adamw" (lr·0.2·√max(rows, cols)) | "spectral_unclamped" (lr·√(rows/cols)); no scale factor. Its
+      NS runs in bf16: here fp32_matmul_prec "medium" (fp32 normalization, bf16 products; docs/numerics.md).
+    flavor: whose defaults the arguments not given take: "eo" or "torch"; None decides from the arguments given:
+      torch.optim.Muon's own (ns_coefficients, ns_steps, adjust_lr_fn) give "torch", otherwise "eo". TypeError when
+      arguments that only EO has and arguments that only torch has are mixed without a flavor. Either way every
+      setting may be given: eps and adjust_lr_fn ("none": no adjustment, EO's behaviour) with EO's, scale_mode
+      with torch's.
+    Per parameter group: every setting above (lr, momentum, weight_decay, nesterov, weight_decay_method,
+      fp32_matmul_prec, coefficient_type, ns_coefficients, ns_steps / num_ns_steps, eps, scale_mode,
+      extra_scale_factor, adjust_lr_fn, use_syrk) may be set in a param group dict, as torch.optim.Muon allows;
+      a group that gives ns_coefficients without a coefficient_type uses them ("custom").
+    orthoserve's own:
+      custom_coefficients: coefficient_type "custom"'s triples (the same as ns_coefficients).
+      split_qkv, is_qkv_fn, qkv_split_shapes: as MindSpeed's TensorParallelMuon: parameters for which
+        is_qkv_fn(p) is true are orthogonalized per Q, K and V ([q, k, v] rows per query group).
+      client: an orthoserve.Client; None: orthoserve.torch.get_default_client() at each step
+        (set_default_client(...) or $ORTHOSERVE_ADDRESS).
+      run_id: the run id of its group steps (StepHeader.run_id), the same on every rank of this run and no other
+        run's; None: $ORTHOSERVE_RUN_ID, else $TORCHELASTIC_RUN_ID (torchrun), else — when torch.distributed is
+        initialized — a random id agreed over the default process group, in this constructor: a COLLECTIVE, so
+        construct Muon on every rank of the job at the same point (as training scripts do), or give run_id /
+        $ORTHOSERVE_RUN_ID. A Muon with no run id still steps whole tensors; its first group step (a sharded
+        DTensor) tries the agreement again and raises ValueError when there is none. Kept in `run_id`.
+      job: the trainer job id for group steps (default $ORTHOSERVE_JOB, else "muon-<run id>": unique per run, so
+        that two runs of one script, e.g. a sweep, never meet on a step). With an explicit job shared by two runs
+        the fleet still never mixes them (steps are keyed by run too) but refuses the later of two that meet on
+        the same step (FAILED_PRECONDITION), so give each run its own job. Kept in `job` (None until the run id is
+        known).
+      tp_mode: None (DTensors by the "auto" algorithm), "duplicated", "distributed" or "blockwise" (TP
+        algorithms for sharded DTensors); a parameter's own `tp_mode` attribute overrides it.
+      algorithm: the algorithm for sharded DTensors when no TP mode applies (default "auto"); a parameter's
+        own `orthoserve_algorithm` attribute overrides it.
+      timeout: deadline in seconds of each attempt of a remote call (the client's RetryPolicy bounds them all).
+      fallback: when the service stays unreachable (a retryable failure that outlasted the client's retries),
+        orthogonalize the whole (non-DTensor-sharded) parameters locally (orthoserve.local_ns) with a warning,
+        instead of raising. Off by default. Sharded DTensor group steps have no local fallback: their error
+        propagates.
+      shm: "auto" (default; None: $ORTHOSERVE_SHM, else "auto"), True or False: whether the updates go through
+        shared-memory regions when the server rank they go to is on this host and takes regions: the whole
+        parameters' through one region, this rank's blocks of sharded DTensors through one region on each member
+        its group steps go to (orthoserve.region_transport; auto falls back to bytes, logged at INFO, and True
+        raises FailedPreconditionError instead). Each region is sized for the step and reused by the next ones.
+        Results are bit for bit those of bytes. `transport` says how the step's last call (its last group step,
+        when it has any) went ("shm" or "bytes"), `region_transport` more.
+    Unknown arguments raise TypeError; bad values ValueError (torch's messages where torch checks the same).
+    Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest), also for adjust_lr_fn). DTensor
+    parameters are sent as group steps of their mesh's shard group, each rank only its local shard; plain tensors
+    go whole from each rank. step(closure) calls the closure (with grad enabled) and returns its loss.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: Any = None, momentum: Optional[float] = None,
+                 weight_decay: Optional[float] = None, *, nesterov: Optional[bool] = None,
+                 weight_decay_method: Optional[str] = None, fp32_matmul_prec: Optional[str] = None,
+                 coefficient_type: Optional[str] = None, num_ns_steps: Optional[int] = None,
+                 scale_mode: Optional[str] = None, extra_scale_factor: Optional[float] = None,
+                 use_syrk: Optional[bool] = None, ns_coefficients: Any = None, ns_steps: Optional[int] = None,
+                 eps: Optional[float] = None, adjust_lr_fn: Any = _UNSET,
+                 custom_coefficients: Optional[Sequence[Tuple[float, float, float]]] = None,
+                 split_qkv: bool = False, is_qkv_fn: Optional[Callable[[torch.Tensor], bool]] = None,
+                 qkv_split_shapes: Optional[Sequence[int]] = None, tp_mode: Optional[str] = None,
+                 algorithm: str = "auto", client: Optional[Client] = None, job: Optional[str] = None,
+                 timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None,
+                 run_id: Optional[str] = None, shm: Any = None):
+        if isinstance(lr, Client):
+            raise TypeError("Muon: pass the client by keyword (client=...); the second positional argument is lr")
+        given = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                     weight_decay_method=weight_decay_method, fp32_matmul_prec=fp32_matmul_prec,
+                     coefficient_type=coefficient_type, num_ns_steps=num_ns_steps, scale_mode=scale_mode,
+                     extra_scale_factor=extra_scale_factor, use_syrk=use_syrk, ns_coefficients=ns_coefficients,
+                     ns_steps=ns_steps, eps=eps, adjust_lr_fn=adjust_lr_fn)
+        given = {k: v for k, v in given.items() if v is not None and v is not _UNSET}
+        if adjust_lr_fn is None:
+            given["adjust_lr_fn"] = None  # Given as None: torch's "original".
+        flavor = settings_lib.flavor_of(flavor, given)
+        if custom_coefficients is not None:
+            if "ns_coefficients" in given:
+                raise TypeError("Muon: give custom_coefficients or ns_coefficients, not both")
+            given["ns_coefficients"] = custom_coefficients
+        if tp_mode not in settings_lib.TP_MODES:
+            raise ValueError(f"tp_mode must be one of {settings_lib.TP_MODES}, got {tp_mode}")
+        if split_qkv and (is_qkv_fn is None or qkv_split_shapes is None or len(qkv_split_shapes) != 3):
+            raise ValueError("split_qkv needs is_qkv_fn and qkv_split_shapes [q, k, v]")
+        self.flavor = flavor
+        self.client = client
+        self.split_qkv = split_qkv
+        self.is_qkv_fn = is_qkv_fn
+        self.qkv_split_shapes = list(qkv_split_shapes) if qkv_split_shapes is not None else None
+        self.tp_mode = tp_mode
+        self.algorithm = algorithm
+        # The run id now, while every rank is here (the agreement over torch.distributed is a collective).
+        self.run_id: Optional[str] = runs.find_run_id(run_id, agree=True)
+        self._job = job or os.environ.get("ORTHOSERVE_JOB") or None
+        self.timeout = timeout
+        self.fallback = bool(fallback)
+        self.region_transport = RegionTransport(shm, what="Muon")
+        self._names: Dict[int, str] = {}
+        self._group_of: Dict[int, dict] = {}
+        self._remote_steps = 0
+        defaults = dict(settings_lib.FLAVOR_DEFAULTS[flavor])
+        defaults.update(settings_lib.canonical(given))
+        settings_lib.check(defaults, "Muon")
+        super().__init__(params, defaults)
+
+    @property
+    def transport(self) -> Optional[str]:
+        """How the last step's last call went (its whole parameters, or its last group step when it has any): "shm"
+        (a shared-memory region), "bytes", or None before the first step (region_transport.reason says why bytes)."""
+        return self.region_transport.transport
+
+    @property
+    def job(self) -> Optional[str]:
+        """The job of this optimizer's group steps: the explicit job or $ORTHOSERVE_JOB, else "muon-<run id>"
+        (None while there is no run id)."""
+        if self._job is not None:
+            return self._job
+        return None if self.run_id is None else _default_job(self.run_id)
+
+    def _group_identity(self) -> Tuple[str, str]:
+        """(job, run id) of a group step; the run id resolved now if the constructor found none. ValueError when
+        there is none."""
+        if self.run_id is None:
+            self.run_id = runs.resolve_run_id(None, what="Muon's group step of sharded DTensor parameters")
+        return self.job, self.run_id  # type: ignore[return-value]
+
+    # -- settings ------------------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch.optim.Optimizer.add_param_group, with Muon's settings per group (aliases resolved, values
+        checked) and parameters of >= 2 dims."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        group = settings_lib.canonical(param_group)
+        settings_lib.check({**self.defaults, **{k: v for k, v in group.items() if k != "params"}}, "Muon param group")
+        super().add_param_group(group)
+        for p in self.param_groups[-1]["params"]:
+            if p.dim() < 2:
+                raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}")
+            self._names.setdefault(id(p), f"p{len(self._names)}")
+
+    @staticmethod
+    def _setting(group: Dict[str, Any], defaults: Dict[str, Any], key: str) -> Any:
+        # A group loaded from another optimizer's state_dict (torch.optim.Muon's) may lack our keys.
+        return group[key] if key in group else defaults[key]
+
+    def _group_settings(self, group: Dict[str, Any]) -> Dict[str, Any]:
+        return {k: self._setting(group, self.defaults, k) for k in settings_lib.FLAVOR_DEFAULTS["eo"]}
+
+    # -- the step ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """One optimizer step; the orthogonalization of all its parameters is one remote request.
+
+        Nothing the step changes (parameters, momentum buffers, an l2 weight decay's gradients, the step count) is
+        touched until every orthogonalized update is in hand: the new momentum buffers and gradients are computed
+        into new tensors first, and written, with the weight decay and the update, only after the remote call
+        returned. A step that raises (the service unreachable after the retries, an error answer, an integrity
+        failure, a bad parameter) leaves parameters and optimizer state exactly as they were, so calling step()
+        again after an exception is the same as calling it once."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        todo: List[Tuple[torch.Tensor, Dict[str, Any]]] = []
+        updates: List[torch.Tensor] = []
+        pending: List[Tuple[Optional[torch.Tensor], torch.Tensor]] = []  # (new gradient or None, new buffer) per p.
+        group_of: Dict[int, Dict[str, Any]] = {}
+        for group in self.param_groups:
+            settings = self._group_settings(group)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if torch.is_complex(p):
+                    raise RuntimeError("Muon does not support complex parameters")
+                if p.grad.is_sparse:
+                    raise RuntimeError("Muon does not support sparse gradients")
+                grad = p.grad
+                new_grad = None
+                if settings["weight_decay"] != 0.0 and settings["weight_decay_method"] == "l2":
+                    new_grad = grad = grad.add(p, alpha=settings["weight_decay"])
+                buf = self.state[p].get("momentum_buffer") if p in self.state else None
+                if buf is None:
+                    buf = torch.zeros_like(p)
+                buf = buf.lerp(grad, 1 - settings["momentum"])
+                update = grad.lerp(buf, settings["momentum"]) if settings["nesterov"] else buf
+                group_of[id(p)] = settings
+                todo.append((p, settings))
+                updates.append(update)
+                pending.append((new_grad, buf))
+        self._group_of = group_of
+        if not todo:
+            return loss
+        orth = self.orthogonalize_batch([p for p, _ in todo], updates)
+        # Every update is known: apply the step (the same operations, in the same order, as an in-place step).
+        for (p, settings), (new_grad, buf), o in zip(todo, pending, orth):
+            lr, wd = float(settings["lr"]), settings["weight_decay"]
+            if new_grad is not None:
+                p.grad.copy_(new_grad)
+            elif wd != 0.0:
+                p.add_(p, alpha=-wd * lr if settings["weight_decay_method"] == "decoupled" else -wd)
+            state = self.state[p]
+            if "momentum_buffer" in state:
+                state["momentum_buffer"].copy_(buf)
+            else:
+                state["momentum_buffer"] = buf
+            rows = p.shape[0]
+            cols = math.prod(p.shape[1:])
+            p.add_(o, alpha=-lr * settings_lib.lr_ratio(settings["adjust_lr_fn"], rows, cols))
+        self._remote_steps += 1
+        return loss
+
+    def _options_for(self, p: torch.Tensor) -> Dict[str, Any]:
+        """The server's NS options for parameter p: its param group's settings (orthoserve.options names)."""
+        settings = self._group_of.get(id(p))
+        if settings is None:
+            group = next((g for g in self.param_groups if any(q is p for q in g["params"])), self.param_groups[0])
+            settings = self._group_settings(group)
+        opts: Dict[str, Any] = dict(coefficients=settings["coefficient_type"], steps=settings["ns_steps"],
+                                    precision=settings["fp32_matmul_prec"], eps=float(settings["eps"]),
+                                    scale_mode=settings["scale_mode"],
+                                    extra_scale=float(settings["extra_scale_factor"]))
+        if settings["coefficient_type"] == "custom":
+            opts["custom_coefficients"] = settings_lib.triples(settings["ns_coefficients"])
+        if self.split_qkv and self.is_qkv_fn(p):
+            opts["split_qkv"] = self.qkv_split_shapes
+        return opts
+
+    def orthogonalize_batch(self, params: List[torch.Tensor], updates: List[torch.Tensor]) -> List[torch.Tensor]:
+        """The orthogonalized (and scaled, per scale_mode and extra_scale_factor) update of each parameter (same
+        type, dtype, shape as the update).
+
+        Plain tensors (and DTensors that are not sharded) go whole in one stream; sharded DTensors go as one
+        group step per shard group, each with this rank's local block; either through shared-memory regions by
+        `shm` (region_transport). See orthoserve.torch.updates."""
+        return orthogonalize_updates(params, updates, client=self.client, transport=self.region_transport,
+                                     options_of=self._options_for, name_of=lambda i, p: self._names.get(id(p), f"p{i}"),
+                                     identity=self._group_identity, step=self._remote_steps, tp_mode=self.tp_mode,
+                                     algorithm=self.algorithm, timeout=self.timeout, fallback=self.fallback,
+                                     what="Muon", group_prefix="muon")
