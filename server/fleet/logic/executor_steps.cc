@@ -352,7 +352,7 @@ void Executor::OpenPartLocked(const LogEntry& entry, ClaimedStep& claimed) {
     parts_.erase(p);
   }
   if (entry.status.ok() && divided && !claimed.partial.has_value()) {
-    claimed.partial.emplace();
+    claimed.partial.emplace(PartialStep{});
     claimed.partial->start = absl::Now();
     // A rank that lost its record (or joined mid-way) cannot complete the step's results.
     claimed.partial->complete = entry.part_offset == 0;
