@@ -60,7 +60,8 @@ bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* stream, int fie
       return false;
     }
   }
-  if (!in.ConsumedEntireMessage()) return false;
+  // The end of the input ends the loop too: the chunk ended only if that was its length's end.
+  if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return false;
   in.PopLimit(limit);
   return in.ReadTag() == 0 && in.ConsumedEntireMessage();
 }
@@ -103,7 +104,8 @@ bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std:
         return false;
       }
     }
-    if (!in.ConsumedEntireMessage()) return false;
+    // The end of the input ends the loop too: the matrix ended only if that was its length's end.
+    if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return false;
     in.PopLimit(limit);
   }
   return in.ConsumedEntireMessage();
