@@ -20,7 +20,7 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 # as the package set it up. iproute2 (`ip`) and util-linux (`unshare`, `setpriv`) are for the
 # partial-partition test, which makes a network namespace of its own (skipped where it cannot).
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git clang
+  build-essential cmake ninja-build pkg-config git clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
