@@ -57,6 +57,7 @@ for t in "${targets[@]}"; do
   work=$dir/corpus/$t
   findings=$dir/findings/$t
   log=$dir/logs/$t.log
+  rm -rf "$findings"
   mkdir -p "$work" "$findings" "$(dirname "$log")"
   cp -n tests/fuzz/corpus/"$t"/* "$work"/ 2>/dev/null || true
   set +e
