@@ -6,6 +6,8 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 
+#include "google/protobuf/stubs/common.h"
+
 namespace orthoserve {
 namespace {
 
@@ -77,9 +79,13 @@ bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std:
   matrices->clear();
   if (call_id != nullptr) call_id->clear();
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
-    if (tag == kCallIdTag && call_id != nullptr) {
+    if (tag == kCallIdTag) {
       uint32_t n;
-      if (!in.ReadVarint32(&n) || !in.ReadString(call_id, static_cast<int>(n))) return false;
+      std::string id;
+      if (!in.ReadVarint32(&n) || !in.ReadString(&id, static_cast<int>(n))) return false;
+      // A string field: protobuf refuses one that is not UTF-8.
+      if (!google::protobuf::internal::IsStructurallyValidUTF8(id.data(), static_cast<int>(id.size()))) return false;
+      if (call_id != nullptr) *call_id = std::move(id);
       continue;
     }
     if (tag != kMatrixTag) {
