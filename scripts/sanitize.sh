@@ -160,7 +160,7 @@ for name in "${builds[@]}"; do
   case $name in
     asan)
       env_vars=(
-        "ASAN_OPTIONS=log_path=$logs/asan:log_exe_name=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1"
+        "ASAN_OPTIONS=log_path=$logs/asan:log_exe_name=1:allocator_may_return_null=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1"
         "LSAN_OPTIONS=suppressions=$supp/lsan.supp:print_suppressions=0"
         "UBSAN_OPTIONS=log_path=$logs/ubsan:log_exe_name=1:print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
       )
