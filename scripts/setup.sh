@@ -28,7 +28,7 @@ jobs=${ORTHOSERVE_JOBS:-$(nproc)}
 # The Go packages (golang-*, protoc-gen-go-grpc) build examples/go, a trainer generated from the
 # proto alone, which the test command runs (tests/integration: go_example_test).
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git clang
+  build-essential cmake ninja-build pkg-config git clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libopenblas-dev libgloo-dev libxxhash-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -6,6 +6,9 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 
+#include "google/protobuf/stubs/common.h"
+#include "orthoserve/v1/orthogonalizer.pb.h"
+
 namespace orthoserve {
 namespace {
 
@@ -37,17 +40,28 @@ bool ReadViews(CodedInputStream& in, uint32_t n, std::vector<absl::string_view>*
   return true;
 }
 
+// The next field's tag as protobuf's parser takes one: false for a tag written in more than 5
+// bytes, which CodedInputStream::ReadTag accepts (its varint reader allows 10) and protobuf's
+// parser refuses; 0 at the end of the input or of the current limit.
+bool NextTag(CodedInputStream& in, uint32_t* tag) {
+  const int before = in.CurrentPosition();
+  *tag = in.ReadTag();
+  return in.CurrentPosition() - before <= 5;
+}
+
 }  // namespace
 
 bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* stream, int field, int* index,
                       std::vector<absl::string_view>* data) {
   CodedInputStream in(stream);
-  uint32_t length;
-  if (in.ReadTag() != LengthDelimitedTag(field) || !in.ReadVarint32(&length)) return false;
+  uint32_t tag, length;
+  if (!NextTag(in, &tag) || tag != LengthDelimitedTag(field) || !in.ReadVarint32(&length)) return false;
   const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
   *index = 0;
   data->clear();
-  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+  while (true) {
+    if (!NextTag(in, &tag)) return false;
+    if (tag == 0) break;
     if (tag == kIndexTag) {
       uint64_t value;
       if (!in.ReadVarint64(&value)) return false;
@@ -60,9 +74,10 @@ bool ReadChunkInPlace(google::protobuf::io::ZeroCopyInputStream* stream, int fie
       return false;
     }
   }
-  if (!in.ConsumedEntireMessage()) return false;
+  // The end of the input ends the loop too: the chunk ended only if that was its length's end.
+  if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return false;
   in.PopLimit(limit);
-  return in.ReadTag() == 0 && in.ConsumedEntireMessage();
+  return NextTag(in, &tag) && tag == 0 && in.ConsumedEntireMessage();
 }
 
 bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std::vector<MatrixInPlace>* matrices,
@@ -75,10 +90,17 @@ bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std:
   CodedInputStream in(stream);
   matrices->clear();
   if (call_id != nullptr) call_id->clear();
-  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
-    if (tag == kCallIdTag && call_id != nullptr) {
+  uint32_t tag;
+  while (true) {
+    if (!NextTag(in, &tag)) return false;
+    if (tag == 0) break;
+    if (tag == kCallIdTag) {
       uint32_t n;
-      if (!in.ReadVarint32(&n) || !in.ReadString(call_id, static_cast<int>(n))) return false;
+      std::string id;
+      if (!in.ReadVarint32(&n) || !in.ReadString(&id, static_cast<int>(n))) return false;
+      // A string field: protobuf refuses one that is not UTF-8.
+      if (!google::protobuf::internal::IsStructurallyValidUTF8(id.data(), static_cast<int>(id.size()))) return false;
+      if (call_id != nullptr) *call_id = std::move(id);
       continue;
     }
     if (tag != kMatrixTag) {
@@ -89,11 +111,24 @@ bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std:
     if (!in.ReadVarint32(&length)) return false;
     const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
     MatrixInPlace& m = matrices->emplace_back();
-    for (uint32_t field = in.ReadTag(); field != 0; field = in.ReadTag()) {
+    int spec_pieces = 0;
+    uint32_t field;
+    while (true) {
+      if (!NextTag(in, &field)) return false;
+      if (field == 0) break;
       uint32_t n;
       if (field == kSpecTag) {
-        std::string piece;  // Several spec fields merge, as protobuf merges them.
+        // Several spec fields merge, as protobuf merges them: their bytes joined parse as the
+        // merge of each parsed alone — when each parses alone, which protobuf requires and the
+        // joined bytes would hide (a field cut at one's end and ended by the next). The caller
+        // parses the joined bytes; a second piece makes each be parsed alone here first.
+        std::string piece;
         if (!in.ReadVarint32(&n) || !in.ReadString(&piece, static_cast<int>(n))) return false;
+        if (++spec_pieces > 1) {
+          v1::MatrixSpec alone;
+          if (spec_pieces == 2 && !alone.ParseFromString(m.spec)) return false;
+          if (!alone.ParseFromString(piece)) return false;
+        }
         m.spec += piece;
       } else if (field == kMatrixDataTag) {
         m.data.clear();
@@ -103,7 +138,8 @@ bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* stream, std:
         return false;
       }
     }
-    if (!in.ConsumedEntireMessage()) return false;
+    // The end of the input ends the loop too: the matrix ended only if that was its length's end.
+    if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return false;
     in.PopLimit(limit);
   }
   return in.ConsumedEntireMessage();

@@ -38,7 +38,8 @@ struct MatrixInPlace {
 // Reads an OrthogonalizeRequest (repeated Matrix matrices = 1, string call_id = 2; Matrix: spec =
 // 1, data = 2) from `in`, the data bytes as views valid while `in`'s buffers are, and its call_id
 // into `call_id` (may be null: skipped). As protobuf: several spec fields merge, the last data and
-// call_id fields count, unknown fields are skipped. False for malformed bytes.
+// call_id fields count, unknown fields are skipped. False for malformed bytes and for a call_id that
+// is not UTF-8 (protobuf refuses such a string field).
 bool ReadMatricesInPlace(google::protobuf::io::ZeroCopyInputStream* in, std::vector<MatrixInPlace>* matrices,
                          std::string* call_id = nullptr);
 

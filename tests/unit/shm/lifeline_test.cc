@@ -56,10 +56,11 @@ std::string Register(RegionRegistry& registry, uint64_t lifeline, std::atomic<bo
 }
 
 TEST(RegionLifelineTest, ARegisteredRegionWhoseLifelineEndsIsDropped) {
+  // Before the registry: its regions tell them when they go, the last at its destruction.
+  std::atomic<bool> gone{false}, gone2{false};
   RegionRegistry::Options options;
   options.max_regions_per_tenant = 1;
   RegionRegistry registry(options);
-  std::atomic<bool> gone{false};
   const std::string id = Register(registry, 7, &gone);
   EXPECT_TRUE(registry.Holds(7));
   EXPECT_EQ(registry.DropLifeline(7), Dropped::kRegistered);
@@ -71,7 +72,6 @@ TEST(RegionLifelineTest, ARegisteredRegionWhoseLifelineEndsIsDropped) {
   EXPECT_THAT(registry.Unregister("alice", id, absl::Now() + absl::Seconds(1)),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no shared")));
   // The tenant's place is free again.
-  std::atomic<bool> gone2{false};
   EXPECT_NE(Register(registry, 8, &gone2), "");
   EXPECT_EQ(registry.DropLifeline(7), Dropped::kNothing);  // Ending twice changes nothing.
   EXPECT_EQ(registry.List("alice").size(), 1u);
