@@ -214,11 +214,13 @@ class Client:
                     self._lone_address = target
             return result
 
-    def _fenced(self, address: str, specs: Sequence[pb.MatrixSpec], attempt: Callable[[str], T]) -> T:
+    def _fenced(self, address: str, specs: Sequence[pb.MatrixSpec], attempt: Callable[[str], T],
+                fence: bool = True) -> T:
         """Runs attempt(call_id) — one attempt to `address` — with a fresh call id when `specs` name region slices
-        ("" when they name none), and fences it when it fails (orthoserve.fences): the error raised is the attempt's
-        once the server holds none of its slices, else a final FailedPreconditionError."""
-        call_id = fences.new_call_id() if fences.names_slices(specs) else ""
+        ("" when they name none, or when `fence` is False), and fences it when it fails (orthoserve.fences): the
+        error raised is the attempt's once the server holds none of its slices, else a final
+        FailedPreconditionError."""
+        call_id = fences.new_call_id() if fence and fences.names_slices(specs) else ""
         try:
             return attempt(call_id)
         except errors.OrthoserveError as e:
@@ -324,10 +326,14 @@ class Client:
 
     def orthogonalize_batch(self, matrices: Sequence[Any], options: Sequence[Dict[str, Any]], *,
                             method: str = "stream", timeout: Optional[float] = None,
-                            nd: str = "flatten", out: Optional[Sequence[Any]] = None, retry: Any = None) -> List[Any]:
+                            nd: str = "flatten", out: Optional[Sequence[Any]] = None, retry: Any = None,
+                            fence: bool = True) -> List[Any]:
         """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm" and "name").
         retry: this call's retry policy (as Client's `retry`: a RetryPolicy, or False for a single attempt); None:
-        the client's."""
+        the client's.
+        fence: False only for a single attempt (retry=False) whose caller never reads or writes its region arrays
+        again once it failed (it drops the region, as orthoserve.torch's region transport does): a failed attempt is
+        then not fenced (orthoserve.fences), and its error is raised at once, even when the server is unreachable."""
         policy = None if retry is None else retry_lib.policy_of(retry)
         if len(options) != len(matrices):
             raise ValueError(f"orthoserve: {len(matrices)} matrices but {len(options)} option sets")
@@ -367,7 +373,8 @@ class Client:
             specs = [e.spec for e in entries]
             if method == "unary":
                 def unary(address: str, _: int, t: Optional[float]) -> List[Any]:
-                    return self._fenced(address, specs, lambda call_id: self._unary(address, entries, t, call_id))
+                    return self._fenced(address, specs, lambda call_id: self._unary(address, entries, t, call_id),
+                                        fence)
 
                 done = self._lone_call("Orthogonalize", timeout, unary, address=pins.address, policy=policy)
             else:
@@ -376,7 +383,7 @@ class Client:
                         header = pb.StepHeader(world=1, num_matrices=len(entries), attempt=attempt, call_id=call_id)
                         return self._stream(address, header, entries, t)
 
-                    return self._fenced(address, specs, send)
+                    return self._fenced(address, specs, send, fence)
 
                 done = self._lone_call("OrthogonalizeStream", timeout, stream, address=pins.address, policy=policy)
             for i, r in zip(sent, done):
@@ -498,12 +505,12 @@ class Group:
         return self.client.new_attempts(timeout, f"step {step} of group {self.job}/{self.name}")
 
     def send(self, step: int, shards: Sequence[layout.Shard], address: str, attempts: retry_lib.Attempts,
-             out: Optional[Sequence[Any]] = None) -> List[Any]:
+             out: Optional[Sequence[Any]] = None, fence: bool = True) -> List[Any]:
         """One attempt of step `step` to `address` (numbered attempts.number, bounded by attempts.timeout()), with
         the region slices the shards' data and `out` name (as step()); returns the result blocks. Raises
-        OrthoserveError, ValueError for out arrays that do not fit."""
+        OrthoserveError, ValueError for out arrays that do not fit. fence: as Client.orthogonalize_batch's."""
         entries, _ = self._entries(shards, out)
-        return self._send(step, shards, entries, address, attempts)
+        return self._send(step, shards, entries, address, attempts, fence)
 
     def send_attempts(self, step: int, shards: Sequence[layout.Shard], attempts: retry_lib.Attempts,
                       failed: str = "", out: Optional[Sequence[Any]] = None) -> List[Any]:
@@ -548,9 +555,10 @@ class Group:
         return self.address
 
     def _send(self, step: int, shards: Sequence[layout.Shard], entries: List[Entry], address: str,
-              attempts: retry_lib.Attempts) -> List[Any]:
+              attempts: retry_lib.Attempts, fence: bool = True) -> List[Any]:
         """One attempt of step `step` to `address`, numbered attempts.number and bounded by attempts.timeout();
-        returns the result blocks. Raises OrthoserveError."""
+        returns the result blocks. Raises OrthoserveError. fence: as Client.orthogonalize_batch's (False: the caller
+        never uses the attempt's region arrays again once it failed)."""
         attempts.what = f"step {step} of group {self.job}/{self.name} rank {self.rank} to {address}"
         timeout = attempts.timeout()
 
@@ -560,7 +568,7 @@ class Group:
                                    call_id=call_id)
             return self.client._stream(address, header, entries, timeout)
 
-        results = self.client._fenced(address, [e.spec for e in entries], send)
+        results = self.client._fenced(address, [e.spec for e in entries], send, fence)
         return [r.reshape(s.info.shape) if len(s.info.shape) < 2 else r for r, s in zip(results, shards)]
 
     def _attempts_of(self, step: int, shards: Sequence[layout.Shard], entries: List[Entry],

@@ -33,7 +33,9 @@ tensors are not. Results are bit for bit those of the bytes path (the same compu
 
 Why a region is never reused after a failed call: the server may still be running that call's step (a client-side
 deadline, a lost connection) and write its results into the region later; they must not land in a later call's
-results. A new region is a new memfd, so such late writes go to memory nothing reads.
+results. A new region is a new memfd, so such late writes go to memory nothing reads. That is why its calls are not
+fenced (orthoserve.fences; `fence=False`): a failed attempt through a region is reported at once, even when the region's
+server cannot be reached, and the next attempt goes through a new region or as bytes.
 
 Group steps. A group step must be the same step on every attempt: the fleet digests each rank's blocks, answers a
 retry (StepHeader.attempt > 0) of a step that ran from the other ranks' kept inputs only when its blocks are the first
@@ -207,7 +209,7 @@ class RegionTransport:
         except _Unavailable as e:
             return self._bytes(client, tensors, options, timeout, nd, str(e))
         try:
-            results = self._through(client, region, tensors, options, placed, timeout, nd, retry=False)
+            results = self._through(client, region, tensors, options, placed, timeout, nd)
         except errors.OrthoserveError as e:
             self._abandon(region)
             why = self._failure(region, e, "a call", "it was sent again as bytes, and the next call registers a new "
@@ -225,7 +227,7 @@ class RegionTransport:
             try:
                 t = attempts.timeout()
                 region = self._region_for(client, needed, t, avoid=avoid, required=True)
-                results = self._through(client, region, tensors, options, placed, t, nd, retry=False)
+                results = self._through(client, region, tensors, options, placed, t, nd)
                 self._done("shm", "")
                 return results
             except errors.OrthoserveError as e:
@@ -302,7 +304,8 @@ class RegionTransport:
         data = [s.data for s in shards]
         inputs, outs = _stage(region, data, placed)
         staged = [_with_data(s, x) for s, x in zip(shards, inputs)]
-        got = group.send(step, staged, region.address, attempts, out=outs)
+        # Not fenced: a region that a failed attempt used is never used again (see "Why a region is never reused").
+        got = group.send(step, staged, region.address, attempts, out=outs, fence=False)
         return self._copied_out(data, outs, got)
 
     def _group_bytes(self, group, step, shards, attempts, failed: str, why: str, quiet: bool = False) -> List[Any]:
@@ -423,11 +426,12 @@ class RegionTransport:
 
     # -- the two ways ----------------------------------------------------------------------------------------
 
-    def _through(self, client, region, tensors, options, placed, timeout, nd, retry) -> List[Any]:
-        """One call (attempts: `retry`) with each placed tensor copied into the region and its result written
-        there; returns new tensors (inputs not placed go as bytes in the same call)."""
+    def _through(self, client, region, tensors, options, placed, timeout, nd) -> List[Any]:
+        """One attempt (no retries) with each placed tensor copied into the region and its result written there;
+        returns new tensors (inputs not placed go as bytes in the same call)."""
         inputs, outs = _stage(region, tensors, placed)
-        got = client.orthogonalize_batch(inputs, options, timeout=timeout, nd=nd, out=outs, retry=retry)
+        # Not fenced: a region that a failed call used is never used again (see "Why a region is never reused").
+        got = client.orthogonalize_batch(inputs, options, timeout=timeout, nd=nd, out=outs, retry=False, fence=False)
         return self._copied_out(tensors, outs, got)
 
     def _copied_out(self, tensors: Sequence[Any], outs: Sequence[Any], got: Sequence[Any]) -> List[Any]:
