@@ -78,8 +78,8 @@ TEST(RegionLifelineTest, ARegisteredRegionWhoseLifelineEndsIsDropped) {
 }
 
 TEST(RegionLifelineTest, AStepInFlightKeepsTheMemoryUntilItsLeaseGoes) {
+  std::atomic<bool> gone{false};  // Before the registry, whose regions may tell it at its end.
   RegionRegistry registry({});
-  std::atomic<bool> gone{false};
   const std::string id = Register(registry, 1, &gone);
   absl::StatusOr<RegionLease> lease = registry.Use("alice", id, 0, kSize);
   ASSERT_OK(lease.status());
@@ -95,8 +95,8 @@ TEST(RegionLifelineTest, AStepInFlightKeepsTheMemoryUntilItsLeaseGoes) {
 }
 
 TEST(RegionLifelineTest, AStagedRegionIsDroppedToo) {
+  std::atomic<bool> gone{false};  // Before the registry, whose regions may tell it at its end.
   RegionRegistry registry({});
-  std::atomic<bool> gone{false};
   absl::StatusOr<std::string> ticket = registry.Stage(std::make_unique<TrackedMemory>(&gone), PeerIdentity{}, 3);
   ASSERT_OK(ticket.status());
   EXPECT_EQ(registry.pending(), 1);
@@ -108,12 +108,11 @@ TEST(RegionLifelineTest, AStagedRegionIsDroppedToo) {
 
 TEST(RegionLifelineTest, EndingALifelineAfterUnregisterOrExpiryIsANoOp) {
   absl::Time now = absl::Now();
+  std::atomic<bool> gone{false}, other_gone{false}, staged_gone{false};  // Before the registry.
   RegionRegistry::Options options;
   options.now = [&now] { return now; };
   RegionRegistry registry(options);
-  std::atomic<bool> gone{false};
   const std::string id = Register(registry, 1, &gone);
-  std::atomic<bool> other_gone{false};
   const std::string other = Register(registry, 2, &other_gone);
   EXPECT_OK(registry.Unregister("alice", id, absl::Now() + absl::Seconds(10)));
   EXPECT_TRUE(gone);
@@ -124,7 +123,6 @@ TEST(RegionLifelineTest, EndingALifelineAfterUnregisterOrExpiryIsANoOp) {
   ASSERT_EQ(registry.List("alice").size(), 1u);
   EXPECT_EQ(registry.List("alice")[0].id, other);
   // An expired ticket lets go of its lifeline as well.
-  std::atomic<bool> staged_gone{false};
   ASSERT_OK(registry.Stage(std::make_unique<TrackedMemory>(&staged_gone), PeerIdentity{}, 4).status());
   now += options.ticket_timeout;
   EXPECT_EQ(registry.PruneExpired(), 1);
@@ -133,8 +131,8 @@ TEST(RegionLifelineTest, EndingALifelineAfterUnregisterOrExpiryIsANoOp) {
 }
 
 TEST(RegionLifelineTest, ALifelineHoldsOneRegion) {
-  RegionRegistry registry({});
   std::atomic<bool> first{false}, second{false};
+  RegionRegistry registry({});
   ASSERT_OK(registry.Stage(std::make_unique<TrackedMemory>(&first), PeerIdentity{}, 9).status());
   EXPECT_THAT(registry.Stage(std::make_unique<TrackedMemory>(&second), PeerIdentity{}, 9),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lifeline 9")));
