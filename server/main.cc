@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
       std::cerr << "orthoserve: invalid configuration: " << options.status().message() << "\n";
       return 2;
     }
+    for (const std::string& warning : orthoserve::ServerOptionsWarnings(*options)) {
+      std::cout << "warning: " << warning << "\n";
+    }
     std::cout << "configuration OK\n";
     return 0;
   }

@@ -199,10 +199,17 @@ ABSL_FLAG(int32_t, shm_max_pending, 64, "Memfds handed over and not yet register
 ABSL_FLAG(int32_t, shm_max_connections, 1024,
           "Handover connections held open, all clients together: each staged or registered region's lifeline, "
           "whose end (the client closing it or dying) drops the region. A handover beyond it is refused.");
+ABSL_FLAG(int32_t, shm_max_handshakes, 64,
+          "Hand-over connections the server reads at once, all clients together: each accepted (its uid already "
+          "checked) and given 1s for its message; one beyond it is refused with RESOURCE_EXHAUSTED at once.");
 ABSL_FLAG(absl::Duration, shm_ticket_timeout, absl::Seconds(10),
           "How long a handed-over memfd waits for its RegisterRegion before it is dropped.");
 ABSL_FLAG(absl::Duration, shm_unregister_timeout, absl::Seconds(60),
           "Longest an UnregisterRegion waits for the steps using the region (less when the call's deadline is).");
+ABSL_FLAG(bool, shm_allow_without_tokens, false,
+          "Serve shared-memory regions (--shm-socket) without --token-file on a --listen that is not loopback, where "
+          "every client that reaches the port is tenant \"default\" and can list, read and write every region. "
+          "Without it that configuration is refused at start; with it the server warns.");
 ABSL_FLAG(std::string, log_level, "info", "Lowest level logged: debug, info, warning or error.");
 ABSL_FLAG(std::string, log_verbose, "", "Per-subsystem verbosity, e.g. \"rpc=2,fleet=1\".");
 ABSL_FLAG(bool, check_config, false, "Validate the flags and environment, print the configuration and exit.");
@@ -221,7 +228,7 @@ const char* const kFlagNames[] = {
     "allow_group_steps_without_run_id", "rendezvous_timeout", "stream_progress_timeout", "stream_min_progress_bytes", "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_min_client_ping_interval", "grpc_max_connection_idle", "grpc_max_connection_age", "grpc_max_connection_age_grace", "grpc_max_streams_per_connection", "grpc_memory_quota_bytes", "grpc_bdp_probe", "collective_timeout", "drain_timeout", "fleet_peer_timeout", "fleet_quarantine_after", "fleet_quarantine_base", "fleet_quarantine_max", "fleet_batch_window", "fleet_batch_part_time", "stall_warning", "tls_cert", "tls_reload_interval",
     "tls_key", "tls_client_ca", "fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_member_name",
     "token_file", "token_reload_interval", "tenant_shares", "tenant_labels", "shm_socket", "shm_peer_uids", "shm_max_region_bytes", "shm_max_regions_per_tenant",
-    "shm_max_pending", "shm_max_connections", "shm_ticket_timeout", "shm_unregister_timeout", "log_level", "log_verbose", "check_config"};
+    "shm_max_pending", "shm_max_connections", "shm_max_handshakes", "shm_ticket_timeout", "shm_unregister_timeout", "shm_allow_without_tokens", "log_level", "log_verbose", "check_config"};
 
 absl::StatusOr<FairPool::Shares> ParseTenantShares(absl::string_view text) {
   FairPool::Shares shares;
@@ -374,8 +381,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.shm.max_regions_per_tenant = absl::GetFlag(FLAGS_shm_max_regions_per_tenant);
   o.shm.max_pending = absl::GetFlag(FLAGS_shm_max_pending);
   o.shm.max_connections = absl::GetFlag(FLAGS_shm_max_connections);
+  o.shm.max_handshakes = absl::GetFlag(FLAGS_shm_max_handshakes);
   o.shm.ticket_timeout = absl::GetFlag(FLAGS_shm_ticket_timeout);
   o.shm.unregister_timeout = absl::GetFlag(FLAGS_shm_unregister_timeout);
+  o.shm.allow_without_tokens = absl::GetFlag(FLAGS_shm_allow_without_tokens);
 
   LogLevel level;
   RETURN_IF_ERROR(Annotate(ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level), "--log-level"));

@@ -15,6 +15,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
+#include "server/app/listen_address.h"
 #include "server/etcd/etcd_options.h"
 #include "server/fleet/wire/fleet_codec.h"
 #include "server/fleet/logic/fleet_identity.h"
@@ -75,6 +76,12 @@ std::vector<std::pair<std::string, std::string>> ServingCertificates(const Serve
   if (!o.fleet_tls.cert_file.empty()) files.emplace_back("fleet", o.fleet_tls.cert_file);
   if (!o.fleet_tls.ca_file.empty()) files.emplace_back("fleet_ca", o.fleet_tls.ca_file);
   return files;
+}
+
+// Whether shared-memory regions are served to any client that reaches a public port beyond this
+// host, without tokens: every such client is tenant "default" and may use every region.
+bool RegionsOpenToTheNetwork(const ServerOptions& o) {
+  return !o.shm.socket.empty() && o.token_file.empty() && !IsLoopbackListenAddress(o.listen);
 }
 
 }  // namespace
@@ -219,11 +226,30 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     if (o.shm.max_regions_per_tenant < 1) return absl::InvalidArgumentError("--shm-max-regions-per-tenant must be >= 1");
     if (o.shm.max_pending < 1) return absl::InvalidArgumentError("--shm-max-pending must be >= 1");
     if (o.shm.max_connections < 1) return absl::InvalidArgumentError("--shm-max-connections must be >= 1");
+    if (o.shm.max_handshakes < 1) return absl::InvalidArgumentError("--shm-max-handshakes must be >= 1");
     if (o.shm.ticket_timeout <= absl::ZeroDuration() || o.shm.unregister_timeout <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError("--shm-ticket-timeout and --shm-unregister-timeout must be > 0");
     }
   }
+  if (RegionsOpenToTheNetwork(o) && !o.shm.allow_without_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm-socket without --token-file on --listen ", o.listen,
+        ", which is not loopback, would let every client that reaches the port list, read and write every "
+        "shared-memory region as tenant \"default\": give a --token-file, listen on loopback (127.0.0.1:PORT, "
+        "[::1]:PORT or localhost:PORT), or accept it with --shm-allow-without-tokens"));
+  }
   return absl::OkStatus();
+}
+
+std::vector<std::string> ServerOptionsWarnings(const ServerOptions& o) {
+  std::vector<std::string> warnings;
+  if (RegionsOpenToTheNetwork(o)) {
+    warnings.push_back(absl::StrCat(
+        "--shm-allow-without-tokens: --shm-socket without --token-file on --listen ", o.listen,
+        " (not loopback): every client that reaches the port is tenant \"default\" and can list, read and write "
+        "every shared-memory region"));
+  }
+  return warnings;
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
@@ -231,6 +257,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   server->options_ = options;
   ServerOptions& o = server->options_;
   RETURN_IF_ERROR(ValidateServerOptions(o));
+  for (const std::string& warning : ServerOptionsWarnings(o)) LOG_WARNING("server") << warning;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(o));
   if (!o.token_file.empty()) {
     ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(o.token_file, o.token_reload_interval));
@@ -285,6 +312,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     Metrics* metrics = server->metrics_.get();
     h.observe = [metrics](absl::string_view outcome) { metrics->ShmHandover(outcome); };
     h.max_lifelines = o.shm.max_connections;
+    h.max_handshakes = o.shm.max_handshakes;
     const RegionRegistry* registry = server->shm_registry_.get();
     h.on_dropped = [metrics, registry](RegionRegistry::Dropped dropped) {
       metrics->ShmRegionDropped(dropped == RegionRegistry::Dropped::kStaged ? "owner_gone_unclaimed" : "owner_gone");

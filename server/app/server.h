@@ -41,8 +41,12 @@ struct ShmOptions {
   int max_regions_per_tenant = 64;    // --shm-max-regions-per-tenant.
   int max_pending = 64;               // --shm-max-pending: memfds waiting for RegisterRegion.
   int max_connections = 1024;         // --shm-max-connections: lifelines held (one per region).
+  int max_handshakes = 64;            // --shm-max-handshakes: connections whose message is being read.
   absl::Duration ticket_timeout = absl::Seconds(10);      // --shm-ticket-timeout.
   absl::Duration unregister_timeout = absl::Seconds(60);  // --shm-unregister-timeout.
+  // --shm-allow-without-tokens: regions without a token file on a --listen that is not loopback
+  // (every client that reaches the port is tenant "default"); refused at start unless set.
+  bool allow_without_tokens = false;
 };
 
 struct ServerOptions {
@@ -88,6 +92,10 @@ struct ServerOptions {
 // Checks every option that can be checked without binding an address or starting the backend
 // (what `orthoserve --check-config` runs). INVALID_ARGUMENT naming the flag.
 absl::Status ValidateServerOptions(const ServerOptions& options);
+
+// What valid options allow that an operator should know of (what --check-config prints and the
+// server logs as warnings at start), one sentence each; empty for most configurations.
+std::vector<std::string> ServerOptionsWarnings(const ServerOptions& options);
 
 // The collective a fleet of these options joins: "local" for world 1 (no group), else --collective,
 // with "auto" meaning "nccl" on --backend cuda and "gloo" on cpu. Assumes valid options.

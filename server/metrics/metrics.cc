@@ -136,8 +136,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
                                  "outcome: staged (waiting for RegisterRegion), refused_peer (uid not accepted), "
                                  "refused_message, refused_memfd (not a sealed, read-write memfd of an accepted "
                                  "size), refused_cuda_ipc (not opened: a cpu backend, another GPU, a stale handle, "
-                                 "out of its allocation), exhausted (too many waiting, or too many connections "
-                                 "held).")
+                                 "out of its allocation), exhausted (too many waiting, too many connections "
+                                 "held, or too many being read), timed_out (no whole message within the socket's "
+                                 "per-connection deadline).")
                            .Register(r);
   m->shm_regions_dropped_ = &prometheus::BuildCounter()
                                  .Name("orthoserve_shm_regions_dropped_total")

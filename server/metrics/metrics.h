@@ -72,8 +72,9 @@ absl::Status ParseTenantLabels(absl::string_view text, TenantLabels* labels);
 // The outcomes of a memfd or CUDA IPC handle handed over on the shared-memory socket
 // (orthoserve_shm_handovers_total{outcome}; server/shm/handover_socket.h), each series there from
 // the start.
-inline constexpr const char* kShmHandoverOutcomes[] = {"staged",        "refused_peer",     "refused_message",
-                                                       "refused_memfd", "refused_cuda_ipc", "exhausted"};
+inline constexpr const char* kShmHandoverOutcomes[] = {"staged",           "refused_peer", "refused_message",
+                                                       "refused_memfd",    "refused_cuda_ipc", "exhausted",
+                                                       "timed_out"};
 // Why a region was dropped without its owner's UnregisterRegion
 // (orthoserve_shm_regions_dropped_total{cause}): its lifeline ended (the client process died or let
 // go) while it was registered ("owner_gone") or still staged ("owner_gone_unclaimed").

@@ -71,38 +71,11 @@ absl::Status ClearPath(const sockaddr_un& addr, const std::string& path) {
   return absl::OkStatus();
 }
 
-void SetTimeouts(int fd, absl::Duration timeout) {
-  const timeval tv = absl::ToTimeval(timeout);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-// Whether `text`, the start of a message, is (or may still become) a CUDA_IPC line.
-bool MayBeCudaIpc(absl::string_view text) {
-  return absl::StartsWith(text, kCudaIpcMessagePrefix) ||
-         (text.size() < kCudaIpcMessagePrefix.size() && absl::StartsWith(kCudaIpcMessagePrefix, text));
-}
-
-// Reads on into `text` until it holds a newline, kMaxCudaIpcMessageBytes, the peer stops sending,
-// or `timeout` has passed since the call (a CUDA_IPC line may arrive in more than one piece).
-void ReadLine(int conn, std::string* text, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  char buffer[kMaxCudaIpcMessageBytes];
-  while (text->find('\n') == std::string::npos && text->size() < kMaxCudaIpcMessageBytes) {
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left <= 0) return;
-    pollfd p{conn, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30))) <= 0) return;
-    const ssize_t n = recv(conn, buffer, kMaxCudaIpcMessageBytes - text->size(), 0);
-    if (n <= 0) return;
-    text->append(buffer, static_cast<size_t>(n));
-  }
-}
-
 void Answer(int conn, absl::string_view line) {
   std::string text = absl::StrCat(line, "\n");
-  // One short write on a fresh socket; MSG_NOSIGNAL: a client gone is not a SIGPIPE.
-  (void)send(conn, text.data(), text.size(), MSG_NOSIGNAL);
+  // One short write on a fresh socket, which its empty send buffer takes whole without blocking;
+  // MSG_NOSIGNAL: a client gone is not a SIGPIPE.
+  (void)send(conn, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void AnswerError(int conn, const absl::Status& status) {
@@ -165,6 +138,7 @@ HandoverSocket::~HandoverSocket() {
   (void)write(stop_fd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
   // The regions stay registered (the registry outlives the socket); only the connections go.
+  handshakes_.clear();
   for (const Lifeline& l : lifelines_) close(l.fd);
   close(listen_fd_);
   close(stop_fd_);
@@ -173,39 +147,112 @@ HandoverSocket::~HandoverSocket() {
   if (lstat(options_.path.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(options_.path.c_str());
 }
 
+
 void HandoverSocket::Serve() {
-  const int period_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.prune_period)));
   absl::Time next_prune = absl::Now();
   std::vector<pollfd> fds;
   while (true) {
     fds.assign({{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}});
     // A lifeline's only event is its end (EOF, hang-up, error) or a byte the client should not send.
     for (const Lifeline& l : lifelines_) fds.push_back({l.fd, POLLIN | POLLRDHUP, 0});
-    const int ready = poll(fds.data(), fds.size(), period_ms);
+    const size_t lifelines = lifelines_.size();
+    for (const HandoverConnection& h : handshakes_) fds.push_back({h.fd(), POLLIN | POLLRDHUP, 0});
+    const int ready = poll(fds.data(), fds.size(), PollTimeoutMs(absl::Now(), next_prune));
     if (ready < 0 && errno != EINTR) {
       LOG_ERROR("shm") << Errno("poll of the handover socket") << "; no more memfds are accepted";
       return;
     }
     if (fds[1].revents != 0) return;
-    const bool prune = absl::Now() >= next_prune;
+    const absl::Time now = absl::Now();
+    const bool prune = now >= next_prune;
     if (prune) {
       registry_->PruneExpired();
-      next_prune = absl::Now() + options_.prune_period;
+      next_prune = now + options_.prune_period;
     }
     if (ready > 0 || prune) EndLifelines(fds.data() + 2, prune);
-    if (ready <= 0 || (fds[0].revents & POLLIN) == 0) continue;
-    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;  // EAGAIN (the client went away), EMFILE, ...: try again at the next poll.
-    SetTimeouts(conn, options_.io_timeout);
-    const uint64_t lifeline = next_lifeline_++;
-    const char* outcome = Handle(conn, lifeline);
-    if (std::strcmp(outcome, "staged") == 0) {
-      lifelines_.push_back({conn, lifeline});
-    } else {
-      close(conn);
-    }
-    if (options_.observe) options_.observe(outcome);
+    // Every handshake is looked at: those without an event may have passed their deadline.
+    ServeHandshakes(fds.data() + 2 + lifelines, now);
+    if (ready > 0 && (fds[0].revents & POLLIN) != 0) Accept(now);
   }
+}
+
+int HandoverSocket::PollTimeoutMs(absl::Time now, absl::Time next_prune) const {
+  absl::Time until = next_prune;
+  for (const HandoverConnection& h : handshakes_) until = std::min(until, h.deadline());
+  // Rounded up, so that a deadline is never polled for early and spun on.
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(until - now, absl::Milliseconds(1)));
+  return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
+}
+
+void HandoverSocket::Accept(absl::Time now) {
+  // At most a backlog's worth per wake-up, so that lifelines and handshakes are polled in between.
+  for (int i = 0; i < 64; ++i) {
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) return;  // EAGAIN (none left, or the client went away), EMFILE, ...: the next poll tries again.
+    ucred peer{};
+    socklen_t len = sizeof(peer);
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+      AnswerError(conn, absl::PermissionDeniedError("the peer's credentials cannot be read"));
+      close(conn);
+      Observe("refused_peer");
+      continue;
+    }
+    if (std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) == options_.peer_uids.end()) {
+      // Nothing of it is read: a descriptor it sent is closed with the connection, never mapped.
+      LOG_WARNING("shm") << "refused memory from pid " << peer.pid << " uid " << peer.uid
+                         << " (not in --shm-peer-uids)";
+      AnswerError(conn, absl::PermissionDeniedError(
+                            absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
+      close(conn);
+      Observe("refused_peer");
+      continue;
+    }
+    if (static_cast<int>(handshakes_.size()) >= options_.max_handshakes) {
+      AnswerError(conn, absl::ResourceExhaustedError(absl::StrCat(
+                            "the server is reading ", options_.max_handshakes,
+                            " hand-overs already (--shm-max-handshakes); send the message at once after "
+                            "connecting, and try again")));
+      close(conn);
+      Observe("exhausted");
+      continue;
+    }
+    HandoverConnection connection(conn, PeerIdentity{peer.pid, peer.uid, peer.gid}, now + options_.message_timeout);
+    // A client sends its message right after connecting: it is usually there already.
+    if (!Advance(connection, /*readable=*/true, now)) handshakes_.push_back(std::move(connection));
+  }
+}
+
+void HandoverSocket::ServeHandshakes(const pollfd* events, absl::Time now) {
+  size_t kept = 0;
+  const size_t count = handshakes_.size();
+  for (size_t i = 0; i < count; ++i) {
+    if (Advance(handshakes_[i], events[i].revents != 0, now)) continue;
+    if (kept != i) handshakes_[kept] = std::move(handshakes_[i]);
+    ++kept;
+  }
+  handshakes_.erase(handshakes_.begin() + static_cast<std::ptrdiff_t>(kept), handshakes_.end());
+}
+
+bool HandoverSocket::Advance(HandoverConnection& connection, bool readable, absl::Time now) {
+  const HandoverConnection::Message message =
+      readable ? connection.Read() : HandoverConnection::Message::kIncomplete;
+  if (message == HandoverConnection::Message::kIncomplete) {
+    if (now < connection.deadline()) return false;
+    AnswerError(connection.fd(), absl::DeadlineExceededError(absl::StrCat(
+                                     "no whole hand-over message within ", absl::FormatDuration(options_.message_timeout),
+                                     " of connecting: send the memfd (or the CUDA_IPC line) at once")));
+    Observe("timed_out");
+    return true;  // Closed with `connection`.
+  }
+  const uint64_t lifeline = next_lifeline_++;
+  const char* outcome = Handle(connection, message, lifeline);
+  if (std::strcmp(outcome, "staged") == 0) lifelines_.push_back({connection.Release(), lifeline});
+  Observe(outcome);
+  return true;
+}
+
+void HandoverSocket::Observe(const char* outcome) const {
+  if (options_.observe) options_.observe(outcome);
 }
 
 void HandoverSocket::EndLifelines(const pollfd* events, bool reap) {
@@ -231,76 +278,30 @@ void HandoverSocket::EndLifelines(const pollfd* events, bool reap) {
   lifelines_.resize(kept);
 }
 
-const char* HandoverSocket::Handle(int conn, uint64_t lifeline) {
-  ucred peer{};
-  socklen_t len = sizeof(peer);
-  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
-    AnswerError(conn, absl::PermissionDeniedError("the peer's credentials cannot be read"));
-    return "refused_peer";
-  }
-  const bool peer_allowed =
-      std::find(options_.peer_uids.begin(), options_.peer_uids.end(), peer.uid) != options_.peer_uids.end();
-  // The message is read before any answer, a refusal included: a peer still sending when the
-  // connection closes would see a broken pipe instead of the reason.
-  char bytes[kMaxCudaIpcMessageBytes];
-  iovec iov{bytes, sizeof(bytes)};
-  // Room for a few descriptors, so that a message with more than one is seen (and refused) whole.
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
-  std::vector<int> fds;
-  if (n > 0) {
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.push_back(fd);
-      }
-    }
-  }
-  if (!peer_allowed) {
-    for (int fd : fds) close(fd);  // Never mapped.
-    LOG_WARNING("shm") << "refused memory from pid " << peer.pid << " uid " << peer.uid << " (not in --shm-peer-uids)";
-    AnswerError(conn, absl::PermissionDeniedError(
-                          absl::StrCat("uid ", peer.uid, " may not hand memory over (--shm-peer-uids)")));
-    return "refused_peer";
-  }
+const char* HandoverSocket::Handle(HandoverConnection& connection, HandoverConnection::Message message,
+                                   uint64_t lifeline) {
+  const int conn = connection.fd();
   if (static_cast<int>(lifelines_.size()) >= options_.max_lifelines) {
-    for (int fd : fds) close(fd);  // Never mapped.
     AnswerError(conn, absl::ResourceExhaustedError(absl::StrCat(
                           "the server holds ", options_.max_lifelines,
                           " handover connections already, one per region (--shm-max-connections); unregister "
                           "regions (and close their connections) first")));
     return "exhausted";
   }
-  std::string text(bytes, n > 0 ? static_cast<size_t>(n) : 0);
-  if (fds.empty() && n > 0 && (msg.msg_flags & MSG_CTRUNC) == 0 && MayBeCudaIpc(text)) {
-    ReadLine(conn, &text, options_.io_timeout);
-    if (absl::StartsWith(text, kCudaIpcMessagePrefix)) {
-      return HandleCudaIpc(conn, text, PeerIdentity{peer.pid, peer.uid, peer.gid}, lifeline);
-    }
-  }
-  if (n <= 0 || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC) != 0) {
-    for (int fd : fds) close(fd);
+  if (message == HandoverConnection::Message::kCudaIpcLine) return HandleCudaIpc(connection, lifeline);
+  if (message != HandoverConnection::Message::kMemfd) {
     AnswerError(conn, absl::InvalidArgumentError(
                           "send one message of at least one byte carrying exactly one memfd (SCM_RIGHTS), or one "
                           "CUDA_IPC line and no descriptor (docs/shared_memory.md)"));
     return "refused_message";
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> region =
-      MappedRegion::Map(fds[0], registry_->options().max_region_bytes);
+      MappedRegion::Map(connection.TakeMemfd(), registry_->options().max_region_bytes);
   if (!region.ok()) {
     AnswerError(conn, region.status());
     return "refused_memfd";
   }
-  absl::StatusOr<std::string> ticket =
-      registry_->Stage(*std::move(region), PeerIdentity{peer.pid, peer.uid, peer.gid}, lifeline);
+  absl::StatusOr<std::string> ticket = registry_->Stage(*std::move(region), connection.peer(), lifeline);
   if (!ticket.ok()) {
     AnswerError(conn, ticket.status());
     return "exhausted";
@@ -309,8 +310,10 @@ const char* HandoverSocket::Handle(int conn, uint64_t lifeline) {
   return "staged";
 }
 
-const char* HandoverSocket::HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer,
-                                          uint64_t lifeline) {
+const char* HandoverSocket::HandleCudaIpc(HandoverConnection& connection, uint64_t lifeline) {
+  const int conn = connection.fd();
+  const std::string& text = connection.text();
+  const PeerIdentity& peer = connection.peer();
   const size_t newline = text.find('\n');
   if (newline == std::string::npos || newline + 1 != text.size()) {
     AnswerError(conn,

@@ -19,9 +19,14 @@
 // function (a cpu backend) the answer is "ERR FAILED_PRECONDITION ...". The handle's bytes travel
 // only on this socket, never over gRPC.
 //
-// The peer is identified by the kernel (SO_PEERCRED) and refused unless its uid is accepted.
-// Connections are served one at a time by one thread, each within Options::io_timeout; the same
-// thread polls the lifelines (no thread per connection).
+// The peer is identified by the kernel (SO_PEERCRED) as the connection is accepted, before
+// anything is read from it: a uid not accepted is answered "ERR PERMISSION_DENIED ..." and the
+// connection closed at once. One thread serves every connection (no thread per connection): it
+// polls the listening socket, the connections whose message is still arriving (non-blocking, at
+// most Options::max_handshakes, each due within Options::message_timeout of its accept) and the
+// lifelines together, so that an idle or trickling connection holds up no other hand-over. A
+// connection beyond max_handshakes is answered "ERR RESOURCE_EXHAUSTED ..." and closed; one whose
+// message is not whole by its deadline, "ERR DEADLINE_EXCEEDED ...".
 #pragma once
 
 #include <poll.h>
@@ -38,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/shm/cuda_ipc_message.h"
+#include "server/shm/handover_connection.h"
 #include "server/shm/region_memory.h"
 #include "server/shm/region_registry.h"
 
@@ -50,12 +56,14 @@ class HandoverSocket {
     std::vector<uid_t> peer_uids;                    // Uids that may hand memory over; empty: the server's own.
     std::vector<std::string> reserved_paths;         // Files the server uses itself: refused as `path`.
     mode_t mode = 0660;                              // Permissions of the socket file.
-    absl::Duration io_timeout = absl::Seconds(2);    // For one connection's message and answer.
-    absl::Duration prune_period = absl::Seconds(1);  // How often expired tickets (and idle lifelines) are dropped.
-    int max_lifelines = 1024;                        // Handover connections held open (one per region).
-    // Told the outcome of each connection: "staged", "refused_peer", "refused_message",
-    // "refused_memfd", "refused_cuda_ipc", "exhausted" (for metrics); may be empty. Called on the
-    // socket's thread.
+    absl::Duration message_timeout = absl::Seconds(1);  // From a connection's accept to its whole message.
+    absl::Duration prune_period = absl::Seconds(1);     // How often expired tickets (and idle lifelines) are dropped.
+    int max_lifelines = 1024;                           // Handover connections held open (one per region).
+    int max_handshakes = 64;                            // Connections accepted whose message is still arriving.
+    // Told the outcome of each connection: "staged"; "refused_peer" (its uid, on accept);
+    // "refused_message", "refused_memfd", "refused_cuda_ipc" (what it sent); "exhausted" (beyond
+    // max_handshakes or max_lifelines, or the registry's cap on staged regions); "timed_out" (no
+    // whole message within message_timeout). For metrics; may be empty. Called on the socket's thread.
     std::function<void(absl::string_view outcome)> observe;
     // Told of each region dropped because its lifeline ended (RegionRegistry::kStaged or
     // kRegistered; never kNothing), for metrics; may be empty. Called on the socket's thread.
@@ -89,14 +97,26 @@ class HandoverSocket {
 
   HandoverSocket(Options options, RegionRegistry* registry, int listen_fd, int stop_fd, dev_t dev, ino_t ino);
   void Serve();
-  // Serves one accepted connection, staging its region under lifeline `lifeline`; returns its
-  // outcome (Options::observe): "staged" when the connection is to be held.
-  const char* Handle(int conn, uint64_t lifeline);
-  // Serves a CUDA_IPC message `text` (read whole up to its newline, if it has one) from `peer`.
-  const char* HandleCudaIpc(int conn, const std::string& text, const PeerIdentity& peer, uint64_t lifeline);
+  // How long the next poll may wait: until the next prune or the earliest handshake deadline.
+  int PollTimeoutMs(absl::Time now, absl::Time next_prune) const;
+  // Accepts what is waiting on the listening socket: checks each peer's uid and the bound on
+  // handshakes (answering and closing a refused connection at once) and reads what it has sent.
+  void Accept(absl::Time now);
+  // Reads the handshakes with an event in `events` (parallel to handshakes_), answers those whose
+  // message is whole or whose deadline has passed, and keeps the others.
+  void ServeHandshakes(const pollfd* events, absl::Time now);
+  // Reads what `connection` has sent when `readable`; answers and disposes of it (a lifeline when
+  // staged) when its message is whole or its deadline has passed. Whether it is done.
+  bool Advance(HandoverConnection& connection, bool readable, absl::Time now);
+  // Serves a whole message; returns its outcome (Options::observe): "staged" when the connection
+  // is to be held as the lifeline of the region staged under `lifeline`.
+  const char* Handle(HandoverConnection& connection, HandoverConnection::Message message, uint64_t lifeline);
+  // Serves a CUDA_IPC message (read whole up to its newline, if it has one).
+  const char* HandleCudaIpc(HandoverConnection& connection, uint64_t lifeline);
   // Drops the regions of the lifelines with an event in `events` (parallel to lifelines_) and
   // closes those, and the lifelines whose region the registry no longer holds when `reap`.
   void EndLifelines(const pollfd* events, bool reap);
+  void Observe(const char* outcome) const;
 
   const Options options_;
   RegionRegistry* const registry_;
@@ -105,6 +125,7 @@ class HandoverSocket {
   const dev_t dev_;    // The socket file this server made, to remove only that one.
   const ino_t ino_;
   // Used only by the thread that runs Serve (and by the destructor after it ended).
+  std::vector<HandoverConnection> handshakes_;  // Accepted, message still arriving; oldest first.
   std::vector<Lifeline> lifelines_;
   uint64_t next_lifeline_ = 1;
   std::thread thread_;

@@ -5,6 +5,7 @@ bytes; another tenant cannot use a region; a server without --shm-socket refuses
 misaligned are refused. orthoserve.torch's automatic use of regions: test_shm_transport.py."""
 
 import os
+import socket
 import time
 
 import numpy as np
@@ -128,6 +129,35 @@ def test_the_memfd_is_sealed_against_shrinking(shm_server):
             g = region.array((16, 16))
             g[...] = np.eye(16, dtype=np.float32)
             assert client.orthogonalize(g, method="unary").shape == (16, 16)
+
+
+@pytest.mark.deadline(60)
+def test_idle_connections_on_the_socket_do_not_delay_a_region(shm_server):
+    """Issue #38: 8 local connections that send nothing are held open on --shm-socket; a region made right after
+    them (its memfd handed over on that socket) is ready within a second, and the idle ones are answered
+    DEADLINE_EXCEEDED and closed at their own deadline."""
+    idle = []
+    try:
+        for _ in range(8):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.connect(str(shm_server.socket_path))
+            idle.append(s)
+        time.sleep(0.05)  # Accepted (or at least queued) before the region's connection.
+        with orthoserve.Client(shm_server.address, token="secret-a", timeout=30) as client:
+            start = time.monotonic()
+            with client.region(1 << 16) as region:
+                took = time.monotonic() - start
+                g = region.array((16, 16))
+                g[...] = np.eye(16, dtype=np.float32)
+                assert client.orthogonalize(g, method="unary").shape == (16, 16)
+            assert took < 1.0, f"the region took {took:.2f} s behind 8 idle connections"
+        for s in idle:
+            assert s.recv(4096).startswith(b"ERR DEADLINE_EXCEEDED no whole hand-over message within 1s")
+            assert s.recv(4096) == b""
+    finally:
+        for s in idle:
+            s.close()
 
 
 # -- torch tensors backed by a region ----------------------------------------------------------------------------

@@ -1,12 +1,20 @@
 // ValidateServerOptions (server/app/server.h): every option it checks, bad, gives its specific
-// code and names the flag; and ResolveCollective picks the fleet's collective group.
+// code and names the flag; which --listen addresses are loopback only, and shared memory without
+// tokens refused beyond them (or warned of); and ResolveCollective picks the fleet's collective group.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/app/listen_address.h"
 #include "server/app/server.h"
 #include "tests/util/status_matchers.h"
 
@@ -14,7 +22,10 @@ namespace orthoserve {
 namespace {
 
 using ::orthoserve::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 ServerOptions Fleet2(const std::string& backend) {
   ServerOptions o;
@@ -133,12 +144,82 @@ TEST(ServerOptionsTest, EveryBadOptionHasItsCodeAndNamesTheFlag) {
        absl::StatusCode::kInvalidArgument, "need --fleet-listen"},
       {"fleet member name", [](ServerOptions& o) { o.fleet_tls.member_name = "orthoserve rank {rank}"; },
        absl::StatusCode::kInvalidArgument, "--fleet-tls-member-name"},
+      {"handshakes", [](ServerOptions& o) {
+         o.shm.socket = "/tmp/orthoserve-test.sock";
+         o.shm.max_handshakes = 0;
+       },
+       absl::StatusCode::kInvalidArgument, "--shm-max-handshakes must be >= 1"},
+      {"regions without tokens on a public port",
+       [](ServerOptions& o) {
+         o.shm.socket = "/tmp/orthoserve-test.sock";
+         o.listen = "0.0.0.0:50051";
+       },
+       absl::StatusCode::kInvalidArgument, "--shm-allow-without-tokens"},
   };
   for (const BadCase& c : cases) {
     ServerOptions o = Fleet2("cpu");
     c.change(o);
     EXPECT_THAT(ValidateServerOptions(o), StatusIs(c.code, HasSubstr(c.names))) << c.name;
   }
+}
+
+TEST(ServerOptionsTest, LoopbackListenAddresses) {
+  for (const char* local : {"127.0.0.1:50051", "127.0.0.1:0", "127.8.9.10:1", "[::1]:50051", "localhost:50051",
+                            "LocalHost:1", "[::ffff:127.0.0.1]:50051", "unix:/run/orthoserve/grpc.sock",
+                            "unix-abstract:orthoserve"}) {
+    EXPECT_TRUE(IsLoopbackListenAddress(local)) << local;
+  }
+  for (const char* reachable : {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.5:50051", "128.0.0.1:50051",
+                                "[::2]:50051", "[::ffff:10.0.0.1]:50051", "orthoserve.example.com:50051",
+                                "localhost.example.com:50051", "ipv4:127.0.0.1:50051", "[::1:50051", ""}) {
+    EXPECT_FALSE(IsLoopbackListenAddress(reachable)) << reachable;
+  }
+}
+
+// --shm-socket without --token-file: every client that reaches the public port is tenant
+// "default" and may use every region, so it is refused unless that port is loopback, or the
+// operator opted in (and is warned).
+TEST(ServerOptionsTest, RegionsWithoutTokensNeedALoopbackPortOrTheOptIn) {
+  ServerOptions o;
+  o.shm.socket = "/tmp/orthoserve-test.sock";
+  for (const char* reachable : {"0.0.0.0:50051", "[::]:50051", "10.0.0.5:50051", "orthoserve:50051"}) {
+    o.listen = reachable;
+    EXPECT_THAT(ValidateServerOptions(o),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(absl::StrCat("--shm-socket without --token-file on --listen ", reachable)),
+                               HasSubstr("give a --token-file, listen on loopback"),
+                               HasSubstr("--shm-allow-without-tokens"))))
+        << reachable;
+  }
+  o.listen = "0.0.0.0:50051";
+  o.shm.allow_without_tokens = true;
+  EXPECT_OK(ValidateServerOptions(o));
+  EXPECT_THAT(ServerOptionsWarnings(o),
+              ElementsAre(AllOf(HasSubstr("--shm-allow-without-tokens"), HasSubstr("--listen 0.0.0.0:50051"),
+                                HasSubstr("every shared-memory region"))));
+  // Loopback needs no opt-in, and nothing is warned of.
+  o.shm.allow_without_tokens = false;
+  for (const char* local : {"127.0.0.1:50051", "[::1]:50051", "localhost:50051"}) {
+    SCOPED_TRACE(local);
+    o.listen = local;
+    EXPECT_OK(ValidateServerOptions(o));
+    EXPECT_THAT(ServerOptionsWarnings(o), IsEmpty());
+  }
+  // Tokens: regions are the registering tenant's, on any port.
+  char dir[] = "/tmp/orthoserve-options-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string tokens = std::string(dir) + "/tokens";
+  std::ofstream(tokens) << "secret-token alice\n";
+  o.listen = "0.0.0.0:50051";
+  o.token_file = tokens;
+  EXPECT_OK(ValidateServerOptions(o));
+  EXPECT_THAT(ServerOptionsWarnings(o), IsEmpty());
+  // Without --shm-socket there is nothing to refuse.
+  ServerOptions no_regions;
+  no_regions.listen = "0.0.0.0:50051";
+  EXPECT_OK(ValidateServerOptions(no_regions));
+  std::remove(tokens.c_str());
+  rmdir(dir);
 }
 
 TEST(ServerOptionsTest, NcclNeedsACudaBuild) {

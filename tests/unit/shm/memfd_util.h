@@ -53,6 +53,37 @@ inline OwnedFd MakeMemfd(int64_t size, bool seal_shrink = true) {
   return fd;
 }
 
+// A connection to the handover socket at `path` that has sent nothing (fails the test and returns
+// an empty OwnedFd when it cannot connect). Its receives time out after 5 s.
+inline OwnedFd Connect(const std::string& path) {
+  OwnedFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ADD_FAILURE() << "connect " << path << ": " << std::strerror(errno);
+    return OwnedFd();
+  }
+  timeval tv{5, 0};  // Every wait has a deadline.
+  setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return conn;
+}
+
+// The server's one-line answer on `conn` (without the newline): what arrives before a newline, the
+// end of the connection, an error or the connection's receive timeout.
+inline std::string ReadAnswer(int conn) {
+  std::string answer;
+  char buf[256];
+  for (int i = 0; i < 64; ++i) {  // Bounded: the answer is one short line.
+    const ssize_t n = recv(conn, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+    if (answer.find('\n') != std::string::npos) break;
+  }
+  if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  return answer;
+}
+
 // Connects to the handover socket at `path`, sends one byte with `fds` (count of them) and
 // returns the server's answer line (without the newline), or "connect failed: ..." etc. The
 // connection — the region's lifeline after "OK" — is moved to `*lifeline` when it is given (the
@@ -82,16 +113,13 @@ inline std::string HandOver(const std::string& path, const int* fds, int count, 
     c->cmsg_len = CMSG_LEN(sizeof(int) * count);
     std::memcpy(CMSG_DATA(c), fds, sizeof(int) * count);
   }
-  if (sendmsg(conn.get(), &msg, MSG_NOSIGNAL) != 1) return absl::StrCat("sendmsg failed: ", std::strerror(errno));
-  std::string answer;
-  char buf[256];
-  for (int i = 0; i < 64; ++i) {  // Bounded: the answer is one short line.
-    const ssize_t n = recv(conn.get(), buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    answer.append(buf, static_cast<size_t>(n));
-    if (answer.find('\n') != std::string::npos) break;
+  if (sendmsg(conn.get(), &msg, MSG_NOSIGNAL) != 1) {
+    // A server that refused the peer on accept has answered and closed already: its answer is the reason.
+    const std::string error = absl::StrCat("sendmsg failed: ", std::strerror(errno));
+    const std::string answer = ReadAnswer(conn.get());
+    return answer.empty() ? error : answer;
   }
-  if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  std::string answer = ReadAnswer(conn.get());
   if (lifeline != nullptr) *lifeline = std::move(conn);
   return answer;
 }
@@ -112,28 +140,22 @@ inline std::string HandOverLine(const std::string& path, const std::string& text
   timeval tv{5, 0};  // Every wait has a deadline.
   setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   const size_t first = split > 0 && split < text.size() ? split : text.size();
-  if (send(conn.get(), text.data(), first, MSG_NOSIGNAL) != static_cast<ssize_t>(first)) {
-    return absl::StrCat("send failed: ", std::strerror(errno));
-  }
-  if (first < text.size()) {
+  bool sent = send(conn.get(), text.data(), first, MSG_NOSIGNAL) == static_cast<ssize_t>(first);
+  if (sent && first < text.size()) {
     usleep(static_cast<useconds_t>(pause_ms) * 1000);
     const size_t rest = text.size() - first;
-    if (send(conn.get(), text.data() + first, rest, MSG_NOSIGNAL) != static_cast<ssize_t>(rest)) {
-      return absl::StrCat("send failed: ", std::strerror(errno));
-    }
+    sent = send(conn.get(), text.data() + first, rest, MSG_NOSIGNAL) == static_cast<ssize_t>(rest);
+  }
+  if (!sent) {
+    // As in HandOver: a refusal on accept was answered before the server closed.
+    const std::string error = absl::StrCat("send failed: ", std::strerror(errno));
+    const std::string answer = ReadAnswer(conn.get());
+    return answer.empty() ? error : answer;
   }
   // Nothing more comes: a line without its newline is seen at once. (Not on a lifeline, whose end
   // would drop the region.)
   if (lifeline == nullptr) shutdown(conn.get(), SHUT_WR);
-  std::string answer;
-  char buf[256];
-  for (int i = 0; i < 64; ++i) {  // Bounded: the answer is one short line.
-    const ssize_t n = recv(conn.get(), buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    answer.append(buf, static_cast<size_t>(n));
-    if (answer.find('\n') != std::string::npos) break;
-  }
-  if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  std::string answer = ReadAnswer(conn.get());
   if (lifeline != nullptr) *lifeline = std::move(conn);
   return answer;
 }
