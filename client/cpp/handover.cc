@@ -107,17 +107,21 @@ absl::StatusOr<HandedOver> HandOverMemfd(const std::string& socket_path, int fd,
   do {
     sent = sendmsg(s, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
-  if (sent != 1) return SocketError(socket_path, "sendmsg");
+  // A server that refuses on accept (a peer uid it does not take, too many hand-overs at once)
+  // answers and closes before reading: the send may then fail, and the answer says why.
+  const absl::Status send_failed = sent == 1 ? absl::OkStatus() : SocketError(socket_path, "sendmsg");
   // One short line; after "OK" the connection stays open (the lifeline), after "ERR" the server closes it.
   std::string answer;
   char buf[512];
   while (answer.size() < kMaxAnswerBytes && !absl::EndsWith(answer, "\n")) {
     const ssize_t n = recv(s, buf, sizeof(buf), 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return SocketError(socket_path, "reading the answer");
+    if (n < 0) return send_failed.ok() ? SocketError(socket_path, "reading the answer") : send_failed;
     if (n == 0) break;
     answer.append(buf, static_cast<size_t>(n));
   }
+  if (answer.empty() && !send_failed.ok()) return send_failed;
+  if (!send_failed.ok() && absl::StartsWith(answer, "OK")) return send_failed;  // Never a ticket for an unsent memfd.
   if (answer.empty()) {
     return absl::UnavailableError(
         absl::StrCat("the shared-memory socket ", socket_path, " closed the connection without an answer"));

@@ -67,9 +67,15 @@ def hand_over(path: str, send: Callable[[socket.socket], None], what: str,
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.settimeout(timeout)
+        send_error: Optional[OSError] = None
         try:
             s.connect(path)
-            send(s)
+            try:
+                send(s)
+            except OSError as e:
+                # A server that refuses on accept (a uid it does not take, too many hand-overs at once) answers
+                # and closes before reading: the send may fail, and the answer says why.
+                send_error = e
             answer = b""
             while not answer.endswith(b"\n") and len(answer) < 4096:  # One short line.
                 part = s.recv(4096)
@@ -78,8 +84,12 @@ def hand_over(path: str, send: Callable[[socket.socket], None], what: str,
                 answer += part
         except OSError as e:
             raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE,
-                                          f"the shared-memory socket {path} did not take {what}: {e}") from None
+                                          f"the shared-memory socket {path} did not take {what}: {send_error or e}"
+                                          ) from None
         line = answer.decode("utf-8", "replace").strip()
+        if send_error is not None and not line.startswith("ERR "):
+            raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                          f"the shared-memory socket {path} did not take {what}: {send_error}")
         if line.startswith("OK "):
             s.settimeout(None)
             return line[3:], s
