@@ -42,6 +42,21 @@ LogEntry Batch(const GroupKey& key, std::vector<MatrixPlan> specs, int fleet, in
   return entry;
 }
 
+// Options that pace (a window of 4) and cut steps into parts of `part_time` of work.
+BatchPacer::Options PartOptions(absl::Duration part_time = absl::Milliseconds(10)) {
+  BatchPacer::Options o;
+  o.batch_window = 4;
+  o.part_time = part_time;
+  return o;
+}
+
+// Rank 0 ran one batch of estimated `cost` in `took`: the rate parts are sized by.
+void MeasureRate(BatchPacer& pacer, double cost, absl::Duration took) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  pacer.Appended(1, cost, t0);
+  pacer.Ran(1, t0 + took);
+}
+
 TEST(BatchPacerTest, MatrixCostsAreEachMatrixsEstimateInOrder) {
   const std::vector<MatrixPlan> plans = {Plan(32), Plan(64), Plan(128)};
   const std::vector<double> costs = MatrixCosts(plans);
@@ -126,16 +141,10 @@ TEST(BatchPacerTest, BatchesRankZeroNeverReportsStopHoldingTheQueueAfterTheTimeo
 // of about part_time of work, at least one matrix per member; NextPart hands them out in order,
 // covering every matrix once, each part a batch of its own with its offset and more_parts.
 TEST(BatchPacerTest, AStepIsCutIntoPartsThatCoverItsMatricesInOrder) {
-  BatchPacer::Options o;
-  o.batch_window = 4;
-  o.part_time = absl::Milliseconds(10);
-  BatchPacer pacer(o);
+  BatchPacer pacer(PartOptions());
   const std::vector<MatrixPlan> plans = Plans(7);
   const double one = EstimatedCost(plans[0]);
-  // Rank 0 ran a batch of 2.5 matrices' cost in 10 ms: part_time holds 2 matrices.
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  pacer.Appended(1, 2.5 * one, t0);
-  pacer.Ran(1, t0 + absl::Milliseconds(10));
+  MeasureRate(pacer, 2.5 * one, absl::Milliseconds(10));  // part_time holds 2 matrices.
 
   const GroupKey key = Key("a", 1);
   ASSERT_TRUE(pacer.Queue(key, plans, false, /*members=*/1));
@@ -164,14 +173,9 @@ TEST(BatchPacerTest, AStepIsCutIntoPartsThatCoverItsMatricesInOrder) {
 }
 
 TEST(BatchPacerTest, TheRestGoesAtOnceWhenAskedOrInAnotherGeneration) {
-  BatchPacer::Options o;
-  o.batch_window = 4;
-  o.part_time = absl::Milliseconds(10);
-  BatchPacer pacer(o);
+  BatchPacer pacer(PartOptions());
   const std::vector<MatrixPlan> plans = Plans(6);
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  pacer.Appended(1, EstimatedCost(plans[0]), t0);
-  pacer.Ran(1, t0 + absl::Milliseconds(10));  // One matrix per part.
+  MeasureRate(pacer, EstimatedCost(plans[0]), absl::Milliseconds(10));  // One matrix per part.
   for (const auto& [rest, generation] : {std::pair{true, int64_t{1}}, std::pair{false, int64_t{2}}}) {
     const GroupKey key = Key("a", generation + (rest ? 10 : 0));
     pacer.Divide(Batch(key, plans, /*fleet=*/2, /*generation=*/1), 2, MatrixCosts(plans));
@@ -189,13 +193,8 @@ TEST(BatchPacerTest, TheRestGoesAtOnceWhenAskedOrInAnotherGeneration) {
 }
 
 TEST(BatchPacerTest, AReplayAndAStepWithoutPartTimeGoWhole) {
-  BatchPacer::Options o;
-  o.batch_window = 4;
-  o.part_time = absl::Milliseconds(10);
-  BatchPacer pacer(o);
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  pacer.Appended(1, EstimatedCost(Plan(64)), t0);
-  pacer.Ran(1, t0 + absl::Milliseconds(10));
+  BatchPacer pacer(PartOptions());
+  MeasureRate(pacer, EstimatedCost(Plan(64)), absl::Milliseconds(10));
   ASSERT_TRUE(pacer.Queue(Key("a", 1), Plans(5), /*replay=*/true, 1));
   std::optional<BatchPacer::Turn> turn = pacer.Next(true);
   ASSERT_TRUE(turn.has_value());
@@ -209,13 +208,8 @@ TEST(BatchPacerTest, AReplayAndAStepWithoutPartTimeGoWhole) {
 }
 
 TEST(BatchPacerTest, APartHasAtLeastOneMatrixPerMember) {
-  BatchPacer::Options o;
-  o.batch_window = 4;
-  o.part_time = absl::Nanoseconds(1);  // Almost no time: the floor decides.
-  BatchPacer pacer(o);
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  pacer.Appended(1, 1.0, t0);
-  pacer.Ran(1, t0 + absl::Seconds(1));
+  BatchPacer pacer(PartOptions(absl::Nanoseconds(1)));  // Almost no time: the floor decides.
+  MeasureRate(pacer, 1.0, absl::Seconds(1));
   ASSERT_TRUE(pacer.Queue(Key("a", 1), Plans(8), false, /*members=*/3));
   std::optional<BatchPacer::Turn> turn = pacer.Next(true);
   ASSERT_TRUE(turn.has_value());
