@@ -182,15 +182,25 @@ class Muon(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """torch.optim.Optimizer.add_param_group, with Muon's settings per group (aliases resolved, values
-        checked) and parameters of >= 2 dims."""
+        checked) and parameters of >= 2 dims. Atomic: a group that fails a check (a bad setting, a parameter of
+        < 2 dims, torch's own checks) raises and leaves the optimizer as it was."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
         group = settings_lib.canonical(param_group)
         settings_lib.check({**self.defaults, **{k: v for k, v in group.items() if k != "params"}}, "Muon param group")
+        params = group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif not isinstance(params, set):  # A set: torch's TypeError, before anything changes.
+            params = list(params)  # Read once: an iterator is consumed here, not by the checks below.
+            for item in params:
+                p = item[1] if isinstance(item, tuple) and len(item) == 2 else item
+                if isinstance(p, torch.Tensor) and p.dim() < 2:
+                    raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}")
+        group["params"] = params
+        # torch's checks (tensors, leaves, duplicates across groups) all come before it appends the group.
         super().add_param_group(group)
         for p in self.param_groups[-1]["params"]:
-            if p.dim() < 2:
-                raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}")
             self._names.setdefault(id(p), f"p{len(self._names)}")
 
     @staticmethod
