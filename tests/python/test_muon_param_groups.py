@@ -19,7 +19,7 @@ def _snapshot(opt):
 @pytest.mark.deadline(30)
 @pytest.mark.parametrize("bad", [
     dict(params=[torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.ones(4))]),  # A 1-D parameter.
-    dict(params=iter([torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.ones(3))])),  # ... from an iterator.
+    dict(params=iter([torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.ones(3))])),  # An iterator.
     dict(params=[torch.nn.Parameter(torch.ones(4, 4))], lr=-1.0),  # A bad setting.
     dict(params=[torch.nn.Parameter(torch.ones(4, 4))], coefficient_type="nope"),
 ], ids=["1-d", "1-d-iterator", "negative-lr", "coefficient-type"])

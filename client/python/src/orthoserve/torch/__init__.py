@@ -26,8 +26,9 @@ key its tp_group agrees on first use (a collective of that group only).
 The package, by responsibility (each module says more): defaults (which client; region_transport), functional
 (newton_schulz, RemoteNewtonSchulz), tp_groups (newton_schulz with tp_group as a group step), dtensors (DTensor blocks
 and shard groups), updates (a step's updates sent whole or as group steps, through the region transport), fallback
-(the local computation of fallback=True), muon (the Muon optimizer) and muon_settings (its flavors, defaults and
-checks). Everything public is imported from here: `from orthoserve.torch import Muon`.
+(the local computation of fallback=True), param_names (the names of parameters on the wire), muon (the Muon optimizer)
+and muon_settings (its flavors, defaults and checks). Everything public is imported from here:
+`from orthoserve.torch import Muon`.
 """
 
 try:

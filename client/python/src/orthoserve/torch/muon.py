@@ -16,6 +16,7 @@ from orthoserve import runs
 from orthoserve.client import Client
 from orthoserve.region_transport import RegionTransport
 from orthoserve.torch import muon_settings as settings_lib
+from orthoserve.torch import param_names
 from orthoserve.torch.updates import orthogonalize_updates
 
 __all__ = ["Muon"]
@@ -98,6 +99,12 @@ class Muon(torch.optim.Optimizer):
         raises FailedPreconditionError instead). Each region is sized for the step and reused by the next ones.
         Results are bit for bit those of bytes. `transport` says how the step's last call (its last group step,
         when it has any) went ("shm" or "bytes"), `region_transport` more.
+    params: tensors, (name, tensor) pairs (`model.named_parameters()`), or param group dicts whose "params" are
+      either (not both), as torch.optim's optimizers take them. A parameter's matrix name on the wire
+      (MatrixSpec.name, in the server's errors and logs) is its name ("layers.3.attn.qkv.weight"; "p<n>" without
+      one), made unique within the optimizer ("name#2" for a second parameter of the same name) and, when longer
+      than the server's Limits.max_name_bytes, shortened to fit with a hash of the whole name
+      (orthoserve.torch.param_names).
     Unknown arguments raise TypeError; bad values ValueError (torch's messages where torch checks the same).
     Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest), also for adjust_lr_fn). DTensor
     parameters are sent as group steps of their mesh's shard group, each rank only its local shard; plain tensors
@@ -194,14 +201,21 @@ class Muon(torch.optim.Optimizer):
         elif not isinstance(params, set):  # A set: torch's TypeError, before anything changes.
             params = list(params)  # Read once: an iterator is consumed here, not by the checks below.
             for item in params:
-                p = item[1] if isinstance(item, tuple) and len(item) == 2 else item
+                name, p = item if isinstance(item, tuple) and len(item) == 2 else ("", item)
                 if isinstance(p, torch.Tensor) and p.dim() < 2:
-                    raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}")
+                    raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}"
+                                     + (f" ({name})" if name else ""))
         group["params"] = params
-        # torch's checks (tensors, leaves, duplicates across groups) all come before it appends the group.
+        # torch's checks (tensors, leaves, duplicates across groups) all come before it appends the group; it
+        # moves the names of (name, tensor) pairs to the group's "param_names".
         super().add_param_group(group)
-        for p in self.param_groups[-1]["params"]:
-            self._names.setdefault(id(p), f"p{len(self._names)}")
+        added = self.param_groups[-1]
+        given = added.get("param_names")
+        taken = set(self._names.values())
+        for j, p in enumerate(added["params"]):
+            if id(p) not in self._names:
+                self._names[id(p)] = param_names.unique_name(str(given[j]) if given else f"p{len(self._names)}", taken)
+                taken.add(self._names[id(p)])
 
     @staticmethod
     def _setting(group: Dict[str, Any], defaults: Dict[str, Any], key: str) -> Any:
