@@ -60,8 +60,8 @@ def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor
                           group_prefix: str = "muon") -> List[torch.Tensor]:
     """The orthogonalized update of each parameter (same type, dtype and shape as the update).
 
-    client: None for get_default_client(). options_of(p): the NS options of parameter p (orthoserve.options names);
-    name_of(i, p): its matrix name (fitted to the server's Limits.max_name_bytes: param_names.fit_names).
+    client: None for get_default_client(). options_of(p): the NS options of parameter p (orthoserve.options names,
+    and "nd"); name_of(i, p): its matrix name (fitted to the server's Limits.max_name_bytes: param_names.fit_names).
     identity(): (job, run id) of the group steps, asked only when there are sharded DTensors. step: the group steps'
     step number. tp_mode, algorithm: the algorithm of sharded DTensors (_shard_options); group_prefix: the prefix of
     their group names (dtensor_group). fallback: compute the whole parameters locally with a warning when the
@@ -69,6 +69,11 @@ def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor
     optimizer in that warning. Raises OrthoserveError."""
     results: List[Optional[torch.Tensor]] = [None] * len(params)
     whole, groups = _by_group(params, group_prefix)
+    for indices in groups.values():
+        for i in indices:
+            if params[i].dim() >= 3 and options_of(params[i]).get("nd") == "batch":
+                raise ValueError(f"{what}: nd 'batch' is not supported for a sharded DTensor (parameter "
+                                 f"{name_of(i, params[i])}, shape {tuple(params[i].shape)}); use nd 'flatten' for it")
     client = client_or_default(client) if params else None
     job, run_id = identity() if groups else ("", "")
     names: List[str] = []
@@ -91,7 +96,7 @@ def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor
             # The warning points at the optimizer's caller: here, the optimizer's method, then its caller.
             if not falls_back(fallback, e, f"{what} step {step}", stacklevel=4):
                 raise
-            out = [local(t, o) for t, o in zip(tensors, opts)]
+            out = [local(t, o, nd=o.get("nd", "flatten")) for t, o in zip(tensors, opts)]
         for i, o in zip(whole, out):
             results[i] = as_dtensor_of(updates[i], o)
     for (name, rank, world), indices in groups.items():
