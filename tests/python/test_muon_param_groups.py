@@ -4,7 +4,7 @@ server: the orthogonalization is the identity, as in test_muon_steps.py."""
 import pytest
 import torch
 
-from orthoserve.torch import Muon
+from orthoserve.torch import Muon, muon_param_groups
 
 
 class IdentityMuon(Muon):
@@ -57,3 +57,65 @@ def test_a_good_group_is_added_with_its_settings():
     with pytest.raises(TypeError, match="ordered collections"):  # torch's own check of a set.
         opt.add_param_group(dict(params={torch.nn.Parameter(torch.ones(2, 2))}))
     assert len(opt.param_groups) == 2
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(10, 8)
+        self.blocks = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+        self.experts = torch.nn.Parameter(torch.randn(2, 8, 8))
+        self.norm = torch.nn.LayerNorm(8)
+        self.lm_head = torch.nn.Linear(8, 10, bias=False)
+
+    def forward(self, tokens):
+        x = self.blocks(self.wte(tokens))
+        return self.lm_head(self.norm(x + torch.einsum("btd,edf->btf", x, self.experts)))
+
+
+def names(groups):
+    return [n for g in groups for n, _ in g["params"]]
+
+
+@pytest.mark.deadline(30)
+def test_muon_param_groups_splits_hidden_weights_from_embeddings_head_norms_and_biases():
+    model = TinyLM()
+    muon_groups, adamw_groups = muon_param_groups(model, lr=0.02, nd="batch")
+    assert names(muon_groups) == ["experts", "blocks.0.weight", "blocks.2.weight"]
+    assert names(adamw_groups) == ["wte.weight", "blocks.0.bias", "blocks.2.bias", "norm.weight", "norm.bias",
+                                   "lm_head.weight"]
+    assert muon_groups[0]["lr"] == 0.02 and muon_groups[0]["nd"] == "batch" and set(adamw_groups[0]) == {"params"}
+    # Every parameter on exactly one side.
+    assert sorted(names(muon_groups) + names(adamw_groups)) == sorted(n for n, _ in model.named_parameters())
+    # Both optimizers take them, and train the model.
+    opt, adamw = IdentityMuon(muon_groups), torch.optim.AdamW(adamw_groups, lr=1e-3)
+    assert opt._names[id(model.experts)] == "experts"
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.tensor([[1, 2, 3]])).square().mean().backward()
+    opt.step()
+    adamw.step()
+    assert all(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters())
+
+
+@pytest.mark.deadline(30)
+def test_muon_param_groups_head_choices():
+    model = TinyLM()
+    model.lm_head.weight = model.wte.weight  # Tied: one parameter, the embedding's, on AdamW's side.
+    muon_groups, adamw_groups = muon_param_groups(model)
+    assert names(muon_groups) == ["experts", "blocks.0.weight", "blocks.2.weight"]
+    assert "wte.weight" in names(adamw_groups) and "lm_head.weight" not in names(adamw_groups)
+    # head=False: the last Linear is a hidden weight; a head by name or module.
+    model = TinyLM()
+    assert "lm_head.weight" in names(muon_param_groups(model, head=False)[0])
+    for head in ("blocks.2", model.blocks[2]):
+        muon_groups, adamw_groups = muon_param_groups(model, head=head)
+        assert names(muon_groups) == ["experts", "blocks.0.weight", "lm_head.weight"]
+        assert "blocks.2.weight" in names(adamw_groups)
+    with pytest.raises(ValueError, match="no submodule named 'nope'"):
+        muon_param_groups(model, head="nope")
+    with pytest.raises(TypeError):
+        muon_param_groups(list(model.parameters()))
+    # A model with nothing for one side gives no group for it (an empty group would be refused by torch).
+    norm = torch.nn.LayerNorm(4)
+    muon_groups, adamw_groups = muon_param_groups(norm)
+    assert muon_groups == [] and names(adamw_groups) == ["weight", "bias"]
