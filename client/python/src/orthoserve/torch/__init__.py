@@ -27,7 +27,8 @@ The package, by responsibility (each module says more): defaults (which client; 
 (newton_schulz, RemoteNewtonSchulz), tp_groups (newton_schulz with tp_group as a group step), dtensors (DTensor blocks
 and shard groups), updates (a step's updates sent whole or as group steps, through the region transport), fallback
 (the local computation of fallback=True), param_names (the names of parameters on the wire), muon (the Muon optimizer),
-muon_settings (its flavors, defaults and checks) and param_groups (muon_param_groups: the Muon/AdamW split).
+muon_settings (its flavors, defaults and checks), param_groups (muon_param_groups: the Muon/AdamW split) and
+not_traced (the calls of the service excluded from torch.compile tracing).
 Everything public is imported from here: `from orthoserve.torch import Muon`.
 """
 

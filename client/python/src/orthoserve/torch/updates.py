@@ -17,6 +17,7 @@ from orthoserve.torch.defaults import client_or_default
 from orthoserve.torch.dtensors import (as_dtensor_of, dtensor_group, dtensor_shard, is_dtensor, partition_dim,
                                       sharded_mesh_dims)
 from orthoserve.torch.fallback import falls_back, local
+from orthoserve.torch.not_traced import not_traced
 from orthoserve.torch.param_names import fit_names
 
 __all__ = ["orthogonalize_updates"]
@@ -52,6 +53,7 @@ def _shard_options(p: torch.Tensor, opts: Dict[str, Any], tp_mode: Optional[str]
     return kwargs
 
 
+@not_traced
 def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor], *, client: Optional[Client],
                           transport: RegionTransport, options_of: Callable[[torch.Tensor], Dict[str, Any]],
                           name_of: Callable[[int, torch.Tensor], str], identity: Callable[[], Tuple[str, str]],
@@ -66,7 +68,7 @@ def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor
     step number. tp_mode, algorithm: the algorithm of sharded DTensors (_shard_options); group_prefix: the prefix of
     their group names (dtensor_group). fallback: compute the whole parameters locally with a warning when the
     service stays unreachable (sharded DTensors have no local fallback: their error propagates); `what` names the
-    optimizer in that warning. Raises OrthoserveError."""
+    optimizer in that warning. Raises OrthoserveError. Under torch.compile a call is a graph break (not_traced)."""
     results: List[Optional[torch.Tensor]] = [None] * len(params)
     whole, groups = _by_group(params, group_prefix)
     for indices in groups.values():
