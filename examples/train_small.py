@@ -3,8 +3,9 @@
 
     .venv/bin/python examples/train_small.py --address 127.0.0.1:50051 --steps 50
 
-The hidden layers' weight matrices use orthoserve.torch.Muon (one remote request per step); the biases use
-AdamW locally, as Muon is meant for 2-D weights only. The client's default retry policy rides through a server
+The hidden layers' weight matrices use orthoserve.torch.Muon (one remote request per step); the output layer
+and the biases use AdamW locally, as Muon is meant for hidden 2-D weights only (the split of
+orthoserve.torch.muon_param_groups). The client's default retry policy rides through a server
 (or fleet rank) that is restarted: the step is retried until the service is back (up to --retry-deadline
 seconds), and with --fallback a step the service cannot serve in that time is computed locally instead.
 """
@@ -15,7 +16,7 @@ import logging
 import torch
 
 import orthoserve
-from orthoserve.torch import Muon
+from orthoserve.torch import Muon, muon_param_groups
 
 
 def main() -> None:
@@ -41,15 +42,15 @@ def main() -> None:
         y = teacher(x)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
                                 torch.nn.Linear(64, 8))
-    matrices = [p for p in model.parameters() if p.dim() >= 2]
-    others = [p for p in model.parameters() if p.dim() < 2]
+    # Muon for the hidden weights; AdamW for the output head (the last Linear) and the biases.
+    muon_groups, adamw_groups = muon_param_groups(model)
 
     retry = orthoserve.RetryPolicy(deadline=args.retry_deadline)
     with orthoserve.Client(args.address.split(","), timeout=120, retry=retry) as client:
-        muon = Muon(matrices, client=client, lr=args.lr, momentum=0.95, nesterov=True, weight_decay=0.0,
+        muon = Muon(muon_groups, client=client, lr=args.lr, momentum=0.95, nesterov=True, weight_decay=0.0,
                     fp32_matmul_prec=args.precision, scale_mode="shape_scaling", extra_scale_factor=1.0,
                     fallback=args.fallback)
-        adam = torch.optim.AdamW(others, lr=3e-3, weight_decay=0.0)
+        adam = torch.optim.AdamW(adamw_groups, lr=3e-3, weight_decay=0.0)
         for step in range(args.steps):
             muon.zero_grad()
             adam.zero_grad()

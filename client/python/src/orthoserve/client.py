@@ -328,7 +328,8 @@ class Client:
                             method: str = "stream", timeout: Optional[float] = None,
                             nd: str = "flatten", out: Optional[Sequence[Any]] = None, retry: Any = None,
                             fence: bool = True) -> List[Any]:
-        """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm" and "name").
+        """Like orthogonalize, with one options dict per matrix (NS options by name, "algorithm", "name" and "nd":
+        that matrix's nd, overriding the call's `nd`).
         retry: this call's retry policy (as Client's `retry`: a RetryPolicy, or False for a single attempt); None:
         the client's.
         fence: False only for a single attempt (retry=False) whose caller never reads or writes its region arrays
@@ -352,9 +353,12 @@ class Client:
         for i, (m, opts) in enumerate(zip(matrices, options)):
             opts = dict(opts)
             algo = options_lib.algorithm_value(opts.pop("algorithm", None))
+            matrix_nd = opts.pop("nd", nd)
+            if matrix_nd not in ND_MODES:
+                raise ValueError(f"orthoserve: matrix {i}'s nd must be one of {ND_MODES}, got {matrix_nd!r}")
             info = arrays.describe(m, f"matrix {i}")
             arrays.matrix_view(info.shape)
-            batched = nd == "batch" and len(info.shape) >= 3
+            batched = matrix_nd == "batch" and len(info.shape) >= 3
             if batched and math.prod(info.shape[:-2]) == 0:
                 results[i] = arrays.from_bytes(bytearray(), info, info.shape)  # No matrices: nothing to send.
                 continue

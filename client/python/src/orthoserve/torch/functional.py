@@ -15,6 +15,7 @@ from orthoserve.client import Client
 from orthoserve.region_transport import RegionTransport
 from orthoserve.torch.defaults import client_or_default, get_default_client, region_transport
 from orthoserve.torch.fallback import falls_back, local
+from orthoserve.torch.not_traced import not_traced
 from orthoserve.torch.tp_groups import newton_schulz_tp
 
 __all__ = ["newton_schulz", "RemoteNewtonSchulz"]
@@ -23,6 +24,7 @@ __all__ = ["newton_schulz", "RemoteNewtonSchulz"]
 _EO_COEFFICIENT_TYPES = ("simple", "quintic", "polar_express", "cans", "aol", "deepseekv4")
 
 
+@not_traced
 def newton_schulz(x: torch.Tensor, steps: int, coefficient_type: str = "quintic",
                   custom_coefficient_sets: Optional[List[Tuple[float, float, float]]] = None, eps: float = 1e-7,
                   transpose: Optional[bool] = None, tp_group: Any = None, use_syrk: bool = False) -> torch.Tensor:
@@ -54,7 +56,8 @@ def newton_schulz(x: torch.Tensor, steps: int, coefficient_type: str = "quintic"
     The precision is torch.get_float32_matmul_precision() at the call: "medium" (bf16 products, EO's default),
     "high" or "highest". No scale factor is applied (scale mode none), as EO's newton_schulz. The result is a new
     float32 tensor of x's shape on x's device. The server comes from get_default_client() (set_default_client or
-    $ORTHOSERVE_ADDRESS). Errors of the service raise orthoserve.OrthoserveError subclasses.
+    $ORTHOSERVE_ADDRESS). Errors of the service raise orthoserve.OrthoserveError subclasses. Under torch.compile a
+    call is a graph break (not traced; orthoserve.torch.not_traced).
     """
     # Emerging-Optimizers' checks, in its order, with its exception types and messages.
     if x.ndim < 2 or x.ndim > 3:
@@ -151,8 +154,9 @@ class RemoteNewtonSchulz:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.batch([x])[0]
 
+    @not_traced
     def batch(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        """Orthogonalizes many 2-D or 3-D (batched) tensors in one request."""
+        """Orthogonalizes many 2-D or 3-D (batched) tensors in one request (a graph break under torch.compile)."""
         for x in tensors:
             if x.ndim < 2 or x.ndim > 3:  # Emerging-Optimizers' newton_schulz: the same check and exception type.
                 raise TypeError(f"Input tensor x must be 2d or 3d (batched 2d), got {x.ndim}d")

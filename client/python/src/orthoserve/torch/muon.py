@@ -16,6 +16,7 @@ from orthoserve import runs
 from orthoserve.client import Client
 from orthoserve.region_transport import RegionTransport
 from orthoserve.torch import muon_settings as settings_lib
+from orthoserve.torch import param_names
 from orthoserve.torch.updates import orthogonalize_updates
 
 __all__ = ["Muon"]
@@ -63,7 +64,7 @@ class Muon(torch.optim.Optimizer):
       with torch's.
     Per parameter group: every setting above (lr, momentum, weight_decay, nesterov, weight_decay_method,
       fp32_matmul_prec, coefficient_type, ns_coefficients, ns_steps / num_ns_steps, eps, scale_mode,
-      extra_scale_factor, adjust_lr_fn, use_syrk) may be set in a param group dict, as torch.optim.Muon allows;
+      extra_scale_factor, adjust_lr_fn, use_syrk) and nd may be set in a param group dict, as torch.optim.Muon allows;
       a group that gives ns_coefficients without a coefficient_type uses them ("custom").
     orthoserve's own:
       custom_coefficients: coefficient_type "custom"'s triples (the same as ns_coefficients).
@@ -98,10 +99,22 @@ class Muon(torch.optim.Optimizer):
         raises FailedPreconditionError instead). Each region is sized for the step and reused by the next ones.
         Results are bit for bit those of bytes. `transport` says how the step's last call (its last group step,
         when it has any) went ("shm" or "bytes"), `region_transport` more.
+    params: tensors, (name, tensor) pairs (`model.named_parameters()`), or param group dicts whose "params" are
+      either (not both), as torch.optim's optimizers take them. A parameter's matrix name on the wire
+      (MatrixSpec.name, in the server's errors and logs) is its name ("layers.3.attn.qkv.weight"; "p<n>" without
+      one), made unique within the optimizer ("name#2" for a second parameter of the same name) and, when longer
+      than the server's Limits.max_name_bytes, shortened to fit with a hash of the whole name
+      (orthoserve.torch.param_names).
+    nd: how parameters of >= 3 dims are orthogonalized (also per param group; a parameter's own `orthoserve_nd`
+      attribute wins): "flatten" (default) as one shape[0] x prod(rest) matrix; "batch" as prod(shape[:-2])
+      independent shape[-2] x shape[-1] matrices (stacked experts (E, out, in): E matrices, as Emerging-Optimizers'
+      newton_schulz does with a 3-D tensor), the scale factor and adjust_lr_fn of one such matrix. Sharded DTensors
+      take "flatten" only (ValueError at the step otherwise).
     Unknown arguments raise TypeError; bad values ValueError (torch's messages where torch checks the same).
-    Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest), also for adjust_lr_fn). DTensor
-    parameters are sent as group steps of their mesh's shard group, each rank only its local shard; plain tensors
-    go whole from each rank. step(closure) calls the closure (with grad enabled) and returns its loss.
+    Parameters must have >= 2 dims (N-d: viewed as shape[0] x prod(rest), also for adjust_lr_fn, unless nd is
+    "batch"). DTensor parameters are sent as group steps of their mesh's shard group, each rank only its local
+    shard; plain tensors go whole from each rank. step(closure) calls the closure (with grad enabled) and returns
+    its loss.
     """
 
     def __init__(self, params: Iterable[Any], lr: Any = None, momentum: Optional[float] = None,
@@ -116,14 +129,14 @@ class Muon(torch.optim.Optimizer):
                  qkv_split_shapes: Optional[Sequence[int]] = None, tp_mode: Optional[str] = None,
                  algorithm: str = "auto", client: Optional[Client] = None, job: Optional[str] = None,
                  timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None,
-                 run_id: Optional[str] = None, shm: Any = None):
+                 run_id: Optional[str] = None, shm: Any = None, nd: Optional[str] = None):
         if isinstance(lr, Client):
             raise TypeError("Muon: pass the client by keyword (client=...); the second positional argument is lr")
         given = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                      weight_decay_method=weight_decay_method, fp32_matmul_prec=fp32_matmul_prec,
                      coefficient_type=coefficient_type, num_ns_steps=num_ns_steps, scale_mode=scale_mode,
                      extra_scale_factor=extra_scale_factor, use_syrk=use_syrk, ns_coefficients=ns_coefficients,
-                     ns_steps=ns_steps, eps=eps, adjust_lr_fn=adjust_lr_fn)
+                     ns_steps=ns_steps, eps=eps, adjust_lr_fn=adjust_lr_fn, nd=nd)
         given = {k: v for k, v in given.items() if v is not None and v is not _UNSET}
         if adjust_lr_fn is None:
             given["adjust_lr_fn"] = None  # Given as None: torch's "original".
@@ -151,6 +164,7 @@ class Muon(torch.optim.Optimizer):
         self.region_transport = RegionTransport(shm, what="Muon")
         self._names: Dict[int, str] = {}
         self._group_of: Dict[int, dict] = {}
+        self._nd_of: Dict[int, str] = {}  # Each parameter's nd in the current step (settings_lib.nd_of).
         self._remote_steps = 0
         defaults = dict(settings_lib.FLAVOR_DEFAULTS[flavor])
         defaults.update(settings_lib.canonical(given))
@@ -182,16 +196,33 @@ class Muon(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """torch.optim.Optimizer.add_param_group, with Muon's settings per group (aliases resolved, values
-        checked) and parameters of >= 2 dims."""
+        checked) and parameters of >= 2 dims. Atomic: a group that fails a check (a bad setting, a parameter of
+        < 2 dims, torch's own checks) raises and leaves the optimizer as it was."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
         group = settings_lib.canonical(param_group)
         settings_lib.check({**self.defaults, **{k: v for k, v in group.items() if k != "params"}}, "Muon param group")
+        params = group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif not isinstance(params, set):  # A set: torch's TypeError, before anything changes.
+            params = list(params)  # Read once: an iterator is consumed here, not by the checks below.
+            for item in params:
+                name, p = item if isinstance(item, tuple) and len(item) == 2 else ("", item)
+                if isinstance(p, torch.Tensor) and p.dim() < 2:
+                    raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}"
+                                     + (f" ({name})" if name else ""))
+        group["params"] = params
+        # torch's checks (tensors, leaves, duplicates across groups) all come before it appends the group; it
+        # moves the names of (name, tensor) pairs to the group's "param_names".
         super().add_param_group(group)
-        for p in self.param_groups[-1]["params"]:
-            if p.dim() < 2:
-                raise ValueError(f"Muon: parameters must have >= 2 dims, got shape {tuple(p.shape)}")
-            self._names.setdefault(id(p), f"p{len(self._names)}")
+        added = self.param_groups[-1]
+        given = added.get("param_names")
+        taken = set(self._names.values())
+        for j, p in enumerate(added["params"]):
+            if id(p) not in self._names:
+                self._names[id(p)] = param_names.unique_name(str(given[j]) if given else f"p{len(self._names)}", taken)
+                taken.add(self._names[id(p)])
 
     @staticmethod
     def _setting(group: Dict[str, Any], defaults: Dict[str, Any], key: str) -> Any:
@@ -221,6 +252,7 @@ class Muon(torch.optim.Optimizer):
         updates: List[torch.Tensor] = []
         pending: List[Tuple[Optional[torch.Tensor], torch.Tensor]] = []  # (new gradient or None, new buffer) per p.
         group_of: Dict[int, Dict[str, Any]] = {}
+        nd_of: Dict[int, str] = {}
         for group in self.param_groups:
             settings = self._group_settings(group)
             for p in group["params"]:
@@ -230,6 +262,7 @@ class Muon(torch.optim.Optimizer):
                     raise RuntimeError("Muon does not support complex parameters")
                 if p.grad.is_sparse:
                     raise RuntimeError("Muon does not support sparse gradients")
+                nd_of[id(p)] = settings_lib.nd_of(p, settings["nd"])
                 grad = p.grad
                 new_grad = None
                 if settings["weight_decay"] != 0.0 and settings["weight_decay_method"] == "l2":
@@ -244,6 +277,7 @@ class Muon(torch.optim.Optimizer):
                 updates.append(update)
                 pending.append((new_grad, buf))
         self._group_of = group_of
+        self._nd_of = nd_of
         if not todo:
             return loss
         orth = self.orthogonalize_batch([p for p, _ in todo], updates)
@@ -259,14 +293,14 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"].copy_(buf)
             else:
                 state["momentum_buffer"] = buf
-            rows = p.shape[0]
-            cols = math.prod(p.shape[1:])
+            rows, cols = settings_lib.matrix_dims(tuple(p.shape), nd_of[id(p)])
             p.add_(o, alpha=-lr * settings_lib.lr_ratio(settings["adjust_lr_fn"], rows, cols))
         self._remote_steps += 1
         return loss
 
     def _options_for(self, p: torch.Tensor) -> Dict[str, Any]:
-        """The server's NS options for parameter p: its param group's settings (orthoserve.options names)."""
+        """The server's NS options for parameter p: its param group's settings (orthoserve.options names), and its
+        nd (the parameter's `orthoserve_nd`, else its group's)."""
         settings = self._group_of.get(id(p))
         if settings is None:
             group = next((g for g in self.param_groups if any(q is p for q in g["params"])), self.param_groups[0])
@@ -275,6 +309,7 @@ class Muon(torch.optim.Optimizer):
                                     precision=settings["fp32_matmul_prec"], eps=float(settings["eps"]),
                                     scale_mode=settings["scale_mode"],
                                     extra_scale=float(settings["extra_scale_factor"]))
+        opts["nd"] = self._nd_of.get(id(p)) or settings_lib.nd_of(p, settings["nd"])
         if settings["coefficient_type"] == "custom":
             opts["custom_coefficients"] = settings_lib.triples(settings["ns_coefficients"])
         if self.split_qkv and self.is_qkv_fn(p):

@@ -12,7 +12,8 @@ import torch
 
 from orthoserve import options as options_lib
 
-__all__ = ["FLAVOR_DEFAULTS", "TP_MODES", "flavor_of", "canonical", "check", "triples", "lr_ratio"]
+__all__ = ["FLAVOR_DEFAULTS", "TP_MODES", "ND_MODES", "flavor_of", "canonical", "check", "triples", "lr_ratio",
+           "nd_of", "matrix_dims"]
 
 _PRECISIONS = ("highest", "high", "medium")
 _WEIGHT_DECAY_METHODS = ("decoupled", "independent", "l2")
@@ -29,14 +30,18 @@ FLAVOR_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # emerging_optimizers.orthogonalized_optimizers.Muon 0.3.0
     "eo": dict(lr=3e-4, momentum=0.95, weight_decay=0.01, nesterov=False, weight_decay_method="decoupled",
                fp32_matmul_prec="medium", coefficient_type="quintic", ns_coefficients=None, ns_steps=5, eps=1e-7,
-               scale_mode="spectral", extra_scale_factor=1.0, adjust_lr_fn="none", use_syrk=False),
+               scale_mode="spectral", extra_scale_factor=1.0, adjust_lr_fn="none", use_syrk=False, nd="flatten"),
     # torch.optim.Muon (torch 2.15): bf16 NS (= "medium"), no scale factor, lr adjusted by adjust_lr_fn.
     "torch": dict(lr=1e-3, momentum=0.95, weight_decay=0.1, nesterov=True, weight_decay_method="decoupled",
                   fp32_matmul_prec="medium", coefficient_type="custom", ns_coefficients=_TORCH_NS_COEFFICIENTS,
                   ns_steps=5, eps=1e-7, scale_mode="none", extra_scale_factor=1.0, adjust_lr_fn=None,
-                  use_syrk=False),
+                  use_syrk=False, nd="flatten"),
 }
 _ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped", "none")
+# How a parameter of >= 3 dims is orthogonalized (its group's "nd", or its own `orthoserve_nd` attribute): "flatten"
+# as one shape[0] x prod(rest) matrix, "batch" as prod(shape[:-2]) matrices of shape[-2] x shape[-1] (stacked
+# experts (E, out, in)), MatrixSpec.nd_layout.
+ND_MODES = ("flatten", "batch")
 _MAX_NS_STEPS = 100
 
 
@@ -72,6 +77,24 @@ def triples(value: Any) -> List[Tuple[float, float, float]]:
     if not out:
         raise ValueError("ns_coefficients must hold at least one (a, b, c) triple")
     return out
+
+
+def nd_of(p: torch.Tensor, group_nd: str) -> str:
+    """Parameter p's nd: its own `orthoserve_nd` attribute when it has one, else its group's. ValueError for another
+    value than ND_MODES'."""
+    nd = getattr(p, "orthoserve_nd", None) or group_nd
+    if nd not in ND_MODES:
+        raise ValueError(f"Muon: nd (a param group's, or a parameter's orthoserve_nd) must be one of {ND_MODES}, "
+                         f"got {nd!r}")
+    return nd
+
+
+def matrix_dims(shape: Tuple[int, ...], nd: str) -> Tuple[int, int]:
+    """(rows, cols) of each matrix a parameter of `shape` is orthogonalized as: shape[0] x prod(rest), or with nd
+    "batch" and >= 3 dims shape[-2] x shape[-1] (as for adjust_lr_fn)."""
+    if nd == "batch" and len(shape) >= 3:
+        return shape[-2], shape[-1]
+    return shape[0], math.prod(shape[1:])
 
 
 def lr_ratio(adjust_lr_fn: Optional[str], rows: int, cols: int) -> float:
@@ -137,5 +160,7 @@ def check(group: Dict[str, Any], where: str) -> None:
     if group["scale_mode"] not in options_lib.SCALE_MODES:
         raise ValueError(f"{where}: scale_mode must be one of {sorted(options_lib.SCALE_MODES)}, got "
                          f"{group['scale_mode']!r}")
+    if group.get("nd", "flatten") not in ND_MODES:
+        raise ValueError(f"{where}: nd must be one of {ND_MODES}, got {group['nd']!r}")
     if group["adjust_lr_fn"] not in _ADJUST_LR_FNS:
         raise ValueError(f"Adjust learning rate function {group['adjust_lr_fn']} is not supported")

@@ -17,6 +17,8 @@ from orthoserve.torch.defaults import client_or_default
 from orthoserve.torch.dtensors import (as_dtensor_of, dtensor_group, dtensor_shard, is_dtensor, partition_dim,
                                       sharded_mesh_dims)
 from orthoserve.torch.fallback import falls_back, local
+from orthoserve.torch.not_traced import not_traced
+from orthoserve.torch.param_names import fit_names
 
 __all__ = ["orthogonalize_updates"]
 
@@ -51,6 +53,7 @@ def _shard_options(p: torch.Tensor, opts: Dict[str, Any], tp_mode: Optional[str]
     return kwargs
 
 
+@not_traced
 def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor], *, client: Optional[Client],
                           transport: RegionTransport, options_of: Callable[[torch.Tensor], Dict[str, Any]],
                           name_of: Callable[[int, torch.Tensor], str], identity: Callable[[], Tuple[str, str]],
@@ -59,30 +62,47 @@ def orthogonalize_updates(params: List[torch.Tensor], updates: List[torch.Tensor
                           group_prefix: str = "muon") -> List[torch.Tensor]:
     """The orthogonalized update of each parameter (same type, dtype and shape as the update).
 
-    client: None for get_default_client(). options_of(p): the NS options of parameter p (orthoserve.options
-    names); name_of(i, p): its matrix name. identity(): (job, run id) of the group steps, asked only when there
-    are sharded DTensors. step: the group steps' step number. tp_mode, algorithm: the algorithm of sharded
-    DTensors (_shard_options); group_prefix: the prefix of their group names (dtensor_group). fallback: compute
-    the whole parameters locally with a warning when the service stays unreachable (sharded DTensors have no local
-    fallback: their error propagates); `what` names the optimizer in that warning. Raises OrthoserveError."""
+    client: None for get_default_client(). options_of(p): the NS options of parameter p (orthoserve.options names,
+    and "nd"); name_of(i, p): its matrix name (fitted to the server's Limits.max_name_bytes: param_names.fit_names).
+    identity(): (job, run id) of the group steps, asked only when there are sharded DTensors. step: the group steps'
+    step number. tp_mode, algorithm: the algorithm of sharded DTensors (_shard_options); group_prefix: the prefix of
+    their group names (dtensor_group). fallback: compute the whole parameters locally with a warning when the
+    service stays unreachable (sharded DTensors have no local fallback: their error propagates); `what` names the
+    optimizer in that warning. Raises OrthoserveError. Under torch.compile a call is a graph break (not_traced)."""
     results: List[Optional[torch.Tensor]] = [None] * len(params)
     whole, groups = _by_group(params, group_prefix)
+    for indices in groups.values():
+        for i in indices:
+            if params[i].dim() >= 3 and options_of(params[i]).get("nd") == "batch":
+                raise ValueError(f"{what}: nd 'batch' is not supported for a sharded DTensor (parameter "
+                                 f"{name_of(i, params[i])}, shape {tuple(params[i].shape)}); use nd 'flatten' for it")
     client = client_or_default(client) if params else None
     job, run_id = identity() if groups else ("", "")
+    names: List[str] = []
+
+    def matrix_name(i: int) -> str:
+        """Parameter i's matrix name, fitted to the server's name limit (asked of the server, once, only when a
+        name is long)."""
+        if not names:
+            names.extend(fit_names([name_of(j, p) for j, p in enumerate(params)],
+                                   lambda: client.info(timeout=timeout).limits.max_name_bytes))
+        return names[i]
+
     if whole:
         tensors = [_local_part(updates[i]) for i in whole]
-        opts = [dict(options_of(params[i]), name=name_of(i, params[i])) for i in whole]
+        opts = [options_of(params[i]) for i in whole]
         try:
-            out = transport.orthogonalize_batch(client, tensors, opts, timeout=timeout)
+            named = [dict(o, name=matrix_name(i)) for i, o in zip(whole, opts)]
+            out = transport.orthogonalize_batch(client, tensors, named, timeout=timeout)
         except errors.OrthoserveError as e:
             # The warning points at the optimizer's caller: here, the optimizer's method, then its caller.
             if not falls_back(fallback, e, f"{what} step {step}", stacklevel=4):
                 raise
-            out = [local(t, o) for t, o in zip(tensors, opts)]
+            out = [local(t, o, nd=o.get("nd", "flatten")) for t, o in zip(tensors, opts)]
         for i, o in zip(whole, out):
             results[i] = as_dtensor_of(updates[i], o)
     for (name, rank, world), indices in groups.items():
-        shards = [dtensor_shard(name_of(i, params[i]), params[i], data=_local_part(updates[i]),
+        shards = [dtensor_shard(matrix_name(i), params[i], data=_local_part(updates[i]),
                                 **_shard_options(params[i], options_of(params[i]), tp_mode, algorithm))
                   for i in indices]
         group = client.group(job, name, rank, world, run_id=run_id)
