@@ -16,7 +16,8 @@ import grpc
 from orthoserve import retry as retry_lib
 from orthoserve._proto.v1 import orthogonalizer_pb2_grpc as pb_grpc
 
-__all__ = ["Channels", "credentials", "channel_options", "DEFAULT_KEEPALIVE_TIME", "DEFAULT_KEEPALIVE_TIMEOUT"]
+__all__ = ["Channels", "Reachability", "credentials", "channel_options", "DEFAULT_KEEPALIVE_TIME",
+           "DEFAULT_KEEPALIVE_TIMEOUT", "NEVER_CONNECTED_PATIENCE"]
 
 # HTTP/2 keepalive of every channel (seconds): a ping after this long without one while calls are in flight, and the
 # connection is dropped (its calls fail with UNAVAILABLE, which is retried) when the ping is not answered within
@@ -27,6 +28,10 @@ __all__ = ["Channels", "credentials", "channel_options", "DEFAULT_KEEPALIVE_TIME
 # channel): pass keepalive_time=300 for such servers. Pings are not sent on idle channels.
 DEFAULT_KEEPALIVE_TIME = 10.0
 DEFAULT_KEEPALIVE_TIMEOUT = 5.0
+# How long (seconds) the calls of a client none of whose channels has ever connected retry UNAVAILABLE (see
+# Reachability): a wrong address, a server that is not running or a TLS mismatch is then one clear error after about
+# this long, not the retry policy's whole deadline (120 s) of warnings.
+NEVER_CONNECTED_PATIENCE = 10.0
 # Our messages are at most one chunk plus a few bytes; allow generous room for unary calls.
 _MAX_MESSAGE_BYTES = 1 << 30
 
@@ -88,6 +93,38 @@ def channel_options(keepalive_time: Optional[float], keepalive_timeout: float,
     return opts
 
 
+class Reachability:
+    """Whether any channel of a client has ever connected to its server (gRPC's READY: TCP, and TLS where used, came
+    up), and since when calls have failed while none has. Until one connects, a retry policy stops retrying
+    UNAVAILABLE once `patience` seconds have passed since the first such failure (retry.Attempts.back_off), and from
+    then on each call makes one attempt: a client that cannot reach any server fails fast on every call (and a
+    `fallback` that computes locally pays no retry wait), until a channel connects. Thread-safe."""
+
+    def __init__(self, patience: float = NEVER_CONNECTED_PATIENCE):
+        self.patience = patience
+        self._lock = threading.Lock()
+        self._ever = False
+        self._since: Optional[float] = None  # The first failure while none had connected (monotonic seconds).
+
+    def connected(self) -> None:
+        with self._lock:
+            self._ever = True
+
+    def ever_connected(self) -> bool:
+        with self._lock:
+            return self._ever
+
+    def gave_up(self, now: float) -> bool:
+        """After a call failed with UNAVAILABLE at `now`: True when no channel has ever connected and the first such
+        failure was `patience` seconds ago or more (the clock starts at the first)."""
+        with self._lock:
+            if self._ever:
+                return False
+            if self._since is None:
+                self._since = now
+            return now - self._since >= self.patience
+
+
 class Channels:
     """One gRPC channel per server address (made on first use), and the metadata and default deadline of the calls
     made on them. Thread-safe.
@@ -108,6 +145,11 @@ class Channels:
         self._lock = threading.Lock()
         self._channels: Dict[str, grpc.Channel] = {}  # Guarded by _lock, and the stubs on them.
         self._stubs: Dict[str, pb_grpc.OrthogonalizerStub] = {}
+        self.reachability = Reachability()  # Whether any of these channels has ever connected.
+
+    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            self.reachability.connected()
 
     def deadline(self, timeout: Optional[float]) -> Optional[float]:
         """The deadline of a call given `timeout`: `timeout`, or the default when it is None."""
@@ -124,6 +166,7 @@ class Channels:
                 else:
                     channel = grpc.secure_channel(address, self._credentials, options=opts)
                 self._channels[address] = channel
+                channel.subscribe(self._on_connectivity, try_to_connect=False)
                 stub = self._stubs[address] = pb_grpc.OrthogonalizerStub(channel)
             return stub
 

@@ -175,7 +175,7 @@ class Client:
         """The attempts of one call named `what`, under `policy` (default: the client's; each retry counted in
         `retries`), each attempt bounded by `timeout` (default: the client's)."""
         return retry_lib.Attempts(self.retry if policy is None else policy, self.channels.deadline(timeout), what,
-                                  self._count_retry)
+                                  self._count_retry, self.channels.reachability)
 
     def lone_targets(self) -> List[str]:
         """Where a lone request may go, in order: the last address that answered, the client's addresses, then

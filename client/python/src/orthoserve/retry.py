@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import random
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import grpc
 
@@ -89,6 +89,15 @@ def policy_of(retry: object) -> RetryPolicy:
     raise TypeError(f"orthoserve: retry must be a RetryPolicy, True, False or None, got {type(retry).__name__}")
 
 
+class GivesUp(Protocol):
+    """What Attempts asks of a client's reachability (orthoserve.channels.Reachability)."""
+
+    patience: float
+
+    def gave_up(self, now: float) -> bool:
+        ...
+
+
 class Attempts:
     """The attempts of one call: the timeout of each, the decision to retry, the wait, the log line and the count.
 
@@ -104,9 +113,11 @@ class Attempts:
     """
 
     def __init__(self, policy: RetryPolicy, timeout: Optional[float], what: str,
-                 on_retry: Optional[Callable[[], None]] = None):
+                 on_retry: Optional[Callable[[], None]] = None, reachability: Optional["GivesUp"] = None):
         self.policy = policy
         self.what = what
+        self._reachability = reachability  # The client's channels' (orthoserve.channels.Reachability), or None.
+        self._unreachable = False  # Retrying stopped because no channel of the client has ever connected.
         self.number = 0  # The current attempt: 0 for the first (StepHeader.attempt).
         self._timeout = timeout
         self._on_retry = on_retry
@@ -169,6 +180,12 @@ class Attempts:
         if not isinstance(error, errors.OrthoserveError) or not (error.retryable or self.timed_out(error)):
             return False
         self._retryable = True
+        if (self._reachability is not None and error.code == grpc.StatusCode.UNAVAILABLE and not error.fleet_change
+                and self._reachability.gave_up(time.monotonic())):
+            self._unreachable = True
+            self._stop_reason = (f"no address of this client has ever connected, for {self._reachability.patience:g} s "
+                                 "of retries: check the address, that the server is running, and TLS")
+            return False
         if not policy.enabled:
             self._stop_reason = "retries are disabled"
             return False
@@ -194,6 +211,11 @@ class Attempts:
         attempts were made (and why retrying stopped, when it stopped on a retryable failure)."""
         if self._final is not None:
             error = self._final
+        if self._unreachable and self.number == 0 and isinstance(error, errors.OrthoserveError):
+            out = type(error)(error.code, f"{error.message} ({self._stop_reason})", error.matrix,
+                              fleet_change=error.fleet_change)
+            out.__cause__ = error.__cause__
+            return out
         if self.number == 0 or not isinstance(error, errors.OrthoserveError):
             return error
         note = self._stop_reason if self._retryable else ""
