@@ -242,8 +242,6 @@ class Executor {
   // (in `result`), or why this rank cannot give them; otherwise `entry` itself.
   static const LogEntry& WholeStep(const LogEntry& entry, absl::StatusOr<BatchResult>& result,
                                    ClaimedStep& claimed, LogEntry& whole);
-  // Drops a divided step's record, if `claimed` has one (it is out of parts_ while claimed).
-  static void EndPartial(ClaimedStep& claimed);
   // Stage 6, after the step ran: the inputs its trainer steps read in place from shared-memory
   // regions become their own (TakeRegionInputs), before any copy or keep reads them and before
   // their trainers are answered and may reuse the regions. Steps whose regions changed meanwhile

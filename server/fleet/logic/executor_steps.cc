@@ -289,7 +289,6 @@ void Executor::ApplyStep(const LogEntry& entry) {
   if (result.ok() && claimed.partial.has_value() && AddPart(entry, *result, claimed)) return;
   LogEntry whole;
   const LogEntry& step_entry = WholeStep(entry, result, claimed, whole);
-  EndPartial(claimed);
   if (result.ok()) OwnRegionInputs(entry.key, claimed);
   const std::vector<std::shared_ptr<TrainerStep>> copies = CopyForReplay(step_entry, result, claimed);
   const StepOutcome outcome = Outcome(entry, result, claimed, copies);
@@ -387,7 +386,6 @@ bool Executor::ResolveUnrunnable(const LogEntry& entry, ClaimedStep& claimed) {
   if (!claimed.usable) {
     // Planned for a generation this rank does not hold (it changed, or its group broke):
     // nobody can run it with the others.
-    EndPartial(claimed);
     if (options_.metrics != nullptr && !claimed.mine.empty()) options_.metrics->StepAborted("fleet_change");
     Resolve(claimed.mine,
             Unavailable(entry.key, absl::StrCat("the fleet's generation changed (planned in ", entry.generation,
@@ -512,10 +510,6 @@ void Executor::OwnRegionInputs(const GroupKey& key, ClaimedStep& claimed) {
                          << " changed its shared-memory inputs during the step; it is not kept for replays";
     claimed.changed.push_back(w.step);
   }
-}
-
-void Executor::EndPartial(ClaimedStep& claimed) {
-  claimed.partial.reset();  // Out of parts_ since it was claimed: nothing there to remove.
 }
 
 std::vector<std::shared_ptr<TrainerStep>> Executor::CopyForReplay(const LogEntry& step_entry,
