@@ -102,12 +102,17 @@ TEST_F(LoneFleetTest, StreamAndUnaryMatricesSpreadOverTheMembersWithTheEnginesAn
     EXPECT_EQ(out.data[i], want) << "stream matrix " << i;
     EXPECT_EQ(response.results(i).data(), want) << "unary matrix " << i;
   }
-  // Each rank kept some matrices and sent others to its peer.
+  // Every matrix was placed once, and the matrices spread over the members: each rank kept some,
+  // and some were sent to a peer. Which rank forwards depends on timing (a rank whose own queue is
+  // empty when a matrix arrives keeps it; CI once saw rank 1 keep all six), so that is asked of
+  // the fleet, not of each rank.
+  int64_t forwarded = 0;
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_GT(ranks_[rank]->fleet().lone_here(), 0) << "rank " << rank;
-    EXPECT_GT(ranks_[rank]->fleet().lone_forwarded(), 0) << "rank " << rank;
     EXPECT_EQ(ranks_[rank]->fleet().lone_here() + ranks_[rank]->fleet().lone_forwarded(), kMatrices) << "rank " << rank;
+    forwarded += ranks_[rank]->fleet().lone_forwarded();
   }
+  EXPECT_GT(forwarded, 0) << "no matrix went to a peer";
 }
 
 }  // namespace
