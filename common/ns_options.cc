@@ -81,6 +81,8 @@ constexpr NameEntry<CoefficientType> kCoefficientNames[] = {
 constexpr NameEntry<Precision> kPrecisionNames[] = {
     {Precision::kHighest, "highest"}, {Precision::kHigh, "high"}, {Precision::kMedium, "medium"}};
 constexpr NameEntry<EpsMode> kEpsModeNames[] = {{EpsMode::kMax, "max"}, {EpsMode::kAdd, "add"}};
+constexpr NameEntry<Normalization> kNormalizationNames[] = {{Normalization::kFp32, "fp32"},
+                                                            {Normalization::kBf16, "bf16"}};
 constexpr NameEntry<TransposeMode> kTransposeNames[] = {
     {TransposeMode::kAuto, "auto"}, {TransposeMode::kOn, "on"}, {TransposeMode::kOff, "off"}};
 constexpr NameEntry<ScaleMode> kScaleModeNames[] = {{ScaleMode::kSpectral, "spectral"},
@@ -93,12 +95,14 @@ constexpr NameEntry<ScaleMode> kScaleModeNames[] = {{ScaleMode::kSpectral, "spec
 bool NsOptions::operator==(const NsOptions& o) const {
   return coefficients == o.coefficients && custom_coefficients == o.custom_coefficients && steps == o.steps &&
          precision == o.precision && eps == o.eps && eps_mode == o.eps_mode && transpose == o.transpose &&
-         scale_mode == o.scale_mode && extra_scale == o.extra_scale && split_qkv == o.split_qkv;
+         scale_mode == o.scale_mode && extra_scale == o.extra_scale && split_qkv == o.split_qkv &&
+         normalization == o.normalization;
 }
 
 absl::string_view CoefficientTypeName(CoefficientType t) { return LookupName(kCoefficientNames, t); }
 absl::string_view PrecisionName(Precision p) { return LookupName(kPrecisionNames, p); }
 absl::string_view EpsModeName(EpsMode m) { return LookupName(kEpsModeNames, m); }
+absl::string_view NormalizationName(Normalization n) { return LookupName(kNormalizationNames, n); }
 absl::string_view TransposeModeName(TransposeMode m) { return LookupName(kTransposeNames, m); }
 absl::string_view ScaleModeName(ScaleMode m) { return LookupName(kScaleModeNames, m); }
 
@@ -109,6 +113,9 @@ absl::Status ParsePrecision(absl::string_view text, Precision* p) {
   return LookupValue(kPrecisionNames, text, "precision", p);
 }
 absl::Status ParseEpsMode(absl::string_view text, EpsMode* m) { return LookupValue(kEpsModeNames, text, "eps mode", m); }
+absl::Status ParseNormalization(absl::string_view text, Normalization* n) {
+  return LookupValue(kNormalizationNames, text, "normalization", n);
+}
 absl::Status ParseTransposeMode(absl::string_view text, TransposeMode* m) {
   return LookupValue(kTransposeNames, text, "transpose", m);
 }
@@ -191,6 +198,10 @@ absl::Status ValidateNsOptions(const NsOptions& o, const std::string& what) {
   }
   if (!std::isfinite(o.eps) || o.eps < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": eps = ", o.eps, " must be finite and >= 0"));
+  }
+  if (o.normalization == Normalization::kBf16 && o.precision != Precision::kMedium) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": normalization bf16 (torch.optim.Muon's order) needs ",
+                                                   "precision medium, got ", PrecisionName(o.precision)));
   }
   if (!std::isfinite(o.extra_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": extra_scale = ", o.extra_scale, " must be finite"));

@@ -25,6 +25,10 @@ enum class Precision { kHighest, kHigh, kMedium };
 // X / max(‖X‖_F, eps) (kMax, Emerging-Optimizers) or X / (‖X‖_F + eps) (kAdd, Keller Jordan).
 enum class EpsMode { kMax, kAdd };
 
+// Where the normalization rounds: ‖X‖ and X / ‖X‖ in fp32 (kFp32, Emerging-Optimizers), or
+// torch.optim.Muon's order (kBf16): X rounded to bf16 first, ‖X‖ and eps rounded to bf16, each
+// quotient rounded to bf16. kBf16 needs Precision::kMedium.
+enum class Normalization { kFp32, kBf16 };
 // kAuto works on Xᵀ when rows > cols; kOn and kOff force it.
 enum class TransposeMode { kAuto, kOn, kOff };
 
@@ -53,6 +57,7 @@ struct NsOptions {
   ScaleMode scale_mode = ScaleMode::kSpectral;               // Shape-dependent output scale.
   double extra_scale = 1.0;                                  // Multiplies the scale factor; finite.
   std::vector<int64_t> split_qkv;                            // Empty, or {q, k, v} rows per group.
+  Normalization normalization = Normalization::kFp32;        // Where the normalization rounds.
 
   bool operator==(const NsOptions& o) const;
   bool operator!=(const NsOptions& o) const { return !(*this == o); }
@@ -63,11 +68,13 @@ struct NsOptions {
 absl::string_view CoefficientTypeName(CoefficientType type);
 absl::string_view PrecisionName(Precision precision);
 absl::string_view EpsModeName(EpsMode mode);
+absl::string_view NormalizationName(Normalization normalization);
 absl::string_view TransposeModeName(TransposeMode mode);
 absl::string_view ScaleModeName(ScaleMode mode);
 absl::Status ParseCoefficientType(absl::string_view text, CoefficientType* type);
 absl::Status ParsePrecision(absl::string_view text, Precision* precision);
 absl::Status ParseEpsMode(absl::string_view text, EpsMode* mode);
+absl::Status ParseNormalization(absl::string_view text, Normalization* normalization);
 absl::Status ParseTransposeMode(absl::string_view text, TransposeMode* mode);
 absl::Status ParseScaleMode(absl::string_view text, ScaleMode* mode);
 

@@ -151,6 +151,8 @@ absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result) {
   auto layout = NdLayoutFromProto(result.nd_layout(), what + " nd_layout");
   if (!layout.ok()) return absl::InternalError(layout.status().message());
   out.layout = *layout;
+  // Only bf16 is echoed; any other value leaves kFp32, which refuses a bf16 request.
+  if (result.normalization() == v1::NORMALIZATION_BF16) out.normalization = Normalization::kBf16;
   auto m = ViewAs2d(out.shape, what + " shape", out.layout);
   if (!m.ok()) return absl::InternalError(m.status().message());
   if (out.block == Block{}) out.block = WholeBlock(*m);
@@ -160,9 +162,14 @@ absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result) {
 }
 
 absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& output) {
-  if (input.layout != NdLayout::kBatch || !output.status.ok() || output.layout == NdLayout::kBatch) {
-    return absl::OkStatus();
+  if (!output.status.ok()) return absl::OkStatus();
+  if (input.options.normalization == Normalization::kBf16 && output.normalization != Normalization::kBf16) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "matrix \"", input.name, "\": the server did not normalize it in bf16 (its result does not echo "
+        "normalization bf16: the server predates NsOptions.normalization and normalized in fp32); upgrade the "
+        "server, or send normalization fp32"));
   }
+  if (input.layout != NdLayout::kBatch || output.layout == NdLayout::kBatch) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "matrix \"", input.name, "\": the server did not read it as a batch of matrices (its result does not echo "
       "nd_layout batch: the server predates MatrixSpec.nd_layout and computed the flattened matrix); upgrade the "

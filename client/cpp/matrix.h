@@ -75,6 +75,8 @@ struct MatrixOutput {
   DType dtype = DType::kF32;   // Dtype of `data` (meaningful when status is OK).
   std::vector<int64_t> shape;  // Global shape, as sent.
   NdLayout layout = NdLayout::kFlatten;  // As sent.
+  // kBf16 when the server echoed NORMALIZATION_BF16 (MatrixResult.normalization).
+  Normalization normalization = Normalization::kFp32;
   Block block;                 // The block `data` holds, in the 2-D view of shape and layout.
   std::vector<char> data;      // Block elements, row-major; empty when `in_place`.
   // The elements went to the input's `result` buffer or its `result_region` instead of `data`.
@@ -123,7 +125,9 @@ absl::StatusOr<MatrixOutput> FromResult(const v1::MatrixResult& result);
 
 // FAILED_PRECONDITION when `input` was sent as a batch (NdLayout::kBatch) and the successful
 // `output` does not echo that layout: the server predates MatrixSpec.nd_layout and computed the
-// flattened matrix instead, a different answer of the same size. OK otherwise.
+// flattened matrix instead, a different answer of the same size. The same when `input` asked for
+// Normalization::kBf16 and `output` does not echo it (a server older than the option normalized
+// in fp32). OK otherwise.
 absl::Status CheckLayoutEchoed(const MatrixInput& input, const MatrixOutput& output);
 
 // INTERNAL ("server protocol error") unless `output`, the result at position `index`, is the

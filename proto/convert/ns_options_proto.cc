@@ -62,6 +62,12 @@ absl::StatusOr<NsOptions> NsOptionsFromProto(const v1::NsOptions& p, const std::
   }
   if (p.has_extra_scale()) o.extra_scale = p.extra_scale();
   o.split_qkv.assign(p.split_qkv().begin(), p.split_qkv().end());
+  switch (p.normalization()) {
+    case v1::NORMALIZATION_UNSPECIFIED:
+    case v1::NORMALIZATION_FP32: o.normalization = Normalization::kFp32; break;
+    case v1::NORMALIZATION_BF16: o.normalization = Normalization::kBf16; break;
+    default: return UnknownEnum(what, "normalization", p.normalization());
+  }
   return o;
 }
 
@@ -104,6 +110,8 @@ v1::NsOptions NsOptionsToProto(const NsOptions& o) {
   }
   p.set_extra_scale(o.extra_scale);
   for (int64_t s : o.split_qkv) p.add_split_qkv(s);
+  // fp32 stays the zero value, so that requests and plans without the option encode as before.
+  if (o.normalization == Normalization::kBf16) p.set_normalization(v1::NORMALIZATION_BF16);
   return p;
 }
 

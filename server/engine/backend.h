@@ -9,6 +9,10 @@
 // Products (A = X·Xᵀ, A·A, B·X) at each precision:
 //  - kHighest: fp32 operands and accumulation.
 //  - kHigh: as kHighest on CPU; TF32 tensor cores allowed on GPU.
+//  - Normalization::kBf16 (with kMedium only; torch.optim.Muon's order): the input is rounded
+//    to bf16 first; its Σx² (of the rounded values) gives ‖X‖, rounded to fp32 then bf16; eps
+//    is rounded to bf16; the divisor is max(‖X‖, eps) (bf16(‖X‖ + eps) in kAdd); each quotient
+//    is computed in fp32 and rounded to bf16.
 //  - kMedium: X is rounded to bf16 after normalization. A = bf16(X·Xᵀ);
 //    B = bf16(b·A + c·(A·A)); X = bf16(a·X + B·X), each product accumulated in fp32 and its
 //    fused output rounded once (Emerging-Optimizers' addmm form). When c = 0 the step is
@@ -43,6 +47,7 @@ struct NsKernelArgs {
   Precision precision = Precision::kMedium;
   double eps = 1e-7;
   EpsMode eps_mode = EpsMode::kMax;
+  Normalization normalization = Normalization::kFp32;  // kBf16 only with kMedium.
   bool transpose = false;  // Work on Xᵀ (rows × cols input becomes cols × rows).
   double scale = 1.0;      // Final multiplier: scale factor × extra scale.
 };

@@ -84,6 +84,7 @@ NsKernelArgs ResolveKernelArgs(const NsOptions& options, Matrix2d shape, Matrix2
   args.precision = options.precision;
   args.eps = options.eps;
   args.eps_mode = options.eps_mode;
+  args.normalization = options.normalization;
   args.transpose = ResolveTranspose(options.transpose, shape.rows, shape.cols);
   args.scale = ScaleFactor(scale_shape.rows, scale_shape.cols, options.scale_mode, options.extra_scale);
   return args;

@@ -41,6 +41,10 @@ std::string FirstSpecDifference(const MatrixPlan& a, const MatrixPlan& b) {
   if (x.eps_mode != y.eps_mode) {
     return absl::StrCat("options.eps_mode (", EpsModeName(x.eps_mode), " vs ", EpsModeName(y.eps_mode), ")");
   }
+  if (x.normalization != y.normalization) {
+    return absl::StrCat("options.normalization (", NormalizationName(x.normalization), " vs ",
+                        NormalizationName(y.normalization), ")");
+  }
   if (x.transpose != y.transpose) {
     return absl::StrCat("options.transpose (", TransposeModeName(x.transpose), " vs ", TransposeModeName(y.transpose),
                         ")");

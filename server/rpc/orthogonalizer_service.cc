@@ -94,6 +94,9 @@ grpc::Status OrthogonalizerService::GetServerInfo(grpc::ServerContext* context, 
   for (NdLayout layout : {NdLayout::kFlatten, NdLayout::kBatch}) {
     info->add_nd_layouts(std::string(NdLayoutName(layout)));
   }
+  for (Normalization n : {Normalization::kFp32, Normalization::kBf16}) {
+    info->add_normalizations(std::string(NormalizationName(n)));
+  }
   v1::Limits* limits = info->mutable_limits();
   limits->set_max_message_bytes(state_->options.max_message_bytes);
   limits->set_chunk_bytes(state_->options.chunk_bytes);

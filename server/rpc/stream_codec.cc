@@ -127,6 +127,7 @@ std::vector<grpc::ByteBuffer> ResultResponses(int index, const MatrixPlan& plan,
   r->set_dtype(DTypeToProto(plan.result_dtype));
   for (int64_t d : plan.shape) r->add_shape(d);
   r->set_nd_layout(NdLayoutToProto(plan.layout));
+  if (plan.options.normalization == Normalization::kBf16) r->set_normalization(v1::NORMALIZATION_BF16);
   *r->mutable_block() = BlockToProto(block);
   r->set_code(static_cast<int>(status.code()));
   r->set_message(std::string(status.message()));

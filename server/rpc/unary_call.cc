@@ -307,6 +307,7 @@ void UnaryCall::Finished(StepEnd end) {
     r.header.set_dtype(DTypeToProto(slot.plan.result_dtype));
     for (int64_t d : slot.plan.shape) r.header.add_shape(d);
     r.header.set_nd_layout(NdLayoutToProto(slot.plan.layout));
+    if (slot.plan.options.normalization == Normalization::kBf16) r.header.set_normalization(v1::NORMALIZATION_BF16);
     *r.header.mutable_block() = BlockToProto(slot.block);
     if (i < result_regions_.size() && result_regions_[i].size() > 0) {
       // The result is in the client's region already: the response says where, and holds no copy.

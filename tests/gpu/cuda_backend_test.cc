@@ -85,6 +85,7 @@ struct AccuracyCase {
   EpsMode eps_mode = EpsMode::kMax;
   ScaleMode scale_mode = ScaleMode::kSpectral;
   TransposeMode transpose = TransposeMode::kAuto;
+  Normalization normalization = Normalization::kFp32;
 };
 
 class CudaAccuracyTest : public ::testing::TestWithParam<AccuracyCase> {};
@@ -99,6 +100,7 @@ TEST_P(CudaAccuracyTest, MatchesReference) {
   options.eps_mode = c.eps_mode;
   options.scale_mode = c.scale_mode;
   options.transpose = c.transpose;
+  options.normalization = c.normalization;
   const std::vector<double> g = RandomMatrix(c.rows, c.cols, 17);
   const auto result = RunOne(SharedBackend(), g, c.rows, c.cols, options, c.in_dtype, c.out_dtype);
   ASSERT_OK(result.status);
@@ -130,7 +132,13 @@ INSTANTIATE_TEST_SUITE_P(
                      DType::kF16, DType::kF32},
         AccuracyCase{"zero_steps_fp16_in_bf16_out", 64, 100, Precision::kHighest, CoefficientType::kQuintic, 0,
                      DType::kF16, DType::kBF16, EpsMode::kMax, ScaleMode::kNone},
-        AccuracyCase{"high_tf32", 256, 256, Precision::kHigh, CoefficientType::kQuintic, 5}),
+        AccuracyCase{"high_tf32", 256, 256, Precision::kHigh, CoefficientType::kQuintic, 5},
+        AccuracyCase{"medium_bf16_normalization_tall", 200, 96, Precision::kMedium, CoefficientType::kSimple, 5,
+                     DType::kF32, DType::kF32, EpsMode::kMax, ScaleMode::kNone, TransposeMode::kAuto,
+                     Normalization::kBf16},
+        AccuracyCase{"bf16_normalization_zero_steps_eps_add", 64, 100, Precision::kMedium, CoefficientType::kQuintic,
+                     0, DType::kF32, DType::kF32, EpsMode::kAdd, ScaleMode::kNone, TransposeMode::kAuto,
+                     Normalization::kBf16}),
     [](const ::testing::TestParamInfo<AccuracyCase>& info) { return info.param.name; });
 
 class CudaCoefficientSweepTest : public ::testing::TestWithParam<std::tuple<CoefficientType, Precision>> {};

@@ -252,12 +252,13 @@ int64_t SumSquaresScratch(int64_t n, int64_t batch) {
   return std::max<int64_t>(1, std::min<int64_t>(kSumSquaresMaxScratch, (n + 2047) / 2048)) * batch;
 }
 
-cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* /*scratch*/, double* result,
-                       cudaStream_t) {
+cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, bool bf16_input, double* /*scratch*/,
+                       double* result, cudaStream_t) {
   for (int64_t j = 0; j < batch; ++j) {
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const double v = LoadAt(dtype, x, j * n + i);
+      const float loaded = LoadAt(dtype, x, j * n + i);
+      const double v = bf16_input ? RoundToBf16(loaded) : loaded;
       sum += v * v;
     }
     result[j] = sum;
@@ -266,12 +267,18 @@ cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, dou
 }
 
 cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, double eps,
-                      bool add_eps, DType work, void* out, cudaStream_t) {
+                      bool add_eps, bool bf16, DType work, void* out, cudaStream_t) {
   for (int64_t j = 0; j < batch; ++j) {
     const double norm = std::sqrt(sumsq[j]);
-    const float d = static_cast<float>(add_eps ? norm + eps : std::fmax(norm, eps));
+    float d = static_cast<float>(add_eps ? norm + eps : std::fmax(norm, eps));
+    if (bf16) {
+      const float norm_b = RoundToBf16(static_cast<float>(norm));
+      const float eps_b = RoundToBf16(static_cast<float>(eps));
+      d = add_eps ? RoundToBf16(norm_b + eps_b) : std::fmax(norm_b, eps_b);
+    }
     for (int64_t i = 0; i < n; ++i) {
-      const float v = LoadAt(in_dtype, in, j * n + i);
+      const float loaded = LoadAt(in_dtype, in, j * n + i);
+      const float v = bf16 ? RoundToBf16(loaded) : loaded;
       StoreAt(work, out, j * n + i, d != 0.0f ? v / d : v);
     }
   }

@@ -99,10 +99,19 @@ std::vector<double> ReferenceNs(const std::vector<double>& g, int64_t rows, int6
   const bool t = args.transpose;
   const int64_t m = t ? cols : rows, n = t ? rows : cols;
   Mat x = t ? Transposed(g, rows, cols) : g;
+  const bool bf16_norm = args.normalization == Normalization::kBf16;  // torch.optim.Muon's order.
+  if (bf16_norm) {
+    for (double& v : x) v = Bf16(static_cast<float>(v));
+  }
   double sumsq = 0;
   for (double v : x) sumsq += v * v;
   const double norm = std::sqrt(sumsq);
-  const double d = args.eps_mode == EpsMode::kAdd ? norm + args.eps : std::max(norm, args.eps);
+  double d = args.eps_mode == EpsMode::kAdd ? norm + args.eps : std::max(norm, args.eps);
+  if (bf16_norm) {
+    const double norm_b = Bf16(static_cast<float>(norm));
+    const double eps_b = Bf16(static_cast<float>(args.eps));
+    d = args.eps_mode == EpsMode::kAdd ? Bf16(static_cast<float>(norm_b + eps_b)) : std::max(norm_b, eps_b);
+  }
   for (double& v : x) {
     v = medium ? Bf16(static_cast<float>(v) / static_cast<float>(d)) : v / d;
   }

@@ -96,6 +96,7 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         # Whether results echo MatrixSpec.nd_layout, as servers do since NdLayout exists (False: an
         # older server, which reads every tensor flattened and leaves MatrixResult.nd_layout unset).
         self.echo_nd_layout = True
+        self.echo_normalization = True  # False: a server older than NsOptions.normalization.
         self.tamper: Optional[str] = None  # One of TAMPERS, or None.
         self.stalls: dict = {}  # Method -> how many of its next calls are never answered.
         self.stalled: List[str] = []  # Every call that stalled, by method, in order.
@@ -155,6 +156,7 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
         for i, m in enumerate(request.matrices):
             r = pb.MatrixResult(index=i, name=m.spec.name, dtype=m.spec.dtype, shape=m.spec.shape, data=m.data,
                                 nd_layout=m.spec.nd_layout if self.echo_nd_layout else 0,
+                                normalization=m.spec.options.normalization if self.echo_normalization else 0,
                                 block=whole_block(m.spec, self.echo_nd_layout))
             if self.tamper is not None and i == count - 1:
                 if self.tamper == "duplicate":
@@ -196,7 +198,8 @@ class RecordingServicer(pb_grpc.OrthogonalizerServicer):
                 continue
             result = pb.MatrixResult(index=i, name=spec.name, dtype=spec.dtype, shape=spec.shape,
                                      block=whole_block(spec, self.echo_nd_layout),
-                                     nd_layout=spec.nd_layout if self.echo_nd_layout else 0)
+                                     nd_layout=spec.nd_layout if self.echo_nd_layout else 0,
+                                     normalization=spec.options.normalization if self.echo_normalization else 0)
             answers = [result]
             if self.tamper is not None and i == count - 1:
                 answers = [tampered(result, self.tamper, count)]

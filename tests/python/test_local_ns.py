@@ -85,6 +85,30 @@ def test_matches_the_server(client, case, precision):
         assert max_err(ours, theirs) <= tol, (shape, opts)
 
 
+@pytest.mark.parametrize("case", [dict(), dict(eps_mode="add", eps=1e-3), dict(steps=0), dict(transpose="on")],
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "defaults")
+def test_bf16_normalization_matches_the_server(client, case):
+    # torch.optim.Muon's order (normalization "bf16", medium only). With no steps the result is the normalized matrix
+    # itself: bit for bit the server's. With steps, as MEDIUM tracks the server.
+    for shape, seed in [((24, 40), 1), ((48, 20), 2)]:
+        x = rand(*shape, seed=seed)
+        opts = dict(case, precision="medium", normalization="bf16")
+        ours = local_ns.orthogonalize(x, **opts)
+        theirs = client.orthogonalize([x], **opts)[0]
+        if case.get("steps") == 0:
+            assert torch.equal(ours, theirs), shape
+            assert not torch.equal(theirs, client.orthogonalize([x], **dict(opts, normalization="fp32"))[0])
+        else:
+            assert max_err(ours, theirs) <= medium_tol(theirs), (shape, opts)
+    with pytest.raises(ValueError, match="needs precision 'medium'"):
+        local_ns.orthogonalize(rand(4, 6, seed=0), precision="highest", normalization="bf16")
+
+
+def test_the_server_refuses_bf16_normalization_without_medium(client):
+    with pytest.raises(orthoserve.InvalidArgumentError, match="normalization bf16"):
+        client.orthogonalize([rand(4, 6, seed=0)], precision="highest", normalization="bf16")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_dtypes_match_the_server(client, dtype):
     x = rand(24, 40, seed=7, dtype=dtype)

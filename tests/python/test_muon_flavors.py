@@ -4,11 +4,12 @@ per parameter group, so that either optimizer can be swapped for it in a trainin
 Numerics: torch.optim.Muon always runs its Newton–Schulz in bf16. To compare the optimizers' step logic exactly,
 torch's NS is replaced (in torch.optim._muon, for the test) by the same iteration in fp32 — EO's newton_schulz with
 the one (a, b, c) triple, eps in max mode, "highest" — and ours runs with fp32_matmul_prec="highest": parameters
-agree within 1e-5 (max abs) after 5 steps. Unmodified torch.optim.Muon (bf16) against ours in "medium": the
-parameter changes agree within 6e-2 relative (Frobenius) after 5 steps — bf16 roundings in other places (torch
-rounds the input before normalizing and normalizes in bf16); measured 0.7e-2 to 3.7e-2 over 8 seeds, the largest
-for the nearly square 24 x 32 parameter. A wrong default (EO's quintic coefficients, a scale factor, no lr
-adjustment) would be off by 10% to several times."""
+agree within 1e-5 (max abs) after 5 steps. Unmodified torch.optim.Muon (bf16) against ours in "medium", whose torch
+flavor sends normalization "bf16" (torch's order: the update rounded to bf16 before it is normalized in bf16): the
+parameter changes agree within 2e-2 relative (Frobenius) after 5 steps — what is left is the fp32 accumulation order
+inside the bf16 products, which moves a bf16 rounding now and then; measured 0 to 1.6e-2 over 8 seeds (seeds 6 and 7
+bit for bit; with fp32 normalization it was 0.7e-2 to 3.7e-2). A wrong default (EO's quintic coefficients, a scale
+factor, no lr adjustment) would be off by 10% to several times."""
 
 import copy
 import inspect
@@ -25,7 +26,7 @@ import orthoserve.torch as ot
 from orthoserve.torch import Muon
 
 FP32_TOL = 1e-5
-BF16_REL_TOL = 6e-2
+BF16_REL_TOL = 2e-2
 SHAPES = [(32, 12), (24, 32), (8, 24)]  # Tall, wide and wide: every adjust_lr_fn branch differs.
 
 

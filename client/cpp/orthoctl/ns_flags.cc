@@ -36,6 +36,10 @@ void AddNsFlags(FlagSet* flags, NsFlagValues* v) {
   flags->AddString("precision", "P", "matmul precision: highest, high, medium (default medium)", &v->precision);
   flags->AddString("eps", "X", "norm floor (max) or addend (add), >= 0 (default 1e-7)", &v->eps);
   flags->AddString("eps-mode", "M", "X/max(|X|,eps) (max) or X/(|X|+eps) (add) (default max)", &v->eps_mode);
+  flags->AddString("normalization", "N",
+                   "where the normalization rounds: fp32, or bf16 (torch.optim.Muon's order; needs --precision "
+                   "medium) (default fp32)",
+                   &v->normalization);
   flags->AddString("transpose", "T", "work on the wide orientation: auto, on, off (default auto)", &v->transpose);
   flags->AddString("scale-mode", "S", "output scale: spectral, shape_scaling, unit_rms_norm, none (default spectral)",
                    &v->scale_mode);
@@ -78,6 +82,9 @@ absl::StatusOr<NsOptions> NsOptionsFromFlags(const NsFlagValues& v) {
     ASSIGN_OR_RETURN(o.eps, ParseFinite("--eps", v.eps));
   }
   if (!v.eps_mode.empty()) RETURN_IF_ERROR(FlagError("--eps-mode", ParseEpsMode(v.eps_mode, &o.eps_mode)));
+  if (!v.normalization.empty()) {
+    RETURN_IF_ERROR(FlagError("--normalization", ParseNormalization(v.normalization, &o.normalization)));
+  }
   if (!v.transpose.empty()) RETURN_IF_ERROR(FlagError("--transpose", ParseTransposeMode(v.transpose, &o.transpose)));
   if (!v.scale_mode.empty()) RETURN_IF_ERROR(FlagError("--scale-mode", ParseScaleMode(v.scale_mode, &o.scale_mode)));
   if (!v.extra_scale.empty()) {

@@ -21,6 +21,7 @@ struct NsFlagValues {
   std::string precision;
   std::string eps;
   std::string eps_mode;
+  std::string normalization;
   std::string transpose;
   std::string scale_mode;
   std::string extra_scale;
@@ -31,7 +32,7 @@ struct NsFlagValues {
 };
 
 // Registers --coefficients, --custom-coefficients, --steps, --precision, --eps, --eps-mode,
-// --transpose, --scale-mode, --extra-scale, --split-qkv, --wire-dtype, --algorithm and --nd on `flags`,
+// --normalization, --transpose, --scale-mode, --extra-scale, --split-qkv, --wire-dtype, --algorithm and --nd on `flags`,
 // storing into `values` (which must outlive the parse).
 void AddNsFlags(FlagSet* flags, NsFlagValues* values);
 

@@ -90,9 +90,10 @@ absl::Status CpuBackend::RunOne(const NsTask& task) {
   const NsKernelArgs& args = *task.args;
   const int64_t rows = task.shape.rows;
   const int64_t cols = task.shape.cols;
-  if (args.schedule.empty()) {
+  if (args.schedule.empty() && args.normalization == Normalization::kFp32) {
     // With no steps the result is elementwise: the orientation does not matter, and it is
-    // computed from `in` to `out` without a working matrix.
+    // computed from `in` to `out` without a working matrix (in fp32 normalization; kBf16 takes
+    // the loop's path, which rounds the input first).
     return RunElementwiseNs(*pool_, task);
   }
   const bool transpose = args.transpose;

@@ -48,12 +48,18 @@ absl::Status CheckSumOfSquares(double sum_squares) {
 absl::Status RunNsLoop(ParallelFor& pool, const NsKernelArgs& args, int64_t gram, std::vector<WorkingShard>& shards,
                        SumReducer* reducer) {
   const bool medium = args.precision == Precision::kMedium;
+  const bool bf16_norm = args.normalization == Normalization::kBf16;
 
+  // kBf16: the input rounded to bf16 first, and its norm taken from the rounded values.
+  if (bf16_norm) {
+    for (WorkingShard& s : shards) RoundToBf16InPlace(s.x.data(), gram * s.n);
+  }
   double sum_squares = 0;
   for (const WorkingShard& s : shards) sum_squares += SumOfSquares(s.x.data(), gram * s.n);
   if (reducer != nullptr) RETURN_IF_ERROR(reducer->AllReduceSum(absl::MakeSpan(&sum_squares, 1)));
   RETURN_IF_ERROR(CheckSumOfSquares(sum_squares));
-  const float divisor = NormDivisor(sum_squares, args.eps, args.eps_mode);
+  const float divisor = bf16_norm ? Bf16NormDivisor(sum_squares, args.eps, args.eps_mode)
+                                  : NormDivisor(sum_squares, args.eps, args.eps_mode);
   for (WorkingShard& s : shards) NormalizeInPlace(s.x.data(), gram * s.n, divisor, medium);
   if (args.schedule.empty()) return absl::OkStatus();
 

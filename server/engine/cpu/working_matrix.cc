@@ -158,6 +158,12 @@ float NormDivisor(double sum_squares, double eps, EpsMode mode) {
   return static_cast<float>(mode == EpsMode::kMax ? std::max(norm, eps) : norm + eps);
 }
 
+float Bf16NormDivisor(double sum_squares, double eps, EpsMode mode) {
+  const float norm = RoundToBf16Inline(static_cast<float>(std::sqrt(sum_squares)));
+  const float floor = RoundToBf16Inline(static_cast<float>(eps));
+  return mode == EpsMode::kMax ? std::max(norm, floor) : RoundToBf16Inline(norm + floor);
+}
+
 void NormalizeInPlace(float* x, int64_t count, float divisor, bool round_bf16) {
   if (divisor != 0.0f) {
     ForEachElement(count, [x, divisor](int64_t i) { x[i] = x[i] / divisor; });

@@ -43,6 +43,10 @@ double BlockSumOfSquares(DType dtype, const void* in, int64_t count);
 // kMax, ‖X‖_F + eps for kAdd, computed in double and rounded once to fp32.
 float NormDivisor(double sum_squares, double eps, EpsMode mode);
 
+// NormDivisor of Normalization::kBf16 (torch.optim.Muon's order): ‖X‖_F rounded to fp32 and then
+// to bf16, eps rounded to bf16, then max(‖X‖, eps) for kMax, bf16(‖X‖ + eps) for kAdd.
+float Bf16NormDivisor(double sum_squares, double eps, EpsMode mode);
+
 // x /= divisor in fp32 (one rounding per element), then, when `round_bf16`, rounds to bf16. A
 // zero divisor (an all-zero matrix with eps = 0) leaves the zeros as they are instead of making
 // NaN.

@@ -103,7 +103,7 @@ size_t NormsBytes(const TaskSizes& z, int64_t count) {
 
 bool SameArgs(const NsKernelArgs& x, const NsKernelArgs& y) {
   return &x == &y || (x.schedule == y.schedule && x.precision == y.precision && x.eps == y.eps &&
-                      x.eps_mode == y.eps_mode && x.transpose == y.transpose && x.scale == y.scale);
+                      x.eps_mode == y.eps_mode && x.normalization == y.normalization && x.transpose == y.transpose && x.scale == y.scale);
 }
 
 bool SameGroup(const NsTask& x, const NsTask& y) {
@@ -221,13 +221,15 @@ absl::Status CudaBackend::Impl::Enqueue(cuda::Context& ctx, cuda::Slot& slot, ab
   cudaStream_t s = ctx.compute.get();
   double* scratch = slot.norms.as<double>();
   double* sums = scratch + cuda::SumSquaresScratch(z.numel, count);
+  const bool bf16_norm = args.normalization == Normalization::kBf16;
   RETURN_IF_ERROR(
-      CudaCall(cuda::SumSquares(first.in_dtype, slot.io.data(), z.numel, count, scratch, sums, s), "SumSquares"));
+      CudaCall(cuda::SumSquares(first.in_dtype, slot.io.data(), z.numel, count, bf16_norm, scratch, sums, s),
+               "SumSquares"));
   if (TakeInjectedFailure()) {
     RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
   }
   RETURN_IF_ERROR(CudaCall(cuda::Normalize(first.in_dtype, slot.io.data(), z.numel, count, sums,
-                                           args.eps, args.eps_mode == EpsMode::kAdd, prec.dtype,
+                                           args.eps, args.eps_mode == EpsMode::kAdd, bf16_norm, prec.dtype,
                                            slot.x0.data(), s),
                            "Normalize"));
   const cuda::BlasDevice dev = ctx.Blas(prec, symmetric_min_size);

@@ -105,6 +105,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   }
 
   // Norm: the local sum of squares (shards in order), all-reduced in double.
+  const bool bf16_norm = args.normalization == Normalization::kBf16;
   const double* sumsq_device = ctx.device_scalar(1);
   if (on_device) {
     // Each shard's sum, then their sum in shard order, reduced where it is.
@@ -112,7 +113,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
     double* sums = norms.as<double>();
     for (size_t i = 0; i < shards.size(); ++i) {
       RETURN_IF_ERROR(CudaCall(cuda::SumSquares(shards[i].shard->in_dtype, shards[i].in, shards[i].shard->shape.numel(),
-                                                1, ctx.sumsq_scratch(), sums + i, s),
+                                                1, bf16_norm, ctx.sumsq_scratch(), sums + i, s),
                                "SumSquares"));
     }
     double* total = sums + shards.size();
@@ -123,7 +124,7 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   } else {
     double sumsq = 0;
     for (DeviceShard& d : shards) {
-      RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.in, d.shard->shape.numel(), 1,
+      RETURN_IF_ERROR(CudaCall(cuda::SumSquares(d.shard->in_dtype, d.in, d.shard->shape.numel(), 1, bf16_norm,
                                                 ctx.sumsq_scratch(), ctx.device_scalar(0), s),
                                "SumSquares"));
       RETURN_IF_ERROR(Copy(ctx.host_scalar(0), ctx.device_scalar(0), sizeof(double), cudaMemcpyDeviceToHost, s,
@@ -139,7 +140,8 @@ absl::Status CudaBackend::Impl::RunSharded(const NsShardedTask& task, SumReducer
   for (DeviceShard& d : shards) {
     if (TakeInjectedFailure()) RETURN_IF_ERROR(CudaCall(cuda::LaunchInvalidConfigForTest(s), "Normalize"));
     RETURN_IF_ERROR(CudaCall(cuda::Normalize(d.shard->in_dtype, d.in, d.shard->shape.numel(), 1, sumsq_device,
-                                             args.eps, args.eps_mode == EpsMode::kAdd, prec.dtype, d.x0.data(), s),
+                                             args.eps, args.eps_mode == EpsMode::kAdd, bf16_norm, prec.dtype,
+                                             d.x0.data(), s),
                              "Normalize"));
   }
 

@@ -50,12 +50,15 @@ __device__ double BlockSum(double v) {
 }
 
 // Block (x, j) sums its part of matrix j into partial[j·gridDim.x + x].
-__global__ void SumSquaresPartial(DType t, const void* x, int64_t n, double* partial) {
+__device__ __forceinline__ float RoundBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+__global__ void SumSquaresPartial(DType t, const void* x, int64_t n, bool bf16_input, double* partial) {
   const int64_t base = blockIdx.y * n;
   double acc = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const double v = Load(t, x, base + i);
+    const float loaded = Load(t, x, base + i);
+    const double v = bf16_input ? RoundBf16(loaded) : loaded;
     acc += v * v;
   }
   const double total = BlockSum(acc);
@@ -73,14 +76,23 @@ __global__ void SumPartials(const double* partial, int count, double* result) {
 
 // The divisor is formed in double and rounded once to fp32, as the CPU backend does; a zero
 // divisor (an all-zero matrix with eps = 0) leaves the values as they are (zeros).
+// With `bf16`, Normalization::kBf16: the divisor and every input rounded to bf16 first.
 __global__ void NormalizeKernel(DType in_t, const void* in, int64_t n, const double* sumsq, double eps, bool add_eps,
-                                DType work, void* out) {
+                                bool bf16, DType work, void* out) {
   const int64_t base = blockIdx.y * n;
   const double norm = sqrt(sumsq[blockIdx.y]);
-  const float d = static_cast<float>(add_eps ? norm + eps : fmax(norm, eps));
+  float d;
+  if (bf16) {
+    const float norm_b = RoundBf16(static_cast<float>(norm));
+    const float eps_b = RoundBf16(static_cast<float>(eps));
+    d = add_eps ? RoundBf16(norm_b + eps_b) : fmaxf(norm_b, eps_b);
+  } else {
+    d = static_cast<float>(add_eps ? norm + eps : fmax(norm, eps));
+  }
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = Load(in_t, in, base + i);
+    const float loaded = Load(in_t, in, base + i);
+    const float v = bf16 ? RoundBf16(loaded) : loaded;
     Store(work, out, base + i, d != 0.0f ? v / d : v);
   }
 }
@@ -167,20 +179,22 @@ int SumSquaresBlocks(int64_t n) {
 
 int64_t SumSquaresScratch(int64_t n, int64_t batch) { return SumSquaresBlocks(n) * batch; }
 
-cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* scratch, double* result,
-                       cudaStream_t stream) {
+cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, bool bf16_input, double* scratch,
+                       double* result, cudaStream_t stream) {
   const int blocks = SumSquaresBlocks(n);
   ClearStaleError();
-  SumSquaresPartial<<<dim3(blocks, static_cast<unsigned>(batch)), kThreads, 0, stream>>>(dtype, x, n, scratch);
+  SumSquaresPartial<<<dim3(blocks, static_cast<unsigned>(batch)), kThreads, 0, stream>>>(dtype, x, n, bf16_input,
+                                                                                         scratch);
   SumPartials<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(scratch, blocks, result);
   return cudaGetLastError();
 }
 
 cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, double eps,
-                      bool add_eps, DType work, void* out, cudaStream_t stream) {
+                      bool add_eps, bool bf16, DType work, void* out, cudaStream_t stream) {
   ClearStaleError();
   NormalizeKernel<<<dim3(GridFor(n), static_cast<unsigned>(batch)), kThreads, 0, stream>>>(in_dtype, in, n, sumsq,
-                                                                                          eps, add_eps, work, out);
+                                                                                          eps, add_eps, bf16, work,
+                                                                                          out);
   return cudaGetLastError();
 }
 

@@ -20,17 +20,19 @@ inline constexpr int64_t kSumSquaresMaxScratch = 1024;
 int64_t SumSquaresScratch(int64_t n, int64_t batch);
 
 // result[j] = Σ x² over the `n` elements of matrix j, accumulated in double in an order fixed by
-// n alone (the same bits every run, whatever the batch). `scratch` holds SumSquaresScratch
-// doubles; `batch` <= 65535.
-cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, double* scratch, double* result,
-                       cudaStream_t stream);
+// n alone (the same bits every run, whatever the batch); with `bf16_input` each x is rounded to
+// bf16 first (Normalization::kBf16). `scratch` holds SumSquaresScratch doubles; `batch` <= 65535.
+cudaError_t SumSquares(DType dtype, const void* x, int64_t n, int64_t batch, bool bf16_input, double* scratch,
+                       double* result, cudaStream_t stream);
 
 // out[j·n + i] = work(in[j·n + i] / d_j) with d_j = fp32(max(√sumsq[j], eps)) (add_eps false) or
 // fp32(√sumsq[j] + eps), the divisor formed in double and rounded once, the division in fp32 (no
 // division when d_j = 0, as on the CPU backend); `work` is kF32 or kBF16 (rounded to nearest
-// even). `sumsq` holds `batch` device doubles.
+// even). `sumsq` holds `batch` device doubles. With `bf16` (Normalization::kBf16, server/engine/
+// backend.h) each input is rounded to bf16 first and d_j = max(bf16(fp32(√sumsq[j])), bf16(eps))
+// (bf16 of their sum with add_eps).
 cudaError_t Normalize(DType in_dtype, const void* in, int64_t n, int64_t batch, const double* sumsq, double eps,
-                      bool add_eps, DType work, void* out, cudaStream_t stream);
+                      bool add_eps, bool bf16, DType work, void* out, cudaStream_t stream);
 
 // out[i] = out_dtype(float(x[i]) · scale): the final widening, scaling and narrowing.
 cudaError_t ScaleConvert(DType x_dtype, const void* x, int64_t n, float scale, DType out_dtype, void* out,

@@ -14,8 +14,9 @@ namespace orthoserve {
 // the fleet's own MatrixPlan; 3 adds the run to every step key, report digests and the aborting member;
 // 4 sends a report's spec list as one SpecList and its blocks packed, places a log entry's blocks
 // by rule where they follow one, and ReadLog entries encoded once for every reader; 5 reports a trainer
-// rank's shared-memory slices (ReadyReport.region_spans), which the coordinator checks across ranks.
-inline constexpr int kFleetProtocol = 5;
+// rank's shared-memory slices (ReadyReport.region_spans), which the coordinator checks across ranks;
+// 6 carries NsOptions.normalization in plans (a rank of 5 would normalize a bf16 plan in fp32).
+inline constexpr int kFleetProtocol = 6;
 // The largest message on the fleet port, either way (every rank's server and channels).
 inline constexpr int kFleetMessageBytes = 256 << 20;
 // The largest log entry the coordinator appends: one entry always fits in a ReadLog response,

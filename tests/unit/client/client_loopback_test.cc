@@ -128,6 +128,26 @@ TEST_F(ClientLoopbackTest, ABatchAnsweredByAServerThatIgnoresTheLayoutIsRefused)
   EXPECT_OK(client->Step(StepOptions{}, {&flat, 1}));
 }
 
+// A server older than NsOptions.normalization normalizes in fp32 and does not echo bf16: the
+// client refuses that answer (FAILED_PRECONDITION) for a matrix that asked for bf16.
+TEST_F(ClientLoopbackTest, ABf16NormalizationAnsweredByAServerThatIgnoresItIsRefused) {
+  auto client = Connect(server_);
+  const std::vector<float> a = Ramp(16, 1.0f);
+  MatrixInput torch_order = F32Input("t", {4, 4}, a);
+  torch_order.options.normalization = Normalization::kBf16;
+  auto echoed = client->Step(StepOptions{}, {&torch_order, 1});
+  ASSERT_OK(echoed);
+  EXPECT_EQ((*echoed)[0].normalization, Normalization::kBf16);
+  server_.service->echo_normalization = false;
+  EXPECT_THAT(client->Step(StepOptions{}, {&torch_order, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("matrix \"t\": the server did not normalize it in bf16")));
+  EXPECT_THAT(client->Orthogonalize({&torch_order, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("normalization bf16")));
+  MatrixInput fp32 = F32Input("f", {4, 4}, a);  // fp32 normalization is what such a server computes.
+  EXPECT_OK(client->Step(StepOptions{}, {&fp32, 1}));
+}
+
 TEST_F(ClientLoopbackTest, AResultForAnotherMatrixOrAnotherRanksBlockIsNeverReturned) {
   auto client = Connect(server_);
   const std::vector<float> a = Ramp(16, 1.0f);

@@ -19,9 +19,11 @@ namespace {
 
 // 2·X of `data` (spec.dtype) in the result dtype. Returns false with `message` for bad specs.
 bool Compute(const v1::MatrixSpec& spec, const std::string& data, v1::MatrixResult* result, std::string* out,
-             bool echo_nd_layout, const std::string& result_name = "", int64_t result_row_shift = 0) {
+             bool echo_nd_layout, bool echo_normalization, const std::string& result_name = "",
+             int64_t result_row_shift = 0) {
   result->set_name(spec.name());
   if (echo_nd_layout) result->set_nd_layout(spec.nd_layout());
+  if (echo_normalization) result->set_normalization(spec.options().normalization());
   *result->mutable_shape() = spec.shape();
   const v1::DType result_dtype = spec.result_dtype() == v1::DTYPE_UNSPECIFIED ? spec.dtype() : spec.result_dtype();
   result->set_dtype(result_dtype);
@@ -127,7 +129,8 @@ grpc::Status FakeOrthogonalizer::Orthogonalize(grpc::ServerContext* context, con
     v1::MatrixResult* r = response->add_results();
     r->set_index(i);
     std::string out;
-    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out, echo_nd_layout, result_name,
+    if (Compute(request->matrices(i).spec(), request->matrices(i).data(), r, &out, echo_nd_layout, echo_normalization,
+                result_name,
                 result_row_shift)) {
       r->set_data(out);
     }
@@ -182,7 +185,7 @@ grpc::Status FakeOrthogonalizer::OrthogonalizeStream(
     v1::MatrixResult* r = response.mutable_result();
     r->set_index(i);
     std::string out;
-    const bool computed = Compute(spec, data, r, &out, echo_nd_layout, result_name, result_row_shift);
+    const bool computed = Compute(spec, data, r, &out, echo_nd_layout, echo_normalization, result_name, result_row_shift);
     computed ? ++ok : ++failed;
     if (send_extra_byte) out.push_back('x');
     stream->Write(response);

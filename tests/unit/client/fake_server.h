@@ -29,6 +29,8 @@ class FakeOrthogonalizer final : public v1::Orthogonalizer::Service {
   bool send_extra_byte = false;  // Protocol violation: one byte more than the block.
   // Results echo MatrixSpec.nd_layout, as servers do since it exists; false: an older server.
   bool echo_nd_layout = true;
+  // Results echo NsOptions.normalization (bf16), as servers do since it exists; false: an older server.
+  bool echo_normalization = true;
   // A server that answers with another matrix's or another rank's result: results name
   // `result_name` (when not empty) and their block is moved down by `result_row_shift` rows.
   std::string result_name;

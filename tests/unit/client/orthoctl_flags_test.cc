@@ -77,7 +77,7 @@ TEST(FlagSet, HelpAndUsageListEveryFlag) {
   const std::string usage = flags.Usage();
   for (const char* name :
        {"--coefficients NAME", "--custom-coefficients", "--steps N", "--precision", "--eps X", "--eps-mode",
-        "--transpose", "--scale-mode", "--extra-scale", "--split-qkv", "--wire-dtype", "--algorithm",
+        "--normalization", "--transpose", "--scale-mode", "--extra-scale", "--split-qkv", "--wire-dtype", "--algorithm",
         "--server HOST:PORT", "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--no-retry",
         "--retry-deadline SECONDS", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(name));
@@ -104,6 +104,16 @@ TEST(NsFlags, EveryOption) {
   EXPECT_EQ(o->scale_mode, ScaleMode::kUnitRmsNorm);
   EXPECT_EQ(o->extra_scale, 0.2);
   EXPECT_EQ(o->split_qkv, (std::vector<int64_t>{4, 2, 2}));
+}
+
+TEST(NsFlags, Normalization) {
+  auto torch_order = ParseNs({"--normalization", "bf16"});
+  ASSERT_OK(torch_order);
+  EXPECT_EQ(torch_order->normalization, Normalization::kBf16);
+  EXPECT_THAT(ParseNs({"--normalization", "bf16", "--precision", "highest"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("normalization bf16")));
+  EXPECT_THAT(ParseNs({"--normalization", "fp16"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--normalization")));
 }
 
 TEST(NsFlags, CustomCoefficients) {

@@ -117,10 +117,18 @@ std::vector<double> ReferenceNs(const std::vector<double>& g, int64_t rows, int6
   const int64_t n = args.transpose ? rows : cols;
   std::vector<double> x = args.transpose ? TransposeOf(g, rows, cols) : g;
 
+  if (args.bf16_normalization) {
+    for (double& v : x) v = RefBf16(static_cast<float>(v));
+  }
   double sum = 0;
   for (double v : x) sum += v * v;
   const double norm = std::sqrt(sum);
-  const double divisor = args.eps_add ? norm + args.eps : std::max(norm, args.eps);
+  double divisor = args.eps_add ? norm + args.eps : std::max(norm, args.eps);
+  if (args.bf16_normalization) {
+    const double norm_b = RefBf16(static_cast<float>(norm));
+    const double eps_b = RefBf16(static_cast<float>(args.eps));
+    divisor = args.eps_add ? RefBf16(static_cast<float>(norm_b + eps_b)) : std::max(norm_b, eps_b);
+  }
   for (double& v : x) {
     if (!args.medium) {
       v = divisor == 0 ? v : v / divisor;
@@ -192,6 +200,7 @@ RefArgs RefArgsFor(const NsOptions& o, int64_t rows, int64_t cols) {
   args.medium = o.precision == Precision::kMedium;
   args.eps = o.eps;
   args.eps_add = o.eps_mode == EpsMode::kAdd;
+  args.bf16_normalization = o.normalization == Normalization::kBf16;
   args.transpose = o.transpose == TransposeMode::kOn || (o.transpose == TransposeMode::kAuto && rows > cols);
   args.scale = RefScale(rows, cols, o.scale_mode, o.extra_scale);
   return args;

@@ -27,6 +27,9 @@ struct RefArgs {
   bool medium = false;  // false: float64 throughout; true: the bf16-emulating loop.
   double eps = 1e-7;
   bool eps_add = false;    // X / (‖X‖ + eps) instead of X / max(‖X‖, eps).
+  // torch.optim.Muon's normalization (medium only): G rounded to bf16, ‖G‖ (of those values, to
+  // fp32 then bf16) and eps rounded to bf16, each quotient fp32 then bf16.
+  bool bf16_normalization = false;
   bool transpose = false;  // Work on Gᵀ.
   double scale = 1.0;
 };

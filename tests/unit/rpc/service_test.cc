@@ -164,6 +164,37 @@ void AsBatchOfTwo(v1::Matrix& m) {
   m.mutable_spec()->set_nd_layout(v1::ND_LAYOUT_BATCH);
 }
 
+// Results echo NORMALIZATION_BF16 when it was asked for (clients refuse a bf16 answer without
+// it: a server older than the option normalizes in fp32), and the two normalizations differ.
+TEST_F(ServiceTest, Bf16NormalizationIsEchoedAndComputed) {
+  const std::string in = Bytes(RandomMatrix(6, 10, 41), DType::kF32);
+  std::string fp32_data;
+  for (v1::Normalization normalization : {v1::NORMALIZATION_UNSPECIFIED, v1::NORMALIZATION_BF16}) {
+    v1::MatrixSpec spec = Spec("w", {6, 10}, DType::kF32, NsOptions());
+    spec.mutable_options()->set_normalization(normalization);
+    std::vector<v1::StreamRequest> messages = {HeaderMessage(1)};
+    AppendMatrix(messages, 0, spec, in);
+    messages.push_back(EndMessage());
+    StreamOutcome out = RunStream(*stub_, messages);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    ASSERT_EQ(out.results[0].code(), 0) << out.results[0].message();
+    EXPECT_EQ(out.results[0].normalization(), normalization);
+    v1::OrthogonalizeRequest request;
+    *request.add_matrices()->mutable_spec() = spec;
+    request.mutable_matrices(0)->set_data(in);
+    v1::OrthogonalizeResponse response;
+    grpc::Status status = Unary(request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.results(0).normalization(), normalization);
+    EXPECT_EQ(response.results(0).data(), out.data[0]);
+    if (normalization == v1::NORMALIZATION_UNSPECIFIED) {
+      fp32_data = out.data[0];
+    } else {
+      EXPECT_NE(out.data[0], fp32_data);
+    }
+  }
+}
+
 TEST_F(ServiceTest, BatchLayoutOrthogonalizesEachMatrixFlattenTheWhole) {
   NsOptions options;
   options.precision = Precision::kHighest;
@@ -300,6 +331,15 @@ TEST_F(ServiceTest, UnaryRejectsEachBadInputWithItsCode) {
          m.mutable_spec()->set_partition_dim(2);
        },
        grpc::StatusCode::INVALID_ARGUMENT, "partition_dim = 2 must be 0 or 1"},
+      {"unknown normalization",
+       [](v1::Matrix& m) { m.mutable_spec()->mutable_options()->set_normalization(static_cast<v1::Normalization>(7)); },
+       grpc::StatusCode::INVALID_ARGUMENT, "normalization = 7"},
+      {"bf16 normalization without medium precision",
+       [](v1::Matrix& m) {
+         m.mutable_spec()->mutable_options()->set_normalization(v1::NORMALIZATION_BF16);
+         m.mutable_spec()->mutable_options()->set_precision(v1::PRECISION_HIGHEST);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "normalization bf16 (torch.optim.Muon's order) needs precision medium"},
       {"unknown nd_layout", [](v1::Matrix& m) { m.mutable_spec()->set_nd_layout(static_cast<v1::NdLayout>(7)); },
        grpc::StatusCode::INVALID_ARGUMENT, "matrix 0 (\"w\"): nd_layout = 7"},
       {"batch with split_qkv",
@@ -405,6 +445,7 @@ TEST_F(ServiceTest, GetServerInfoDescribesTheServer) {
   EXPECT_THAT(info.coefficients(), ::testing::Contains("cubic5"));
   EXPECT_THAT(info.algorithms(), ::testing::Contains("tp_distributed"));
   EXPECT_THAT(info.nd_layouts(), ::testing::ElementsAre("flatten", "batch"));
+  EXPECT_THAT(info.normalizations(), ::testing::ElementsAre("fp32", "bf16"));
   EXPECT_EQ(info.limits().chunk_bytes(), 4 << 20);
   EXPECT_FALSE(info.auth_required());
 }

@@ -15,7 +15,7 @@ import grpc
 from orthoserve import arrays, errors
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 
-__all__ = ["Entry", "check_index", "check_batch_echo", "check_result", "in_region", "expected_bytes", "rebuild"]
+__all__ = ["Entry", "check_index", "check_batch_echo", "check_normalization_echo", "check_result", "in_region", "expected_bytes", "rebuild"]
 
 _FLATTEN_LAYOUTS = (pb.ND_LAYOUT_UNSPECIFIED, pb.ND_LAYOUT_FLATTEN)  # Both mean "flatten" on the wire.
 
@@ -75,10 +75,24 @@ def check_batch_echo(entry: Entry, result: pb.MatrixResult) -> None:
             "nd='flatten' if that is what you mean", entry.spec.name)
 
 
+def check_normalization_echo(entry: Entry, result: pb.MatrixResult) -> None:
+    """FailedPreconditionError when normalization bf16 was asked for and the result does not echo it."""
+    if (entry.spec.options.normalization == pb.NORMALIZATION_BF16 and
+            result.normalization != pb.NORMALIZATION_BF16):
+        # A server that predates Normalization ignores the option and normalizes in fp32: another computation.
+        raise errors.FailedPreconditionError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "the server did not normalize this matrix in bf16 (its result does not echo normalization=bf16: it "
+            "predates NsOptions.normalization and normalized in fp32); upgrade the server, or send "
+            "normalization='fp32'", entry.spec.name)
+
+
 def check_result(entry: Entry, index: int, result: pb.MatrixResult) -> None:
     """IntegrityError unless `result` (a successful one) names what `entry` sent at `index`: name, global shape,
-    N-d layout and block. FailedPreconditionError for a batch answered as a flattened matrix (check_batch_echo)."""
+    N-d layout and block. FailedPreconditionError for a batch answered as a flattened matrix (check_batch_echo) and
+    for a bf16 normalization answered without its echo (check_normalization_echo)."""
     check_batch_echo(entry, result)  # A server that predates NdLayout: its own, clearer error.
+    check_normalization_echo(entry, result)
     spec, problems = entry.spec, []
     sent_batch = spec.nd_layout == pb.ND_LAYOUT_BATCH
     if result.name != spec.name:
@@ -118,6 +132,7 @@ def rebuild(entry: Entry, result: pb.MatrixResult, buf: bytearray) -> Any:
         raise errors.integrity_error(f"result dtype {result.dtype} differs from the sent {entry.spec.dtype}",
                                      entry.spec.name)
     check_batch_echo(entry, result)
+    check_normalization_echo(entry, result)
     expected = expected_bytes(entry, result)
     if len(buf) != expected:
         raise errors.InternalError(grpc.StatusCode.INTERNAL,

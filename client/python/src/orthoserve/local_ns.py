@@ -122,9 +122,18 @@ def _transpose(transpose: Any, rows: int, cols: int) -> bool:
     raise ValueError(f"orthoserve: transpose must be None, 'auto', True/'on' or False/'off', got {transpose!r}")
 
 
+def _bf16_scalar(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32).to(torch.bfloat16).to(torch.float32))
+
+
 def newton_schulz(g: torch.Tensor, steps: Sequence[Triple], *, precision: str = "medium", eps: float = 1e-7,
-                  eps_mode: str = "max", transpose: Any = "auto") -> torch.Tensor:
+                  eps_mode: str = "max", transpose: Any = "auto", normalization: str = "fp32") -> torch.Tensor:
     """The loop of docs/numerics.md §2 on a 2-D tensor: returns the fp32 result (unscaled) of g's shape."""
+    if normalization not in options_lib.NORMALIZATIONS:
+        raise ValueError(f"orthoserve: normalization must be one of {sorted(options_lib.NORMALIZATIONS)}, got "
+                         f"{normalization!r}")
+    if normalization == "bf16" and precision != "medium":
+        raise ValueError(f"orthoserve: normalization 'bf16' needs precision 'medium', got {precision!r}")
     if precision not in options_lib.PRECISIONS:
         raise ValueError(f"orthoserve: unknown precision {precision!r}; "
                          f"expected one of {sorted(options_lib.PRECISIONS)}")
@@ -140,8 +149,15 @@ def newton_schulz(g: torch.Tensor, steps: Sequence[Triple], *, precision: str = 
     x = x.contiguous()
     if x.numel() == 0:
         return torch.zeros(rows, cols, dtype=torch.float32, device=g.device)
-    norm = math.sqrt(float(x.double().square().sum()))
-    divisor = float(torch.tensor(max(norm, eps) if eps_mode == "max" else norm + eps, dtype=torch.float32))
+    if normalization == "bf16":
+        # torch.optim.Muon's order: the input in bf16, its norm and eps rounded to bf16 (server/engine/backend.h).
+        x = _bf16(x)
+        norm_b = _bf16_scalar(math.sqrt(float(x.double().square().sum())))
+        eps_b = _bf16_scalar(eps)
+        divisor = max(norm_b, eps_b) if eps_mode == "max" else _bf16_scalar(norm_b + eps_b)
+    else:
+        norm = math.sqrt(float(x.double().square().sum()))
+        divisor = float(torch.tensor(max(norm, eps) if eps_mode == "max" else norm + eps, dtype=torch.float32))
     if divisor != 0.0:  # An all-zero matrix with eps = 0 stays zero, never NaN.
         x = x / torch.tensor(divisor, dtype=torch.float32, device=x.device)
     medium = precision == "medium"
@@ -175,7 +191,7 @@ def orthogonalize(x: torch.Tensor, *, coefficients: Optional[str] = None,
                   custom_coefficients: Optional[Sequence[Sequence[float]]] = None, steps: Optional[int] = None,
                   precision: Optional[str] = None, eps: Optional[float] = None, eps_mode: Optional[str] = None,
                   transpose: Any = None, scale_mode: Optional[str] = None, extra_scale: Optional[float] = None,
-                  split_qkv: Optional[Sequence[int]] = None) -> torch.Tensor:
+                  split_qkv: Optional[Sequence[int]] = None, normalization: Optional[str] = None) -> torch.Tensor:
     """What the server returns for whole tensor `x` with these options (orthoserve.options names; None: the server's
     default — quintic, 5 steps, medium, eps 1e-7 in max mode, auto transpose, spectral scale, extra scale 1):
     a tensor of x's dtype, shape and device. N-d tensors are viewed as shape[0] x prod(rest).
@@ -188,7 +204,8 @@ def orthogonalize(x: torch.Tensor, *, coefficients: Optional[str] = None,
         raise ValueError("orthoserve: the matrix holds non-finite values")
     triples = schedule(coefficients, 5 if steps is None else int(steps), custom_coefficients)
     kw = dict(precision=(precision or "medium").lower(), eps=1e-7 if eps is None else float(eps),
-              eps_mode=(eps_mode or "max").lower(), transpose=transpose)
+              eps_mode=(eps_mode or "max").lower(), transpose=transpose,
+              normalization=(normalization or "fp32").lower())
     scale_mode = (scale_mode or "spectral").lower()
     extra = 1.0 if extra_scale is None else float(extra_scale)
     rows, cols = int(x.shape[0]), int(math.prod(x.shape[1:]))

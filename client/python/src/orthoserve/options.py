@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 from orthoserve._proto.v1 import orthogonalizer_pb2 as pb
 
 __all__ = ["OPTION_NAMES", "ns_options", "algorithm_value", "COEFFICIENTS", "PRECISIONS", "SCALE_MODES",
-           "ALGORITHMS"]
+           "ALGORITHMS", "NORMALIZATIONS", "asks_bf16_normalization"]
 
 COEFFICIENTS = {
     "simple": pb.COEFFICIENTS_SIMPLE,
@@ -22,6 +22,10 @@ COEFFICIENTS = {
 }
 PRECISIONS = {"highest": pb.PRECISION_HIGHEST, "high": pb.PRECISION_HIGH, "medium": pb.PRECISION_MEDIUM}
 EPS_MODES = {"max": pb.EPS_MODE_MAX, "add": pb.EPS_MODE_ADD}
+# Where the normalization rounds: "fp32" (Emerging-Optimizers) or "bf16" (torch.optim.Muon's order: the input
+# rounded to bf16 first, its norm and each quotient in bf16; precision "medium" only). A server that does not list
+# "bf16" in ServerInfo.normalizations is refused before anything is sent (the client checks; see Client).
+NORMALIZATIONS = {"fp32": pb.NORMALIZATION_FP32, "bf16": pb.NORMALIZATION_BF16}
 TRANSPOSES = {"auto": pb.TRANSPOSE_AUTO, "on": pb.TRANSPOSE_ON, "off": pb.TRANSPOSE_OFF}
 SCALE_MODES = {
     "spectral": pb.SCALE_MODE_SPECTRAL,
@@ -40,7 +44,7 @@ ALGORITHMS = {
 
 # Every option orthogonalize() and Shard accept; None (or absence) means the server's default.
 OPTION_NAMES = ("coefficients", "custom_coefficients", "steps", "precision", "eps", "eps_mode", "transpose",
-                "scale_mode", "extra_scale", "split_qkv")
+                "scale_mode", "extra_scale", "split_qkv", "normalization")
 
 
 def _choice(table: Mapping[str, int], name: str, value: Any) -> int:
@@ -54,7 +58,7 @@ def ns_options(options: Mapping[str, Any]) -> pb.NsOptions:
     """NsOptions for `options` (names as OPTION_NAMES). Raises TypeError for an unknown name, ValueError for a bad value.
 
     Values: coefficients in COEFFICIENTS (given custom_coefficients alone means "custom"); custom_coefficients a
-    sequence of (a, b, c); steps an int; precision "highest"|"high"|"medium"; eps a float; eps_mode "max"|"add";
+    sequence of (a, b, c); steps an int; precision "highest"|"high"|"medium"; eps a float; eps_mode "max"|"add"; normalization "fp32"|"bf16";
     transpose None|"auto"|True|"on"|False|"off"; scale_mode in SCALE_MODES; extra_scale a float; split_qkv
     (q, k, v) rows per query group.
     """
@@ -80,6 +84,10 @@ def ns_options(options: Mapping[str, Any]) -> pb.NsOptions:
         out.eps = float(options["eps"])
     if options.get("eps_mode") is not None:
         out.eps_mode = _choice(EPS_MODES, "eps_mode", options["eps_mode"])
+    if options.get("normalization") is not None:
+        value = _choice(NORMALIZATIONS, "normalization", options["normalization"])
+        if value == pb.NORMALIZATION_BF16:  # fp32 stays the zero value, as the C++ client encodes it.
+            out.normalization = value
     transpose = options.get("transpose")
     if transpose is not None:
         if isinstance(transpose, bool):
@@ -107,3 +115,8 @@ def algorithm_value(algorithm: Optional[str]) -> int:
 def split_options(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """The NS options among kwargs (a copy)."""
     return {k: v for k, v in kwargs.items() if k in OPTION_NAMES}
+
+
+def asks_bf16_normalization(specs: Sequence[Any]) -> bool:
+    """Whether any of `specs` (MatrixSpec messages) asks for NORMALIZATION_BF16."""
+    return any(spec.options.normalization == pb.NORMALIZATION_BF16 for spec in specs)

@@ -30,6 +30,15 @@ class _Unset:
 _UNSET: Any = _Unset()
 
 
+# The weight decay p += alpha·p of Emerging-Optimizers' methods (its WeightDecayMixin), "l2" aside (it decays the
+# gradient instead).
+_DECAY_ALPHA: Dict[str, Callable[[float, float], float]] = {
+    "decoupled": lambda lr, wd: -wd * lr,
+    "independent": lambda lr, wd: -wd,
+    "palm": lambda lr, wd: -(wd * lr * lr),
+}
+
+
 # Muon's default job: "muon-<run id>", or a digest of a run id too long to be read in a job name.
 _MAX_READABLE_RUN_ID = 64
 
@@ -42,21 +51,26 @@ def _default_job(run_id: str) -> str:
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon with the orthogonalization done by an orthoserve fleet; takes Emerging-Optimizers' and torch.optim.Muon's
-    arguments, so that either can be replaced by it in a training script.
+    """Muon by an orthoserve fleet: Emerging-Optimizers' Muon unless flavor="torch" or torch.optim.Muon's own arguments
+    (ns_coefficients, ns_steps, adjust_lr_fn) are given, which make it torch.optim.Muon's.
+
+    For an import swap, use the classes with each anchor's exact signature instead: orthoserve.torch.optim.Muon for
+    `torch.optim.Muon`, orthoserve.torch.eo.Muon for Emerging-Optimizers' (docs/numerics.md, "Drop-ins"). This one
+    takes both optimizers' arguments (EO's positional order).
 
     Emerging-Optimizers 0.3.0 (`emerging_optimizers.orthogonalized_optimizers.Muon`) arguments and defaults:
       lr 3e-4, momentum 0.95, weight_decay 0.01 (positional in this order after params, as EO's), nesterov False,
-      weight_decay_method "decoupled" | "independent" | "l2", fp32_matmul_prec "medium" | "high" | "highest" (the
-      server's precision), coefficient_type (simple, quintic, polar_express, aol, cans, deepseekv4, cubic5,
-      custom), num_ns_steps 5, scale_mode "spectral" | "shape_scaling" | "unit_rms_norm" | "none",
+      weight_decay_method "decoupled" | "independent" | "l2" | "palm" (p·lr²·wd), fp32_matmul_prec "medium" |
+      "high" | "highest" (the server's precision), coefficient_type (simple, quintic, polar_express, aol, cans,
+      deepseekv4, cubic5, custom), num_ns_steps 5, scale_mode "spectral" | "shape_scaling" | "unit_rms_norm" | "none",
       extra_scale_factor 1.0, use_syrk (accepted; the server picks its own kernels, the numbers do not change).
     torch.optim.Muon (torch 2.15) arguments and defaults (pass them by keyword: torch's positional order after lr
       differs from EO's): lr 1e-3, weight_decay 0.1 (decoupled: p *= 1 - lr·wd), momentum 0.95, nesterov True,
       ns_coefficients (3.4445, -4.775, 2.0315) — one (a, b, c) used at every step, or a list of triples (cycled) —
       eps 1e-7 (x / max(‖x‖, eps)), ns_steps 5, adjust_lr_fn None (= "original": lr·√max(1, rows/cols)) |
       "match_rms_adamw" (lr·0.2·√max(rows, cols)) | "spectral_unclamped" (lr·√(rows/cols)); no scale factor. Its
-      NS runs in bf16: here fp32_matmul_prec "medium" (fp32 normalization, bf16 products; docs/numerics.md).
+      NS runs in bf16: here fp32_matmul_prec "medium" with normalization "bf16" (the update rounded to bf16, then
+      normalized in bf16, as torch does; docs/numerics.md), and its decoupled weight decay is p·(1 − lr·wd).
     flavor: whose defaults the arguments not given take: "eo" or "torch"; None decides from the arguments given:
       torch.optim.Muon's own (ns_coefficients, ns_steps, adjust_lr_fn) give "torch", otherwise "eo". TypeError when
       arguments that only EO has and arguments that only torch has are mixed without a flavor. Either way every
@@ -67,6 +81,9 @@ class Muon(torch.optim.Optimizer):
       extra_scale_factor, adjust_lr_fn, use_syrk) and nd may be set in a param group dict, as torch.optim.Muon allows;
       a group that gives ns_coefficients without a coefficient_type uses them ("custom").
     orthoserve's own:
+      normalization: where the server's normalization rounds: "fp32" (Emerging-Optimizers') or "bf16"
+        (torch.optim.Muon's order; needs fp32_matmul_prec "medium"); None (default): "bf16" for the torch flavor at
+        "medium", else "fp32". Also per param group.
       custom_coefficients: coefficient_type "custom"'s triples (the same as ns_coefficients).
       split_qkv, is_qkv_fn, qkv_split_shapes: as MindSpeed's TensorParallelMuon: parameters for which
         is_qkv_fn(p) is true are orthogonalized per Q, K and V ([q, k, v] rows per query group).
@@ -129,14 +146,15 @@ class Muon(torch.optim.Optimizer):
                  qkv_split_shapes: Optional[Sequence[int]] = None, tp_mode: Optional[str] = None,
                  algorithm: str = "auto", client: Optional[Client] = None, job: Optional[str] = None,
                  timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None,
-                 run_id: Optional[str] = None, shm: Any = None, nd: Optional[str] = None):
+                 run_id: Optional[str] = None, shm: Any = None, nd: Optional[str] = None,
+                 normalization: Optional[str] = None):
         if isinstance(lr, Client):
             raise TypeError("Muon: pass the client by keyword (client=...); the second positional argument is lr")
         given = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                      weight_decay_method=weight_decay_method, fp32_matmul_prec=fp32_matmul_prec,
                      coefficient_type=coefficient_type, num_ns_steps=num_ns_steps, scale_mode=scale_mode,
                      extra_scale_factor=extra_scale_factor, use_syrk=use_syrk, ns_coefficients=ns_coefficients,
-                     ns_steps=ns_steps, eps=eps, adjust_lr_fn=adjust_lr_fn, nd=nd)
+                     ns_steps=ns_steps, eps=eps, adjust_lr_fn=adjust_lr_fn, nd=nd, normalization=normalization)
         given = {k: v for k, v in given.items() if v is not None and v is not _UNSET}
         if adjust_lr_fn is None:
             given["adjust_lr_fn"] = None  # Given as None: torch's "original".
@@ -286,8 +304,10 @@ class Muon(torch.optim.Optimizer):
             lr, wd = float(settings["lr"]), settings["weight_decay"]
             if new_grad is not None:
                 p.grad.copy_(new_grad)
+            elif wd != 0.0 and self.flavor == "torch" and settings["weight_decay_method"] == "decoupled":
+                p.mul_(1 - lr * wd)  # torch.optim.Muon's form (one rounding of p·(1 − lr·wd)).
             elif wd != 0.0:
-                p.add_(p, alpha=-wd * lr if settings["weight_decay_method"] == "decoupled" else -wd)
+                p.add_(p, alpha=_DECAY_ALPHA[settings["weight_decay_method"]](lr, wd))
             state = self.state[p]
             if "momentum_buffer" in state:
                 state["momentum_buffer"].copy_(buf)
@@ -308,7 +328,8 @@ class Muon(torch.optim.Optimizer):
         opts: Dict[str, Any] = dict(coefficients=settings["coefficient_type"], steps=settings["ns_steps"],
                                     precision=settings["fp32_matmul_prec"], eps=float(settings["eps"]),
                                     scale_mode=settings["scale_mode"],
-                                    extra_scale=float(settings["extra_scale_factor"]))
+                                    extra_scale=float(settings["extra_scale_factor"]),
+                                    normalization=settings_lib.normalization_of(self.flavor, settings))
         opts["nd"] = self._nd_of.get(id(p)) or settings_lib.nd_of(p, settings["nd"])
         if settings["coefficient_type"] == "custom":
             opts["custom_coefficients"] = settings_lib.triples(settings["ns_coefficients"])

@@ -13,10 +13,10 @@ import torch
 from orthoserve import options as options_lib
 
 __all__ = ["FLAVOR_DEFAULTS", "TP_MODES", "ND_MODES", "flavor_of", "canonical", "check", "triples", "lr_ratio",
-           "nd_of", "matrix_dims"]
+           "nd_of", "matrix_dims", "normalization_of"]
 
 _PRECISIONS = ("highest", "high", "medium")
-_WEIGHT_DECAY_METHODS = ("decoupled", "independent", "l2")
+_WEIGHT_DECAY_METHODS = ("decoupled", "independent", "l2", "palm")
 # Muon's tp_mode: None (sharded DTensors by `algorithm`) or a TP algorithm (orthoserve.torch.updates).
 TP_MODES = (None, "duplicated", "distributed", "blockwise")
 # Arguments only one of the two optimizers has: they tell whose defaults the rest take (flavor_of).
@@ -30,14 +30,17 @@ FLAVOR_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # emerging_optimizers.orthogonalized_optimizers.Muon 0.3.0
     "eo": dict(lr=3e-4, momentum=0.95, weight_decay=0.01, nesterov=False, weight_decay_method="decoupled",
                fp32_matmul_prec="medium", coefficient_type="quintic", ns_coefficients=None, ns_steps=5, eps=1e-7,
-               scale_mode="spectral", extra_scale_factor=1.0, adjust_lr_fn="none", use_syrk=False, nd="flatten"),
+               scale_mode="spectral", extra_scale_factor=1.0, adjust_lr_fn="none", use_syrk=False, nd="flatten",
+               normalization=None),
     # torch.optim.Muon (torch 2.15): bf16 NS (= "medium"), no scale factor, lr adjusted by adjust_lr_fn.
     "torch": dict(lr=1e-3, momentum=0.95, weight_decay=0.1, nesterov=True, weight_decay_method="decoupled",
                   fp32_matmul_prec="medium", coefficient_type="custom", ns_coefficients=_TORCH_NS_COEFFICIENTS,
                   ns_steps=5, eps=1e-7, scale_mode="none", extra_scale_factor=1.0, adjust_lr_fn=None,
-                  use_syrk=False, nd="flatten"),
+                  use_syrk=False, nd="flatten", normalization=None),
 }
 _ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped", "none")
+# Where the server's normalization rounds (orthoserve.options.NORMALIZATIONS); None: the flavor's (normalization_of).
+_NORMALIZATIONS = (None, "fp32", "bf16")
 # How a parameter of >= 3 dims is orthogonalized (its group's "nd", or its own `orthoserve_nd` attribute): "flatten"
 # as one shape[0] x prod(rest) matrix, "batch" as prod(shape[:-2]) matrices of shape[-2] x shape[-1] (stacked
 # experts (E, out, in)), MatrixSpec.nd_layout.
@@ -108,6 +111,16 @@ def lr_ratio(adjust_lr_fn: Optional[str], rows: int, cols: int) -> float:
     return math.sqrt(rows / cols)  # spectral_unclamped
 
 
+def normalization_of(flavor: str, settings: Dict[str, Any]) -> str:
+    """The normalization a param group's matrices are sent with: its own setting when given, else torch.optim.Muon's
+    order ("bf16": the update rounded to bf16 before it is normalized in bf16) for flavor "torch" at precision
+    "medium" (torch's bf16 NS), and "fp32" (Emerging-Optimizers') otherwise."""
+    given = settings.get("normalization")
+    if given is not None:
+        return given
+    return "bf16" if flavor == "torch" and settings["fp32_matmul_prec"] == "medium" else "fp32"
+
+
 def canonical(settings: Dict[str, Any]) -> Dict[str, Any]:
     """settings with the aliases resolved: num_ns_steps -> ns_steps, custom_coefficients -> ns_coefficients,
     and coefficient_type "custom" where ns_coefficients come without a coefficient_type."""
@@ -162,5 +175,11 @@ def check(group: Dict[str, Any], where: str) -> None:
                          f"{group['scale_mode']!r}")
     if group.get("nd", "flatten") not in ND_MODES:
         raise ValueError(f"{where}: nd must be one of {ND_MODES}, got {group['nd']!r}")
+    normalization = group.get("normalization")
+    if normalization not in _NORMALIZATIONS:
+        raise ValueError(f"{where}: normalization must be None, 'fp32' or 'bf16', got {normalization!r}")
+    if normalization == "bf16" and group["fp32_matmul_prec"] != "medium":
+        raise ValueError(f"{where}: normalization 'bf16' (torch.optim.Muon's order) needs fp32_matmul_prec 'medium', "
+                         f"got {group['fp32_matmul_prec']!r}")
     if group["adjust_lr_fn"] not in _ADJUST_LR_FNS:
         raise ValueError(f"Adjust learning rate function {group['adjust_lr_fn']} is not supported")
