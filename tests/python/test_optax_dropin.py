@@ -167,22 +167,28 @@ def test_stacked_matrices_with_dimension_numbers(client):
 def test_newton_schulz_of_complex_and_zero_matrices(client):
     key = jax.random.key(0)
     coeffs = jnp.array([3.4445, -4.7750, 2.0315])
+
+    def both(x, preconditioning):
+        ours = jax.jit(lambda v: oo.orthogonalize_via_newton_schulz(v, coeffs, preconditioning=preconditioning,
+                                                                    client=client))(x)
+        theirs = jax.jit(lambda v: optax_muon.orthogonalize_via_newton_schulz(v, coeffs,
+                                                                               preconditioning=preconditioning))(x)
+        return ours, theirs
+
     for shape in [(12, 20), (20, 12)]:
         x = jax.random.normal(key, shape, dtype=jnp.complex64)
-        ours = oo.orthogonalize_via_newton_schulz(x, coeffs, client=client)
-        theirs = optax_muon.orthogonalize_via_newton_schulz(x, coeffs)
-        assert ours.dtype == jnp.complex64 and ours.shape == shape and rel(ours, theirs) <= RTOL
-        for preconditioning in ("spectral", "aol"):
-            ours = jax.jit(lambda v: oo.orthogonalize_via_newton_schulz(  # noqa: B023
-                v, coeffs, preconditioning=preconditioning, client=client))(x)  # noqa: B023
-            theirs = optax_muon.orthogonalize_via_newton_schulz(x, coeffs, preconditioning=preconditioning)
-            assert rel(ours, theirs) <= RTOL, preconditioning
+        for preconditioning in ("frobenius", "spectral", "aol"):
+            ours, theirs = both(x, preconditioning)
+            assert ours.dtype == jnp.complex64 and ours.shape == shape
+            assert rel(ours, theirs) <= RTOL, (shape, preconditioning, rel(ours, theirs))
     with pytest.raises(NotImplementedError, match="schatten"):
         oo.orthogonalize_via_newton_schulz(x, coeffs, preconditioning="schatten", client=client)
+    # All-zero matrices stay zero (optax: 0 / (0 + eps), AOL's and Schatten's clipped rescaling).
+    zero = jnp.zeros((3, 6, 9))
     for preconditioning in ("frobenius", "spectral", "aol", "schatten"):
-        zero = oo.orthogonalize_via_newton_schulz(jnp.zeros((6, 9)), coeffs, preconditioning=preconditioning,
-                                                  client=client)
-        np.testing.assert_array_equal(zero, np.zeros((6, 9), np.float32))
+        out = oo.orthogonalize_via_newton_schulz(zero, coeffs, preconditioning=preconditioning, client=client,
+                                                 dimension_numbers=oo.MuonDimensionNumbers(1, 2))
+        np.testing.assert_array_equal(out, np.zeros((3, 6, 9), np.float32))
 
 
 @pytest.mark.deadline(120)
