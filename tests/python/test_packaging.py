@@ -1,8 +1,9 @@
 """The client installs on its own: `pip install client/python` into a fresh venv, offline from the wheelhouse that
 `scripts/setup_python.sh --with-torch` fills (the base set's wheels), brings only grpcio, protobuf and numpy (and
 grpcio's typing_extensions), generates the gRPC stubs in the build, and does a real round trip against the server
-without torch; an sdist carries the proto and builds a wheel with the stubs too. The pins of the build requirement,
-the runtime bounds and the generated stubs agree, and the server's set-up does not install torch."""
+without torch (orthoserve.torch and orthoserve.optax then say what to install); an sdist carries the proto and builds a
+wheel with the stubs too. The pins of the build requirement, the runtime bounds and the generated stubs agree, and the
+server's set-up installs neither torch nor jax."""
 
 import os
 import re
@@ -62,8 +63,14 @@ except ImportError as e:
     torch_error = str(e)
 else:
     torch_error = None
+try:
+    import orthoserve.optax
+except ImportError as e:
+    optax_error = str(e)
+else:
+    optax_error = None
 print(json.dumps({"dists": sorted(d.metadata["Name"] for d in importlib.metadata.distributions()),
-                  "torch_error": torch_error, "file": orthoserve.__file__}))
+                  "torch_error": torch_error, "optax_error": optax_error, "file": orthoserve.__file__}))
 """
 
 
@@ -98,6 +105,7 @@ def test_client_installs_alone_in_a_fresh_venv(server, tmp_path):
     assert names <= ALLOWED and {"orthoserve", "grpcio", "protobuf", "numpy"} <= names, names
     assert report["file"].startswith(str(venv)), report["file"]  # The installed copy, not the repository's.
     assert "pip install torch" in report["torch_error"]
+    assert "pip install 'optax==0.2.8'" in report["optax_error"]
     versions = {n: v for n, v in (line.split("==") for line in run(
         [venv / "bin" / "python", "-m", "pip", "freeze"], env=env).split() if "==" in line)}
     for name in ("grpcio", "protobuf", "numpy"):
@@ -112,15 +120,22 @@ def test_client_installs_alone_in_a_fresh_venv(server, tmp_path):
     [wheel] = (tmp_path / "from-sdist").glob("orthoserve-*.whl")
     files = set(zipfile.ZipFile(wheel).namelist())
     assert {"orthoserve/_proto/v1/orthogonalizer_pb2.py", "orthoserve/_proto/v1/orthogonalizer_pb2_grpc.py",
-            "orthoserve/_proto/v1/orthogonalizer_pb2.pyi", "orthoserve/py.typed"} <= files
+            "orthoserve/_proto/v1/orthogonalizer_pb2.pyi", "orthoserve/py.typed", "orthoserve/torch/muon.py",
+            "orthoserve/optax/muon.py"} <= files
 
 
 def test_pins_bounds_and_stubs_agree():
     project = tomllib.loads((PACKAGE / "pyproject.toml").read_text())
     base = pins(PACKAGE / "requirements.txt")
     torch_set = pins(PACKAGE / "requirements-torch.txt")
-    assert not set(base) & set(torch_set)
-    assert "torch" in torch_set and not {"torch", "triton", "absl-py"} & set(base)
+    jax_set = pins(PACKAGE / "requirements-jax.txt")
+    assert not set(base) & set(torch_set) and not set(base) & set(jax_set)
+    assert "torch" in torch_set and not {"torch", "triton", "absl-py", "jax", "jaxlib", "optax"} & set(base)
+    # The jax set may repeat a torch-set package (absl-py) only at the same version: the two combine.
+    assert all(torch_set[name] == jax_set[name] for name in set(torch_set) & set(jax_set))
+    assert {"jax", "jaxlib", "optax"} <= set(jax_set) and jax_set["jax"] == jax_set["jaxlib"]
+    # orthoserve.optax rebinds that optax's code: the extra pins the same version.
+    assert f"optax=={jax_set['optax']}" in project["project"]["optional-dependencies"]["optax"]
     # The build generates the stubs with the pinned grpcio-tools.
     assert f"grpcio-tools=={base['grpcio-tools']}" in project["build-system"]["requires"]
     # The runtime lower bounds are what those stubs check at import, and the pins satisfy them.
@@ -144,10 +159,12 @@ def test_pins_bounds_and_stubs_agree():
 def test_the_servers_setup_does_not_install_torch():
     setup = (REPO / "scripts" / "setup.sh").read_text()
     calls = re.findall(r"scripts/setup_python\.sh[^\n]*", setup)
-    assert calls and not any("--with-torch" in c for c in calls), calls
-    assert "setup_python.sh --with-torch" in (REPO / "scripts" / "test_python.sh").read_text()
+    assert calls and not any("--with-torch" in c or "--with-jax" in c for c in calls), calls
+    assert "setup_python.sh --with-torch --with-jax" in (REPO / "scripts" / "test_python.sh").read_text()
     # The base set's pip install reads requirements.txt only; the torch set is behind --with-torch.
     script = (REPO / "scripts" / "setup_python.sh").read_text()
     base_part, _, torch_part = script.partition("if ((with_torch)); then")
     assert "$torch_requirements" not in base_part and "$eo_pin" not in base_part
     assert "$torch_requirements" in torch_part
+    assert "$jax_requirements" not in base_part and "if ((with_jax)); then" in torch_part
+    assert "$jax_requirements" in torch_part.partition("if ((with_jax)); then")[2]
