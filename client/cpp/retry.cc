@@ -3,15 +3,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <random>
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/types/optional.h"
 #include "common/logging.h"
+#include "common/retry_after.h"
 #include "proto/convert/grpc_status.h"
 
 namespace orthoserve::client {
@@ -64,8 +68,26 @@ absl::Status ValidateRetryOptions(const RetryOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The server's retry delay in `trailing` (kRetryAfterKey), when it holds one in range.
+std::optional<absl::Duration> TrailingRetryAfter(const std::multimap<grpc::string_ref, grpc::string_ref>& trailing) {
+  auto [begin, end] = trailing.equal_range(grpc::string_ref(kRetryAfterKey));
+  for (auto it = begin; it != end; ++it) {
+    int64_t ms = 0;
+    if (absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms) && ms >= 1 &&
+        absl::Milliseconds(ms) <= kMaxRetryAfter) {
+      return absl::Milliseconds(ms);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_ref, grpc::string_ref>& trailing) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) return true;
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return TrailingRetryAfter(trailing).has_value();
   // The client never cancels a call whose status it reports: CANCELLED came from the server,
   // which gave up on the call (its drain deadline passed, or it shut down as the call arrived).
   if (status.error_code() == grpc::StatusCode::CANCELLED) return true;
@@ -76,6 +98,7 @@ bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_re
 
 bool IsRetryable(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kUnavailable) return true;
+  if (status.code() == absl::StatusCode::kResourceExhausted) return RetryAfter(status).has_value();
   if (status.code() != absl::StatusCode::kAborted && status.code() != absl::StatusCode::kCancelled) return false;
   return IsFleetChange(status);
 }
@@ -86,6 +109,11 @@ absl::Status FromCallStatus(const grpc::Status& status,
   if ((status.error_code() == grpc::StatusCode::ABORTED || status.error_code() == grpc::StatusCode::CANCELLED) &&
       IsRetryable(status, trailing)) {
     return MarkFleetChange(std::move(converted));
+  }
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    if (const std::optional<absl::Duration> delay = TrailingRetryAfter(trailing)) {
+      return MarkRetryAfter(std::move(converted), *delay);
+    }
   }
   return converted;
 }
@@ -149,7 +177,8 @@ bool RetryLoop::BackOff(const absl::Status& status) {
   }
   const double growth = std::pow(options_.multiplier, std::min(attempt_, 64));
   const absl::Duration bound = std::min(options_.max_backoff, options_.initial_backoff * growth);
-  const absl::Duration wait = environment_->Jitter(bound);
+  // A transient refusal waits at least the delay the server asked for.
+  const absl::Duration wait = std::max(environment_->Jitter(bound), RetryAfter(status).value_or(absl::ZeroDuration()));
   if (environment_->Now() + wait >= deadline_) {
     stop_reason_ = absl::StrCat("retry deadline of ", DurationText(options_.deadline), " reached");
     return false;

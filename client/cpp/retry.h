@@ -53,17 +53,21 @@ absl::Status ValidateRetryOptions(const RetryOptions& options);
 
 // Whether a failed call may be retried: UNAVAILABLE; ABORTED when `trailing` (the call's
 // trailing metadata) holds `orthoserve-retryable: fleet-change`; CANCELLED (the client never
-// cancels a call whose status it reports, so the server gave up on it: it was shutting down).
-// Every other code is final. (RetryLoop also retries an attempt that its own per-attempt timeout
+// cancels a call whose status it reports, so the server gave up on it: it was shutting down);
+// RESOURCE_EXHAUSTED when `trailing` holds `orthoserve-retry-after-ms` (a transient refusal: a
+// fair share or a limit used up for a moment; RetryLoop waits at least that long). Every other
+// code is final. (RetryLoop also retries an attempt that its own per-attempt timeout
 // ended: RetryLoop::TimedOut.)
 bool IsRetryable(const grpc::Status& status, const std::multimap<grpc::string_ref, grpc::string_ref>& trailing);
 
-// The same for a status that left the call: UNAVAILABLE, or ABORTED or CANCELLED carrying the
-// mark that FromCallStatus (or MarkFleetChange) puts on it.
+// The same for a status that left the call: UNAVAILABLE, ABORTED or CANCELLED carrying the mark
+// that FromCallStatus (or MarkFleetChange) puts on it, RESOURCE_EXHAUSTED carrying a RetryAfter
+// mark (common/retry_after.h).
 bool IsRetryable(const absl::Status& status);
 
-// A call's grpc::Status as an absl::Status (same code and message), marked as a fleet change when
-// `trailing` says so, so that IsRetryable(absl::Status) still knows after the call. OK stays OK.
+// A call's grpc::Status as an absl::Status (same code and message), marked as a fleet change, or
+// for RESOURCE_EXHAUSTED with the server's retry delay (MarkRetryAfter), when `trailing` says so,
+// so that IsRetryable(absl::Status) still knows after the call. OK stays OK.
 absl::Status FromCallStatus(const grpc::Status& status,
                             const std::multimap<grpc::string_ref, grpc::string_ref>& trailing);
 

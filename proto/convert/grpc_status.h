@@ -23,6 +23,9 @@ absl::Status StatusFromCode(int code, const std::string& message);
 // (see the retry comment in orthogonalizer.proto).
 inline constexpr char kRetryableKey[] = "orthoserve-retryable";
 inline constexpr char kRetryableFleetChange[] = "fleet-change";
+// Trailing metadata of a transient RESOURCE_EXHAUSTED (common/retry_after.h): whole milliseconds
+// after which a retry may succeed. Without it, RESOURCE_EXHAUSTED is final.
+inline constexpr char kRetryAfterKey[] = "orthoserve-retry-after-ms";
 
 // "OK", "INVALID_ARGUMENT", ... as used in metric labels.
 inline std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/message_text.h"
+#include "common/retry_after.h"
 
 namespace orthoserve {
 Admission::Admission(const Options& options, Metrics* metrics)
@@ -43,10 +44,12 @@ absl::Status Admission::AdmitCall(const std::string& tenant) {
   if (static_cast<double>(calls.size()) + 1 > limit) {
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_call_rate");
     const absl::Duration wait = calls.empty() ? absl::Seconds(1) : calls.front() + absl::Seconds(1) - now;
-    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", BoundedText(tenant), "\" started ", calls.size(),
-                                                     " calls in the last second, its limit of ", limit,
-                                                     " per second (--max-tenant-calls-per-second); retry in ",
-                                                     absl::FormatDuration(absl::Ceil(wait, absl::Milliseconds(1)))));
+    return MarkRetryAfter(
+        absl::ResourceExhaustedError(absl::StrCat("tenant \"", BoundedText(tenant), "\" started ", calls.size(),
+                                                  " calls in the last second, its limit of ", limit,
+                                                  " per second (--max-tenant-calls-per-second); retry in ",
+                                                  absl::FormatDuration(absl::Ceil(wait, absl::Milliseconds(1))))),
+        absl::Ceil(wait, absl::Milliseconds(1)));
   }
   calls.push_back(now);
   // Tenants that went quiet are forgotten, once a second rather than on every call.
@@ -105,16 +108,22 @@ absl::Status Admission::TryAddLocked(Ticket& ticket, const std::string& tenant, 
     *shortage = Short::kServer;
     if (!refuse) return absl::ResourceExhaustedError("");
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "inflight_bytes");
-    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but the server holds ", bytes_,
-                                                     " of its ", options_.max_inflight_bytes,
-                                                     " in flight (--max-inflight-bytes); retry later or send less"));
+    absl::Status refused =
+        absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes, " bytes but the server holds ", bytes_,
+                                                  " of its ", options_.max_inflight_bytes,
+                                                  " in flight (--max-inflight-bytes); retry later or send less"));
+    // Transient only while other calls hold bytes: more than the whole limit never fits.
+    return bytes <= options_.max_inflight_bytes ? MarkRetryAfter(std::move(refused), kBusyRetryAfter) : refused;
   }
   if (bytes > options_.max_tenant_inflight_bytes - tenant_total) {
     *shortage = Short::kTenant;
     if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "tenant_inflight_bytes");
-    return absl::ResourceExhaustedError(
+    // Transient only while the tenant's own calls hold bytes: more than the whole limit never fits.
+    absl::Status refused = absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", bytes, " bytes but tenant \"", BoundedText(tenant), "\" holds ", tenant_total,
                      " of its ", options_.max_tenant_inflight_bytes, " in flight (--max-tenant-inflight-bytes)"));
+    return bytes <= options_.max_tenant_inflight_bytes ? MarkRetryAfter(std::move(refused), kBusyRetryAfter)
+                                                        : refused;
   }
   bytes_ += bytes;
   tenant_total += bytes;

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/message_text.h"
+#include "common/retry_after.h"
 
 namespace orthoserve {
 namespace {
@@ -35,16 +36,19 @@ absl::Status FairSlots::Acquire(const std::string& tenant, absl::Time now, Refus
   if (held_ >= limit_) {
     refused_[tenant] = now;
     *refused_by = Refusal::kLimit;
-    return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", held_, " ", names_.what,
-                                                     ", its limit of ", limit_, " concurrent ", names_.what, " (",
-                                                     names_.limit_flag, "); retry later"));
+    return MarkRetryAfter(absl::ResourceExhaustedError(absl::StrCat("the server is serving ", held_, " ",
+                                                                    names_.what, ", its limit of ", limit_,
+                                                                    " concurrent ", names_.what, " (",
+                                                                    names_.limit_flag, "); retry later")),
+                          kBusyRetryAfter);
   }
   const int mine = held(tenant);
   if (cap_ > 0 && mine >= cap_) {
     *refused_by = Refusal::kCap;
-    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", BoundedText(tenant), "\" has ", mine, " ",
-                                                     names_.what, " open, its limit of ", cap_, " (", names_.cap_flag,
-                                                     "); close one or retry later"));
+    return MarkRetryAfter(absl::ResourceExhaustedError(absl::StrCat(
+                              "tenant \"", BoundedText(tenant), "\" has ", mine, " ", names_.what,
+                              " open, its limit of ", cap_, " (", names_.cap_flag, "); close one or retry later")),
+                          kBusyRetryAfter);
   }
   // Under its share a tenant leaves only the kept slots free; at or over it, every other reserve.
   const Reserve reserve = ReserveOf(tenant, now);
@@ -52,12 +56,14 @@ absl::Status FairSlots::Acquire(const std::string& tenant, absl::Time now, Refus
   if (held_ + 1 + (under_share ? reserve.idle_tenants : reserve.for_others) > limit_) {
     refused_[tenant] = now;
     *refused_by = Refusal::kFairShare;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant \"", BoundedText(tenant), "\" has ", mine, " ", names_.what,
-                     " open and its fair share is ", reserve.share, " of the server's ", limit_, " (",
-                     names_.limit_flag, ", weighted by --tenant-shares); the ", limit_ - held_, " free are kept for ",
-                     under_share ? 0 : reserve.waiting_tenants, " other tenants waiting for their share and ",
-                     reserve.idle_tenants, " tenants of the token file with no ", names_.what, "; retry later"));
+    return MarkRetryAfter(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "tenant \"", BoundedText(tenant), "\" has ", mine, " ", names_.what, " open and its fair share is ",
+            reserve.share, " of the server's ", limit_, " (", names_.limit_flag,
+            ", weighted by --tenant-shares); the ", limit_ - held_, " free are kept for ",
+            under_share ? 0 : reserve.waiting_tenants, " other tenants waiting for their share and ",
+            reserve.idle_tenants, " tenants of the token file with no ", names_.what, "; retry later")),
+        kBusyRetryAfter);
   }
   ++held_;
   ++tenant_held_[tenant];

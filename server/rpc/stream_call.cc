@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/message_text.h"
+#include "common/retry_after.h"
 #include "proto/convert/grpc_status.h"
 #include "server/rpc/region_slices.h"
 #include "server/rpc/spec_codec.h"
@@ -351,6 +352,9 @@ void StreamCall::DoFinish() {
   // finish_status_ is no longer written once output_ is kFinished.
   // The fleet-change mark leaves the process as trailing metadata (the status payload does not).
   if (IsFleetChange(finish_status_)) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
+  if (const auto delay = RetryAfter(finish_status_)) {
+    context_->AddTrailingMetadata(kRetryAfterKey, std::to_string(absl::ToInt64Milliseconds(*delay)));
+  }
   if (!finish_status_.ok()) VLOG("rpc", 1) << "stream failed: " << finish_status_;
   Finish(ToGrpcStatus(finish_status_));
 }

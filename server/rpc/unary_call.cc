@@ -8,6 +8,7 @@
 #include "common/fleet_change.h"
 #include "common/logging.h"
 #include "common/message_text.h"
+#include "common/retry_after.h"
 #include "common/status.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "proto/convert/grpc_status.h"
@@ -336,6 +337,9 @@ void UnaryCall::End(absl::Status status) {
   } else {
     // As on a stream: the fleet-change mark leaves the process as trailing metadata.
     if (IsFleetChange(status)) context_->AddTrailingMetadata(kRetryableKey, kRetryableFleetChange);
+    if (const auto delay = RetryAfter(status)) {
+      context_->AddTrailingMetadata(kRetryAfterKey, std::to_string(absl::ToInt64Milliseconds(*delay)));
+    }
     Finish(ToGrpcStatus(status));
   }
 }

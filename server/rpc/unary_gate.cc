@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/message_text.h"
+#include "common/retry_after.h"
 
 namespace orthoserve {
 
@@ -80,11 +81,13 @@ absl::Status UnaryGate::EnqueueLocked(const std::string& tenant, Waiter waiter, 
     }
     if (victim_over == 0) {
       if (metrics_ != nullptr) metrics_->TenantRefused(tenant, "unary_waiters");
-      return absl::ResourceExhaustedError(absl::StrCat("the server is serving ", slots_.held(), " unary calls and ",
-                                                       waiting_, " more wait for a slot, its limit of ", limit,
-                                                       " waiting (--max-unary-waiters); tenant \"", BoundedText(tenant),
-                                                       "\" has ", mine, " waiting and its part of the queue is ", part,
-                                                       " (weighted by --tenant-shares); retry later"));
+      return MarkRetryAfter(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "the server is serving ", slots_.held(), " unary calls and ", waiting_,
+              " more wait for a slot, its limit of ", limit, " waiting (--max-unary-waiters); tenant \"",
+              BoundedText(tenant), "\" has ", mine, " waiting and its part of the queue is ", part,
+              " (weighted by --tenant-shares); retry later")),
+          kBusyRetryAfter);
     }
     std::deque<Waiter>& queue = queues_[victim];
     Waiter pushed = std::move(queue.back());
@@ -94,10 +97,12 @@ absl::Status UnaryGate::EnqueueLocked(const std::string& tenant, Waiter waiter, 
     if (metrics_ != nullptr) metrics_->TenantCut(victim, "pushed_out");
     ready.emplace_back(
         std::move(pushed.done),
-        absl::ResourceExhaustedError(absl::StrCat(
-            "the unary call waited for a slot and was pushed out of the full queue (", limit,
-            " waiting, --max-unary-waiters) by a tenant under its part of it: tenant \"", BoundedText(victim),
-            "\" had ", victim_over, " more waiting than its part (weighted by --tenant-shares); retry later")));
+        MarkRetryAfter(absl::ResourceExhaustedError(absl::StrCat(
+                           "the unary call waited for a slot and was pushed out of the full queue (", limit,
+                           " waiting, --max-unary-waiters) by a tenant under its part of it: tenant \"",
+                           BoundedText(victim), "\" had ", victim_over,
+                           " more waiting than its part (weighted by --tenant-shares); retry later")),
+                       kBusyRetryAfter));
   }
   queues_[tenant].push_back(std::move(waiter));
   ++waiting_;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/retry_after.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/client/fake_retry_environment.h"
@@ -64,6 +65,41 @@ TEST(IsRetryable, TheMarkSurvivesConversionAndAnnotation) {
   EXPECT_FALSE(IsRetryable(MarkFleetChange(absl::InvalidArgumentError("x"))));  // The code decides first.
   EXPECT_FALSE(IsRetryable(absl::AbortedError("plain")));
   EXPECT_FALSE(IsRetryable(absl::DeadlineExceededError("late")));
+}
+
+// A transient RESOURCE_EXHAUSTED (a fair share or a limit used up for a moment) carries the
+// server's delay; without it RESOURCE_EXHAUSTED is final (a request larger than any limit).
+TEST(IsRetryable, ResourceExhaustedWithTheServersDelayOnly) {
+  Metadata delay;
+  delay.emplace("orthoserve-retry-after-ms", "250");
+  Metadata garbage;
+  garbage.emplace("orthoserve-retry-after-ms", "soon");
+  Metadata too_long;
+  too_long.emplace("orthoserve-retry-after-ms", "3600000");
+  const grpc::Status busy(grpc::StatusCode::RESOURCE_EXHAUSTED, "fair share used up; retry later");
+  EXPECT_TRUE(IsRetryable(busy, delay));
+  EXPECT_FALSE(IsRetryable(busy, Metadata()));
+  EXPECT_FALSE(IsRetryable(busy, garbage));
+  EXPECT_FALSE(IsRetryable(busy, too_long));
+  EXPECT_FALSE(IsRetryable(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"), delay));  // The code first.
+
+  const absl::Status marked = FromCallStatus(busy, delay);
+  EXPECT_THAT(marked, StatusIs(absl::StatusCode::kResourceExhausted, "fair share used up; retry later"));
+  EXPECT_EQ(RetryAfter(marked), absl::Milliseconds(250));
+  EXPECT_TRUE(IsRetryable(AnnotateKeepingMarks(marked, "step 4")));
+  EXPECT_FALSE(IsRetryable(FromCallStatus(busy, Metadata())));
+  EXPECT_FALSE(IsRetryable(absl::ResourceExhaustedError("too large for any limit")));
+}
+
+TEST(RetryLoop, ATransientRefusalWaitsAtLeastTheServersDelay) {
+  FakeRetryEnvironment env(0.5);
+  RetryOptions o;
+  RetryLoop loop(o, &env, absl::Seconds(60), "test call", nullptr);
+  const absl::Status busy = MarkRetryAfter(absl::ResourceExhaustedError("busy"), absl::Milliseconds(700));
+  ASSERT_TRUE(loop.BackOff(busy));                                  // Bound 100 ms: half is 50 ms, below 700.
+  ASSERT_TRUE(loop.BackOff(absl::UnavailableError("rank lost")));   // No delay asked: the jitter alone.
+  EXPECT_THAT(env.sleeps(), ElementsAre(absl::Milliseconds(700), absl::Milliseconds(100)));
+  EXPECT_FALSE(loop.BackOff(absl::ResourceExhaustedError("final")));  // Unmarked: not retried.
 }
 
 TEST(RetryOptions, Validation) {

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "common/retry_after.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/util/status_matchers.h"
@@ -172,6 +173,34 @@ TEST(AdmissionTest, CallRatePerTenantNamesTheCountAndTheLimit) {
   // No limit by default.
   Admission unlimited(Admission::Options{}, nullptr);
   for (int i = 0; i < 1000; ++i) ASSERT_OK(unlimited.AdmitCall("alice"));
+}
+
+// Refusals a wait can cure carry the retry delay both clients honour (common/retry_after.h); a
+// request larger than a limit itself does not, and stays final.
+TEST(AdmissionTest, TransientRefusalsCarryARetryDelayAndPermanentOnesDoNot) {
+  Admission::Options options;
+  options.max_concurrent_streams = 1;
+  options.max_inflight_bytes = 100;
+  options.max_tenant_inflight_bytes = 60;
+  options.max_tenant_calls_per_second = 1;
+  Admission admission(options, nullptr);
+  absl::StatusOr<Admission::Ticket> stream = admission.AcquireStream("alice");
+  ASSERT_OK(stream);
+  EXPECT_EQ(RetryAfter(admission.AcquireStream("bob").status()), kBusyRetryAfter);  // The slots.
+  Admission::Ticket a, b;
+  ASSERT_OK(admission.AddBytes(a, "alice", 50, "step 1"));
+  EXPECT_EQ(RetryAfter(admission.AddBytes(a, "alice", 20, "m")), kBusyRetryAfter);  // The tenant's bytes.
+  ASSERT_OK(admission.AddBytes(b, "bob", 40, "step 2"));
+  EXPECT_EQ(RetryAfter(admission.AddBytes(b, "bob", 20, "m")), kBusyRetryAfter);  // The server's bytes.
+  Admission::Ticket c;
+  const absl::Status too_big = admission.AddBytes(c, "carol", 150, "m");  // Over the server's whole limit.
+  EXPECT_THAT(too_big, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-inflight-bytes")));
+  EXPECT_EQ(RetryAfter(too_big), std::nullopt);
+  ASSERT_OK(admission.AdmitCall("alice"));
+  const absl::Status rate = admission.AdmitCall("alice");  // The rest of alice's second.
+  ASSERT_TRUE(RetryAfter(rate).has_value());
+  EXPECT_GT(*RetryAfter(rate), absl::ZeroDuration());
+  EXPECT_LE(*RetryAfter(rate), absl::Seconds(1));
 }
 
 }  // namespace

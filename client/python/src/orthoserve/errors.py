@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Sequence, Tuple
 
 import grpc
 
@@ -30,6 +30,10 @@ __all__ = [
 # membership (the service comment of proto/orthoserve/v1/orthogonalizer.proto).
 RETRYABLE_METADATA_KEY = "orthoserve-retryable"
 FLEET_CHANGE = "fleet-change"
+# Trailing metadata of a transient RESOURCE_EXHAUSTED (a fair share or a limit used up for a moment): whole
+# milliseconds after which a retry may succeed. Without it RESOURCE_EXHAUSTED is final (a request over any limit).
+RETRY_AFTER_METADATA_KEY = "orthoserve-retry-after-ms"
+_MAX_RETRY_AFTER_MS = 10_000
 
 
 class OrthoserveError(Exception):
@@ -40,6 +44,8 @@ class OrthoserveError(Exception):
       message: the server's message (details), without the client's decoration.
       matrix: the name of the matrix the error is about, or None for a call-level error.
       fleet_change: the call's trailing metadata held `orthoserve-retryable: fleet-change`.
+      retry_after: for a transient RESOURCE_EXHAUSTED, the server's delay in seconds before a retry may succeed
+        (trailing metadata `orthoserve-retry-after-ms`), else None.
       attempts: how many attempts the call made under its retry policy (1 without retries); when more than
         one, str(error) says so ("after N attempts").
       retryable: whether the service allows retrying the call (see is_retryable).
@@ -48,11 +54,13 @@ class OrthoserveError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
     def __init__(self, code: grpc.StatusCode, message: str, matrix: Optional[str] = None, *,
-                 fleet_change: bool = False, attempts: int = 1, note: str = ""):
+                 fleet_change: bool = False, attempts: int = 1, note: str = "",
+                 retry_after: Optional[float] = None):
         self.code = code
         self.message = message
         self.matrix = matrix
         self.fleet_change = fleet_change
+        self.retry_after = retry_after if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
         self.attempts = attempts
         where = f"matrix '{matrix}': " if matrix is not None else ""
         tried = f"after {attempts} attempts{f' ({note})' if note else ''}: " if attempts > 1 else ""
@@ -61,14 +69,16 @@ class OrthoserveError(Exception):
     @property
     def retryable(self) -> bool:
         """A call-level UNAVAILABLE; ABORTED marked as a fleet change; CANCELLED (the client does not cancel its
-        calls, so the server gave up on it: it was shutting down). Per-matrix (in-band) errors are final."""
+        calls, so the server gave up on it: it was shutting down); RESOURCE_EXHAUSTED with the server's retry delay
+        (retry_after). Per-matrix (in-band) errors are final."""
         return self.matrix is None and (self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or
-                                        (self.code == grpc.StatusCode.ABORTED and self.fleet_change))
+                                        (self.code == grpc.StatusCode.ABORTED and self.fleet_change) or
+                                        self.retry_after is not None)
 
     def after_attempts(self, attempts: int, note: str = "") -> "OrthoserveError":
         """The same error (class, code, message, matrix, marks) saying it is the last of `attempts` attempts."""
         out = type(self)(self.code, self.message, self.matrix, fleet_change=self.fleet_change, attempts=attempts,
-                         note=note)
+                         note=note, retry_after=self.retry_after)
         out.__cause__ = self.__cause__
         return out
 
@@ -166,8 +176,9 @@ _BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _make(code: grpc.StatusCode, message: str, matrix: Optional[str] = None,
-          fleet_change: bool = False) -> OrthoserveError:
-    return _BY_CODE.get(code, OrthoserveError)(code, message, matrix, fleet_change=fleet_change)
+          fleet_change: bool = False, retry_after: Optional[float] = None) -> OrthoserveError:
+    return _BY_CODE.get(code, OrthoserveError)(code, message, matrix, fleet_change=fleet_change,
+                                               retry_after=retry_after)
 
 
 def error_from_code(code: int, message: str, matrix: Optional[str] = None) -> OrthoserveError:
@@ -181,12 +192,27 @@ def error_from_rpc(error: grpc.RpcError) -> OrthoserveError:
     """The exception for a failed gRPC call (a grpc.RpcError that is also a grpc.Call)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    return _make(code or grpc.StatusCode.UNKNOWN, details or "", fleet_change=_fleet_change(error))
+    trailing = _trailing(error)
+    return _make(code or grpc.StatusCode.UNKNOWN, details or "", fleet_change=_fleet_change(trailing),
+                 retry_after=_retry_after(trailing))
 
 
-def _fleet_change(error: grpc.RpcError) -> bool:
+def _trailing(error: grpc.RpcError) -> Sequence[Tuple[str, Any]]:
     try:
-        trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+        return tuple(error.trailing_metadata() or ()) if hasattr(error, "trailing_metadata") else ()
     except Exception:  # noqa: BLE001 - a call without metadata
-        return False
-    return any(key == RETRYABLE_METADATA_KEY and value == FLEET_CHANGE for key, value in (trailing or ()))
+        return ()
+
+
+def _fleet_change(trailing: Sequence[Tuple[str, Any]]) -> bool:
+    return any(key == RETRYABLE_METADATA_KEY and value == FLEET_CHANGE for key, value in trailing)
+
+
+def _retry_after(trailing: Sequence[Tuple[str, Any]]) -> Optional[float]:
+    """The server's retry delay in seconds (RETRY_AFTER_METADATA_KEY: whole milliseconds, 1..10000), else None."""
+    for key, value in trailing:
+        if key == RETRY_AFTER_METADATA_KEY and isinstance(value, str) and value.isdigit():
+            ms = int(value)
+            if 1 <= ms <= _MAX_RETRY_AFTER_MS:
+                return ms / 1000.0
+    return None

@@ -1,8 +1,9 @@
 """Retries of the Python client: the policy (RetryPolicy) and the attempts of one call under it (Attempts).
 
 Which failures may be retried is the service's rule (proto/orthoserve/v1/orthogonalizer.proto, above
-`service Orthogonalizer`): UNAVAILABLE, and ABORTED whose trailing metadata holds
-`orthoserve-retryable: fleet-change`; every other code is final (OrthoserveError.retryable). Besides those, the
+`service Orthogonalizer`): UNAVAILABLE, ABORTED whose trailing metadata holds `orthoserve-retryable: fleet-change`,
+CANCELLED, and RESOURCE_EXHAUSTED whose trailing metadata holds `orthoserve-retry-after-ms` (a transient refusal,
+retried after at least that delay); every other code is final (OrthoserveError.retryable). Besides those, the
 client retries an attempt that its own per-attempt timeout ended (DEADLINE_EXCEEDED when the attempt's timeout ran
 out and was not cut to what remained of the retry deadline): the member it was talking to may have stalled, and the
 retry goes elsewhere while the retry deadline allows. Steps are deterministic, so a retry re-sends the whole step,
@@ -193,6 +194,8 @@ class Attempts:
             self._stop_reason = f"max_attempts {policy.max_attempts} reached"
             return False
         wait = random.uniform(0.0, policy.backoff_bound(self.number))
+        if error.retry_after is not None:  # A transient refusal: at least the delay the server asked for.
+            wait = max(wait, error.retry_after)
         remaining = self.remaining()
         if remaining is not None and remaining - wait < min(_MIN_ATTEMPT_SECONDS, policy.deadline / 10):
             self._stop_reason = f"retry deadline of {policy.deadline:g} s reached"
@@ -213,7 +216,7 @@ class Attempts:
             error = self._final
         if self._unreachable and self.number == 0 and isinstance(error, errors.OrthoserveError):
             out = type(error)(error.code, f"{error.message} ({self._stop_reason})", error.matrix,
-                              fleet_change=error.fleet_change)
+                              fleet_change=error.fleet_change, retry_after=error.retry_after)
             out.__cause__ = error.__cause__
             return out
         if self.number == 0 or not isinstance(error, errors.OrthoserveError):
