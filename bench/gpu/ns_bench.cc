@@ -178,9 +178,10 @@ double DeviceMs(int64_t rows, int64_t cols, const NsOptions& options, const Flag
   std::vector<double> ms;
   for (int it = 0; it < flags.warmup + flags.iters; ++it) {
     BENCH_CHECK(cudaEventRecord(start, stream) == cudaSuccess);
-    BENCH_CHECK(cuda::SumSquares(DType::kF32, g, numel, 1, sums, sumsq, stream) == cudaSuccess);
-    BENCH_CHECK(cuda::Normalize(DType::kF32, g, numel, 1, sumsq, args.eps, false, prec.dtype, x0,
-                                stream) == cudaSuccess);
+    const bool bf16_norm = args.normalization == Normalization::kBf16;
+    BENCH_CHECK(cuda::SumSquares(DType::kF32, g, numel, 1, bf16_norm, sums, sumsq, stream) == cudaSuccess);
+    BENCH_CHECK(cuda::Normalize(DType::kF32, g, numel, 1, sumsq, args.eps, args.eps_mode == EpsMode::kAdd, bf16_norm,
+                                prec.dtype, x0, stream) == cudaSuccess);
     BENCH_CHECK(cuda::RunSchedule(dev, args.schedule, cuda::WorkMatrix{x0, is_x, m, n}, x1, a, b).ok());
     BENCH_CHECK(cudaEventRecord(stop, stream) == cudaSuccess);
     BENCH_CHECK(cudaEventSynchronize(stop) == cudaSuccess);
