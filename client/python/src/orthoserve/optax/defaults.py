@@ -8,61 +8,31 @@ neither torch nor orthoserve.torch."""
 
 from __future__ import annotations
 
-import os
-import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 from orthoserve.client import Client
+from orthoserve.default_clients import ENV_ADDRESS, ENV_TOKEN, DefaultClient
 
 __all__ = ["set_default_client", "get_default_client", "client_or_default", "ENV_ADDRESS", "ENV_TOKEN"]
 
-ENV_ADDRESS = "ORTHOSERVE_ADDRESS"
-ENV_TOKEN = "ORTHOSERVE_TOKEN"
-
-_lock = threading.Lock()
-_default: Optional[Client] = None
-# Clients made from the environment, by (pid, address, token): a forked child makes its own (gRPC channels do not
-# survive a fork).
-_env_clients: Dict[Tuple[int, str, Optional[str]], Client] = {}
+_default = DefaultClient("orthoserve.optax", "pass client=orthoserve.Client('HOST:PORT'), call "
+                                             "orthoserve.optax.set_default_client('HOST:PORT')")
 
 
 def set_default_client(client: Any) -> None:
     """Sets the client that muon, scale_by_muon and orthogonalize_via_newton_schulz use when made without one: an
     orthoserve.Client, an address ("HOST:PORT") or a list of addresses (a Client with default settings is made), or
     None to go back to the environment (ORTHOSERVE_ADDRESS). TypeError for anything else."""
-    global _default
-    if client is not None and not isinstance(client, Client):
-        if isinstance(client, str) or (isinstance(client, (list, tuple)) and all(isinstance(a, str) for a in client)):
-            client = Client(client)
-        else:
-            raise TypeError(f"orthoserve.optax.set_default_client: expected an orthoserve.Client, an address or a "
-                            f"list of addresses, or None; got {type(client).__name__}")
-    with _lock:
-        _default = client
+    _default.set(client)
 
 
 def get_default_client() -> Client:
     """The client set by set_default_client, else one for $ORTHOSERVE_ADDRESS (comma-separated addresses) with
     $ORTHOSERVE_TOKEN as its bearer token (made once per process, address and token). RuntimeError when neither is
     set."""
-    with _lock:
-        if _default is not None:
-            return _default
-        address = os.environ.get(ENV_ADDRESS, "").strip()
-        if not address:
-            raise RuntimeError(
-                "orthoserve.optax: no orthoserve server configured: pass client=orthoserve.Client('HOST:PORT'), call "
-                "orthoserve.optax.set_default_client('HOST:PORT') or set the environment variable "
-                f"{ENV_ADDRESS}=HOST:PORT (several: comma-separated; {ENV_TOKEN} for a bearer token)")
-        token = os.environ.get(ENV_TOKEN) or None
-        key = (os.getpid(), address, token)
-        client = _env_clients.get(key)
-        if client is None:
-            addresses = [a.strip() for a in address.split(",") if a.strip()]
-            client = _env_clients[key] = Client(addresses, token=token)
-        return client
+    return _default.get()
 
 
 def client_or_default(client: Optional[Client]) -> Client:
     """`client`, or get_default_client() when it is None."""
-    return client if client is not None else get_default_client()
+    return _default.client_or_default(client)
