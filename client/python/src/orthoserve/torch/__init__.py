@@ -27,7 +27,8 @@ The package, by responsibility (each module says more): defaults (which client; 
 (newton_schulz, RemoteNewtonSchulz), tp_groups (newton_schulz with tp_group as a group step), dtensors (DTensor blocks
 and shard groups), updates (a step's updates sent whole or as group steps, through the region transport), fallback
 (the local computation of fallback=True), param_names (the names of parameters on the wire), muon (the Muon optimizer),
-muon_settings (its flavors, defaults and checks), param_groups (muon_param_groups: the Muon/AdamW split) and
+muon_settings (its flavors, defaults and checks), muon_update (its update before the orthogonalization), overlap (its
+orthogonalization overlapped with backward), param_groups (muon_param_groups: the Muon/AdamW split) and
 not_traced (the calls of the service excluded from torch.compile tracing).
 Everything public is imported from here: `from orthoserve.torch import Muon`.
 """
@@ -43,8 +44,9 @@ from orthoserve.torch.defaults import (ENV_ADDRESS, ENV_TOKEN, get_default_clien
 from orthoserve.torch.dtensors import dtensor_block, dtensor_group, dtensor_shard, is_dtensor
 from orthoserve.torch.functional import RemoteNewtonSchulz, newton_schulz
 from orthoserve.torch.muon import Muon
+from orthoserve.torch.overlap import OverlapOptions, OverlapStats
 from orthoserve.torch.param_groups import muon_param_groups
 
 __all__ = ["newton_schulz", "set_default_client", "get_default_client", "region_transport", "RemoteNewtonSchulz",
-           "Muon", "muon_param_groups",
+           "Muon", "muon_param_groups", "OverlapOptions", "OverlapStats",
            "dtensor_block", "dtensor_group", "dtensor_shard", "is_dtensor", "ENV_ADDRESS", "ENV_TOKEN"]
