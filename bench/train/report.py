@@ -14,7 +14,7 @@ NAMES = {
     "adamw": "AdamW on everything",
     "torch_muon": "torch.optim.Muon on the block weights (its bf16 NS on the trainer's core)",
     "orthoserve_sync": "orthoserve's Muon, synchronous (`overlap=False`)",
-    "orthoserve_overlap": "orthoserve's Muon, overlapped (`overlap=True`, 4 MiB buckets)",
+    "orthoserve_overlap": "orthoserve's Muon, overlapped (`overlap=True`: buckets of {bucket_mib:g} MiB)",
     "orthoserve_overlap_each": "orthoserve's Muon, overlapped, one matrix per bucket",
 }
 
@@ -78,7 +78,8 @@ def main() -> None:
         med = statistics.median(step)
         ratio = f"{med / base:.2f}×" if base else "–"
         muon = ms(statistics.median(timed(v, "muon"))) if v != "adamw" else "–"
-        lines.append(f"| {NAMES.get(v, v)} | {med:.3f} | {min(step):.3f}–{max(step):.3f} | {ratio} | "
+        name = NAMES.get(v, v).format(bucket_mib=data["bucket_bytes"] / (1 << 20))
+        lines.append(f"| {name} | {med:.3f} | {min(step):.3f}–{max(step):.3f} | {ratio} | "
                      f"{ms(statistics.median(timed(v, 'fwd_bwd')))} | {ms(statistics.median(timed(v, 'adamw')))} | "
                      f"{muon} | {r['loss'][-1]:.4f} |")
     lines += ["", "Losses per step (all steps, warm-up included):", ""]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training-step cost of Muon (issue #41): the 4-layer byte-level transformer LM of bench/train/train_lm.py trained
 # on CPython's sources, side by side in one run (round robin, one step of each in turn): AdamW, torch.optim.Muon,
-# orthoserve's Muon synchronous (overlap=False) and overlapped (4 MiB buckets, and one matrix per bucket). The
+# orthoserve's Muon synchronous (overlap=False) and overlapped (the default buckets, and one matrix per bucket). The
 # trainer is pinned to core TRAINER_CORE with one torch thread; one orthoserve rank (--workers 1 --blas-threads 1,
 # and a --shm-socket, so that the client's default shm="auto" uses a shared-memory region) is started here on
 # loopback, pinned to SERVER_CORE. Writes bench/results/train.md: per variant the median and the min–max of the

@@ -9,7 +9,8 @@ Optimizers (--variants, in this order by default):
                   bf16 Newton–Schulz runs on the trainer's core
   orthoserve_sync orthoserve.torch.optim.Muon with the same arguments, overlap=False: the step sends every update
                   when it is called and waits for all of them
-  orthoserve_overlap  the same with overlap=True (the default): updates leave during backward in 4 MiB buckets
+  orthoserve_overlap  the same with overlap=True (the default): updates leave during backward in buckets of
+                  orthoserve.torch.overlap.DEFAULT_BUCKET_BYTES
   orthoserve_overlap_each  overlap with one matrix per bucket (OverlapOptions(bucket_bytes=1))
 Every variant starts from the same initial weights and sees the same batches. Each step is timed (forward + backward,
 then the AdamW step, then the Muon step); the first --warmup steps are left out of the statistics.
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 
 import orthoserve
 from orthoserve.torch import OverlapOptions, muon_param_groups
+from orthoserve.torch.overlap import DEFAULT_BUCKET_BYTES
 from orthoserve.torch.optim import Muon as OrthoserveMuon
 
 VOCAB = 256
@@ -142,6 +144,7 @@ def main() -> None:
                                ("loss", loss.item())):
                 r[key].append(value)
     out = dict(steps=args.steps, warmup=args.warmup, matrix_params=matrix_params, torch=torch.__version__,
+               bucket_bytes=DEFAULT_BUCKET_BYTES,
                variants={})
     for v in variants:
         r = runs[v]

@@ -44,9 +44,9 @@ class _Kill(torch.autograd.Function):
         return g, None
 
 
-def make_params(seed=0):
+def make_params(seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(0.3 * torch.randn(s, generator=g)) for s in SHAPES]
+    return [torch.nn.Parameter((0.3 * torch.randn(s, generator=g)).to(device)) for s in SHAPES]
 
 
 def loss_of(params, x, kill=None):
@@ -71,13 +71,13 @@ def assert_identical(a, b):
         assert (x is None and y is None) or torch.equal(x, y)
 
 
-def train(client, loop, overlap, settings=None, steps=STEPS):
+def train(client, loop, overlap, settings=None, steps=STEPS, device="cpu"):
     """`steps` steps of training loop `loop`; returns (params, opt)."""
-    params = make_params()
+    params = make_params(device=device)
     opt = Muon(params, client=client, lr=0.02, overlap=overlap, **(settings or {}))
     g = torch.Generator().manual_seed(1)
     for step in range(steps):
-        x = torch.randn(8, 16, generator=g)
+        x = torch.randn(8, 16, generator=g).to(device)
         if loop == "closure":
             def closure():
                 opt.zero_grad()
@@ -132,6 +132,24 @@ def test_overlapped_steps_are_the_synchronous_steps(client, settings, overlap):
     # Every update of every step came from a send made during backward.
     assert (stats.computed, stats.used, stats.stale, stats.failed) == (N * STEPS, N * STEPS, 0, 0)
     assert stats.buckets == (N * STEPS if overlap is EACH else STEPS)
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_cuda_parameters_overlap_with_the_same_numbers(client, side_stream):
+    """CUDA parameters (their updates leave after an event on the hook's stream; results are copied back before the
+    step reads them), with the whole loop on the default stream or on a side stream."""
+    def run(overlap):
+        with torch.cuda.stream(torch.cuda.Stream() if side_stream else torch.cuda.current_stream()):
+            params, opt = train(client, "plain", overlap, device="cuda")
+        torch.cuda.synchronize()
+        return params, opt
+
+    ref_params, ref_opt = run(False)
+    params, opt = run(EACH)
+    assert_identical(snapshot(params, opt), snapshot(ref_params, ref_opt))
+    assert opt.overlap_stats.used == N * STEPS
 
 
 @pytest.mark.deadline(30)

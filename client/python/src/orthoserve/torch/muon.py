@@ -118,7 +118,7 @@ class Muon(torch.optim.Optimizer):
         raises FailedPreconditionError instead). Each region is sized for the step and reused by the next ones.
         Results are bit for bit those of bytes. `transport` says how the step's last call (its last group step,
         when it has any) went ("shm" or "bytes"), `region_transport` more.
-      overlap: True, False, an orthoserve.torch.OverlapOptions(bucket_bytes=4 MiB, in_flight=2), or None (default:
+      overlap: True, False, an orthoserve.torch.OverlapOptions(bucket_bytes=1 MiB, in_flight=2), or None (default:
         $ORTHOSERVE_OVERLAP, 0 or 1; unset: on). On: each plain (non-DTensor) parameter's update is computed by a
         post-accumulate-grad hook as soon as its gradient is final and sent during backward, in buckets of about
         bucket_bytes (one client call each, at most in_flight at once, on background threads; the last bucket when

@@ -25,7 +25,10 @@ writes the averaged gradient after the hook: see Muon's docstring), and while th
 
 Threads: hooks run on autograd's threads (the caller's for CPU tensors), sends on a small pool of `in_flight`
 threads (more full buckets wait for one), claim/result/discard on the step's thread; the state they share is guarded
-by one lock. Ownership: the hooks hold this object weakly and it holds the optimizer's methods weakly
+by one lock. CUDA tensors: a hook records an event after the kernels computing its update, on its stream, and the
+send thread waits for that event before it copies the update to the host, and for its own stream after it copied the
+results to the device, so the step reads finished results on any stream; only the send thread blocks (the copies
+themselves are the client's ordinary .cpu() and .to(device): pinned staging and side streams are issue #41 item 4). Ownership: the hooks hold this object weakly and it holds the optimizer's methods weakly
 (weakref.WeakMethod), so a model never keeps its optimizer alive; when this object goes (with its optimizer), a
 finalizer removes the hooks and stops the pool.
 """
@@ -54,7 +57,7 @@ __all__ = ["Overlap", "OverlapOptions", "OverlapStats", "overlap_options", "ENV_
 ENV_OVERLAP = "ORTHOSERVE_OVERLAP"
 # Small buckets, unlike DDP's 25 MiB: the work behind a bucket is Newton–Schulz (milliseconds per MiB), not a
 # bandwidth-bound all-reduce, and the last bucket of a backward can only start when backward ends.
-DEFAULT_BUCKET_BYTES = 4 << 20
+DEFAULT_BUCKET_BYTES = 1 << 20
 DEFAULT_IN_FLIGHT = 2
 # A step that has waited this long for an early send logs what it waits for (and goes on waiting: every call has the
 # client's deadlines).
@@ -125,7 +128,7 @@ class Early:
     """One parameter's update computed by its hook (muon_update.momentum_update) and what it was computed from; `out`,
     its orthogonalized update, is set by the send of its bucket."""
 
-    __slots__ = ("p", "inputs", "new_grad", "new_buf", "update", "options", "bucket", "superseded", "out")
+    __slots__ = ("p", "inputs", "new_grad", "new_buf", "update", "options", "bucket", "superseded", "out", "ready")
 
     def __init__(self, p: torch.Tensor, made: Made):
         self.p = p
@@ -133,6 +136,11 @@ class Early:
         self.bucket: Optional[_Bucket] = None
         self.superseded = False
         self.out: Optional[torch.Tensor] = None
+        # A CUDA update: an event after the kernels that compute it, on the hook's stream (the send waits for it).
+        self.ready: Optional[Any] = None
+        if self.update.is_cuda:
+            self.ready = torch.cuda.Event()
+            self.ready.record(torch.cuda.current_stream(self.update.device))
 
     @property
     def nbytes(self) -> int:
@@ -165,7 +173,12 @@ def _send_bucket(send_ref: "weakref.WeakMethod", bucket: _Bucket) -> None:
         if send is None:
             raise RuntimeError("the optimizer is gone")
         if live:
+            for e in live:
+                if e.ready is not None:
+                    e.ready.synchronize()  # This thread reads the update on its own stream.
             outs = send([e.p for e in live], [e.update for e in live], [e.options for e in live])
+            for device in {o.device for o in outs if o.is_cuda}:
+                torch.cuda.current_stream(device).synchronize()  # The results' copies to the device are done.
             for e, o in zip(live, outs):
                 e.out = o
         bucket.future.set_result(None)
