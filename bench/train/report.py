@@ -70,7 +70,8 @@ def main() -> None:
         "parts are medians in ms; `Muon step` is what `step()` costs the trainer after backward (for the "
         "overlapped variants: the wait for what is still out, plus applying).",
         "",
-        "| optimizer | step median s | min–max s | vs AdamW | fwd+bwd ms | AdamW step ms | Muon step ms | last loss |",
+        "| optimizer | step median s | min–max s | vs AdamW | fwd+bwd ms | AdamW step ms | Muon step ms "
+        "| last loss |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for v, r in variants.items():

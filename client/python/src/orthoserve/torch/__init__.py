@@ -10,7 +10,9 @@ decay ("decoupled" p -= lr·wd·p, "independent" p -= wd·p, "l2" grad += wd·p)
 1 - momentum), Nesterov grad.lerp(buf, momentum) or the buffer itself, orthogonalize (NS, then the scale factor
 and extra scale), p -= lr·update — which is also torch.optim.Muon's step (decoupled weight decay, an lr adjusted
 by adjust_lr_fn instead of a scale factor). The orthogonalization of every parameter of a step is one remote
-request (whole tensors in one stream; DTensor shards as one group step per shard group).
+request (whole tensors in one stream; DTensor shards as one group step per shard group), or, overlapped with
+backward (Muon's overlap=, on by default for plain tensors outside torch.distributed), one request per bucket of
+updates sent during backward, plus one at step() for any the step had to compute itself (orthoserve.torch.overlap).
 
 Same host: whole tensors, and this rank's blocks of group steps (sharded DTensors, tp_group), go through shared-memory
 regions when the server rank they go to is on this host and takes regions (orthoserve.region_transport: `shm="auto"`

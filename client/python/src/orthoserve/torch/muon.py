@@ -1,7 +1,8 @@
 """Muon with the orthogonalization done by an orthoserve fleet (the class docstring): the optimizer's arithmetic step
 for step as Emerging-Optimizers 0.3.0's and torch.optim.Muon's (orthoserve.torch's docstring), its settings checked by
 orthoserve.torch.muon_settings, and every step's updates orthogonalized in one remote request by
-orthoserve.torch.updates."""
+orthoserve.torch.updates — or, overlapped with backward, in buckets sent by orthoserve.torch.overlap as each
+parameter's gradient is final, with the same numbers."""
 
 from __future__ import annotations
 
@@ -131,8 +132,8 @@ class Muon(torch.optim.Optimizer):
         the synchronous path as before: DTensor parameters (sharded or not), and every parameter while
         torch.distributed is initialized (DDP writes its averaged gradient after the hook; FSDP2's are DTensors).
         `overlap_stats` counts what was sent and used; `no_overlap()` pauses it (all but the last micro-batch).
-        Until step(), each early update holds its new momentum buffer (and the Nesterov update): up to twice the
-        Muon parameters' bytes more memory from backward on.
+        Until step(), each early update holds its new momentum buffer (and with Nesterov the update, with l2 the
+        decayed gradient): one to three times the Muon parameters' bytes, from backward on instead of in step().
     params: tensors, (name, tensor) pairs (`model.named_parameters()`), or param group dicts whose "params" are
       either (not both), as torch.optim's optimizers take them. A parameter's matrix name on the wire
       (MatrixSpec.name, in the server's errors and logs) is its name ("layers.3.attn.qkv.weight"; "p<n>" without

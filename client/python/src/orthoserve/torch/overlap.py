@@ -28,9 +28,11 @@ threads (more full buckets wait for one), claim/result/discard on the step's thr
 by one lock. CUDA tensors: a hook records an event after the kernels computing its update, on its stream, and the
 send thread waits for that event before it copies the update to the host, and for its own stream after it copied the
 results to the device, so the step reads finished results on any stream; only the send thread blocks (the copies
-themselves are the client's ordinary .cpu() and .to(device): pinned staging and side streams are issue #41 item 4). Ownership: the hooks hold this object weakly and it holds the optimizer's methods weakly
-(weakref.WeakMethod), so a model never keeps its optimizer alive; when this object goes (with its optimizer), a
-finalizer removes the hooks and stops the pool.
+themselves are the client's ordinary .cpu() and .to(device): pinned staging and side streams are issue #41 item 4).
+
+Ownership: the hooks hold this object weakly and it holds the optimizer's methods weakly (weakref.WeakMethod), so a
+model never keeps its optimizer alive; when this object goes (with its optimizer), a finalizer removes the hooks and
+stops the pool.
 """
 
 from __future__ import annotations
@@ -224,7 +226,8 @@ class Overlap:
     # -- hooks -----------------------------------------------------------------------------------------------
 
     def watch(self, params: Iterable[torch.Tensor]) -> None:
-        """Hooks each plain parameter that requires grad (DTensors keep the synchronous path)."""
+        """Hooks each plain parameter that requires grad now (DTensors, and a parameter made to require grad later,
+        keep the synchronous path)."""
         ref = weakref.ref(self)
         for p in params:
             if is_dtensor(p) or not p.requires_grad:
@@ -327,6 +330,7 @@ class Overlap:
             return None
         if early.bucket is not None and early.inputs.matches(now()):
             return early
+        early.superseded = True  # Not sent yet: it will not be.
         with self._lock:
             self._count(stale=1)
         return None
@@ -358,8 +362,10 @@ class Overlap:
     def discard(self) -> None:
         """Drops the early updates no step claimed (parameters without a gradient at the step); counted stale."""
         with self._lock:
-            stale, self._early = len(self._early), {}
-            self._count(stale=stale)
+            stale, self._early = self._early, {}
+            self._count(stale=len(stale))
+        for early in stale.values():
+            early.superseded = True  # Not sent yet: it will not be.
 
     @property
     def stats(self) -> OverlapStats:
