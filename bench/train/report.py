@@ -16,6 +16,8 @@ NAMES = {
     "orthoserve_sync": "orthoserve's Muon, synchronous (`overlap=False`)",
     "orthoserve_overlap": "orthoserve's Muon, overlapped (`overlap=True`: buckets of {bucket_mib:g} MiB)",
     "orthoserve_overlap_each": "orthoserve's Muon, overlapped, one matrix per bucket",
+    "orthoserve_sync_clip": "orthoserve's Muon, synchronous, with clip_grad_norm_",
+    "orthoserve_overlap_clip": "orthoserve's Muon, overlapped, with clip_grad_norm_ (nothing can overlap)",
 }
 
 
@@ -66,7 +68,7 @@ def main() -> None:
         f"Every variant starts from the same weights and sees the same batches. {data['steps']} timed steps each "
         f"after {warmup} warm-up steps.",
         "",
-        "Step = forward + backward + AdamW step + Muon step (seconds: median, and min–max over the timed steps); the "
+        "Step = forward + backward (+ clip_grad_norm_, in fwd+bwd) + AdamW step + Muon step (seconds: median, and min–max over the timed steps); the "
         "parts are medians in ms; `Muon step` is what `step()` costs the trainer after backward (for the "
         "overlapped variants: the wait for what is still out, plus applying).",
         "",
@@ -94,11 +96,13 @@ def main() -> None:
             s = r["overlap_stats"]
             lines.append(f"- {v}: computed {s['computed']}, buckets {s['buckets']}, used {s['used']}, stale "
                          f"{s['stale']}, failed {s['failed']}; transport of the last call: {r['transport']}")
-    ours = [v for v in variants if v.startswith("orthoserve_")]
-    if len(ours) > 1:
-        same = all(variants[v]["loss"] == variants[ours[0]]["loss"] for v in ours)
-        lines += ["", f"The losses of {', '.join(ours)} are {'identical at every step' if same else 'NOT identical'}"
-                  " (an overlapped step is bit for bit the synchronous one)."]
+    for clipped in (False, True):
+        ours = [v for v in variants if v.startswith("orthoserve_") and v.endswith("_clip") == clipped]
+        if len(ours) > 1:
+            same = all(variants[v]["loss"] == variants[ours[0]]["loss"] for v in ours)
+            lines += ["", f"The losses of {', '.join(ours)} are "
+                      f"{'identical at every step' if same else 'NOT identical'} (an overlapped step is bit for bit "
+                      "the synchronous one)."]
     open(args.out, "w").write("\n".join(lines) + "\n")
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training-step cost of Muon (issue #41): the 4-layer byte-level transformer LM of bench/train/train_lm.py trained
 # on CPython's sources, side by side in one run (round robin, one step of each in turn): AdamW, torch.optim.Muon,
-# orthoserve's Muon synchronous (overlap=False) and overlapped (the default buckets, and one matrix per bucket). The
+# orthoserve's Muon synchronous (overlap=False) and overlapped (the default buckets, and one matrix per bucket), and
+# both with clip_grad_norm_ between backward and step (a loop that cannot overlap: what overlap costs there). The
 # trainer is pinned to core TRAINER_CORE with one torch thread; one orthoserve rank (--workers 1 --blas-threads 1,
 # and a --shm-socket, so that the client's default shm="auto" uses a shared-memory region) is started here on
 # loopback, pinned to SERVER_CORE. Writes bench/results/train.md: per variant the median and the min–max of the
@@ -21,7 +22,7 @@ build=${ORTHOSERVE_BUILD_DIR:-$root/build}
 python=${PYTHON:-$root/.venv/bin/python}
 steps=${STEPS:-8}
 warmup=${WARMUP:-2}
-variants=${VARIANTS:-adamw,torch_muon,orthoserve_sync,orthoserve_overlap,orthoserve_overlap_each}
+variants=${VARIANTS:-adamw,torch_muon,orthoserve_sync,orthoserve_overlap,orthoserve_overlap_each,orthoserve_sync_clip,orthoserve_overlap_clip}
 trainer_core=${TRAINER_CORE:-0}
 server_core=${SERVER_CORE:-1}
 port=${PORT:-47900}

@@ -12,8 +12,11 @@ Optimizers (--variants, in this order by default):
   orthoserve_overlap  the same with overlap=True (the default): updates leave during backward in buckets of
                   orthoserve.torch.overlap.DEFAULT_BUCKET_BYTES
   orthoserve_overlap_each  overlap with one matrix per bucket (OverlapOptions(bucket_bytes=1))
-Every variant starts from the same initial weights and sees the same batches. Each step is timed (forward + backward,
-then the AdamW step, then the Muon step); the first --warmup steps are left out of the statistics.
+  orthoserve_sync_clip, orthoserve_overlap_clip  the two with clip_grad_norm_(1.0) between backward and the steps: a
+                  loop that cannot overlap (every gradient changes after it was sent), to show what overlap costs
+                  there
+Every variant starts from the same initial weights and sees the same batches. Each step is timed (forward + backward
+(+ clipping), then the AdamW step, then the Muon step); the first --warmup steps are left out of the statistics.
 
 Prints one JSON object (the per-step times and losses of each variant, and the overlap counts) on stdout.
 """
@@ -36,7 +39,8 @@ from orthoserve.torch.optim import Muon as OrthoserveMuon
 
 VOCAB = 256
 D, HEADS, MLP, LAYERS, CONTEXT, BATCH = 256, 4, 1024, 4, 128, 16
-VARIANTS = ("adamw", "torch_muon", "orthoserve_sync", "orthoserve_overlap", "orthoserve_overlap_each")
+VARIANTS = ("adamw", "torch_muon", "orthoserve_sync", "orthoserve_overlap", "orthoserve_overlap_each",
+            "orthoserve_sync_clip", "orthoserve_overlap_clip")
 MUON_LR, ADAMW_LR = 0.02, 3e-3
 
 
@@ -96,7 +100,7 @@ def optimizers(variant: str, model: ByteLM, client: orthoserve.Client) -> list:
     if variant == "torch_muon":
         return [adamw, torch.optim.Muon(muon_groups, lr=MUON_LR)]
     overlap = {"orthoserve_sync": False, "orthoserve_overlap": True,
-               "orthoserve_overlap_each": OverlapOptions(bucket_bytes=1)}[variant]
+               "orthoserve_overlap_each": OverlapOptions(bucket_bytes=1)}[variant.removesuffix("_clip")]
     return [adamw, OrthoserveMuon(muon_groups, lr=MUON_LR, client=client, overlap=overlap)]
 
 
@@ -134,6 +138,8 @@ def main() -> None:
             logits = r["model"](batch[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
             loss.backward()
+            if v.endswith("_clip"):
+                torch.nn.utils.clip_grad_norm_(r["model"].parameters(), 1.0)
             t1 = time.perf_counter()
             r["opts"][0].step()
             t2 = time.perf_counter()

@@ -98,7 +98,7 @@ def train(client, loop, overlap, settings=None, steps=STEPS, device="cpu"):
             (0.5 * loss).backward()
         else:
             loss_of(params, x).backward()
-        if loop == "clip":
+        if loop == "clip" or (loop == "clip_first_steps" and step < 2):
             torch.nn.utils.clip_grad_norm_(params, 0.05)
         elif loop == "set_to_none" and step % 2 == 1:
             opt.zero_grad(set_to_none=True)
@@ -163,17 +163,19 @@ def test_the_buckets_leave_during_backward(client):
     assert opt.overlap_stats.used == N
 
 
-# loop -> (used, stale, superseded) over STEPS steps, or None where the count depends on nothing worth pinning.
+# loop -> (used, stale, superseded, idle_steps) over STEPS steps. A step that uses no early result and finds some
+# stale makes the hooks rest 1, then 2, 4, ... steps (overlap._MAX_IDLE_STEPS): steps 0 and 2 try, 1, 3 and 4 rest.
 LOOPS = {
-    "accumulate": (N * STEPS, 0, N * STEPS),  # The first micro-batch's sends are voided by the second's.
-    "accumulate_no_overlap": (N * STEPS, 0, 0),  # The first micro-batch sends nothing.
-    "second_backward": (N * STEPS, 0, N * STEPS),
-    "clip": (0, N * STEPS, 0),  # clip_grad_norm_ changes every gradient in place after its send.
-    "set_to_none": (N * 3, N * 2, 0),  # Steps 1 and 3 have no gradients: nothing to step, the sends dropped.
-    "zeroed": (N * 3, N * 2, 0),  # Steps 1 and 3 step with zeroed gradients, recomputed.
-    "closure": (N * STEPS, 0, 0),
-    "lr_change": (N * STEPS, 0, 0),  # lr enters when the step applies the update, not the update.
-    "momentum_change": (0, N * STEPS, 0),  # Changed between backward and step: every update recomputed.
+    "accumulate": (N * STEPS, 0, N * STEPS, 0),  # The first micro-batch's sends are voided by the second's.
+    "accumulate_no_overlap": (N * STEPS, 0, 0, 0),  # The first micro-batch sends nothing.
+    "second_backward": (N * STEPS, 0, N * STEPS, 0),
+    "clip": (0, N * 2, 0, 3),  # clip_grad_norm_ changes every gradient in place after its send.
+    "clip_first_steps": (N * 3, N, 0, 1),  # Step 0 voided, 1 rests (clipped too), 2-4 unclipped: used again.
+    "set_to_none": (N, N * 2, 0, 2),  # Odd steps have no gradients (the sends dropped); step 2 rests, 4 too.
+    "zeroed": (N, N * 2, 0, 2),  # Odd steps step with zeroed gradients, recomputed; step 2 rests, 4 too.
+    "closure": (N * STEPS, 0, 0, 0),
+    "lr_change": (N * STEPS, 0, 0, 0),  # lr enters when the step applies the update, not the update.
+    "momentum_change": (0, N * 2, 0, 3),  # Changed between backward and step: recomputed.
 }
 
 
@@ -185,7 +187,7 @@ def test_training_loops_overlap_or_fall_back_with_the_same_numbers(client, loop)
     params, opt = train(client, loop, EACH, settings)
     assert_identical(snapshot(params, opt), snapshot(ref_params, ref_opt))
     stats = opt.overlap_stats
-    assert (stats.used, stats.stale, stats.superseded, stats.failed) == (*LOOPS[loop], 0)
+    assert (stats.used, stats.stale, stats.superseded, stats.idle_steps, stats.failed) == (*LOOPS[loop], 0)
 
 
 @pytest.mark.deadline(30)

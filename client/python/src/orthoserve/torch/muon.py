@@ -131,7 +131,9 @@ class Muon(torch.optim.Optimizer):
         numbers are bit for bit those without overlap, and a step that raises still changes nothing. Not overlapped,
         the synchronous path as before: DTensor parameters (sharded or not), and every parameter while
         torch.distributed is initialized (DDP writes its averaged gradient after the hook; FSDP2's are DTensors).
-        `overlap_stats` counts what was sent and used; `no_overlap()` pauses it (all but the last micro-batch).
+        After a step that could use none of its early results the hooks rest 1, 2, 4, ... up to 64 steps before they
+        try again (a loop that clips every gradient). `overlap_stats` counts what was sent and used; `no_overlap()`
+        pauses it (all but the last micro-batch of gradient accumulation).
         Until step(), each early update holds its new momentum buffer (and with Nesterov the update, with l2 the
         decayed gradient): one to three times the Muon parameters' bytes, from backward on instead of in step().
     params: tensors, (name, tensor) pairs (`model.named_parameters()`), or param group dicts whose "params" are
@@ -293,6 +295,13 @@ class Muon(torch.optim.Optimizer):
         exactly what this step would compute it from, takes that update and its result (waiting for its bucket);
         every other parameter, and any whose early send failed, is computed here and sent in this step's own call.
         The numbers are the same either way, bit for bit."""
+        try:
+            return self._step(closure)
+        finally:
+            if self._overlap is not None:
+                self._overlap.end_step()
+
+    def _step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -21,7 +21,8 @@ fall back to a local computation.
 
 A hook never raises into backward: a failure to compute an update early is logged once and left to the step. Hooks
 skip DTensor parameters (never watched) and every parameter while torch.distributed is initialized (DDP's reducer
-writes the averaged gradient after the hook: see Muon's docstring), and while the optimizer is inside no_overlap().
+writes the averaged gradient after the hook: see Muon's docstring), while the optimizer is inside no_overlap(), and
+while they rest after steps that used none of their early updates (end_step, _MAX_IDLE_STEPS).
 
 Threads: hooks run on autograd's threads (the caller's for CPU tensors), sends on a small pool of `in_flight`
 threads (more full buckets wait for one), claim/result/discard on the step's thread; the state they share is guarded
@@ -64,6 +65,11 @@ DEFAULT_IN_FLIGHT = 2
 # A step that has waited this long for an early send logs what it waits for (and goes on waiting: every call has the
 # client's deadlines).
 _STALL_LOG_SECONDS = 30.0
+# After a step that used none of its early updates and found some stale (a loop that changes every gradient after
+# backward, e.g. clip_grad_norm_, or a momentum schedule set between backward and step), the hooks rest for 1 step,
+# then (if the next try is voided too) 2, 4, ... up to this many, before they try again; a step that uses an early
+# result ends the rest. The numbers never depend on it: it spares the trainer and the fleet the voided work.
+_MAX_IDLE_STEPS = 64
 
 logger = logging.getLogger("orthoserve")
 
@@ -114,6 +120,7 @@ class OverlapStats:
     stale: int = 0  # Early updates a step did not use: what they were computed from had changed, or no step took them.
     superseded: int = 0  # Early updates replaced by a later backward's before a step (e.g. accumulation).
     failed: int = 0  # Early updates whose send failed: their steps sent them again synchronously.
+    idle_steps: int = 0  # Steps whose backward computed nothing early (a loop that voids every early update).
 
 
 class _Bucket:
@@ -217,6 +224,9 @@ class Overlap:
         self._flush_queued = False  # An end-of-backward flush is queued with autograd. Guarded by _lock.
         self._can_queue = True  # autograd's queue_callback works here (else the step flushes).
         self._paused = 0  # Depth of no_overlap(). Guarded by _lock.
+        self._idle_left = 0  # Steps the hooks still rest for (_MAX_IDLE_STEPS). Guarded by _lock.
+        self._idle_next = 1  # How long the next rest is. Guarded by _lock.
+        self._at_step = OverlapStats()  # The counts when the last step ended. Guarded by _lock.
         self._counts = OverlapStats()  # Guarded by _lock.
         self._warned = False
         self._handles: List[Any] = []
@@ -237,7 +247,7 @@ class Overlap:
     def on_grad(self, p: torch.Tensor) -> None:
         """p's gradient is accumulated (autograd's thread): p's update into the open bucket, a full bucket sent."""
         with self._lock:
-            if self._paused:
+            if self._paused or self._idle_left:
                 return
         if _distributed():
             return
@@ -366,6 +376,21 @@ class Overlap:
             self._count(stale=len(stale))
         for early in stale.values():
             early.superseded = True  # Not sent yet: it will not be.
+
+    def end_step(self) -> None:
+        """The end of a step (whether it succeeded or raised): counts a resting step, or starts a rest when the step
+        used none of its early updates and found some stale (_MAX_IDLE_STEPS)."""
+        with self._lock:
+            used = self._counts.used - self._at_step.used
+            stale = self._counts.stale - self._at_step.stale
+            if self._idle_left:
+                self._idle_left -= 1
+                self._count(idle_steps=1)
+            elif used == 0 and stale > 0:
+                self._idle_left, self._idle_next = self._idle_next, min(2 * self._idle_next, _MAX_IDLE_STEPS)
+            elif used > 0:
+                self._idle_next = 1
+            self._at_step = self._counts
 
     @property
     def stats(self) -> OverlapStats:
