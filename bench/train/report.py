@@ -70,11 +70,12 @@ def main() -> None:
         "",
         "Step = forward + backward (+ clip_grad_norm_, in fwd+bwd) + AdamW step + Muon step (seconds: median, and min–max over the timed steps); the "
         "parts are medians in ms; `Muon step` is what `step()` costs the trainer after backward (for the "
-        "overlapped variants: the wait for what is still out, plus applying).",
+        "overlapped variants: the wait for what is still out, plus applying). Trainer CPU: the trainer process's CPU "
+        "time per step (median; all its threads, on its one core), so step − CPU is about the time it waited.",
         "",
         "| optimizer | step median s | min–max s | vs AdamW | fwd+bwd ms | AdamW step ms | Muon step ms "
-        "| last loss |",
-        "|---|---|---|---|---|---|---|---|",
+        "| trainer CPU ms | last loss |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for v, r in variants.items():
         step = timed(v, "step")
@@ -84,7 +85,7 @@ def main() -> None:
         name = NAMES.get(v, v).format(bucket_mib=data["bucket_bytes"] / (1 << 20))
         lines.append(f"| {name} | {med:.3f} | {min(step):.3f}–{max(step):.3f} | {ratio} | "
                      f"{ms(statistics.median(timed(v, 'fwd_bwd')))} | {ms(statistics.median(timed(v, 'adamw')))} | "
-                     f"{muon} | {r['loss'][-1]:.4f} |")
+                     f"{muon} | {ms(statistics.median(timed(v, 'cpu')))} | {r['loss'][-1]:.4f} |")
     lines += ["", "Losses per step (all steps, warm-up included):", ""]
     for v, r in variants.items():
         lines.append(f"- {v}: " + ", ".join(f"{x:.4f}" for x in r["loss"]))

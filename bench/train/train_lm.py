@@ -16,7 +16,8 @@ Optimizers (--variants, in this order by default):
                   loop that cannot overlap (every gradient changes after it was sent), to show what overlap costs
                   there
 Every variant starts from the same initial weights and sees the same batches. Each step is timed (forward + backward
-(+ clipping), then the AdamW step, then the Muon step); the first --warmup steps are left out of the statistics.
+(+ clipping), then the AdamW step, then the Muon step), and the trainer process's CPU time over it (all its threads:
+the send threads and gRPC's too); the first --warmup steps are left out of the statistics.
 
 Prints one JSON object (the per-step times and losses of each variant, and the overlap counts) on stdout.
 """
@@ -126,13 +127,13 @@ def main() -> None:
         torch.manual_seed(args.seed)
         model = ByteLM()
         runs[v] = dict(model=model, opts=optimizers(v, model, client), fwd_bwd=[], adamw=[], muon=[], step=[],
-                       loss=[])
+                       cpu=[], loss=[])
     matrix_params = sum(p.numel() for g in muon_param_groups(runs[variants[0]]["model"])[0] for _, p in g["params"])
     for step in range(total):
         for v in variants:
             r = runs[v]
             batch = inputs[step]
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for opt in r["opts"]:
                 opt.zero_grad(set_to_none=True)
             logits = r["model"](batch[:, :-1])
@@ -145,9 +146,9 @@ def main() -> None:
             t2 = time.perf_counter()
             if len(r["opts"]) > 1:
                 r["opts"][1].step()
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.process_time()
             for key, value in (("fwd_bwd", t1 - t0), ("adamw", t2 - t1), ("muon", t3 - t2), ("step", t3 - t0),
-                               ("loss", loss.item())):
+                               ("cpu", c3 - c0), ("loss", loss.item())):
                 r[key].append(value)
     out = dict(steps=args.steps, warmup=args.warmup, matrix_params=matrix_params, torch=torch.__version__,
                bucket_bytes=DEFAULT_BUCKET_BYTES,
@@ -156,7 +157,7 @@ def main() -> None:
         r = runs[v]
         muon = r["opts"][-1]
         stats = getattr(muon, "overlap_stats", None)
-        out["variants"][v] = dict({k: r[k] for k in ("fwd_bwd", "adamw", "muon", "step", "loss")},
+        out["variants"][v] = dict({k: r[k] for k in ("fwd_bwd", "adamw", "muon", "step", "cpu", "loss")},
                                   overlap_stats=None if stats is None else stats.__dict__,
                                   transport=getattr(muon, "transport", None))
     print(json.dumps(out))
