@@ -352,19 +352,20 @@ class Overlap:
         assert bucket is not None
         while True:
             try:
-                bucket.future.result(timeout=_STALL_LOG_SECONDS)
+                # The send's own exception, returned (an interrupt of this wait propagates as usual).
+                error = bucket.future.exception(timeout=_STALL_LOG_SECONDS)
                 break
             except TimeoutError:
                 logger.warning("orthoserve: %s step waits for %d updates sent %.0f s ago during backward", self.what,
                                len(bucket.entries), time.monotonic() - bucket.sent_at)
-            except BaseException as e:  # noqa: BLE001 - the send's failure: the step sends the update again.
-                with self._lock:
-                    self._count(failed=1)
-                    report, bucket.reported = not bucket.reported, True
-                if report:
-                    logger.warning("orthoserve: %s: %d updates sent during backward failed (%s: %s); the step sends "
-                                   "them again", self.what, len(bucket.entries), type(e).__name__, e)
-                return None
+        if error is not None:
+            with self._lock:
+                self._count(failed=1)
+                report, bucket.reported = not bucket.reported, True
+            if report:
+                logger.warning("orthoserve: %s: %d updates sent during backward failed (%s: %s); the step sends "
+                               "them again", self.what, len(bucket.entries), type(error).__name__, error)
+            return None
         with self._lock:
             self._count(used=1)
         return early.out
