@@ -1,7 +1,7 @@
 """The training-step benchmark of issue #41 (bench/train/run.sh starts the server and runs this): a 4-layer pre-norm
 transformer LM (d 256, 4 heads, MLP 1024, byte vocabulary, context 128, batch 16; 16 block weights, 3.1 M matrix
 parameters) on the bytes of CPython's own sources, trained side by side by several optimizers, one step of each in
-turn (round robin), so that the machine's load drifts over all of them alike.
+turn (round robin, each round in a rotated order), so that the machine's load drifts over all of them alike.
 
 Optimizers (--variants, in this order by default):
   adamw           torch.optim.AdamW on every parameter
@@ -130,7 +130,9 @@ def main() -> None:
                        cpu=[], loss=[])
     matrix_params = sum(p.numel() for g in muon_param_groups(runs[variants[0]]["model"])[0] for _, p in g["params"])
     for step in range(total):
-        for v in variants:
+        # Each round in a rotated order, so that no variant always follows the same one (the machine's state after a
+        # step, an idle core or a busy one, falls on every variant alike).
+        for v in variants[step % len(variants):] + variants[:step % len(variants)]:
             r = runs[v]
             batch = inputs[step]
             c0, t0 = time.process_time(), time.perf_counter()
