@@ -57,7 +57,8 @@ def main() -> None:
         "",
         f"Recorded by `{args.command}` on {now}. Machine: {cpu_model()}, 2 cores, shared with other builds and "
         f"tests (load average {args.load_before} before, {args.load_after} after): single figures move by 10% "
-        "or more between runs, so compare the variants of one run, which ran step by step in turn.",
+        "or more between runs, so compare the variants of one run, which ran step by step in turn (each round in a rotated "
+        "order).",
         "",
         f"Model (bench/train/train_lm.py): 4-layer pre-norm transformer LM, d 256, 4 heads, MLP 1024, byte vocabulary, "
         f"context 128, batch 16, on the bytes of /usr/lib/python3.11/*.py; {data['matrix_params']:,} matrix "
