@@ -10,7 +10,9 @@ decay ("decoupled" p -= lr·wd·p, "independent" p -= wd·p, "l2" grad += wd·p)
 1 - momentum), Nesterov grad.lerp(buf, momentum) or the buffer itself, orthogonalize (NS, then the scale factor
 and extra scale), p -= lr·update — which is also torch.optim.Muon's step (decoupled weight decay, an lr adjusted
 by adjust_lr_fn instead of a scale factor). The orthogonalization of every parameter of a step is one remote
-request (whole tensors in one stream; DTensor shards as one group step per shard group).
+request (whole tensors in one stream; DTensor shards as one group step per shard group), or, overlapped with
+backward (Muon's overlap=, on by default for plain tensors outside torch.distributed), one request per bucket of
+updates sent during backward, plus one at step() for any the step had to compute itself (orthoserve.torch.overlap).
 
 Same host: whole tensors, and this rank's blocks of group steps (sharded DTensors, tp_group), go through shared-memory
 regions when the server rank they go to is on this host and takes regions (orthoserve.region_transport: `shm="auto"`
@@ -27,7 +29,8 @@ The package, by responsibility (each module says more): defaults (which client; 
 (newton_schulz, RemoteNewtonSchulz), tp_groups (newton_schulz with tp_group as a group step), dtensors (DTensor blocks
 and shard groups), updates (a step's updates sent whole or as group steps, through the region transport), fallback
 (the local computation of fallback=True), param_names (the names of parameters on the wire), muon (the Muon optimizer),
-muon_settings (its flavors, defaults and checks), param_groups (muon_param_groups: the Muon/AdamW split) and
+muon_settings (its flavors, defaults and checks), muon_update (its update before the orthogonalization), overlap (its
+orthogonalization overlapped with backward), param_groups (muon_param_groups: the Muon/AdamW split) and
 not_traced (the calls of the service excluded from torch.compile tracing).
 Everything public is imported from here: `from orthoserve.torch import Muon`.
 """
@@ -43,8 +46,9 @@ from orthoserve.torch.defaults import (ENV_ADDRESS, ENV_TOKEN, get_default_clien
 from orthoserve.torch.dtensors import dtensor_block, dtensor_group, dtensor_shard, is_dtensor
 from orthoserve.torch.functional import RemoteNewtonSchulz, newton_schulz
 from orthoserve.torch.muon import Muon
+from orthoserve.torch.overlap import OverlapOptions, OverlapStats
 from orthoserve.torch.param_groups import muon_param_groups
 
 __all__ = ["newton_schulz", "set_default_client", "get_default_client", "region_transport", "RemoteNewtonSchulz",
-           "Muon", "muon_param_groups",
+           "Muon", "muon_param_groups", "OverlapOptions", "OverlapStats",
            "dtensor_block", "dtensor_group", "dtensor_shard", "is_dtensor", "ENV_ADDRESS", "ENV_TOKEN"]

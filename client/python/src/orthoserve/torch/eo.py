@@ -9,7 +9,7 @@ extra_scale_factor, use_syrk), its defaults, and its step (EO's OrthogonalizedOp
 WeightDecayMixin, EMA momentum, Nesterov, newton_schulz in fp32_matmul_prec with eps 1e-7 in max mode and fp32
 normalization, the scale of scale_mode × extra_scale_factor), the Newton–Schulz computed by the service.
 orthoserve's own settings (client, job, run_id, timeout, fallback, shm, algorithm, tp_mode, split_qkv, is_qkv_fn,
-qkv_split_shapes, nd) are keyword-only after EO's; see orthoserve.torch.Muon for each.
+qkv_split_shapes, nd, overlap) are keyword-only after EO's; see orthoserve.torch.Muon for each.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ class Muon(_Muon):
                  job: Optional[str] = None, run_id: Optional[str] = None, timeout: Optional[float] = None,
                  fallback: bool = False, shm: Any = None, algorithm: str = "auto", tp_mode: Optional[str] = None,
                  split_qkv: bool = False, is_qkv_fn: Optional[Callable[[torch.Tensor], bool]] = None,
-                 qkv_split_shapes: Optional[Sequence[int]] = None, nd: Optional[str] = None):
+                 qkv_split_shapes: Optional[Sequence[int]] = None, nd: Optional[str] = None,
+                 overlap: Any = None):
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                          weight_decay_method=weight_decay_method, fp32_matmul_prec=fp32_matmul_prec,
                          coefficient_type=coefficient_type, num_ns_steps=num_ns_steps, scale_mode=scale_mode,
                          extra_scale_factor=extra_scale_factor, use_syrk=use_syrk, flavor="eo", client=client,
                          job=job, run_id=run_id, timeout=timeout, fallback=fallback, shm=shm, algorithm=algorithm,
                          tp_mode=tp_mode, split_qkv=split_qkv, is_qkv_fn=is_qkv_fn,
-                         qkv_split_shapes=qkv_split_shapes, nd=nd)
+                         qkv_split_shapes=qkv_split_shapes, nd=nd, overlap=overlap)

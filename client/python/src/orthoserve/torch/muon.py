@@ -1,14 +1,15 @@
 """Muon with the orthogonalization done by an orthoserve fleet (the class docstring): the optimizer's arithmetic step
 for step as Emerging-Optimizers 0.3.0's and torch.optim.Muon's (orthoserve.torch's docstring), its settings checked by
 orthoserve.torch.muon_settings, and every step's updates orthogonalized in one remote request by
-orthoserve.torch.updates."""
+orthoserve.torch.updates — or, overlapped with backward, in buckets sent by orthoserve.torch.overlap as each
+parameter's gradient is final, with the same numbers."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import math
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,6 +18,8 @@ from orthoserve.client import Client
 from orthoserve.region_transport import RegionTransport
 from orthoserve.torch import muon_settings as settings_lib
 from orthoserve.torch import param_names
+from orthoserve.torch.muon_update import inputs_of, momentum_update
+from orthoserve.torch.overlap import Made, Overlap, OverlapStats, overlap_options
 from orthoserve.torch.updates import orthogonalize_updates
 
 __all__ = ["Muon"]
@@ -116,6 +119,23 @@ class Muon(torch.optim.Optimizer):
         raises FailedPreconditionError instead). Each region is sized for the step and reused by the next ones.
         Results are bit for bit those of bytes. `transport` says how the step's last call (its last group step,
         when it has any) went ("shm" or "bytes"), `region_transport` more.
+      overlap: True, False, an orthoserve.torch.OverlapOptions(bucket_bytes=1 MiB, in_flight=2), or None (default:
+        $ORTHOSERVE_OVERLAP, 0 or 1; unset: on). On: each plain (non-DTensor) parameter's update is computed by a
+        post-accumulate-grad hook as soon as its gradient is final and sent during backward, in buckets of about
+        bucket_bytes (one client call each, at most in_flight at once, on background threads; the last bucket when
+        backward ends), and step() waits only for what is still out. A result is used only when the update it was
+        computed from is exactly what step() computes (the gradient, parameter and momentum buffer unchanged — same
+        tensors, same version counters — and the same settings but lr): otherwise (accumulation over micro-batches,
+        clip_grad_norm_, zero_grad, a closure, a second backward, a changed momentum) step() computes it and sends it
+        in its own call, as does a failed early send (then retried, fallen back or raised as without overlap). So the
+        numbers are bit for bit those without overlap, and a step that raises still changes nothing. Not overlapped,
+        the synchronous path as before: DTensor parameters (sharded or not), and every parameter while
+        torch.distributed is initialized (DDP writes its averaged gradient after the hook; FSDP2's are DTensors).
+        After a step that could use none of its early results the hooks rest 1, 2, 4, ... up to 64 steps before they
+        try again (a loop that clips every gradient). `overlap_stats` counts what was sent and used; `no_overlap()`
+        pauses it (all but the last micro-batch of gradient accumulation).
+        Until step(), each early update holds its new momentum buffer (and with Nesterov the update, with l2 the
+        decayed gradient): one to three times the Muon parameters' bytes, from backward on instead of in step().
     params: tensors, (name, tensor) pairs (`model.named_parameters()`), or param group dicts whose "params" are
       either (not both), as torch.optim's optimizers take them. A parameter's matrix name on the wire
       (MatrixSpec.name, in the server's errors and logs) is its name ("layers.3.attn.qkv.weight"; "p<n>" without
@@ -147,7 +167,7 @@ class Muon(torch.optim.Optimizer):
                  algorithm: str = "auto", client: Optional[Client] = None, job: Optional[str] = None,
                  timeout: Optional[float] = None, fallback: bool = False, flavor: Optional[str] = None,
                  run_id: Optional[str] = None, shm: Any = None, nd: Optional[str] = None,
-                 normalization: Optional[str] = None):
+                 normalization: Optional[str] = None, overlap: Any = None):
         if isinstance(lr, Client):
             raise TypeError("Muon: pass the client by keyword (client=...); the second positional argument is lr")
         given = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -184,6 +204,11 @@ class Muon(torch.optim.Optimizer):
         self._group_of: Dict[int, dict] = {}
         self._nd_of: Dict[int, str] = {}  # Each parameter's nd in the current step (settings_lib.nd_of).
         self._remote_steps = 0
+        self._where: Dict[int, Tuple[int, int]] = {}  # id(p) -> (group index, position): _group_for's cache.
+        options = overlap_options(overlap)
+        # Made before super().__init__, whose add_param_group calls hook the parameters.
+        self._overlap: Optional[Overlap] = (Overlap(options, self._early_update, self._send_early, what="Muon")
+                                            if options is not None else None)
         defaults = dict(settings_lib.FLAVOR_DEFAULTS[flavor])
         defaults.update(settings_lib.canonical(given))
         settings_lib.check(defaults, "Muon")
@@ -241,6 +266,8 @@ class Muon(torch.optim.Optimizer):
             if id(p) not in self._names:
                 self._names[id(p)] = param_names.unique_name(str(given[j]) if given else f"p{len(self._names)}", taken)
                 taken.add(self._names[id(p)])
+        if self._overlap is not None:
+            self._overlap.watch(added["params"])
 
     @staticmethod
     def _setting(group: Dict[str, Any], defaults: Dict[str, Any], key: str) -> Any:
@@ -254,51 +281,79 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """One optimizer step; the orthogonalization of all its parameters is one remote request.
+        """One optimizer step; the orthogonalization of all its parameters is one remote request, or, with overlap,
+        the buckets sent during backward plus one request for the rest.
 
         Nothing the step changes (parameters, momentum buffers, an l2 weight decay's gradients, the step count) is
         touched until every orthogonalized update is in hand: the new momentum buffers and gradients are computed
         into new tensors first, and written, with the weight decay and the update, only after the remote call
         returned. A step that raises (the service unreachable after the retries, an error answer, an integrity
         failure, a bad parameter) leaves parameters and optimizer state exactly as they were, so calling step()
-        again after an exception is the same as calling it once."""
+        again after an exception is the same as calling it once.
+
+        Overlap (orthoserve.torch.overlap): a parameter whose update was computed and sent during backward, from
+        exactly what this step would compute it from, takes that update and its result (waiting for its bucket);
+        every other parameter, and any whose early send failed, is computed here and sent in this step's own call.
+        The numbers are the same either way, bit for bit."""
+        try:
+            return self._step(closure)
+        finally:
+            if self._overlap is not None:
+                self._overlap.end_step()
+
+    def _step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        overlap = self._overlap
         todo: List[Tuple[torch.Tensor, Dict[str, Any]]] = []
         updates: List[torch.Tensor] = []
         pending: List[Tuple[Optional[torch.Tensor], torch.Tensor]] = []  # (new gradient or None, new buffer) per p.
+        early: List[Any] = []  # Per p: its claimed orthoserve.torch.overlap.Early, or None.
         group_of: Dict[int, Dict[str, Any]] = {}
         nd_of: Dict[int, str] = {}
-        for group in self.param_groups:
-            settings = self._group_settings(group)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if torch.is_complex(p):
-                    raise RuntimeError("Muon does not support complex parameters")
-                if p.grad.is_sparse:
-                    raise RuntimeError("Muon does not support sparse gradients")
-                nd_of[id(p)] = settings_lib.nd_of(p, settings["nd"])
-                grad = p.grad
-                new_grad = None
-                if settings["weight_decay"] != 0.0 and settings["weight_decay_method"] == "l2":
-                    new_grad = grad = grad.add(p, alpha=settings["weight_decay"])
-                buf = self.state[p].get("momentum_buffer") if p in self.state else None
-                if buf is None:
-                    buf = torch.zeros_like(p)
-                buf = buf.lerp(grad, 1 - settings["momentum"])
-                update = grad.lerp(buf, settings["momentum"]) if settings["nesterov"] else buf
-                group_of[id(p)] = settings
-                todo.append((p, settings))
-                updates.append(update)
-                pending.append((new_grad, buf))
+        if overlap is not None:
+            overlap.flush()
+        try:
+            for group in self.param_groups:
+                settings = self._group_settings(group)
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if torch.is_complex(p):
+                        raise RuntimeError("Muon does not support complex parameters")
+                    if p.grad.is_sparse:
+                        raise RuntimeError("Muon does not support sparse gradients")
+                    nd = nd_of[id(p)] = settings_lib.nd_of(p, settings["nd"])
+                    buf = self.state[p].get("momentum_buffer") if p in self.state else None
+                    claimed = None
+                    if overlap is not None:
+                        claimed = overlap.claim(p, lambda: inputs_of(p, buf, settings,
+                                                                     self._ns_options(p, settings, nd)))
+                    if claimed is not None:
+                        new_grad, new_buf, update = claimed.new_grad, claimed.new_buf, claimed.update
+                    else:
+                        new_grad, new_buf, update = momentum_update(p, p.grad, buf, settings)
+                    group_of[id(p)] = settings
+                    todo.append((p, settings))
+                    updates.append(update)
+                    pending.append((new_grad, new_buf))
+                    early.append(claimed)
+        finally:
+            if overlap is not None:
+                overlap.discard()
         self._group_of = group_of
         self._nd_of = nd_of
         if not todo:
             return loss
-        orth = self.orthogonalize_batch([p for p, _ in todo], updates)
+        orth: List[Optional[torch.Tensor]] = [None if e is None else overlap.result(e)  # type: ignore[union-attr]
+                                              for e in early]
+        redo = [i for i, o in enumerate(orth) if o is None]
+        if redo:
+            got = self.orthogonalize_batch([todo[i][0] for i in redo], [updates[i] for i in redo])
+            for i, o in zip(redo, got):
+                orth[i] = o
         # Every update is known: apply the step (the same operations, in the same order, as an in-place step).
         for (p, settings), (new_grad, buf), o in zip(todo, pending, orth):
             lr, wd = float(settings["lr"]), settings["weight_decay"]
@@ -318,6 +373,85 @@ class Muon(torch.optim.Optimizer):
         self._remote_steps += 1
         return loss
 
+    # -- overlap -------------------------------------------------------------------------------------------
+
+    @property
+    def overlap(self) -> bool:
+        """Whether this optimizer overlaps its orthogonalization with backward (plain parameters outside
+        torch.distributed; `overlap=`)."""
+        return self._overlap is not None
+
+    @property
+    def overlap_stats(self) -> OverlapStats:
+        """Counts of the updates computed and sent during backward (orthoserve.torch.overlap.OverlapStats): `used`
+        says how many results steps took from those sends; all zero without overlap."""
+        return self._overlap.stats if self._overlap is not None else OverlapStats()
+
+    @contextlib.contextmanager
+    def no_overlap(self) -> Iterator[None]:
+        """Backward passes inside send nothing early, e.g. all but the last micro-batch of gradient accumulation,
+        whose updates the next backward would void (as DDP's no_sync()); results are the same with or without it."""
+        if self._overlap is None:
+            yield
+            return
+        with self._overlap.paused():
+            yield
+
+    def _group_for(self, p: torch.Tensor) -> Optional[Dict[str, Any]]:
+        """The param group that holds p now (None when none does), by a cache rebuilt when param_groups changed."""
+        for attempt in range(2):
+            where = self._where.get(id(p))
+            if where is not None and where[0] < len(self.param_groups):
+                params = self.param_groups[where[0]]["params"]
+                if where[1] < len(params) and params[where[1]] is p:
+                    return self.param_groups[where[0]]
+            if attempt == 0:
+                self._where = {id(q): (gi, pi) for gi, g in enumerate(self.param_groups)
+                               for pi, q in enumerate(g["params"])}
+        return None
+
+    @torch.no_grad()
+    def _early_update(self, p: torch.Tensor) -> Optional[Made]:
+        """p's update computed by its hook during backward, as step() would now (None: leave p to the step)."""
+        group = self._group_for(p)
+        if group is None or p.grad is None or p.grad.is_sparse or torch.is_complex(p):
+            return None
+        settings = self._group_settings(group)
+        nd = settings_lib.nd_of(p, settings["nd"])
+        buf = self.state[p].get("momentum_buffer") if p in self.state else None
+        options = self._ns_options(p, settings, nd)
+        inputs = inputs_of(p, buf, settings, options)
+        new_grad, new_buf, update = momentum_update(p, p.grad, buf, settings)
+        return inputs, new_grad, new_buf, update, options
+
+    def _send_early(self, params: List[torch.Tensor], updates: List[torch.Tensor],
+                    options: List[Dict[str, Any]]) -> List[torch.Tensor]:
+        """One bucket of early updates orthogonalized (a pool thread): one call, the client's retries, no local
+        fallback (a failure is the step's to retry, fall back or raise)."""
+        by_param = {id(p): o for p, o in zip(params, options)}
+        return orthogonalize_updates(params, updates, client=self.client, transport=self.region_transport,
+                                     options_of=lambda p: by_param[id(p)],
+                                     name_of=lambda i, p: self._names.get(id(p), f"p{i}"),
+                                     identity=self._group_identity, step=self._remote_steps, tp_mode=self.tp_mode,
+                                     algorithm=self.algorithm, timeout=self.timeout, fallback=False, what="Muon",
+                                     group_prefix="muon")
+
+    # -- the orthogonalization -----------------------------------------------------------------------------
+
+    def _ns_options(self, p: torch.Tensor, settings: Dict[str, Any], nd: str) -> Dict[str, Any]:
+        """The server's NS options for parameter p under its param group's `settings` (orthoserve.options names),
+        with `nd` (settings_lib.nd_of)."""
+        opts: Dict[str, Any] = dict(coefficients=settings["coefficient_type"], steps=settings["ns_steps"],
+                                    precision=settings["fp32_matmul_prec"], eps=float(settings["eps"]),
+                                    scale_mode=settings["scale_mode"],
+                                    extra_scale=float(settings["extra_scale_factor"]),
+                                    normalization=settings_lib.normalization_of(self.flavor, settings), nd=nd)
+        if settings["coefficient_type"] == "custom":
+            opts["custom_coefficients"] = settings_lib.triples(settings["ns_coefficients"])
+        if self.split_qkv and self.is_qkv_fn(p):
+            opts["split_qkv"] = self.qkv_split_shapes
+        return opts
+
     def _options_for(self, p: torch.Tensor) -> Dict[str, Any]:
         """The server's NS options for parameter p: its param group's settings (orthoserve.options names), and its
         nd (the parameter's `orthoserve_nd`, else its group's)."""
@@ -325,17 +459,7 @@ class Muon(torch.optim.Optimizer):
         if settings is None:
             group = next((g for g in self.param_groups if any(q is p for q in g["params"])), self.param_groups[0])
             settings = self._group_settings(group)
-        opts: Dict[str, Any] = dict(coefficients=settings["coefficient_type"], steps=settings["ns_steps"],
-                                    precision=settings["fp32_matmul_prec"], eps=float(settings["eps"]),
-                                    scale_mode=settings["scale_mode"],
-                                    extra_scale=float(settings["extra_scale_factor"]),
-                                    normalization=settings_lib.normalization_of(self.flavor, settings))
-        opts["nd"] = self._nd_of.get(id(p)) or settings_lib.nd_of(p, settings["nd"])
-        if settings["coefficient_type"] == "custom":
-            opts["custom_coefficients"] = settings_lib.triples(settings["ns_coefficients"])
-        if self.split_qkv and self.is_qkv_fn(p):
-            opts["split_qkv"] = self.qkv_split_shapes
-        return opts
+        return self._ns_options(p, settings, self._nd_of.get(id(p)) or settings_lib.nd_of(p, settings["nd"]))
 
     def orthogonalize_batch(self, params: List[torch.Tensor], updates: List[torch.Tensor]) -> List[torch.Tensor]:
         """The orthogonalized (and scaled, per scale_mode and extra_scale_factor) update of each parameter (same

@@ -10,7 +10,7 @@ rate adjusted by adjust_lr_fn, and the Newton–Schulz iteration in torch's orde
 update rounded to bf16 first, normalized in bf16 (‖X‖ and eps rounded to bf16, X / max(‖X‖, eps) rounded to bf16),
 then ns_steps steps of its (a, b, c) in bf16 with fp32 accumulation (NsOptions.normalization "bf16" at precision
 "medium", docs/numerics.md "Drop-ins"). orthoserve's own settings (client, job, run_id, timeout, fallback, shm,
-algorithm, tp_mode) are keyword-only after torch's; see orthoserve.torch.Muon for each.
+algorithm, tp_mode, overlap) are keyword-only after torch's; see orthoserve.torch.Muon for each.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Muon(_Muon):
                  eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None, *,
                  client: Optional[Client] = None, job: Optional[str] = None, run_id: Optional[str] = None,
                  timeout: Optional[float] = None, fallback: bool = False, shm: Any = None, algorithm: str = "auto",
-                 tp_mode: Optional[str] = None):
+                 tp_mode: Optional[str] = None, overlap: Any = None):
         if adjust_lr_fn not in _TORCH_ADJUST_LR_FNS:
             raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
         if len(tuple(ns_coefficients)) != 3:
@@ -47,7 +47,7 @@ class Muon(_Muon):
         super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                          ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
                          flavor="torch", client=client, job=job, run_id=run_id, timeout=timeout, fallback=fallback,
-                         shm=shm, algorithm=algorithm, tp_mode=tp_mode)
+                         shm=shm, algorithm=algorithm, tp_mode=tp_mode, overlap=overlap)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch.optim.Muon's: parameters must be 2-D (torch's ValueError otherwise), checked before the group is
